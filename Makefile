@@ -1,0 +1,42 @@
+# Gearshift: every target sets itself up; a fresh machine needs only Python 3.11 and pip.
+# make demo   create .venv, install, run the demo
+# make test   create .venv if needed, install, run the whole test suite
+# make lint   ruff, mypy and the import rule
+# make protos regenerate the Python code of protos/gearshift/v1/*.proto
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test lint protos clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[all,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/gearshift up --check --base-port 0 --run-dir .gearshift/demo
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(PY) tools/typecheck_tree.py >/dev/null
+	cd .typecheck && MYPYPATH=. ../$(BIN)/mypy --config-file ../pyproject.toml -p gearshift
+	MYPYPATH=.typecheck $(BIN)/mypy tests tools bench
+	$(PY) tools/check_imports.py
+
+protos: $(STAMP)
+	$(PY) tools/gen_protos.py
+
+clean:
+	rm -rf .typecheck .gearshift .pytest_cache .mypy_cache .ruff_cache build *.egg-info

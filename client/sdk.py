@@ -1,0 +1,108 @@
+"""The Python SDK: a thin, typed wrapper over the scheduler's jobs API.
+
+Errors come back as the typed GearshiftError subclasses of gearshift.common.errors
+(ValidationError, NotFoundError, ...), carrying the server's message.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Callable, Iterator
+from typing import ParamSpec, TypeVar
+
+import grpc
+
+from gearshift.common.auth import ClientTls
+from gearshift.common.channel import DEFAULT_TIMEOUT_SECONDS, connect
+from gearshift.common.errors import error_from_rpc
+from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+Job = scheduler_pb2.Job
+JobEvent = scheduler_pb2.JobEvent
+JobSpec = common_pb2.JobSpec
+
+
+def _typed_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    @functools.wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+
+    return call
+
+
+class Client:
+    """Talks to a Gearshift scheduler. Use as a context manager, or call close()."""
+
+    def __init__(
+        self,
+        address: str = "127.0.0.1:50051",
+        token: str | None = None,
+        *,
+        tls: ClientTls | None = None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
+        self.address = address
+        self._channel = connect(address, token=token, tls=tls, timeout=timeout)
+        self._jobs = scheduler_pb2_grpc.JobServiceStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @_typed_errors
+    def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
+        """Submit a job; retries are safe because every call carries an idempotency key."""
+        key = idempotency_key or uuid.uuid4().hex
+        reply = self._jobs.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec, idempotency_key=key))
+        return reply.job
+
+    @_typed_errors
+    def get(self, job_id: str) -> Job:
+        return self._jobs.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id))
+
+    @_typed_errors
+    def list(
+        self,
+        tenant: str = "",
+        states: list[common_pb2.JobState.ValueType] | None = None,
+        name_prefix: str = "",
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> scheduler_pb2.ListJobsResponse:
+        return self._jobs.ListJobs(
+            scheduler_pb2.ListJobsRequest(
+                tenant=tenant,
+                states=states or [],
+                name_prefix=name_prefix,
+                page=common_pb2.PageRequest(page_size=page_size, page_token=page_token),
+            )
+        )
+
+    @_typed_errors
+    def cancel(self, job_id: str, reason: str = "") -> Job:
+        return self._jobs.CancelJob(scheduler_pb2.CancelJobRequest(job_id=job_id, reason=reason))
+
+    def watch(self, job_id: str, after_sequence: int = 0) -> Iterator[JobEvent]:
+        """Yield the job's events until it ends."""
+        try:
+            yield from self._jobs.WatchJob(
+                scheduler_pb2.WatchJobRequest(job_id=job_id, after_sequence=after_sequence)
+            )
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+
+    @_typed_errors
+    def cluster(self) -> scheduler_pb2.ClusterState:
+        return self._jobs.GetClusterState(scheduler_pb2.GetClusterStateRequest())

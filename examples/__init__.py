@@ -1,0 +1,1 @@
+"""Example jobs that need no download (the runtime issue adds them)."""

@@ -1,0 +1,1 @@
+"""Alembic migrations: the one schema history of every Gearshift table (Brain and scheduler)."""

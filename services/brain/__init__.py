@@ -1,0 +1,1 @@
+"""The Brain: job histories, throughput estimates, resource plans and EST plans."""

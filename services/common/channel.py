@@ -1,0 +1,90 @@
+"""Client channels: default deadlines, bearer token, TLS, and retries for idempotent calls.
+
+Which calls are retried is read from the contracts: an RPC carries the
+`(gearshift.v1.idempotent)` option when repeating it is safe, so the retry
+policy cannot drift from the .proto files.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from types import ModuleType
+
+import grpc
+
+from gearshift.common.auth import ClientDefaultsInterceptor, ClientTls
+from gearshift.v1 import (
+    brain_pb2,
+    common_pb2,
+    scheduler_pb2,
+    shardmanager_pb2,
+    worker_pb2,
+)
+
+DEFAULT_TIMEOUT_SECONDS = 30.0
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CONTRACT_MODULES: tuple[ModuleType, ...] = (
+    scheduler_pb2,
+    brain_pb2,
+    shardmanager_pb2,
+    worker_pb2,
+)
+
+
+@cache
+def idempotent_methods() -> tuple[tuple[str, str], ...]:
+    """(service full name, method name) of every RPC marked idempotent in the contracts."""
+    found: list[tuple[str, str]] = []
+    for module in CONTRACT_MODULES:
+        for service in module.DESCRIPTOR.services_by_name.values():
+            for method in service.methods:
+                if method.GetOptions().Extensions[common_pb2.idempotent]:
+                    found.append((service.full_name, method.name))
+    return tuple(sorted(found))
+
+
+def retry_service_config(max_attempts: int = 5) -> str:
+    """gRPC service config retrying idempotent calls on UNAVAILABLE with backoff."""
+    config = {
+        "methodConfig": [
+            {
+                "name": [{"service": s, "method": m} for s, m in idempotent_methods()],
+                "retryPolicy": {
+                    "maxAttempts": max_attempts,
+                    "initialBackoff": "0.1s",
+                    "maxBackoff": "2s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+    return json.dumps(config)
+
+
+def connect(
+    address: str,
+    *,
+    token: str | None = None,
+    tls: ClientTls | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
+    retry: bool = True,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> grpc.Channel:
+    """A channel to a Gearshift service; unary calls without a deadline get `timeout`."""
+    options: list[tuple[str, str | int]] = [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.enable_retries", 1 if retry else 0),
+    ]
+    if retry:
+        options.append(("grpc.service_config", retry_service_config()))
+    channel = (
+        grpc.secure_channel(address, tls.credentials(), options=options)
+        if tls
+        else grpc.insecure_channel(address, options=options)
+    )
+    return grpc.intercept_channel(channel, ClientDefaultsInterceptor(token, timeout))

@@ -1,0 +1,121 @@
+"""The life of a daemon process: parse settings, build the servicers, serve, stop cleanly.
+
+Each service's `daemon.py` declares its own options and a `build` function;
+everything else (flags common to all daemons, logging, TLS, the ready file,
+signal handling, exit codes) is here, once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gearshift.common.auth import ServerTls
+from gearshift.common.config import Option, parse_config
+from gearshift.common.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
+from gearshift.common.server import MB, GrpcServer, ServerSettings, ServiceRegistration
+
+log = logging.getLogger("gearshift.daemon")
+
+
+def server_options(default_port: int) -> list[Option]:
+    """The options every daemon has: where it listens and how it protects itself."""
+    return [
+        Option(
+            "listen",
+            "host:port to serve gRPC on (port 0 picks a free port)",
+            f"127.0.0.1:{default_port}",
+        ),
+        Option(
+            "token", "bearer token that every call must carry (empty: no check)", "", secret=True
+        ),
+        Option("tls_cert", "PEM certificate file; with --tls-key enables TLS", ""),
+        Option("tls_key", "PEM private key file of --tls-cert", ""),
+        Option(
+            "tls_client_ca", "PEM CA file; clients must present a certificate it signed (mTLS)", ""
+        ),
+        Option("max_message_mb", "largest request or response, MiB", 64, int),
+        Option("grace_seconds", "on SIGTERM, how long in-flight calls may finish", 10.0, float),
+        Option("log_level", "log level", "info", choices=LOG_LEVELS),
+        Option("log_format", "log line format", "json", choices=LOG_FORMATS),
+        Option("ready_file", "write {address, pid} as JSON here once serving (for launchers)", ""),
+    ]
+
+
+@dataclass
+class Daemon:
+    """What a service contributes: its servicers, and hooks around serving."""
+
+    services: Sequence[ServiceRegistration]
+    on_start: Callable[[GrpcServer], None] | None = None
+    on_stop: list[Callable[[], None]] = field(default_factory=list)
+
+
+def server_settings(config: argparse.Namespace) -> ServerSettings:
+    """ServerSettings from the parsed common options; ValueError names a bad TLS combination."""
+    tls = None
+    if config.tls_cert or config.tls_key:
+        if not (config.tls_cert and config.tls_key):
+            raise ValueError("--tls-cert and --tls-key must be given together")
+        tls = ServerTls(
+            Path(config.tls_cert),
+            Path(config.tls_key),
+            Path(config.tls_client_ca) if config.tls_client_ca else None,
+        )
+    elif config.tls_client_ca:
+        raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+    if config.max_message_mb <= 0:
+        raise ValueError("--max-message-mb must be > 0")
+    return ServerSettings(
+        listen=config.listen,
+        token=config.token or None,
+        tls=tls,
+        max_message_bytes=config.max_message_mb * MB,
+        grace_seconds=config.grace_seconds,
+    )
+
+
+def _write_ready_file(path: str, address: str) -> None:
+    target = Path(path)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
+    tmp.replace(target)
+
+
+def run_daemon(
+    prog: str,
+    description: str,
+    options: Sequence[Option],
+    build: Callable[[argparse.Namespace], Daemon],
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Run a daemon until SIGTERM/SIGINT; returns the process exit code (0 on a clean stop)."""
+    config = parse_config(prog, description, options, argv)
+    configure_logging(config.log_level, config.log_format)
+    try:
+        settings = server_settings(config)
+        daemon = build(config)
+        server = GrpcServer(daemon.services, settings)
+        server.start()
+    except (OSError, RuntimeError, ValueError) as exc:
+        log.error("cannot start", extra={"service": prog, "error": str(exc)})
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    if daemon.on_start is not None:
+        daemon.on_start(server)
+    if config.ready_file:
+        _write_ready_file(config.ready_file, server.address)
+    log.info("ready", extra={"service": prog, "address": server.address})
+
+    def stop_hooks() -> None:
+        for hook in daemon.on_stop:
+            hook()
+
+    server.serve_until_signal(on_stop=stop_hooks)
+    return 0

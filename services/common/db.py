@@ -1,0 +1,77 @@
+"""Database conventions shared by the Brain and the scheduler: URLs, engines, migrations.
+
+PostgreSQL goes through psycopg2 in deployment, SQLite is the embedded
+default; the schema is created only by the Alembic history in migrations/.
+Imports SQLAlchemy, so only services (never the client) import this module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.engine import URL, Engine
+
+import gearshift.migrations
+from gearshift.common.errors import ValidationError
+
+_DRIVERS = {"postgresql": "postgresql+psycopg2", "postgres": "postgresql+psycopg2"}
+
+
+def database_url(url: str | URL, field: str = "database_url") -> URL:
+    """Parse a database URL; plain postgresql:// means psycopg2, not SQLAlchemy 2.1's psycopg 3."""
+    try:
+        parsed = sqlalchemy.make_url(url)
+    except sqlalchemy.exc.ArgumentError:
+        raise ValidationError(field, f"{url!r} is not a database URL") from None
+    if parsed.drivername in _DRIVERS:
+        parsed = parsed.set(drivername=_DRIVERS[parsed.drivername])
+    if parsed.get_backend_name() not in {"postgresql", "sqlite"}:
+        raise ValidationError(
+            field, f"backend {parsed.get_backend_name()!r}: use postgresql or sqlite"
+        )
+    return parsed
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.close()
+
+
+def create_engine(url: str | URL, **kwargs: Any) -> Engine:
+    """An engine with pre-ping, so a restarted PostgreSQL costs a reconnect, not an error."""
+    parsed = database_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        engine = sqlalchemy.create_engine(
+            parsed, connect_args={"check_same_thread": False}, **kwargs
+        )
+        sqlalchemy.event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    options: dict[str, Any] = {"pool_pre_ping": True, "pool_size": 5, "max_overflow": 10}
+    options.update(kwargs)
+    return sqlalchemy.create_engine(parsed, **options)
+
+
+def alembic_config(url: str | URL) -> Config:
+    """Alembic configuration for the one migration history, pointed at `url`."""
+    config = Config()
+    config.set_main_option("script_location", str(Path(gearshift.migrations.__file__).parent))
+    rendered = database_url(url).render_as_string(hide_password=False)
+    config.set_main_option("sqlalchemy.url", rendered.replace("%", "%%"))
+    return config
+
+
+def migrate(url: str | URL, revision: str = "head") -> None:
+    """Upgrade the schema at `url` to `revision` (default: the newest)."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str | URL, revision: str = "base") -> None:
+    """Downgrade the schema at `url` to `revision` (default: empty)."""
+    command.downgrade(alembic_config(url), revision)

@@ -1,0 +1,135 @@
+"""Domain errors and their one mapping to gRPC status codes, both ways.
+
+Domain code raises these; the server interceptor turns them into statuses with
+a message that names the field or object, and the client turns statuses back
+into the same types, so callers on either side catch one family of errors.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import grpc
+
+
+class GearshiftError(Exception):
+    """Base of every error a Gearshift service or client reports."""
+
+    code: ClassVar[grpc.StatusCode] = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    @classmethod
+    def from_details(cls, details: str) -> GearshiftError:
+        """Rebuild the error from a status message, on the client side."""
+        return cls(details)
+
+
+class ValidationError(GearshiftError):
+    """A request field has a bad value; `field` is its dotted path (e.g. "spec.num_ests")."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}" if field else problem)
+        self.field = field
+        self.problem = problem
+
+    @classmethod
+    def from_details(cls, details: str) -> GearshiftError:
+        field, sep, problem = details.partition(": ")
+        return cls(field, problem) if sep and " " not in field else cls("", details)
+
+
+class NotFoundError(GearshiftError):
+    """A named object does not exist."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+    def __init__(self, kind: str, ident: str = "") -> None:
+        super().__init__(f"{kind} {ident!r} not found" if ident else kind)
+        self.kind = kind
+        self.ident = ident
+
+    @classmethod
+    def from_details(cls, details: str) -> GearshiftError:
+        return cls(details)
+
+
+class ConflictError(GearshiftError):
+    """The object exists already in a form that contradicts the request."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class PreconditionError(GearshiftError):
+    """The request is well formed but the object's state does not allow it."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class UnavailableError(GearshiftError):
+    """A dependency (database, Redis, another service) cannot be reached; retry later."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class UnauthenticatedError(GearshiftError):
+    """Missing or wrong bearer token."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class UnimplementedError(GearshiftError):
+    """The server does not implement this call (yet)."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class DeadlineExceededError(GearshiftError):
+    """The call did not finish before its deadline."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class InternalError(GearshiftError):
+    """A bug or an unexpected state on the server; its log has the details."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+_BY_CODE: dict[grpc.StatusCode, type[GearshiftError]] = {
+    cls.code: cls
+    for cls in (
+        ValidationError,
+        NotFoundError,
+        ConflictError,
+        PreconditionError,
+        UnavailableError,
+        UnauthenticatedError,
+        UnimplementedError,
+        DeadlineExceededError,
+        InternalError,
+    )
+}
+
+
+def rpc_code(exc: grpc.RpcError) -> grpc.StatusCode | None:
+    """The status code of a failed call (grpc raises errors that are also grpc.Call objects)."""
+    code = getattr(exc, "code", None)
+    return code() if callable(code) else None
+
+
+def rpc_details(exc: grpc.RpcError) -> str:
+    """The server's message of a failed call."""
+    details = getattr(exc, "details", None)
+    return (details() if callable(details) else None) or str(exc)
+
+
+def error_from_rpc(exc: grpc.RpcError) -> GearshiftError:
+    """The typed error for a failed call, carrying the server's message."""
+    code = rpc_code(exc)
+    cls = _BY_CODE.get(code, GearshiftError) if code is not None else GearshiftError
+    return cls.from_details(rpc_details(exc))

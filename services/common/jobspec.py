@@ -1,0 +1,158 @@
+"""Validation and defaults of a JobSpec, shared by the scheduler (on submit) and the client
+(before sending), so a bad spec is refused with the same message on both sides.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from gearshift.common.errors import ValidationError
+from gearshift.common.validation import (
+    check_enum,
+    check_name,
+    check_non_negative,
+    check_positive,
+    require,
+)
+from gearshift.v1 import common_pb2
+
+MAX_ESTS = 1024
+DEFAULT_TENANT = "default"
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+
+
+def validate_job_spec(spec: common_pb2.JobSpec, prefix: str = "spec") -> None:
+    """Raise ValidationError naming the first bad field (e.g. "spec.num_ests"); return if valid."""
+
+    def f(name: str) -> str:
+        return f"{prefix}.{name}"
+
+    check_name(spec.name, f("name"))
+    check_name(spec.tenant, f("tenant"), max_length=64, required=False)
+    check_name(spec.model_type, f("model_type"), required=False)
+
+    require(spec.HasField("entrypoint"), f("entrypoint"), "is required")
+    module = spec.entrypoint.module
+    require(bool(module), f("entrypoint.module"), "is required")
+    require(
+        _MODULE.match(module) is not None,
+        f("entrypoint.module"),
+        f"{module!r} is not a dotted Python module name",
+    )
+    if spec.entrypoint.config_json:
+        try:
+            config = json.loads(spec.entrypoint.config_json)
+        except ValueError as exc:
+            raise ValidationError(
+                f("entrypoint.config_json"), f"is not valid JSON: {exc}"
+            ) from None
+        require(isinstance(config, dict), f("entrypoint.config_json"), "must be a JSON object")
+
+    require(
+        1 <= spec.num_ests <= MAX_ESTS,
+        f("num_ests"),
+        f"must be between 1 and {MAX_ESTS} (got {spec.num_ests})",
+    )
+    require(spec.global_batch_size > 0, f("global_batch_size"), "must be > 0")
+    require(
+        spec.global_batch_size % spec.num_ests == 0,
+        f("global_batch_size"),
+        f"{spec.global_batch_size} is not a multiple of num_ests ({spec.num_ests})",
+    )
+
+    length = spec.WhichOneof("length")
+    require(length is not None, f("total_steps"), "one of total_steps or epochs is required")
+    if length == "total_steps":
+        require(spec.total_steps > 0, f("total_steps"), f"must be > 0 (got {spec.total_steps})")
+    else:
+        require(spec.epochs > 0, f("epochs"), f"must be > 0 (got {spec.epochs})")
+
+    require(spec.HasField("dataset"), f("dataset"), "is required")
+    data = spec.dataset
+    check_name(data.name, f("dataset.name"), required=False)
+    require(data.size > 0, f("dataset.size"), f"must be > 0 (got {data.size})")
+    require(
+        0 < data.shard_size <= data.size,
+        f("dataset.shard_size"),
+        f"must be between 1 and dataset.size ({data.size}) (got {data.shard_size})",
+    )
+    require(data.seed >= 0, f("dataset.seed"), f"must be >= 0 (got {data.seed})")
+    check_enum(data.mode, common_pb2.DataMode.values(), f("dataset.mode"), allow_unspecified=True)
+
+    check_enum(
+        spec.determinism,
+        common_pb2.DeterminismLevel.values(),
+        f("determinism"),
+        allow_unspecified=True,
+    )
+    check_enum(
+        spec.service_class,
+        common_pb2.ServiceClass.values(),
+        f("service_class"),
+        allow_unspecified=True,
+    )
+
+    bounds = spec.elastic
+    require(bounds.min_devices >= 0, f("elastic.min_devices"), "must be >= 0")
+    require(bounds.max_devices >= 0, f("elastic.max_devices"), "must be >= 0")
+    max_devices = bounds.max_devices or spec.num_ests
+    require(
+        max_devices <= spec.num_ests,
+        f("elastic.max_devices"),
+        f"must be at most num_ests ({spec.num_ests}): an EST runs on one device at a time",
+    )
+    require(
+        max(bounds.min_devices, 1) <= max_devices,
+        f("elastic.min_devices"),
+        f"must be at most elastic.max_devices ({max_devices})",
+    )
+
+    seen: set[str] = set()
+    for i, kind in enumerate(spec.accelerator_types):
+        field = f(f"accelerator_types[{i}]")
+        require(
+            _TYPE.match(kind) is not None,
+            field,
+            f"{kind!r} must be lower-case letters, digits, '_' or '-'",
+        )
+        require(kind not in seen, field, f"{kind!r} is listed twice")
+        seen.add(kind)
+
+    check_non_negative(spec.priority_weight, f("priority_weight"))
+    if spec.HasField("slo"):
+        check_positive(spec.slo.deadline_seconds, f("slo.deadline_seconds"))
+    require(
+        spec.checkpoint_every_steps >= 0,
+        f("checkpoint_every_steps"),
+        f"must be >= 0 (got {spec.checkpoint_every_steps})",
+    )
+    require(len(spec.labels) <= 64, f("labels"), "at most 64 labels")
+    for key in spec.labels:
+        check_name(key, f(f"labels[{key!r}]"), max_length=64)
+
+
+def with_defaults(spec: common_pb2.JobSpec) -> common_pb2.JobSpec:
+    """A copy of a valid spec with every "unset means default" field made explicit."""
+    out = common_pb2.JobSpec()
+    out.CopyFrom(spec)
+    if not out.tenant:
+        out.tenant = DEFAULT_TENANT
+    if not out.model_type:
+        out.model_type = out.entrypoint.module.rsplit(".", 1)[-1]
+    if not out.entrypoint.config_json:
+        out.entrypoint.config_json = "{}"
+    if out.determinism == common_pb2.DETERMINISM_LEVEL_UNSPECIFIED:
+        out.determinism = common_pb2.DETERMINISM_LEVEL_D1
+    if out.dataset.mode == common_pb2.DATA_MODE_UNSPECIFIED:
+        out.dataset.mode = common_pb2.DATA_MODE_DETERMINISTIC
+    if out.service_class == common_pb2.SERVICE_CLASS_UNSPECIFIED:
+        out.service_class = common_pb2.SERVICE_CLASS_BEST_EFFORT
+    if out.priority_weight == 0:
+        out.priority_weight = 1.0
+    if out.elastic.max_devices == 0:
+        out.elastic.max_devices = out.num_ests
+    if out.elastic.min_devices == 0:
+        out.elastic.min_devices = 1
+    return out

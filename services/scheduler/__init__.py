@@ -1,0 +1,1 @@
+"""The scheduler: jobs, workers, Gavel's policies and round-based mechanism, the simulator."""

@@ -1,0 +1,121 @@
+"""Fixtures for every test level: real PostgreSQL and Redis (from GEARSHIFT_TEST_* variables),
+and daemons started as real processes.
+
+A test that needs a service skips with the reason when its variable is unset,
+except with GEARSHIFT_REQUIRE_SERVICES=1 (CI), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from gearshift.client.processes import DaemonProcess, start_daemon
+
+REQUIRE_SERVICES = os.environ.get("GEARSHIFT_REQUIRE_SERVICES") == "1"
+
+
+def _unavailable(reason: str) -> None:
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{reason} (GEARSHIFT_REQUIRE_SERVICES=1)")
+    pytest.skip(reason)
+
+
+def _url(variable: str) -> str:
+    url = os.environ.get(variable, "")
+    if not url:
+        _unavailable(f"{variable} is not set")
+    return url
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """URL of the test PostgreSQL server (its `test` database), checked reachable."""
+    import sqlalchemy
+
+    from gearshift.common.db import database_url
+
+    url = database_url(_url("GEARSHIFT_TEST_POSTGRES_URL")).render_as_string(hide_password=False)
+    engine = sqlalchemy.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("select 1"))
+    except sqlalchemy.exc.OperationalError as exc:
+        _unavailable(f"PostgreSQL at {url} is unreachable: {exc.orig}")
+    finally:
+        engine.dispose()
+    return url
+
+
+@pytest.fixture
+def postgres_db(postgres_url: str) -> Iterator[str]:
+    """A fresh, empty database for one test (dropped afterwards), so tests run in parallel."""
+    import sqlalchemy
+
+    name = f"gs_test_{uuid.uuid4().hex[:12]}"
+    admin = sqlalchemy.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
+    url = sqlalchemy.engine.make_url(postgres_url).set(database=name)
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """URL of the test Redis server, checked reachable."""
+    import redis
+
+    url = _url("GEARSHIFT_TEST_REDIS_URL")
+    client = redis.Redis.from_url(url)
+    try:
+        client.ping()
+    except redis.exceptions.ConnectionError as exc:
+        _unavailable(f"Redis at {url} is unreachable: {exc}")
+    finally:
+        client.close()
+    return url
+
+
+@pytest.fixture
+def unique_id() -> str:
+    """A short id for names (datasets, jobs) that must not collide across parallel tests."""
+    return uuid.uuid4().hex[:10]
+
+
+DaemonFactory = Callable[..., DaemonProcess]
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[DaemonFactory]:
+    """Start daemons as processes: `daemons("brain", ["--flag", "x"], env={...})`, ready to call.
+
+    Every daemon still running at the end is stopped; a test that stops one
+    itself checks the exit code.
+    """
+    started: list[DaemonProcess] = []
+
+    def start(
+        name: str,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        timeout: float = 60.0,
+    ) -> DaemonProcess:
+        daemon = start_daemon(
+            name, args, run_dir=tmp_path / "run" / f"{name}-{len(started)}", env=env
+        )
+        started.append(daemon)
+        daemon.wait_ready(timeout)
+        return daemon
+
+    yield start
+    for daemon in reversed(started):
+        daemon.stop()
