@@ -85,6 +85,18 @@ def redis_url() -> str:
     return url
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def gavel_data() -> Path:
+    """../shared/data/gavel beside the checkout (Gavel's throughputs and traces)."""
+    path = Path(os.environ.get("GEARSHIFT_SHARED_DIR", REPO.parent / "shared")) / "data" / "gavel"
+    if not (path / "simulation_throughputs.json").exists():
+        _unavailable(f"Gavel data not found at {path} (set GEARSHIFT_SHARED_DIR)")
+    return path
+
+
 @pytest.fixture
 def unique_id() -> str:
     """A short id for names (datasets, jobs) that must not collide across parallel tests."""
