@@ -56,7 +56,7 @@ def rank_sequence(total_shards: int, seed: int, epoch: int, num_ranks: int, rank
 
 
 def shard_indices(
-    shard_id: int, size: int, shard_size: int, seed: int, epoch: int, shuffle_within: bool
+    shard_id: int, size: int, shard_size: int, seed: int, epoch: int, *, shuffle_within: bool
 ) -> list[int]:
     """The sample indices of a shard in reading order."""
     start, end = shard_range(shard_id, size, shard_size)
