@@ -7,6 +7,7 @@ Errors come back as the typed GearshiftError subclasses of gearshift.common.erro
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import ParamSpec, TypeVar
@@ -15,11 +16,16 @@ import grpc
 
 from gearshift.common.auth import ClientTls
 from gearshift.common.channel import DEFAULT_TIMEOUT_SECONDS, connect
-from gearshift.common.errors import error_from_rpc
+from gearshift.common.errors import DeadlineExceededError, error_from_rpc, rpc_code
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+TERMINAL_STATES = frozenset(
+    {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_CANCELLED}
+)
+_RETRY_WATCH = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 Job = scheduler_pb2.Job
 JobEvent = scheduler_pb2.JobEvent
@@ -102,6 +108,36 @@ class Client:
             )
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
+
+    def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        """Block until the job ends (succeeded, failed or cancelled) and return it.
+
+        Follows the job's event stream and reconnects after a dropped stream
+        (e.g. a scheduler restart) from the last event seen, so no event is
+        missed. Raises DeadlineExceededError after `timeout` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        after = 0
+        while True:
+            job = self.get(job_id)
+            if job.state in TERMINAL_STATES:
+                return job
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise DeadlineExceededError(
+                    f"job {job_id!r} still {common_pb2.JobState.Name(job.state)} after {timeout}s"
+                )
+            request = scheduler_pb2.WatchJobRequest(job_id=job_id, after_sequence=after)
+            try:
+                for event in self._jobs.WatchJob(request, timeout=remaining):
+                    after = event.sequence
+                    if event.state in TERMINAL_STATES:
+                        break
+            except grpc.RpcError as exc:
+                if rpc_code(exc) not in _RETRY_WATCH:
+                    raise error_from_rpc(exc) from None
+                if rpc_code(exc) == grpc.StatusCode.UNAVAILABLE:
+                    time.sleep(0.5)  # the scheduler is restarting; the channel reconnects
 
     @_typed_errors
     def cluster(self) -> scheduler_pb2.ClusterState:

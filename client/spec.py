@@ -1,0 +1,121 @@
+"""JobSpec from YAML or a plain dict, and back.
+
+The YAML mirrors the JobSpec message with two conveniences: `entrypoint.config`
+is a mapping (sent as JSON), and enums take short names (`determinism: D1`,
+`dataset.mode: dynamic`, `service_class: guaranteed`). Every problem is a
+ValidationError naming the field, raised before anything is sent.
+
+    name: digits-cnn
+    entrypoint:
+      module: gearshift.examples.digits_cnn
+      config: {lr: 0.05}
+    num_ests: 4
+    global_batch_size: 64
+    total_steps: 300
+    dataset: {name: digits, size: 1797, shard_size: 32, seed: 1}
+    elastic: {min_devices: 1, max_devices: 4}
+    accelerator_types: [v100, t4]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from google.protobuf import json_format
+
+from gearshift.common.errors import ValidationError
+from gearshift.common.jobspec import validate_job_spec
+from gearshift.v1 import common_pb2
+
+# Short enum names accepted in YAML -> the proto enum's prefix.
+_ENUMS: dict[str, tuple[str, Any]] = {
+    "determinism": ("DETERMINISM_LEVEL_", common_pb2.DeterminismLevel),
+    "service_class": ("SERVICE_CLASS_", common_pb2.ServiceClass),
+    "dataset.mode": ("DATA_MODE_", common_pb2.DataMode),
+}
+
+
+def _enum_name(path: str, value: Any) -> Any:
+    prefix, enum = _ENUMS[path]
+    if not isinstance(value, str):
+        return value
+    name = value.upper().replace("-", "_")
+    if not name.startswith(prefix):
+        name = prefix + name
+    names: list[str] = list(enum.keys())  # an EnumTypeWrapper, not a dict
+    if name not in names:
+        short = [k.removeprefix(prefix).lower() for k in names if not k.endswith("UNSPECIFIED")]
+        raise ValidationError(f"spec.{path}", f"{value!r} is not one of {', '.join(short)}")
+    return name
+
+
+def _normalize(data: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(data)
+    entry = out.get("entrypoint")
+    if isinstance(entry, Mapping) and "config" in entry:
+        entry = dict(entry)
+        config = entry.pop("config")
+        if not isinstance(config, Mapping):
+            raise ValidationError("spec.entrypoint.config", "must be a mapping")
+        entry["config_json"] = json.dumps(config, sort_keys=True)
+        out["entrypoint"] = entry
+    for path in _ENUMS:
+        head, _, tail = path.partition(".")
+        if tail:
+            inner = out.get(head)
+            if isinstance(inner, Mapping) and tail in inner:
+                out[head] = {**inner, tail: _enum_name(path, inner[tail])}
+        elif head in out:
+            out[head] = _enum_name(path, out[head])
+    return out
+
+
+def spec_from_dict(data: Any) -> common_pb2.JobSpec:
+    """A validated JobSpec from a mapping; ValidationError names the first bad field."""
+    if not isinstance(data, Mapping):
+        raise ValidationError("spec", f"must be a mapping of fields, got {type(data).__name__}")
+    spec = common_pb2.JobSpec()
+    try:
+        json_format.ParseDict(_normalize(data), spec)
+    except json_format.ParseError as exc:
+        raise ValidationError("spec", str(exc)) from None
+    validate_job_spec(spec)
+    return spec
+
+
+def load_spec(path: str | Path) -> common_pb2.JobSpec:
+    """Read a job YAML file; ValidationError names the file and line of a syntax error."""
+    source = Path(path)
+    try:
+        text = source.read_text()
+    except OSError as exc:
+        raise ValidationError(str(source), f"cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ValidationError(str(source), f"malformed YAML: {where}{problem}") from None
+    return spec_from_dict(data)
+
+
+def spec_to_dict(spec: common_pb2.JobSpec) -> dict[str, Any]:
+    """The spec as plain data in the YAML's shape (for `--json` output and round trips)."""
+    data = json_format.MessageToDict(spec, preserving_proto_field_name=True)
+    entry = data.get("entrypoint", {})
+    if "config_json" in entry:
+        entry["config"] = json.loads(entry.pop("config_json") or "{}")
+    for path, (prefix, _enum) in _ENUMS.items():
+        head, _, tail = path.partition(".")
+        holder = data.get(head) if tail else data
+        key = tail or head
+        if isinstance(holder, dict) and isinstance(holder.get(key), str):
+            holder[key] = holder[key].removeprefix(prefix).lower()
+            if key == "determinism":
+                holder[key] = holder[key].upper()
+    return data
