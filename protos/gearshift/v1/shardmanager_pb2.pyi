@@ -106,13 +106,19 @@ class DatasetConfig(_message.Message):
     num_epochs: _builtins.int
     """Number of epochs (> 0)."""
     mode: _common_pb2.DataMode.ValueType
-    """Dynamic or deterministic delivery."""
+    """Dynamic or deterministic delivery; UNSPECIFIED means DETERMINISTIC
+    (every Gearshift job is an EST job).
+    """
     num_ranks: _builtins.int
-    """Number of logical ranks (deterministic mode; >= 1)."""
+    """Number of logical ranks (deterministic mode: >= 1; ignored, but >= 0,
+    in dynamic mode).
+    """
     lease_seconds: _builtins.float
-    """Lease length of an acquired shard, seconds (dynamic mode; 0: 60)."""
+    """Lease length of an acquired shard, seconds (dynamic mode; 0: 60;
+    otherwise 0.05 to 86400).
+    """
     max_attempts: _builtins.int
-    """Deliveries of a shard before it is marked failed (0: 3)."""
+    """Deliveries of a shard before it is marked failed (0: 3; at most 1000)."""
     shuffle_within_shard: _builtins.bool
     """Shuffle the indices inside each shard too (shards become index lists)."""
     def __init__(
@@ -150,6 +156,8 @@ class EpochProgress(_message.Message):
     SAMPLES_REDELIVERED_FIELD_NUMBER: _builtins.int
     SAMPLES_FAILED_FIELD_NUMBER: _builtins.int
     FAILED_SHARDS_FIELD_NUMBER: _builtins.int
+    SHARDS_DONE_FIELD_NUMBER: _builtins.int
+    SHARDS_REDELIVERED_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     """Epoch number (0-based)."""
     samples_done: _builtins.int
@@ -162,6 +170,12 @@ class EpochProgress(_message.Message):
     """Samples delivered again after their holder died or its lease expired."""
     samples_failed: _builtins.int
     """Samples in shards that hit the retry limit."""
+    shards_done: _builtins.int
+    """Shards acknowledged."""
+    shards_redelivered: _builtins.int
+    """Deliveries of a shard after its first one (its holder died, its lease
+    expired, or a restore put it back from DOING to TODO).
+    """
     @_builtins.property
     def failed_shards(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Ids of the failed shards."""
@@ -176,10 +190,12 @@ class EpochProgress(_message.Message):
         samples_redelivered: _builtins.int = ...,
         samples_failed: _builtins.int = ...,
         failed_shards: _abc.Iterable[_builtins.int] | None = ...,
+        shards_done: _builtins.int = ...,
+        shards_redelivered: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "failed_shards", b"failed_shards", "samples_done", b"samples_done", "samples_failed", b"samples_failed", "samples_in_flight", b"samples_in_flight", "samples_redelivered", b"samples_redelivered", "samples_todo", b"samples_todo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "failed_shards", b"failed_shards", "samples_done", b"samples_done", "samples_failed", b"samples_failed", "samples_in_flight", b"samples_in_flight", "samples_redelivered", b"samples_redelivered", "samples_todo", b"samples_todo", "shards_done", b"shards_done", "shards_redelivered", b"shards_redelivered"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -196,19 +212,22 @@ class Dataset(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     EPOCHS_FIELD_NUMBER: _builtins.int
+    NUM_SHARDS_FIELD_NUMBER: _builtins.int
     dataset_id: _builtins.str
     """Dataset id (unique per Redis)."""
     epoch: _builtins.int
     """Current epoch (dynamic mode)."""
     state: Global___DatasetState.ValueType
     """Whether shards are still being handed out."""
+    num_shards: _builtins.int
+    """Number of shards per epoch: ceil(size / shard_size)."""
     @_builtins.property
     def config(self) -> Global___DatasetConfig:
         """Its settings."""
 
     @_builtins.property
     def epochs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochProgress]:
-        """Progress of every epoch started so far."""
+        """Progress of every epoch started so far (dynamic mode)."""
 
     def __init__(
         self,
@@ -218,10 +237,11 @@ class Dataset(_message.Message):
         epoch: _builtins.int = ...,
         state: Global___DatasetState.ValueType = ...,
         epochs: _abc.Iterable[Global___EpochProgress] | None = ...,
+        num_shards: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "dataset_id", b"dataset_id", "epoch", b"epoch", "epochs", b"epochs", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "dataset_id", b"dataset_id", "epoch", b"epoch", "epochs", b"epochs", "num_shards", b"num_shards", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -249,9 +269,13 @@ class Shard(_message.Message):
     end: _builtins.int
     """End of the range (exclusive)."""
     attempt: _builtins.int
-    """Delivery number, starting at 1 (> 1 means a redelivery)."""
+    """Delivery number, starting at 1 (> 1 means a redelivery); 0 in
+    deterministic mode, where deliveries are not tracked.
+    """
     lease_deadline: _builtins.float
-    """Lease expiry, seconds since the Unix epoch (dynamic mode)."""
+    """Lease expiry, seconds since the Unix epoch by the Redis server's clock
+    (dynamic mode).
+    """
     @_builtins.property
     def indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """The indices in order, when shuffled within the shard; empty means the
@@ -276,6 +300,32 @@ class Shard(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Shard: _TypeAlias = Shard  # noqa: Y015
+
+@_typing.final
+class ShardRef(_message.Message):
+    """Names one shard of one epoch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    SHARD_ID_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    """Epoch of the shard."""
+    shard_id: _builtins.int
+    """Shard id."""
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        shard_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "shard_id", b"shard_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShardRef: _TypeAlias = ShardRef  # noqa: Y015
 
 @_typing.final
 class CreateDatasetRequest(_message.Message):
@@ -372,6 +422,52 @@ class DeleteDatasetResponse(_message.Message):
 Global___DeleteDatasetResponse: _TypeAlias = DeleteDatasetResponse  # noqa: Y015
 
 @_typing.final
+class DeleteJobDatasetsRequest(_message.Message):
+    """Delete the datasets of a job."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """Job id, as given in DatasetConfig.job_id."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteJobDatasetsRequest: _TypeAlias = DeleteJobDatasetsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteJobDatasetsResponse(_message.Message):
+    """Result of DeleteJobDatasets."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATASET_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def dataset_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Datasets deleted by this call (sorted)."""
+
+    def __init__(
+        self,
+        *,
+        dataset_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_ids", b"dataset_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteJobDatasetsResponse: _TypeAlias = DeleteJobDatasetsResponse  # noqa: Y015
+
+@_typing.final
 class AcquireShardRequest(_message.Message):
     """Ask for the next shard."""
 
@@ -379,19 +475,37 @@ class AcquireShardRequest(_message.Message):
 
     DATASET_ID_FIELD_NUMBER: _builtins.int
     HOLDER_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    ACK_FIELD_NUMBER: _builtins.int
     dataset_id: _builtins.str
     """Dataset id."""
     holder_id: _builtins.str
-    """Who takes the shard (e.g. "job-1/rank-3"); leases are per holder."""
+    """Who takes the shard (e.g. "job-1/rank-3"); leases are per holder.
+    1-256 printable characters without spaces.
+    """
+    request_id: _builtins.str
+    """Idempotency key (optional, at most 128 characters): a repeated call
+    with the same holder and key returns the shard the first call granted
+    while the holder still has it.
+    """
+    @_builtins.property
+    def ack(self) -> Global___ShardRef:
+        """Acknowledge this shard of the same holder first, in the same atomic
+        step (one round trip per shard). When that acknowledgement is refused
+        the call fails as AckShard would and grants nothing.
+        """
+
     def __init__(
         self,
         *,
         dataset_id: _builtins.str = ...,
         holder_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+        ack: Global___ShardRef | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_id", b"dataset_id", "holder_id", b"holder_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "dataset_id", b"dataset_id", "holder_id", b"holder_id", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -405,8 +519,16 @@ class AcquireShardResponse(_message.Message):
 
     STATUS_FIELD_NUMBER: _builtins.int
     SHARD_FIELD_NUMBER: _builtins.int
+    LEASE_SECONDS_FIELD_NUMBER: _builtins.int
+    ACKED_FIELD_NUMBER: _builtins.int
     status: Global___AcquireStatus.ValueType
     """What happened."""
+    lease_seconds: _builtins.float
+    """Lease length of the dataset, seconds: renew well before it runs out."""
+    acked: _builtins.bool
+    """With `ack` set: true when this call moved that shard to DONE, false
+    when it had been acknowledged by the same holder before.
+    """
     @_builtins.property
     def shard(self) -> Global___Shard:
         """The shard, when granted."""
@@ -416,10 +538,12 @@ class AcquireShardResponse(_message.Message):
         *,
         status: Global___AcquireStatus.ValueType = ...,
         shard: Global___Shard | None = ...,
+        lease_seconds: _builtins.float = ...,
+        acked: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["shard", b"shard"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["shard", b"shard", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "lease_seconds", b"lease_seconds", "shard", b"shard", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -491,19 +615,32 @@ class RenewLeasesRequest(_message.Message):
 
     DATASET_ID_FIELD_NUMBER: _builtins.int
     HOLDER_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    SHARD_IDS_FIELD_NUMBER: _builtins.int
     dataset_id: _builtins.str
     """Dataset id."""
     holder_id: _builtins.str
     """The holder."""
+    epoch: _builtins.int
+    """Epoch of shard_ids."""
+    @_builtins.property
+    def shard_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The shards the holder is working on; empty renews every shard the
+        holder has in DOING. Listing them lets a shard granted by a call whose
+        answer never arrived run out and go back to TODO.
+        """
+
     def __init__(
         self,
         *,
         dataset_id: _builtins.str = ...,
         holder_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        shard_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_id", b"dataset_id", "holder_id", b"holder_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_id", b"dataset_id", "epoch", b"epoch", "holder_id", b"holder_id", "shard_ids", b"shard_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -517,19 +654,27 @@ class RenewLeasesResponse(_message.Message):
 
     RENEWED_FIELD_NUMBER: _builtins.int
     LEASE_DEADLINE_FIELD_NUMBER: _builtins.int
+    LOST_SHARD_IDS_FIELD_NUMBER: _builtins.int
     renewed: _builtins.int
     """Shards whose lease was extended."""
     lease_deadline: _builtins.float
     """New lease expiry, seconds since the Unix epoch."""
+    @_builtins.property
+    def lost_shard_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Listed shards the holder no longer has (its lease ran out and the shard
+        was taken back, or the epoch is over): an acknowledgement would fail.
+        """
+
     def __init__(
         self,
         *,
         renewed: _builtins.int = ...,
         lease_deadline: _builtins.float = ...,
+        lost_shard_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_deadline", b"lease_deadline", "renewed", b"renewed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_deadline", b"lease_deadline", "lost_shard_ids", b"lost_shard_ids", "renewed", b"renewed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -573,19 +718,35 @@ class ReleaseHolderResponse(_message.Message):
 
     REQUEUED_FIELD_NUMBER: _builtins.int
     FAILED_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    REQUEUED_SHARD_IDS_FIELD_NUMBER: _builtins.int
+    FAILED_SHARD_IDS_FIELD_NUMBER: _builtins.int
     requeued: _builtins.int
     """Shards put back in TODO."""
     failed: _builtins.int
     """Shards marked failed (retry limit reached)."""
+    epoch: _builtins.int
+    """Epoch of the shards below."""
+    @_builtins.property
+    def requeued_shard_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Ids of the shards put back in TODO, in the order they will be handed out."""
+
+    @_builtins.property
+    def failed_shard_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Ids of the shards marked failed."""
+
     def __init__(
         self,
         *,
         requeued: _builtins.int = ...,
         failed: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        requeued_shard_ids: _abc.Iterable[_builtins.int] | None = ...,
+        failed_shard_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed", b"failed", "requeued", b"requeued"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "failed", b"failed", "failed_shard_ids", b"failed_shard_ids", "requeued", b"requeued", "requeued_shard_ids", b"requeued_shard_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -50,6 +50,11 @@ class ShardManagerStub:
                 request_serializer=gearshift_dot_v1_dot_shardmanager__pb2.DeleteDatasetRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_shardmanager__pb2.DeleteDatasetResponse.FromString,
                 _registered_method=True)
+        self.DeleteJobDatasets = channel.unary_unary(
+                '/gearshift.v1.ShardManager/DeleteJobDatasets',
+                request_serializer=gearshift_dot_v1_dot_shardmanager__pb2.DeleteJobDatasetsRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_shardmanager__pb2.DeleteJobDatasetsResponse.FromString,
+                _registered_method=True)
         self.AcquireShard = channel.unary_unary(
                 '/gearshift.v1.ShardManager/AcquireShard',
                 request_serializer=gearshift_dot_v1_dot_shardmanager__pb2.AcquireShardRequest.SerializeToString,
@@ -113,17 +118,32 @@ class ShardManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteJobDatasets(self, request, context):
+        """Deletes every dataset of a job (called when the job ends); their keys
+        expire after the same grace period as DeleteDataset.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AcquireShard(self, request, context):
-        """Dynamic mode: moves the next shard from TODO to DOING for a holder.
-        Not idempotent: a retried call may grant a second shard (the first one
-        is then redelivered when its lease expires).
+        """Dynamic mode: moves the next shard from TODO to DOING for a holder,
+        optionally acknowledging the holder's previous shard in the same atomic
+        step. Not marked idempotent, so channels never retry it on their own: a
+        blind retry without request_id may grant a second shard (the first one
+        is then redelivered when its lease expires). A caller that sets
+        request_id may retry it itself and gets the same grant back.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def AckShard(self, request, context):
-        """Dynamic mode: moves a shard the holder owns from DOING to DONE.
+        """Dynamic mode: moves a shard the holder owns from DOING to DONE. A lease
+        that ran out still counts while no one has taken the shard back; once it
+        was taken back (requeued, redelivered, acknowledged by its new holder)
+        the acknowledgement is FAILED_PRECONDITION, so each shard is
+        acknowledged exactly once per epoch.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -184,6 +204,11 @@ def add_ShardManagerServicer_to_server(servicer, server):
                     servicer.DeleteDataset,
                     request_deserializer=gearshift_dot_v1_dot_shardmanager__pb2.DeleteDatasetRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_shardmanager__pb2.DeleteDatasetResponse.SerializeToString,
+            ),
+            'DeleteJobDatasets': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteJobDatasets,
+                    request_deserializer=gearshift_dot_v1_dot_shardmanager__pb2.DeleteJobDatasetsRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_shardmanager__pb2.DeleteJobDatasetsResponse.SerializeToString,
             ),
             'AcquireShard': grpc.unary_unary_rpc_method_handler(
                     servicer.AcquireShard,
@@ -303,6 +328,33 @@ class ShardManager:
             '/gearshift.v1.ShardManager/DeleteDataset',
             gearshift_dot_v1_dot_shardmanager__pb2.DeleteDatasetRequest.SerializeToString,
             gearshift_dot_v1_dot_shardmanager__pb2.DeleteDatasetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteJobDatasets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ShardManager/DeleteJobDatasets',
+            gearshift_dot_v1_dot_shardmanager__pb2.DeleteJobDatasetsRequest.SerializeToString,
+            gearshift_dot_v1_dot_shardmanager__pb2.DeleteJobDatasetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,13 +44,25 @@ class ShardManagerStub:
     """Returns a dataset's settings and progress."""
     DeleteDataset: _grpc.UnaryUnaryMultiCallable[_shardmanager_pb2.DeleteDatasetRequest, _shardmanager_pb2.DeleteDatasetResponse]
     """Deletes a dataset; its keys expire after a grace period."""
+    DeleteJobDatasets: _grpc.UnaryUnaryMultiCallable[_shardmanager_pb2.DeleteJobDatasetsRequest, _shardmanager_pb2.DeleteJobDatasetsResponse]
+    """Deletes every dataset of a job (called when the job ends); their keys
+    expire after the same grace period as DeleteDataset.
+    """
     AcquireShard: _grpc.UnaryUnaryMultiCallable[_shardmanager_pb2.AcquireShardRequest, _shardmanager_pb2.AcquireShardResponse]
-    """Dynamic mode: moves the next shard from TODO to DOING for a holder.
-    Not idempotent: a retried call may grant a second shard (the first one
-    is then redelivered when its lease expires).
+    """Dynamic mode: moves the next shard from TODO to DOING for a holder,
+    optionally acknowledging the holder's previous shard in the same atomic
+    step. Not marked idempotent, so channels never retry it on their own: a
+    blind retry without request_id may grant a second shard (the first one
+    is then redelivered when its lease expires). A caller that sets
+    request_id may retry it itself and gets the same grant back.
     """
     AckShard: _grpc.UnaryUnaryMultiCallable[_shardmanager_pb2.AckShardRequest, _shardmanager_pb2.AckShardResponse]
-    """Dynamic mode: moves a shard the holder owns from DOING to DONE."""
+    """Dynamic mode: moves a shard the holder owns from DOING to DONE. A lease
+    that ran out still counts while no one has taken the shard back; once it
+    was taken back (requeued, redelivered, acknowledged by its new holder)
+    the acknowledgement is FAILED_PRECONDITION, so each shard is
+    acknowledged exactly once per epoch.
+    """
     RenewLeases: _grpc.UnaryUnaryMultiCallable[_shardmanager_pb2.RenewLeasesRequest, _shardmanager_pb2.RenewLeasesResponse]
     """Dynamic mode: extends the leases of every shard a holder has in DOING."""
     ReleaseHolder: _grpc.UnaryUnaryMultiCallable[_shardmanager_pb2.ReleaseHolderRequest, _shardmanager_pb2.ReleaseHolderResponse]
@@ -81,13 +93,25 @@ class ShardManagerAsyncStub(ShardManagerStub):
     """Returns a dataset's settings and progress."""
     DeleteDataset: _aio.UnaryUnaryMultiCallable[_shardmanager_pb2.DeleteDatasetRequest, _shardmanager_pb2.DeleteDatasetResponse]  # type: ignore[assignment]
     """Deletes a dataset; its keys expire after a grace period."""
+    DeleteJobDatasets: _aio.UnaryUnaryMultiCallable[_shardmanager_pb2.DeleteJobDatasetsRequest, _shardmanager_pb2.DeleteJobDatasetsResponse]  # type: ignore[assignment]
+    """Deletes every dataset of a job (called when the job ends); their keys
+    expire after the same grace period as DeleteDataset.
+    """
     AcquireShard: _aio.UnaryUnaryMultiCallable[_shardmanager_pb2.AcquireShardRequest, _shardmanager_pb2.AcquireShardResponse]  # type: ignore[assignment]
-    """Dynamic mode: moves the next shard from TODO to DOING for a holder.
-    Not idempotent: a retried call may grant a second shard (the first one
-    is then redelivered when its lease expires).
+    """Dynamic mode: moves the next shard from TODO to DOING for a holder,
+    optionally acknowledging the holder's previous shard in the same atomic
+    step. Not marked idempotent, so channels never retry it on their own: a
+    blind retry without request_id may grant a second shard (the first one
+    is then redelivered when its lease expires). A caller that sets
+    request_id may retry it itself and gets the same grant back.
     """
     AckShard: _aio.UnaryUnaryMultiCallable[_shardmanager_pb2.AckShardRequest, _shardmanager_pb2.AckShardResponse]  # type: ignore[assignment]
-    """Dynamic mode: moves a shard the holder owns from DOING to DONE."""
+    """Dynamic mode: moves a shard the holder owns from DOING to DONE. A lease
+    that ran out still counts while no one has taken the shard back; once it
+    was taken back (requeued, redelivered, acknowledged by its new holder)
+    the acknowledgement is FAILED_PRECONDITION, so each shard is
+    acknowledged exactly once per epoch.
+    """
     RenewLeases: _aio.UnaryUnaryMultiCallable[_shardmanager_pb2.RenewLeasesRequest, _shardmanager_pb2.RenewLeasesResponse]  # type: ignore[assignment]
     """Dynamic mode: extends the leases of every shard a holder has in DOING."""
     ReleaseHolder: _aio.UnaryUnaryMultiCallable[_shardmanager_pb2.ReleaseHolderRequest, _shardmanager_pb2.ReleaseHolderResponse]  # type: ignore[assignment]
@@ -135,14 +159,27 @@ class ShardManagerServicer(metaclass=_abc_1.ABCMeta):
         """Deletes a dataset; its keys expire after a grace period."""
 
     @_abc_1.abstractmethod
+    def DeleteJobDatasets(
+        self,
+        request: _shardmanager_pb2.DeleteJobDatasetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_shardmanager_pb2.DeleteJobDatasetsResponse, _abc.Awaitable[_shardmanager_pb2.DeleteJobDatasetsResponse]]:
+        """Deletes every dataset of a job (called when the job ends); their keys
+        expire after the same grace period as DeleteDataset.
+        """
+
+    @_abc_1.abstractmethod
     def AcquireShard(
         self,
         request: _shardmanager_pb2.AcquireShardRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_shardmanager_pb2.AcquireShardResponse, _abc.Awaitable[_shardmanager_pb2.AcquireShardResponse]]:
-        """Dynamic mode: moves the next shard from TODO to DOING for a holder.
-        Not idempotent: a retried call may grant a second shard (the first one
-        is then redelivered when its lease expires).
+        """Dynamic mode: moves the next shard from TODO to DOING for a holder,
+        optionally acknowledging the holder's previous shard in the same atomic
+        step. Not marked idempotent, so channels never retry it on their own: a
+        blind retry without request_id may grant a second shard (the first one
+        is then redelivered when its lease expires). A caller that sets
+        request_id may retry it itself and gets the same grant back.
         """
 
     @_abc_1.abstractmethod
@@ -151,7 +188,12 @@ class ShardManagerServicer(metaclass=_abc_1.ABCMeta):
         request: _shardmanager_pb2.AckShardRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_shardmanager_pb2.AckShardResponse, _abc.Awaitable[_shardmanager_pb2.AckShardResponse]]:
-        """Dynamic mode: moves a shard the holder owns from DOING to DONE."""
+        """Dynamic mode: moves a shard the holder owns from DOING to DONE. A lease
+        that ran out still counts while no one has taken the shard back; once it
+        was taken back (requeued, redelivered, acknowledged by its new holder)
+        the acknowledgement is FAILED_PRECONDITION, so each shard is
+        acknowledged exactly once per epoch.
+        """
 
     @_abc_1.abstractmethod
     def RenewLeases(

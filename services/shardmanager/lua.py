@@ -1,0 +1,458 @@
+"""The Redis Lua scripts of the shard manager: every state transition is one of these.
+
+A script runs atomically in Redis, so each transition (grant, acknowledge,
+renew, take back, roll over an epoch, snapshot, restore) is one indivisible
+step whichever replica of the service runs it, and costs one round trip.
+Time comes from Redis (`TIME`), never from a replica's clock, so replicas
+agree on lease expiry. Scripts are replicated and written to the AOF as their
+effects (Redis >= 7), so `TIME` inside them is safe.
+
+Keys of one dataset (KEYS, in this order, see `KEY_NAMES`):
+  meta      hash   settings, epoch, cursor into `order`, finished, seq, deleted
+  order     string epoch's shard order, 4 bytes big-endian per shard
+  requeue   list   shards taken back, handed out before the rest of `order`
+  doing     hash   shard -> "deadline_ms|attempt|seq|holder"
+  leases    zset   shard scored by lease deadline (ms), for expiry scans
+  attempts  hash   shard -> deliveries in this epoch
+  done      hash   shard -> holder that acknowledged it (this epoch)
+  done_prev hash   the same for the previous epoch (late retried acks)
+  stats     hash   "<epoch>:<counter>" -> count (samples or shards)
+  failed    hash   "<epoch>:<shard>" -> 1 for shards past the retry limit
+  lapsed    hash   shard -> "expired|holder" / "released|holder" (error messages)
+  grants    hash   holder -> "epoch|shard|request_id" of its last grant
+  ckpts     hash   checkpoint id -> JSON snapshot
+
+TODO of the current epoch is `requeue` followed by `order[cursor:]`; a shard
+delivered in this epoch and in none of requeue/doing/failed is DONE. The job
+index (a set of dataset ids per job) is the one key a script names itself
+(from a prefix in ARGV): the service runs on one Redis, not a Redis Cluster.
+"""
+
+from __future__ import annotations
+
+KEY_NAMES = (
+    "meta",
+    "order",
+    "requeue",
+    "doing",
+    "leases",
+    "attempts",
+    "done",
+    "done_prev",
+    "stats",
+    "failed",
+    "lapsed",
+    "grants",
+    "ckpts",
+)
+
+# Most expired leases one acquire takes back; the rest go on the next calls.
+RECLAIM_BATCH = 64
+
+_PRELUDE = """
+local K_META, K_ORDER, K_REQUEUE, K_DOING = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local K_LEASES, K_ATTEMPTS, K_DONE, K_DONE_PREV = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local K_STATS, K_FAILED, K_LAPSED = KEYS[9], KEYS[10], KEYS[11]
+local K_GRANTS, K_CKPTS = KEYS[12], KEYS[13]
+
+-- Integers leave Lua through string.format: tostring would print 1e+15.
+local function I(x) return string.format('%d', x) end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local FIELDS = {'deleted', 'mode', 'size', 'shard_size', 'num_shards', 'num_epochs', 'lease_ms',
+                'max_attempts', 'epoch', 'cursor', 'prev_epoch', 'seed', 'shuffle'}
+local NUMERIC = {'size', 'shard_size', 'num_shards', 'num_epochs', 'lease_ms', 'max_attempts',
+                 'epoch', 'cursor', 'prev_epoch'}
+
+-- The dataset's settings and position; nil when it does not exist or was deleted.
+local function load_meta()
+  local v = redis.call('HMGET', K_META, unpack(FIELDS))
+  if not v[1] or v[1] == '1' then return nil end
+  local m = {}
+  for i, f in ipairs(FIELDS) do m[f] = v[i] end
+  for _, f in ipairs(NUMERIC) do m[f] = tonumber(m[f]) end
+  return m
+end
+
+local function samples(m, s)
+  if s == m.num_shards - 1 then return m.size - s * m.shard_size end
+  return m.shard_size
+end
+
+local function parse_doing(rec)
+  local deadline, attempt, seq, holder = string.match(rec, '^(%d+)|(%d+)|(%d+)|(.*)$')
+  return tonumber(deadline), tonumber(attempt), tonumber(seq), holder
+end
+
+local function doing_record(deadline, attempt, seq, holder)
+  return I(deadline) .. '|' .. I(attempt) .. '|' .. I(seq) .. '|' .. holder
+end
+
+local function bump(e, name, by)
+  redis.call('HINCRBY', K_STATS, I(e) .. ':' .. name, I(by))
+end
+
+local function order_at(pos)
+  local raw = redis.call('GETRANGE', K_ORDER, I(pos * 4), I(pos * 4 + 3))
+  local b1, b2, b3, b4 = string.byte(raw, 1, 4)
+  return I(((b1 * 256 + b2) * 256 + b3) * 256 + b4)
+end
+
+-- A DOING shard of `holder` goes back to TODO (behind earlier requeued shards,
+-- ahead of every shard not handed out yet), or to FAILED past the retry limit.
+local function take_back(m, s, holder, reason)
+  redis.call('HDEL', K_DOING, s)
+  redis.call('ZREM', K_LEASES, s)
+  redis.call('HSET', K_LAPSED, s, reason .. '|' .. holder)
+  local attempts = tonumber(redis.call('HGET', K_ATTEMPTS, s) or '0')
+  if attempts >= m.max_attempts then
+    redis.call('HSET', K_FAILED, I(m.epoch) .. ':' .. s, '1')
+    bump(m.epoch, 'failed', samples(m, tonumber(s)))
+    bump(m.epoch, 'shards_failed', 1)
+    return false
+  end
+  redis.call('RPUSH', K_REQUEUE, s)
+  return true
+end
+
+-- DOING -> DONE for the holder; {'OK'}, {'DUP'} (acknowledged by it before) or {'ERR', ...}.
+local function do_ack(m, holder, e, s)
+  local sn = tonumber(s)
+  if sn >= m.num_shards then return {'ERR', 'RANGE', I(m.num_shards)} end
+  if e ~= m.epoch then
+    if e == m.prev_epoch and redis.call('HGET', K_DONE_PREV, s) == holder then return {'DUP'} end
+    if e > m.epoch then return {'ERR', 'FUTURE', I(m.epoch)} end
+    return {'ERR', 'PAST', I(m.epoch)}
+  end
+  local rec = redis.call('HGET', K_DOING, s)
+  local other = ''
+  if rec then
+    local _, _, _, h = parse_doing(rec)
+    if h == holder then
+      redis.call('HDEL', K_DOING, s)
+      redis.call('ZREM', K_LEASES, s)
+      redis.call('HSET', K_DONE, s, holder)
+      bump(e, 'done', samples(m, sn))
+      bump(e, 'shards_done', 1)
+      return {'OK'}
+    end
+    other = h
+  end
+  local done_by = redis.call('HGET', K_DONE, s)
+  if done_by == holder then return {'DUP'} end
+  local state = 'todo'
+  if rec then
+    state = 'doing'
+  elseif done_by then
+    state, other = 'done', done_by
+  elseif redis.call('HEXISTS', K_FAILED, I(e) .. ':' .. s) == 1 then
+    state = 'failed'
+  end
+  local why = ''
+  local lapsed = redis.call('HGET', K_LAPSED, s)
+  if lapsed then
+    local reason, h = string.match(lapsed, '^(%a+)|(.*)$')
+    if h == holder then why = reason end
+  end
+  return {'ERR', 'NOT_HELD', state, other, why}
+end
+
+-- The dataset's state as JSON: progress for Describe, a snapshot for Checkpoint.
+local function state_json(full, checkpoint_id)
+  local st = {
+    version = 1,
+    meta = redis.call('HGETALL', K_META),
+    stats = redis.call('HGETALL', K_STATS),
+    failed = redis.call('HKEYS', K_FAILED),
+    doing = redis.call('HGETALL', K_DOING),
+    requeue_len = redis.call('LLEN', K_REQUEUE),
+    now_ms = I(now_ms()),
+  }
+  if full then
+    st.requeue = redis.call('LRANGE', K_REQUEUE, 0, -1)
+    st.attempts = redis.call('HGETALL', K_ATTEMPTS)
+    st.checkpoint_id = checkpoint_id
+  end
+  return cjson.encode(st)
+end
+"""
+
+ACQUIRE = (
+    _PRELUDE
+    + """
+-- ARGV: holder, request_id, ack_epoch, ack_shard, next_order, next_order_epoch
+local holder, rid = ARGV[1], ARGV[2]
+local m = load_meta()
+if not m then return {'NOTFOUND'} end
+if m.mode ~= 'dynamic' then return {'MODE', m.mode} end
+local tail = {I(m.lease_ms), I(m.size), I(m.shard_size), m.seed, m.shuffle, I(m.num_shards)}
+local function granted(s, attempt, deadline, acked)
+  local r = {'GRANTED', I(m.epoch), s, I(attempt), I(deadline), acked}
+  for _, v in ipairs(tail) do r[#r + 1] = v end
+  return r
+end
+
+-- 1. A repeated request gets back what the first one granted (its ack was applied then).
+if rid ~= '' then
+  local g = redis.call('HGET', K_GRANTS, holder)
+  if g then
+    local ge, gs, grid = string.match(g, '^(%d+)|(%d+)|(.*)$')
+    if grid == rid and tonumber(ge) == m.epoch then
+      local rec = redis.call('HGET', K_DOING, gs)
+      if rec then
+        local deadline, attempt, _, h = parse_doing(rec)
+        if h == holder then
+          local acked = '-1'
+          if ARGV[3] ~= '' then acked = '0' end
+          return granted(gs, attempt, deadline, acked)
+        end
+      end
+    end
+  end
+end
+
+-- 2. The previous shard's acknowledgement; refused means nothing changes.
+local acked = '-1'
+if ARGV[3] ~= '' then
+  local r = do_ack(m, holder, tonumber(ARGV[3]), ARGV[4])
+  if r[1] == 'ERR' then return r end
+  if r[1] == 'OK' then acked = '1' else acked = '0' end
+end
+
+-- 3. Expired leases go back to TODO (or FAILED).
+local now = now_ms()
+local due = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', I(now), 'LIMIT', 0, """
+    + str(RECLAIM_BATCH)
+    + """)
+for _, s in ipairs(due) do
+  local rec = redis.call('HGET', K_DOING, s)
+  if rec then
+    local _, _, _, h = parse_doing(rec)
+    take_back(m, s, h, 'expired')
+  else
+    redis.call('ZREM', K_LEASES, s)
+  end
+end
+
+-- 4. The next shard: requeued ones first, then the epoch order; at the end of
+-- an epoch (TODO and DOING empty) the next epoch starts with its order, which
+-- the caller computes (a pure function of seed and epoch) and passes in.
+local s = redis.call('LPOP', K_REQUEUE)
+if not s and m.cursor < m.num_shards then
+  s = order_at(m.cursor)
+  m.cursor = m.cursor + 1
+  redis.call('HSET', K_META, 'cursor', I(m.cursor))
+end
+if not s then
+  if redis.call('HLEN', K_DOING) > 0 then return {'WAIT', I(m.epoch), acked} end
+  if m.epoch + 1 >= m.num_epochs then
+    redis.call('HSET', K_META, 'finished', '1')
+    return {'END', I(m.epoch), acked}
+  end
+  local e = m.epoch + 1
+  if ARGV[6] ~= I(e) then return {'NEED_ORDER', I(e), acked, I(m.num_shards), m.seed} end
+  if string.len(ARGV[5]) ~= 4 * m.num_shards then return redis.error_reply('bad order length') end
+  redis.call('SET', K_ORDER, ARGV[5])
+  if redis.call('EXISTS', K_DONE) == 1 then
+    redis.call('RENAME', K_DONE, K_DONE_PREV)
+  else
+    redis.call('DEL', K_DONE_PREV)
+  end
+  redis.call('DEL', K_ATTEMPTS, K_LAPSED)
+  m.prev_epoch, m.epoch, m.cursor = m.epoch, e, 1
+  redis.call('HSET', K_META, 'epoch', I(e), 'cursor', '1', 'prev_epoch', I(m.prev_epoch))
+  s = order_at(0)
+end
+
+-- 5. Grant: DOING with holder and lease deadline.
+local attempt = redis.call('HINCRBY', K_ATTEMPTS, s, 1)
+if attempt > 1 then
+  bump(m.epoch, 'redelivered', samples(m, tonumber(s)))
+  bump(m.epoch, 'shards_redelivered', 1)
+end
+local seq = redis.call('HINCRBY', K_META, 'seq', 1)
+local deadline = now + m.lease_ms
+redis.call('HSET', K_DOING, s, doing_record(deadline, attempt, seq, holder))
+redis.call('ZADD', K_LEASES, I(deadline), s)
+if rid ~= '' then redis.call('HSET', K_GRANTS, holder, I(m.epoch) .. '|' .. s .. '|' .. rid) end
+return granted(s, attempt, deadline, acked)
+"""
+)
+
+ACK = (
+    _PRELUDE
+    + """
+-- ARGV: holder, epoch, shard
+local m = load_meta()
+if not m then return {'NOTFOUND'} end
+if m.mode ~= 'dynamic' then return {'MODE', m.mode} end
+return do_ack(m, ARGV[1], tonumber(ARGV[2]), ARGV[3])
+"""
+)
+
+RENEW = (
+    _PRELUDE
+    + """
+-- ARGV: holder, epoch, comma-separated shard ids ('' = every shard of the holder)
+local holder = ARGV[1]
+local m = load_meta()
+if not m then return {'NOTFOUND'} end
+if m.mode ~= 'dynamic' then return {'MODE', m.mode} end
+local deadline = now_ms() + m.lease_ms
+local renewed, lost = 0, {}
+local function renew(s, rec)
+  local _, attempt, seq, h = parse_doing(rec)
+  redis.call('HSET', K_DOING, s, doing_record(deadline, attempt, seq, h))
+  redis.call('ZADD', K_LEASES, I(deadline), s)
+  renewed = renewed + 1
+end
+if ARGV[3] == '' then
+  local all = redis.call('HGETALL', K_DOING)
+  for i = 1, #all, 2 do
+    local _, _, _, h = parse_doing(all[i + 1])
+    if h == holder then renew(all[i], all[i + 1]) end
+  end
+else
+  local same_epoch = tonumber(ARGV[2]) == m.epoch
+  for s in string.gmatch(ARGV[3], '%d+') do
+    local rec = nil
+    if same_epoch then rec = redis.call('HGET', K_DOING, s) end
+    local h = nil
+    if rec then h = select(4, parse_doing(rec)) end
+    if h == holder then renew(s, rec) else lost[#lost + 1] = s end
+  end
+end
+return {'OK', I(renewed), I(deadline), table.concat(lost, ',')}
+"""
+)
+
+RELEASE = (
+    _PRELUDE
+    + """
+-- ARGV: holder
+local holder = ARGV[1]
+local m = load_meta()
+if not m then return {'NOTFOUND'} end
+if m.mode ~= 'dynamic' then return {'MODE', m.mode} end
+local all = redis.call('HGETALL', K_DOING)
+local mine = {}
+for i = 1, #all, 2 do
+  local _, _, seq, h = parse_doing(all[i + 1])
+  if h == holder then mine[#mine + 1] = {seq, all[i]} end
+end
+table.sort(mine, function(a, b) return a[1] < b[1] end)
+local requeued, failed = {}, {}
+for _, x in ipairs(mine) do
+  if take_back(m, x[2], holder, 'released') then
+    requeued[#requeued + 1] = x[2]
+  else
+    failed[#failed + 1] = x[2]
+  end
+end
+redis.call('HDEL', K_GRANTS, holder)
+return {'OK', I(m.epoch), table.concat(requeued, ','), table.concat(failed, ',')}
+"""
+)
+
+CREATE = (
+    _PRELUDE
+    + """
+-- ARGV: dataset_id, job index key prefix, order ('' in deterministic mode), then
+-- setting name/value pairs (stored form).
+local deleted = redis.call('HGET', K_META, 'deleted')
+if deleted == '0' then
+  for i = 4, #ARGV, 2 do
+    local current = redis.call('HGET', K_META, ARGV[i])
+    if current ~= ARGV[i + 1] then return {'CONFLICT', ARGV[i], current or '', ARGV[i + 1]} end
+  end
+  return {'EXISTS', state_json(false, '')}
+end
+for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end
+local job_id = ''
+for i = 4, #ARGV, 2 do
+  redis.call('HSET', K_META, ARGV[i], ARGV[i + 1])
+  if ARGV[i] == 'job_id' then job_id = ARGV[i + 1] end
+end
+redis.call('HSET', K_META, 'epoch', '0', 'cursor', '0', 'finished', '0', 'seq', '0',
+           'prev_epoch', '-1', 'deleted', '0', 'created_ms', I(now_ms()))
+if ARGV[3] ~= '' then redis.call('SET', K_ORDER, ARGV[3]) end
+redis.call('SADD', ARGV[2] .. job_id, ARGV[1])
+return {'CREATED', state_json(false, '')}
+"""
+)
+
+DELETE = (
+    _PRELUDE
+    + """
+-- ARGV: dataset_id, job index key prefix, grace seconds (0: remove at once)
+local v = redis.call('HMGET', K_META, 'deleted', 'job_id')
+if not v[1] or v[1] == '1' then return 0 end
+redis.call('HSET', K_META, 'deleted', '1')
+redis.call('SREM', ARGV[2] .. v[2], ARGV[1])
+local ttl = tonumber(ARGV[3])
+for i = 1, #KEYS do
+  if ttl > 0 then redis.call('EXPIRE', KEYS[i], ttl) else redis.call('UNLINK', KEYS[i]) end
+end
+return 1
+"""
+)
+
+STATE = (
+    _PRELUDE
+    + """
+-- ARGV: 'describe' | 'checkpoint', checkpoint id
+-- Returns the dataset's state as JSON; 'checkpoint' also stores it under the id.
+local m = load_meta()
+if not m then return {'NOTFOUND'} end
+local full = ARGV[1] == 'checkpoint'
+if full and m.mode ~= 'dynamic' then return {'MODE', m.mode} end
+local js = state_json(full, ARGV[2])
+if full then redis.call('HSET', K_CKPTS, ARGV[2], js) end
+return {'OK', js}
+"""
+)
+
+RESTORE = (
+    _PRELUDE
+    + """
+-- ARGV: checkpoint id, force ('1'/'0'), order of the snapshot's epoch, that epoch ('' unknown)
+local m = load_meta()
+if not m then return {'NOTFOUND'} end
+if m.mode ~= 'dynamic' then return {'MODE', m.mode} end
+local js = redis.call('HGET', K_CKPTS, ARGV[1])
+if not js then return {'NO_CHECKPOINT'} end
+local held = redis.call('HLEN', K_DOING)
+if held > 0 and ARGV[2] ~= '1' then return {'LIVE', I(held)} end
+local st = cjson.decode(js)
+local sm = {}
+for i = 1, #st.meta, 2 do sm[st.meta[i]] = st.meta[i + 1] end
+if sm.epoch ~= I(m.epoch) then
+  if ARGV[4] ~= sm.epoch then return {'NEED_ORDER', sm.epoch, I(m.num_shards), m.seed} end
+  if string.len(ARGV[3]) ~= 4 * m.num_shards then return redis.error_reply('bad order length') end
+  redis.call('SET', K_ORDER, ARGV[3])
+end
+redis.call('DEL', K_REQUEUE, K_DOING, K_LEASES, K_ATTEMPTS, K_DONE, K_DONE_PREV, K_STATS,
+           K_FAILED, K_LAPSED, K_GRANTS)
+-- DOING shards go back to TODO first, in the order they were handed out.
+local doing = {}
+for i = 1, #st.doing, 2 do
+  local _, _, seq = parse_doing(st.doing[i + 1])
+  doing[#doing + 1] = {seq, st.doing[i]}
+end
+table.sort(doing, function(a, b) return a[1] < b[1] end)
+for _, d in ipairs(doing) do redis.call('RPUSH', K_REQUEUE, d[2]) end
+for _, s in ipairs(st.requeue) do redis.call('RPUSH', K_REQUEUE, s) end
+for i = 1, #st.attempts, 2 do redis.call('HSET', K_ATTEMPTS, st.attempts[i], st.attempts[i + 1]) end
+for i = 1, #st.stats, 2 do redis.call('HSET', K_STATS, st.stats[i], st.stats[i + 1]) end
+for _, f in ipairs(st.failed) do redis.call('HSET', K_FAILED, f, '1') end
+local finished = sm.finished
+if #doing > 0 then finished = '0' end
+redis.call('HSET', K_META, 'epoch', sm.epoch, 'cursor', sm.cursor, 'finished', finished,
+           'seq', sm.seq, 'prev_epoch', '-1')
+return {'RESTORED', state_json(false, '')}
+"""
+)
