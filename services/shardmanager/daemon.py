@@ -16,6 +16,7 @@ import redis
 
 from gearshift.common.config import Option
 from gearshift.common.daemon import Daemon, run_daemon, server_options
+from gearshift.common.errors import UnavailableError
 from gearshift.common.server import register
 from gearshift.shardmanager.servicer import ShardManagerServicer
 from gearshift.shardmanager.store import (
@@ -67,8 +68,8 @@ def build(config: argparse.Namespace) -> Daemon:
         max_shards=config.max_shards,
     )
     try:
-        store.client.ping()
-    except redis.RedisError as exc:
+        store.load_scripts()
+    except (redis.RedisError, UnavailableError) as exc:
         log.warning("Redis unreachable at start; calls answer UNAVAILABLE until it is back",
                     extra={"error": str(exc)})  # fmt: skip
     service = shardmanager_pb2.DESCRIPTOR.services_by_name["ShardManager"].full_name

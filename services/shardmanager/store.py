@@ -170,6 +170,12 @@ class ShardStore:
     def close(self) -> None:
         self.client.close()
 
+    def load_scripts(self) -> None:
+        """Put every script in Redis's cache (SCRIPT LOAD), so each call is one EVALSHA."""
+        with self._redis():
+            for script in SCRIPTS:
+                self.client.script_load(script.body)
+
     # -- keys --------------------------------------------------------------
 
     def keys(self, dataset_id: str) -> tuple[str, ...]:
