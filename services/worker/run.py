@@ -1,0 +1,287 @@
+"""`python -m gearshift.worker.run`: train a job with N ESTs on P local processes, or be one.
+
+Local launcher (spawns P processes, gloo on 127.0.0.1):
+
+    python -m gearshift.worker.run --job gearshift.examples.digits_cnn --ests 4 --procs 3 \\
+        --mapping 2,1,1 --steps 300 --checkpoint-dir ckpt [--resume] [--determinism D1]
+
+One process of a job (what the launcher, or a worker daemon on another machine, starts):
+
+    python -m gearshift.worker.run --job ... --ests 4 --mapping 2,1,1 --steps 300 \\
+        --checkpoint-dir ckpt --rank 1 --world-size 3 --master-addr HOST:PORT
+
+Rank 0 prints progress (step, loss, samples/s) and at the end the SHA-256 digest of
+the parameters, buffers and optimizer state. Exit status: 0 when the job reached
+--steps, 75 when it stopped on request (SIGUSR1 or SIGTERM: checkpoint at the next
+global-step boundary; resume later with --resume and any --procs/--mapping), 2 for
+bad input, 1 for other failures.
+
+Arguments are parsed without torch so that the determinism level can set the
+environment variables torch reads when it loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from gearshift.common.errors import ValidationError
+from gearshift.worker.runtime.determinism import environment
+from gearshift.worker.runtime.settings import (
+    Determinism,
+    RunSettings,
+    check_procs,
+    even_mapping,
+    parse_mapping,
+)
+
+EXIT_STOPPED = 75
+EXIT_BAD_INPUT = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m gearshift.worker.run",
+        description="Train a job with N ESTs on P processes, bitwise identical for any P.",
+    )
+    job = parser.add_argument_group("job")
+    job.add_argument("--job", required=True, help="module defining build(config) -> Job")
+    job.add_argument("--config", default="{}", help="job config as a JSON object")
+    job.add_argument("--config-file", type=Path, help="job config from a JSON file")
+    job.add_argument("--ests", type=int, required=True, help="N, the number of ESTs")
+    job.add_argument("--batch-size", type=int, help="global batch size B (default 8·N)")
+    job.add_argument("--steps", type=int, required=True, help="total global steps")
+    job.add_argument("--seed", type=int, default=0)
+    job.add_argument("--shard-size", type=int, default=32, help="samples per data shard")
+    job.add_argument("--loader-workers", type=int, default=2, help="logical loader workers per EST")
+    job.add_argument(
+        "--determinism", choices=[d.value for d in Determinism], default=Determinism.D1.value
+    )
+    job.add_argument("--d2-threads", type=int, default=1, help="intra-op threads under D2")
+    job.add_argument(
+        "--tree",
+        choices=["balanced", "fold"],
+        default="balanced",
+        help="canonical summation order (fold: only to show that the order matters)",
+    )
+    job.add_argument(
+        "--no-est-rng-contexts",
+        action="store_true",
+        help="share one RNG stream among a process's ESTs (breaks determinism; for tests)",
+    )
+    place = parser.add_argument_group("placement")
+    place.add_argument("--procs", type=int, help="P, processes (default: from --mapping, else 1)")
+    place.add_argument("--mapping", help="ESTs per process, e.g. 2,1,1 (default: even)")
+    place.add_argument(
+        "--threads",
+        default="1",
+        help="intra-op threads per process, one value or one per process (e.g. 2,1)",
+    )
+    place.add_argument("--loader-procs", type=int, default=0, help="loader processes per process")
+    place.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ckpt = parser.add_argument_group("checkpoints and output")
+    ckpt.add_argument("--checkpoint-dir", type=Path, required=True)
+    ckpt.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    ckpt.add_argument("--checkpoint-every", type=int, default=0, help="every K steps (0: never)")
+    ckpt.add_argument("--keep-checkpoints", type=int, default=2)
+    ckpt.add_argument("--log-every", type=int, default=10, help="progress every K steps")
+    ckpt.add_argument("--loss-log", type=Path, help="append each step's EST losses (JSON lines)")
+    ckpt.add_argument("--stats-dir", type=Path, help="write rank<R>.json run statistics here")
+    one = parser.add_argument_group("one process of a job (set by the launcher or a daemon)")
+    one.add_argument("--rank", type=int, help="run only this process")
+    one.add_argument("--world-size", type=int, help="P, with --rank")
+    one.add_argument("--master-addr", default="", help="HOST:PORT where rank 0 listens")
+    one.add_argument("--timeout", type=float, default=600.0, help="process group timeout (s)")
+    return parser
+
+
+def _config(args: argparse.Namespace) -> dict[str, Any]:
+    text = args.config_file.read_text() if args.config_file else args.config
+    flag = "--config-file" if args.config_file else "--config"
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise ValidationError(flag, f"is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValidationError(flag, "must be a JSON object")
+    return config
+
+
+def _threads(text: str, procs: int) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValidationError("--threads", f"{text!r} is not a number or a list") from None
+    if len(values) == 1:
+        values *= procs
+    if len(values) != procs or min(values) < 1:
+        raise ValidationError(
+            "--threads", f"{text!r}: give one count >= 1, or one per process ({procs})"
+        )
+    return values
+
+
+def resolve(args: argparse.Namespace) -> tuple[RunSettings, tuple[int, ...], list[int]]:
+    """Settings, ESTs per process and threads per process; ValidationError names a bad flag."""
+    procs: int | None = args.world_size if args.world_size is not None else args.procs
+    if args.mapping:
+        mapping = parse_mapping(args.mapping, args.ests, procs)
+    else:
+        mapping = even_mapping(args.ests, 1 if procs is None else procs)
+    check_procs(args.ests, len(mapping))
+    settings = RunSettings(
+        num_ests=args.ests,
+        global_batch_size=args.batch_size if args.batch_size is not None else 8 * args.ests,
+        total_steps=args.steps,
+        seed=args.seed,
+        shard_size=args.shard_size,
+        loader_workers=args.loader_workers,
+        loader_procs=args.loader_procs,
+        determinism=Determinism(args.determinism),
+        d2_threads=args.d2_threads,
+        checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
+        log_every=args.log_every,
+        tree_shape=args.tree,
+        est_rng_contexts=not args.no_est_rng_contexts,
+    )
+    settings.validate()
+    return settings, mapping, _threads(args.threads, len(mapping))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launch(
+    argv: Sequence[str], settings: RunSettings, mapping: tuple[int, ...], threads: list[int]
+) -> int:
+    """Start the P processes of the job here and wait for them; signals are passed on."""
+    procs = len(mapping)
+    address = f"127.0.0.1:{_free_port()}"
+    env = os.environ | environment(settings.determinism)
+    children: dict[int, subprocess.Popen[bytes]] = {}
+    for rank in range(procs):
+        cmd = [sys.executable, "-m", "gearshift.worker.run", *argv]
+        cmd += ["--mapping", ",".join(map(str, mapping)), "--threads", str(threads[rank])]
+        cmd += ["--rank", str(rank), "--world-size", str(procs), "--master-addr", address]
+        children[rank] = subprocess.Popen(cmd, env=env)
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        for child in children.values():
+            if child.returncode is None:
+                child.send_signal(signum)
+
+    for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    codes: dict[int, int] = {}
+    by_pid = {child.pid: rank for rank, child in children.items()}
+    while len(codes) < procs:
+        pid, status = os.wait()
+        if pid not in by_pid:
+            continue
+        done = by_pid[pid]
+        code = os.waitstatus_to_exitcode(status)
+        children[done].returncode = code
+        codes[done] = code
+        if code not in (0, EXIT_STOPPED):
+            print(
+                f"rank {done} failed with exit status {code}; stopping the others", file=sys.stderr
+            )
+            for other in children.values():
+                if other.returncode is None:
+                    other.terminate()
+    failed = [code for code in codes.values() if code not in (0, EXIT_STOPPED)]
+    if failed:
+        return failed[0] if failed[0] > 0 else 1
+    return EXIT_STOPPED if EXIT_STOPPED in codes.values() else 0
+
+
+def run_one(
+    args: argparse.Namespace, settings: RunSettings, mapping: tuple[int, ...], threads: int
+) -> int:
+    """Be rank `args.rank` of the job."""
+    for name, value in environment(settings.determinism).items():
+        if settings.determinism is Determinism.D2:
+            os.environ[name] = value
+        else:
+            os.environ.setdefault(name, value)
+    # torch loads from here on.
+    from gearshift.worker.runtime.control import EXIT_CODES, Progress, StopFlag  # noqa: PLC0415
+    from gearshift.worker.runtime.process import ProcessSpec, run_process  # noqa: PLC0415
+
+    stop = StopFlag()
+    stop.install()
+    rank = args.rank
+
+    def report(progress: Progress) -> None:
+        if rank == 0:
+            print(
+                f"step {progress.step}/{progress.total_steps} loss {progress.loss:.6f} "
+                f"samples/s {progress.samples_per_s:.1f}",
+                flush=True,
+            )
+
+    spec = ProcessSpec(
+        job_module=args.job,
+        job_config=_config(args),
+        settings=settings,
+        mapping=mapping,
+        rank=rank,
+        checkpoint_dir=args.checkpoint_dir,
+        master_addr=args.master_addr,
+        resume=args.resume,
+        threads=threads,
+        device=args.device,
+        loss_log=args.loss_log,
+        timeout_s=args.timeout,
+    )
+    result = run_process(spec, stop=stop, on_progress=report)
+    if args.stats_dir is not None:
+        args.stats_dir.mkdir(parents=True, exist_ok=True)
+        stats = {
+            "rank": rank,
+            "outcome": str(result.outcome),
+            "step": result.step,
+            "steps_run": result.steps_run,
+            "wall_s": result.wall_s,
+            "bytes_sent": result.bytes_sent,
+            "grad_bytes": result.grad_bytes,
+            "peak_rss_bytes": result.peak_rss_bytes,
+            "digest": result.digest,
+        }
+        (args.stats_dir / f"rank{rank}.json").write_text(json.dumps(stats, indent=1))
+    if rank == 0:
+        print(f"outcome {result.outcome} at step {result.step}", flush=True)
+        print(f"digest sha256:{result.digest}", flush=True)
+    return EXIT_CODES[result.outcome]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        settings, mapping, threads = resolve(args)
+        if args.rank is None:
+            return launch(argv, settings, mapping, threads)
+        if not 0 <= args.rank < len(mapping):
+            raise ValidationError("--rank", f"must be between 0 and {len(mapping) - 1}")
+        return run_one(args, settings, mapping, threads[args.rank])
+    except ValidationError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Checkpoint files, written atomically: a crash mid-write never hides the last good one.
+
+A checkpoint is `ckpt-<step>.pt` in the checkpoint directory. It is written to a
+temporary name, flushed to disk, then renamed (atomic on POSIX) and the
+directory synced; readers only look at final names, so a half-written file is
+never read. The newest `keep` checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_FINAL = re.compile(r"^ckpt-(\d{8,})\.pt$")
+
+
+def _name(step: int) -> str:
+    return f"ckpt-{step:08d}.pt"
+
+
+def checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint, oldest first."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in directory.iterdir():
+        match = _FINAL.match(entry.name)
+        if match:
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def latest(directory: Path) -> Path | None:
+    found = checkpoints(directory)
+    return found[-1][1] if found else None
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(directory: Path, step: int, payload: dict[str, Any], keep: int = 2) -> Path:
+    """Write the checkpoint of `step`; returns its path once it is durable."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(".ckpt-*.tmp-*"):
+        stale.unlink(missing_ok=True)
+    final = directory / _name(step)
+    tmp = directory / f".{final.name}.tmp-{os.getpid()}"
+    try:
+        with tmp.open("wb") as out:
+            torch.save(payload, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(directory)
+    for _, old in checkpoints(directory)[:-keep]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def load(path: Path) -> dict[str, Any]:
+    """A checkpoint's payload (tensors, numbers, strings only: no code runs on load)."""
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(data, dict) or data.get("format") != 1:
+        raise ValueError(f"{path} is not a Gearshift checkpoint (format 1)")
+    return data

@@ -1,0 +1,102 @@
+"""Each EST's sample stream: a pure function of (seed, epoch, N, EST index), and its position.
+
+EST i reads logical rank i's shard sequence (gearshift.common.sharding), epoch
+after epoch; a mini-batch is the next B/N indices of that stream and may span
+shards and epochs. The shard sequence comes from a `ShardSource`, so a source
+backed by the shard manager's deterministic mode (GetShardsAt) can stand in for
+the local computation and yield the identical stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gearshift.common import sharding
+from gearshift.common.errors import ValidationError
+
+
+class ShardSource(Protocol):
+    """Which shards a logical rank reads in an epoch, and which samples a shard holds."""
+
+    def rank_shards(self, epoch: int, rank: int) -> Sequence[int]: ...
+
+    def shard_samples(self, shard_id: int, epoch: int) -> Sequence[int]: ...
+
+
+@dataclass(frozen=True)
+class LocalShards:
+    """The deterministic shard plan computed in-process (no shard manager)."""
+
+    size: int
+    shard_size: int
+    seed: int
+    num_ranks: int
+
+    def __post_init__(self) -> None:
+        total = sharding.num_shards(self.size, self.shard_size)
+        if total < self.num_ranks:
+            raise ValidationError(
+                "--shard-size",
+                f"{self.size} samples in shards of {self.shard_size} make {total} shards, fewer "
+                f"than the {self.num_ranks} ESTs; use a smaller shard size",
+            )
+
+    def rank_shards(self, epoch: int, rank: int) -> Sequence[int]:
+        total = sharding.num_shards(self.size, self.shard_size)
+        return sharding.rank_sequence(total, self.seed, epoch, self.num_ranks, rank)
+
+    def shard_samples(self, shard_id: int, epoch: int) -> Sequence[int]:
+        return sharding.shard_indices(
+            shard_id, self.size, self.shard_size, self.seed, epoch, shuffle_within=True
+        )
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    """How far an EST has read: `offset` samples into its stream of `epoch`."""
+
+    epoch: int = 0
+    offset: int = 0
+
+
+def epoch_samples(source: ShardSource, epoch: int, est: int) -> list[int]:
+    """All sample indices EST `est` reads in `epoch`, in order."""
+    return [
+        i for shard in source.rank_shards(epoch, est) for i in source.shard_samples(shard, epoch)
+    ]
+
+
+class EstStream:
+    """Reads an EST's stream from a position; `take` is deterministic given the position."""
+
+    def __init__(self, source: ShardSource, est: int, position: DataPosition) -> None:
+        self.source = source
+        self.est = est
+        self.position = position
+        self._epoch = -1
+        self._samples: list[int] = []
+
+    def _load(self, epoch: int) -> list[int]:
+        if epoch != self._epoch:
+            self._samples = epoch_samples(self.source, epoch, self.est)
+            self._epoch = epoch
+        return self._samples
+
+    def take(self, count: int) -> list[int]:
+        """The next `count` sample indices; advances the position."""
+        out: list[int] = []
+        epoch, offset = self.position.epoch, self.position.offset
+        while len(out) < count:
+            samples = self._load(epoch)
+            if not samples:
+                raise RuntimeError(f"EST {self.est} has no samples to read in epoch {epoch}")
+            if offset >= len(samples):
+                epoch, offset = epoch + 1, 0
+                continue
+            chunk = samples[offset : offset + count - len(out)]
+            out += chunk
+            offset += len(chunk)
+        self.position = DataPosition(epoch, offset)
+        return out

@@ -1,0 +1,117 @@
+"""Set up and run one training process of a job: determinism, job build, process group, loop.
+
+This is the per-process entry that both the local launcher and (later) the
+worker daemon start: it needs only its rank, the placement and where rank 0
+listens.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from gearshift.common.errors import ValidationError
+from gearshift.worker.runtime import determinism
+from gearshift.worker.runtime.comm import Comm
+from gearshift.worker.runtime.control import ProgressCallback, StopFlag
+from gearshift.worker.runtime.job import load_job
+from gearshift.worker.runtime.rng import derive_seed
+from gearshift.worker.runtime.settings import RunSettings, placement
+from gearshift.worker.runtime.trainer import RunResult, Trainer
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """Everything one training process is told."""
+
+    job_module: str
+    job_config: dict[str, Any]
+    settings: RunSettings
+    mapping: tuple[int, ...]  # ESTs per process (contiguous ranges)
+    rank: int
+    checkpoint_dir: Path
+    master_addr: str = ""  # HOST:PORT of rank 0's rendezvous (needed when P > 1)
+    resume: bool = False
+    threads: int = 1  # intra-op threads this process is given (D2 overrides)
+    device: str = "cpu"
+    loss_log: Path | None = None
+    timeout_s: float = 600.0
+
+
+def seed_globals(seed: int) -> None:
+    """Seed every global generator the job's build may draw from."""
+    value = derive_seed("build", seed)
+    torch.manual_seed(value)
+    random.seed(value)
+    np.random.seed(value % 2**32)
+
+
+def _device(spec: ProcessSpec) -> tuple[torch.device, str, bool]:
+    """(device, backend, stage through CPU) for this process."""
+    if spec.device == "cpu":
+        return torch.device("cpu"), "gloo", False
+    if spec.device != "cuda":
+        raise ValidationError("--device", f"{spec.device!r} is not cpu or cuda")
+    if not torch.cuda.is_available():
+        raise ValidationError("--device", "cuda was asked for but no GPU is visible")
+    count = torch.cuda.device_count()
+    device = torch.device("cuda", spec.rank % count)
+    torch.cuda.set_device(device)
+    # NCCL needs one GPU per process; several processes on one GPU use gloo via host copies.
+    distinct = len(spec.mapping) <= count
+    return device, ("nccl" if distinct else "gloo"), not distinct
+
+
+def run_process(
+    spec: ProcessSpec,
+    *,
+    stop: StopFlag | None = None,
+    on_progress: ProgressCallback | None = None,
+    record_losses: bool = False,
+) -> RunResult:
+    settings = spec.settings
+    settings.validate()
+    procs = len(spec.mapping)
+    if not 0 <= spec.rank < procs:
+        raise ValidationError("--rank", f"must be between 0 and {procs - 1} (got {spec.rank})")
+    if procs > 1 and not spec.master_addr:
+        raise ValidationError("--master-addr", "is required when the job has several processes")
+    determinism.apply(settings.determinism, spec.threads, settings.d2_threads)
+    device, backend, stage = _device(spec)
+    seed_globals(settings.seed)
+    job = load_job(spec.job_module, spec.job_config)
+    if procs > 1:
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{spec.master_addr}",
+            rank=spec.rank,
+            world_size=procs,
+            timeout=timedelta(seconds=spec.timeout_s),
+        )
+    try:
+        trainer = Trainer(
+            job,
+            settings,
+            placement(spec.mapping),
+            spec.rank,
+            spec.checkpoint_dir,
+            job_ref={"module": spec.job_module, "config": spec.job_config},
+            resume=spec.resume,
+            device=device,
+            comm=Comm(spec.rank, procs, stage_on_cpu=stage),
+            stop=stop,
+            on_progress=on_progress,
+            loss_log=spec.loss_log,
+            record_losses=record_losses,
+        )
+        return trainer.run()
+    finally:
+        if procs > 1:
+            dist.destroy_process_group()

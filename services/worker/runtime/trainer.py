@@ -1,0 +1,323 @@
+"""The training loop of one process: its ESTs time-sliced at mini-batch boundaries.
+
+A global step: for each EST this process holds, in EST order — take its next
+batch, run forward and backward inside its RNG context from the step's
+buffers, and put its gradient aside; then sum all N gradients in the canonical
+order (exchanging with the other processes), take one optimizer and LR
+scheduler step, and keep EST 0's buffers. Checkpoints are taken only at global
+step boundaries, so a restart with any placement continues the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from gearshift.common.errors import ValidationError
+from gearshift.worker.runtime import checkpoint
+from gearshift.worker.runtime.buffers import BufferKeeper
+from gearshift.worker.runtime.comm import Comm
+from gearshift.worker.runtime.context import (
+    EstContext,
+    RngSlot,
+    Switcher,
+    context_from_plain,
+    context_to_plain,
+    fresh_context,
+)
+from gearshift.worker.runtime.control import (
+    ControlExchange,
+    Outcome,
+    Progress,
+    ProgressCallback,
+    StopFlag,
+)
+from gearshift.worker.runtime.data import LocalShards, ShardSource
+from gearshift.worker.runtime.digest import state_digest, training_state
+from gearshift.worker.runtime.gradients import GradLayout, take_grads
+from gearshift.worker.runtime.job import Job
+from gearshift.worker.runtime.loader import BatchLoader
+from gearshift.worker.runtime.reduce import CanonicalReducer, LocalSumReducer, Reducer
+from gearshift.worker.runtime.rng import derive_seed, from_plain, seeded, to_plain
+from gearshift.worker.runtime.settings import Determinism, RunSettings
+from gearshift.worker.runtime.tree import ReductionTree, check_partition
+
+log = logging.getLogger("gearshift.worker.runtime")
+
+# Settings a checkpoint pins: changing them would change what the job computes.
+_FIXED = {
+    "num_ests": "--ests",
+    "global_batch_size": "--batch-size",
+    "seed": "--seed",
+    "shard_size": "--shard-size",
+    "loader_workers": "--loader-workers",
+    "tree_shape": "--tree",
+}
+
+
+@dataclass
+class RunResult:
+    outcome: Outcome
+    step: int  # global steps completed
+    digest: str  # SHA-256 of parameters, buffers and optimizer state
+    steps_run: int = 0  # steps this run took (not counting resumed ones)
+    wall_s: float = 0.0
+    bytes_sent: int = 0  # payload this process passed to the backend
+    grad_bytes: int = 0  # size of one full gradient
+    peak_rss_bytes: int = 0
+    checkpoint: Path | None = None
+    est_losses: list[list[float]] = field(default_factory=list)  # per step run, per EST
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if device.type == "cpu":
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, list | tuple):
+        return type(batch)(_to_device(item, device) for item in batch)
+    return batch
+
+
+def _loss_bits(value: float) -> str:
+    """The float32 loss's bytes (the exchange carries it exactly as a float64)."""
+    return struct.pack(">f", value).hex()
+
+
+class Trainer:
+    """One process's part of a run; `run()` trains until done or stopped."""
+
+    def __init__(
+        self,
+        job: Job,
+        settings: RunSettings,
+        placement: Sequence[Sequence[int]],
+        rank: int,
+        checkpoint_dir: Path,
+        *,
+        job_ref: dict[str, Any] | None = None,
+        resume: bool = False,
+        device: torch.device | None = None,
+        comm: Comm | None = None,
+        source: ShardSource | None = None,
+        stop: StopFlag | None = None,
+        on_progress: ProgressCallback | None = None,
+        loss_log: Path | None = None,
+        record_losses: bool = False,
+    ) -> None:
+        settings.validate()
+        check_partition(settings.num_ests, placement)
+        self.job = job
+        self.settings = settings
+        self.placement = [list(ests) for ests in placement]
+        self.rank = rank
+        self.procs = len(placement)
+        self.my_ests = sorted(self.placement[rank])
+        self.checkpoint_dir = checkpoint_dir
+        self.job_ref = job_ref or {}
+        self.device = device or torch.device("cpu")
+        self.comm = comm or Comm(rank, self.procs)
+        self.stop = stop or StopFlag()
+        self.on_progress = on_progress
+        self.loss_log = loss_log
+        self.record_losses = record_losses
+        self.cuda = self.device.type == "cuda"
+        self.model = job.model.to(self.device)
+        self.layout = GradLayout([p for p in self.model.parameters() if p.requires_grad])
+        self.step = 0
+        self.job_slot = RngSlot(seeded(derive_seed("job", settings.seed), cuda=self.cuda))
+        if resume and (path := checkpoint.latest(checkpoint_dir)) is not None:
+            self.contexts = self._restore(path)
+        else:
+            if resume:
+                log.info("no checkpoint in %s: starting at step 0", checkpoint_dir)
+            self._check_same_start()
+            self.contexts = [
+                fresh_context(est, settings.seed, settings.loader_workers, cuda=self.cuda)
+                for est in self.my_ests
+            ]
+        self.source = source or LocalShards(
+            len(job.dataset), settings.shard_size, settings.seed, settings.num_ests
+        )
+        level = settings.determinism
+        self.switcher = Switcher(
+            enabled=settings.est_rng_contexts,
+            cuda=self.cuda,
+            threads=settings.d2_threads if level is Determinism.D2 else None,
+        )
+        self.reducer: Reducer
+        if level is Determinism.D0:
+            self.reducer = LocalSumReducer(self.layout, settings.num_ests, self.comm)
+        else:
+            tree = ReductionTree.build(settings.num_ests, settings.tree_shape)  # type: ignore[arg-type]
+            self.reducer = CanonicalReducer(self.layout, tree, self.placement, self.comm)
+        holder = next(p for p, ests in enumerate(self.placement) if 0 in ests)
+        self.buffers = BufferKeeper(self.model, holder, rank, self.procs)
+        self.control = ControlExchange(settings.num_ests, self.placement, rank)
+
+    # -- start and resume ------------------------------------------------------------
+
+    def _check_same_start(self) -> None:
+        """Every process must have built the same initial model (build is seeded)."""
+        digests = self.comm.all_gather_object(state_digest(self.model.state_dict()))
+        if len(set(digests)) > 1:
+            raise ValidationError(
+                "--job",
+                "processes built different initial models: build(config) must draw randomness "
+                "only from torch/random/numpy global generators (the runtime seeds them)",
+            )
+
+    def _restore(self, path: Path) -> list[EstContext]:
+        data = checkpoint.load(path)
+        meta = data["settings"]
+        for name, flag in _FIXED.items():
+            if meta[name] != getattr(self.settings, name):
+                raise ValidationError(
+                    flag,
+                    f"the checkpoint {path.name} was taken with {meta[name]}, not "
+                    f"{getattr(self.settings, name)}; it cannot change during a job",
+                )
+        if data.get("job", {}).get("module") not in (None, self.job_ref.get("module")):
+            raise ValidationError(
+                "--job", f"the checkpoint {path.name} belongs to job {data['job']['module']!r}"
+            )
+        self.model.load_state_dict(data["model"])
+        self.job.optimizer.load_state_dict(data["optimizer"])
+        if self.job.lr_scheduler is not None:
+            self.job.lr_scheduler.load_state_dict(data["lr_scheduler"])
+        self.step = int(data["step"])
+        self.job_slot.rng = from_plain(data["job_rng"])
+        by_est = {int(e["est"]): e for e in data["ests"]}
+        log.info("resumed from %s at step %d", path, self.step)
+        return [context_from_plain(by_est[est]) for est in self.my_ests]
+
+    def save_checkpoint(self) -> Path | None:
+        """All processes call this at the same step boundary; rank 0 writes."""
+        gathered = self.comm.gather_to_first([context_to_plain(c) for c in self.contexts])
+        path = None
+        if gathered is not None:
+            ests = sorted((c for part in gathered for c in part), key=lambda c: int(c["est"]))
+            payload = {
+                "format": 1,
+                "step": self.step,
+                "settings": {name: getattr(self.settings, name) for name in _FIXED}
+                | {"determinism": str(self.settings.determinism)},
+                "job": self.job_ref,
+                "model": self.model.state_dict(),
+                "optimizer": self.job.optimizer.state_dict(),
+                "lr_scheduler": None
+                if self.job.lr_scheduler is None
+                else self.job.lr_scheduler.state_dict(),
+                "job_rng": to_plain(self.job_slot.rng),
+                "ests": ests,
+            }
+            path = checkpoint.save(
+                self.checkpoint_dir, self.step, payload, self.settings.keep_checkpoints
+            )
+        self.comm.barrier()
+        return path
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _local_steps(self, loader: BatchLoader) -> dict[int, torch.Tensor]:
+        """Forward and backward of each of this process's ESTs; gradients go to the reducer."""
+        losses: dict[int, torch.Tensor] = {}
+        self.reducer.begin_step()
+        self.buffers.begin_step()
+        for ctx in self.contexts:
+            inputs, targets = _to_device(loader.next(ctx.est), self.device)
+            self.buffers.before_est()
+            with self.switcher.inside(ctx):
+                loss = self.job.loss(self.model(inputs), targets)
+                loss.backward()  # type: ignore[no-untyped-call]
+            self.reducer.add(ctx.est, take_grads(self.layout))
+            losses[ctx.est] = loss.detach()
+            self.buffers.after_est(ctx.est)
+        return losses
+
+    def _global_step(self, losses: dict[int, torch.Tensor]) -> tuple[bool, list[float]]:
+        buffer_sends, buffer_recvs = self.buffers.messages()
+        control_sends, control_recvs = self.control.messages(self.stop.is_set(), losses)
+        mean = self.reducer.finish(buffer_sends + control_sends, buffer_recvs + control_recvs)
+        for param, grad in zip(self.layout.params, mean, strict=True):
+            param.grad = grad
+        with self.switcher.inside(self.job_slot):
+            self.job.optimizer.step()
+            if self.job.lr_scheduler is not None:
+                self.job.lr_scheduler.step()
+        for param in self.layout.params:
+            param.grad = None
+        self.buffers.end_step()
+        self.step += 1
+        return self.control.result()
+
+    def run(self) -> RunResult:
+        settings = self.settings
+        start_step = self.step
+        result = RunResult(Outcome.COMPLETED, self.step, "", grad_bytes=self.layout.nbytes)
+        began = time.perf_counter()
+        if self.step < settings.total_steps:
+            result.outcome = self._train(result)
+        result.step = self.step
+        result.steps_run = self.step - start_step
+        result.wall_s = time.perf_counter() - began
+        result.bytes_sent = self.comm.bytes_sent
+        result.digest = state_digest(training_state(self.model, self.job.optimizer))
+        result.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return result
+
+    def _train(self, result: RunResult) -> Outcome:
+        settings = self.settings
+        loader = BatchLoader(
+            self.job.dataset,
+            self.job.collate,
+            self.source,
+            self.contexts,
+            per_est_batch=settings.per_est_batch,
+            start_step=self.step,
+            procs=settings.loader_procs,
+            preserve_caller_rng=not settings.est_rng_contexts,
+        )
+        log_file: TextIO | None = None
+        if self.loss_log is not None and self.rank == 0:
+            log_file = self.loss_log.open("a")
+        self.model.train()
+        window_start, window_steps = time.perf_counter(), 0
+        try:
+            while self.step < settings.total_steps:
+                stop, losses = self._global_step(self._local_steps(loader))
+                window_steps += 1
+                if self.record_losses:
+                    result.est_losses.append(losses)
+                if log_file is not None:
+                    bits = [_loss_bits(v) for v in losses]
+                    log_file.write(json.dumps({"step": self.step, "loss_bits": bits}) + "\n")
+                    log_file.flush()
+                done = self.step >= settings.total_steps
+                if self.on_progress and (done or stop or self.step % settings.log_every == 0):
+                    now = time.perf_counter()
+                    rate = window_steps * settings.global_batch_size / max(now - window_start, 1e-9)
+                    window_start, window_steps = now, 0
+                    mean = sum(losses) / len(losses)
+                    self.on_progress(
+                        Progress(self.step, settings.total_steps, mean, rate, tuple(losses))
+                    )
+                every = settings.checkpoint_every
+                if done or stop or (every and self.step % every == 0):
+                    result.checkpoint = self.save_checkpoint()
+                if stop and not done:
+                    return Outcome.STOPPED
+            return Outcome.COMPLETED
+        finally:
+            loader.close()
+            if log_file is not None:
+                log_file.close()
