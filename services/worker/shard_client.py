@@ -17,6 +17,7 @@ back rather than a second one. Uses only gearshift.v1 and gearshift.common
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -30,7 +31,7 @@ import grpc
 
 from gearshift.common.auth import ClientTls
 from gearshift.common.channel import DEFAULT_TIMEOUT_SECONDS, connect
-from gearshift.common.errors import PreconditionError, error_from_rpc, rpc_code
+from gearshift.common.errors import NotFoundError, PreconditionError, error_from_rpc, rpc_code
 from gearshift.v1 import common_pb2, shardmanager_pb2, shardmanager_pb2_grpc
 
 log = logging.getLogger("gearshift.worker.shard_client")
@@ -254,6 +255,7 @@ class ShardConsumer:
         self.poll_seconds = poll_seconds
         self.max_poll_seconds = max_poll_seconds
         self.lost: list[Shard] = []
+        self.renewals = 0  # successful background renewals, for monitoring
         self._renew = renew
         self._held: dict[tuple[int, int], Shard] = {}
         self._lock = threading.Lock()
@@ -339,12 +341,18 @@ class ShardConsumer:
         return reply
 
     def close(self, *, release: bool = True) -> None:
-        """Stop renewing; with `release`, held shards go back to TODO at once."""
+        """Stop renewing; with `release`, held shards go back to TODO at once.
+
+        A dataset deleted meanwhile has nothing to give back to: that is not an error.
+        """
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join(timeout=5.0)
         if release and self.held:
-            self.release("consumer closed")
+            with contextlib.suppress(NotFoundError):
+                self.release("consumer closed")
 
     def __enter__(self) -> ShardConsumer:
         return self
@@ -405,5 +413,6 @@ class ShardConsumer:
                 continue
             try:
                 self.renew_now()
+                self.renewals += 1
             except Exception as exc:  # keep renewing; the next try may work
                 log.warning("lease renewal failed", extra={"error": str(exc)})

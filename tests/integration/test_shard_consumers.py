@@ -113,19 +113,24 @@ class RedisServer:
                 self.kill()
 
 
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
-    """Start redis-server processes for one test: `private_redis(appendonly=True)`."""
+def redis_servers(folder: Path) -> Iterator[Callable[..., RedisServer]]:
+    """A factory of private redis-servers in `folder`, all killed when the generator ends."""
     started: list[RedisServer] = []
 
     def start(**kwargs: object) -> RedisServer:
-        server = RedisServer(tmp_path / f"redis-{len(started)}", **kwargs)  # type: ignore[arg-type]
+        server = RedisServer(folder / f"redis-{len(started)}", **kwargs)  # type: ignore[arg-type]
         started.append(server)
         return server.start()
 
     yield start
     for server in started:
         server.kill()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+    """Start redis-server processes for one test: `private_redis(appendonly=True)`."""
+    yield from redis_servers(tmp_path)
 
 
 # -- the consumer program ----------------------------------------------------------
@@ -384,13 +389,11 @@ class KillRun:
         assert len(killed) == self.kills
 
 
-@pytest.fixture
-def sm(daemons: DaemonFactory, redis_url: str, unique_id: str) -> Callable[..., str]:
-    """Start shard-manager replicas on the shared Redis, with this test's own key prefix."""
+def replica_factory(daemons: DaemonFactory, redis_url: str, prefix: str) -> Callable[..., str]:
+    """Start shard-manager replicas on one Redis with one key prefix; returns their addresses."""
 
     def start(port: int = 0) -> str:
-        args = ["--redis-url", redis_url, "--key-prefix", f"gstest:{unique_id}",
-                "--deleted-ttl-seconds", "5"]  # fmt: skip
+        args = ["--redis-url", redis_url, "--key-prefix", prefix, "--deleted-ttl-seconds", "5"]
         if port:
             args += ["--listen", f"127.0.0.1:{port}"]
         return str(daemons("shardmanager", args).address)
@@ -398,6 +401,13 @@ def sm(daemons: DaemonFactory, redis_url: str, unique_id: str) -> Callable[..., 
     return start
 
 
+@pytest.fixture
+def sm(daemons: DaemonFactory, redis_url: str, unique_id: str) -> Callable[..., str]:
+    """Shard-manager replicas on the shared Redis, with this test's own key prefix."""
+    return replica_factory(daemons, redis_url, f"gstest:{unique_id}")
+
+
+@pytest.mark.slow
 def test_killed_consumers_lose_nothing(
     sm: Callable[..., str], tmp_path: Path, unique_id: str
 ) -> None:
@@ -411,6 +421,7 @@ def test_two_replicas_serve_the_consumers(
     KillRun([sm(), sm()], tmp_path).run(f"two-{unique_id}")
 
 
+@pytest.mark.slow
 def test_expired_leases_of_killed_consumers_are_redelivered(
     sm: Callable[..., str], tmp_path: Path, unique_id: str
 ) -> None:
