@@ -243,14 +243,12 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
             _non_negative(request.ack.shard_id, "ack.shard_id")
             ack = (request.ack.epoch, request.ack.shard_id)
         result = self.store.acquire(request.dataset_id, request.holder_id, request.request_id, ack)
-        reply = shardmanager_pb2.AcquireShardResponse(
+        return shardmanager_pb2.AcquireShardResponse(
             status=_ACQUIRE_STATUS[result.status],
+            shard=None if result.shard is None else shard_message(result.shard),
             lease_seconds=result.lease_seconds,
             acked=bool(result.acked),
         )
-        if result.shard is not None:
-            reply.shard.CopyFrom(shard_message(result.shard))
-        return reply
 
     def AckShard(
         self, request: shardmanager_pb2.AckShardRequest, context: grpc.ServicerContext

@@ -153,6 +153,7 @@ class ShardStore:
         self.deleted_ttl_seconds = deleted_ttl_seconds
         self.max_shards = max_shards
         self._job_prefix = f"{prefix}:job:"
+        self._keys: dict[str, tuple[str, ...]] = {}
 
     @classmethod
     def from_url(cls, url: str, *, pool_size: int = 64, **kwargs: Any) -> ShardStore:
@@ -180,7 +181,13 @@ class ShardStore:
 
     def keys(self, dataset_id: str) -> tuple[str, ...]:
         """The dataset's keys, in the order the scripts expect (one hash tag per dataset)."""
-        return tuple(f"{self.prefix}:{{{dataset_id}}}:{name}" for name in lua.KEY_NAMES)
+        keys = self._keys.get(dataset_id)
+        if keys is None:
+            keys = tuple(f"{self.prefix}:{{{dataset_id}}}:{name}" for name in lua.KEY_NAMES)
+            if len(self._keys) >= 10_000:  # a bounded memo of a pure function, not state
+                self._keys.clear()
+            self._keys[dataset_id] = keys
+        return keys
 
     def job_key(self, job_id: str) -> str:
         return self._job_prefix + job_id

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -262,6 +262,9 @@ class ShardConsumer:
         self._lease_seconds = 0.0
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
+        # Request ids: unique per consumer object and call, without a random draw per call.
+        self._session = uuid.uuid4().hex[:12]
+        self._requests = 0
 
     @property
     def held(self) -> list[Shard]:
@@ -273,8 +276,11 @@ class ShardConsumer:
 
         With `ack`, that shard is acknowledged in the same atomic call.
         """
+        self._requests += 1
         request = shardmanager_pb2.AcquireShardRequest(
-            dataset_id=self.dataset_id, holder_id=self.holder_id, request_id=uuid.uuid4().hex
+            dataset_id=self.dataset_id,
+            holder_id=self.holder_id,
+            request_id=f"{self._session}-{self._requests}",
         )
         if ack is not None:
             request.ack.epoch = ack.epoch
@@ -313,7 +319,7 @@ class ShardConsumer:
             self._forget(shard)
         return reply.acknowledged
 
-    def __iter__(self) -> Iterator[Shard]:
+    def __iter__(self) -> Generator[Shard, None, None]:
         previous: Shard | None = None
         while True:
             try:

@@ -21,6 +21,7 @@ kill Redis or count its commands) and helpers to read consumer logs.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -248,9 +249,9 @@ def read_outcome(
         elif key in logged:
             continue  # its lease ran out and another consumer acknowledged it
         by_key[key].append((attempt, holder))
-    for key, grants in by_key.items():
+    for key, deliveries in by_key.items():
         # Only the last delivery can have been acknowledged: an earlier one was taken back.
-        attempt, holder = max(grants)
+        attempt, holder = max(deliveries)
         acked[key].append((holder, attempt))  # the server applied its ack before the kill
     return Outcome(dict(acked), indices)
 
@@ -337,16 +338,19 @@ class KillRun:
         def done() -> int:
             return sum(p.shards_done for p in admin.describe(dataset).epochs)
 
+        def reached(point: int) -> bool:
+            return done() >= point
+
         for _ in range(self.consumers):
             spawn()
         try:
             for k in range(self.kills):
                 point = total * (k + 1) // (self.kills + 2)
-                wait_until(lambda p=point: done() >= p, 180, f"{point} shards done")
+                wait_until(functools.partial(reached, point), 180, f"{point} shards done")
                 if self.on_progress is not None:
                     self.on_progress(done())
-                victim = wait_until(victims, 60, "a consumer in the middle of a shard")
-                victim = rng.choice(victim)
+                candidates = wait_until(victims, 60, "a consumer in the middle of a shard")
+                victim = rng.choice(candidates)
                 victim.process.send_signal(signal.SIGKILL)
                 victim.process.wait(timeout=30)
                 live.remove(victim)

@@ -3,6 +3,7 @@ deterministic sequences, Redis round trips per transition, and life without Redi
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -129,7 +130,7 @@ def test_bad_calls_get_a_status_naming_the_field_or_object_and_change_nothing(
         before = snapshot(store, "ds")
 
         for method, prefix, request in BAD_REQUESTS:
-            code, details = status_of(lambda m=method, r=request: getattr(stub, m)(r))
+            code, details = status_of(functools.partial(getattr(stub, method), request))
             assert (code, details[: len(prefix)]) == (INVALID, prefix), (method, details)
 
         def restore(checkpoint: str) -> Any:
@@ -264,8 +265,10 @@ def test_deterministic_sequences_are_the_same_across_readers_replicas_and_runs(
     daemons: DaemonFactory, redis_url: str, unique_id: str
 ) -> None:
     args = ["--redis-url", redis_url, "--key-prefix", f"gstest:{unique_id}"]
-    settings = {"job_id": "j", "size": 1000, "shard_size": 7, "seed": 11, "num_epochs": 3,
-                "mode": "deterministic", "num_ranks": 4, "shuffle_within_shard": True}  # fmt: skip
+    settings: dict[str, Any] = {
+        "job_id": "j", "size": 1000, "shard_size": 7, "seed": 11, "num_epochs": 3,
+        "mode": "deterministic", "num_ranks": 4, "shuffle_within_shard": True,
+    }  # fmt: skip
 
     def expected(rank: int, epoch: int) -> list[tuple[int, tuple[int, ...]]]:
         return [
@@ -343,7 +346,7 @@ def test_each_transition_costs_at_most_two_redis_round_trips(
     marker = redis.Redis.from_url(server.url)
 
     def watch() -> None:
-        with monitor_client.monitor() as m:
+        with monitor_client.monitor() as m:  # type: ignore[no-untyped-call]
             for command in m.listen():
                 seen.append(command)
                 if command["command"] == "ECHO stop":

@@ -58,7 +58,8 @@ def snapshot(store: ShardStore, dataset: str) -> dict[str, object]:
     """Every key of the dataset with its value, to check that a refused call changed nothing."""
     out: dict[str, object] = {}
     for key in store.keys(dataset):
-        kind = store.client.type(key).decode()
+        raw = store.client.type(key)
+        kind = raw.decode() if isinstance(raw, bytes) else str(raw)
         if kind == "hash":
             out[key] = store.client.hgetall(key)
         elif kind == "list":
@@ -72,7 +73,7 @@ def snapshot(store: ShardStore, dataset: str) -> dict[str, object]:
 
 def drain(store: ShardStore, dataset: str, holder: str = "h") -> list[tuple[int, int]]:
     """Acquire and ack until the end of data; returns (epoch, shard) in order."""
-    seen = []
+    seen: list[tuple[int, int]] = []
     while True:
         result = store.acquire(dataset, holder, uuid.uuid4().hex)
         if result.status is AcquireStatus.END_OF_DATA:
@@ -200,6 +201,7 @@ def test_expired_lease_is_taken_back_by_the_next_acquire(store: ShardStore) -> N
         timeout=10,
         message="the expired shard was not redelivered",
     )
+    assert redelivered is not None
     assert (redelivered.shard_id, redelivered.attempt) == (lapsed.shard_id, 2)
     with pytest.raises(
         PreconditionError, match=r"lease of holder 'slow' .* expired .* now held by 'third'"
@@ -439,7 +441,7 @@ def test_every_transition_is_at_most_two_redis_round_trips(redis_url: str, uniqu
     class Counting(redis.Redis):
         def execute_command(self, *args: object, **options: object) -> object:
             sent.append(args)
-            return super().execute_command(*args, **options)
+            return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
 
     store = ShardStore(Counting.from_url(redis_url), prefix=f"gstest:{unique_id}")
     store.load_scripts()
@@ -454,12 +456,15 @@ def test_every_transition_is_at_most_two_redis_round_trips(redis_url: str, uniqu
 
         count("create", lambda: store.create("ds", dynamic(size=20, num_epochs=2)))
         a = count("acquire", lambda: store.acquire("ds", "h", "r1")).shard  # type: ignore[attr-defined]
+        assert a is not None
         count("ack", lambda: store.ack("ds", "h", 0, a.shard_id))
         b = store.acquire("ds", "h", "r2").shard
+        assert b is not None
         count("checkpoint", lambda: store.checkpoint("ds", "c"))
         count("renew", lambda: store.renew("ds", "h", 0, [b.shard_id]))
         count("release", lambda: store.release("ds", "h"))
         c = store.acquire("ds", "h", "r3").shard
+        assert c is not None
         count("acquire+ack at an epoch change",
               lambda: store.acquire("ds", "h", "r4", (0, c.shard_id)))  # fmt: skip
         count("restore into another epoch", lambda: store.restore("ds", "c", force=True))
