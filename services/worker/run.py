@@ -43,9 +43,10 @@ from gearshift.worker.runtime.settings import (
     even_mapping,
     parse_mapping,
 )
+from gearshift.worker.runtime.stop import EXIT_CODES, EXIT_STOPPED, STOP_SIGNALS, StopFlag
 
-EXIT_STOPPED = 75
 EXIT_BAD_INPUT = 2
+STOP_GRACE_S = 30.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,19 +173,24 @@ def launch(
     address = f"127.0.0.1:{_free_port()}"
     env = os.environ | environment(settings.determinism)
     children: dict[int, subprocess.Popen[bytes]] = {}
-    for rank in range(procs):
-        cmd = [sys.executable, "-m", "gearshift.worker.run", *argv]
-        cmd += ["--mapping", ",".join(map(str, mapping)), "--threads", str(threads[rank])]
-        cmd += ["--rank", str(rank), "--world-size", str(procs), "--master-addr", address]
-        children[rank] = subprocess.Popen(cmd, env=env)
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         for child in children.values():
             if child.returncode is None:
                 child.send_signal(signum)
 
-    for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+    for sig in (*STOP_SIGNALS, signal.SIGINT):
         signal.signal(sig, forward)
+    # Children start with stop signals blocked and unblock them once they can handle them.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        for rank in range(procs):
+            cmd = [sys.executable, "-m", "gearshift.worker.run", *argv]
+            cmd += ["--mapping", ",".join(map(str, mapping)), "--threads", str(threads[rank])]
+            cmd += ["--rank", str(rank), "--world-size", str(procs), "--master-addr", address]
+            children[rank] = subprocess.Popen(cmd, env=env)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     codes: dict[int, int] = {}
     by_pid = {child.pid: rank for rank, child in children.items()}
     while len(codes) < procs:
@@ -199,30 +205,41 @@ def launch(
             print(
                 f"rank {done} failed with exit status {code}; stopping the others", file=sys.stderr
             )
-            for other in children.values():
-                if other.returncode is None:
-                    other.terminate()
+            _stop_rest(children, codes)
     failed = [code for code in codes.values() if code not in (0, EXIT_STOPPED)]
     if failed:
         return failed[0] if failed[0] > 0 else 1
     return EXIT_STOPPED if EXIT_STOPPED in codes.values() else 0
 
 
+def _stop_rest(children: dict[int, subprocess.Popen[bytes]], codes: dict[int, int]) -> None:
+    """Terminate the processes still running (peers blocked on a dead one), then kill."""
+    rest = {rank: child for rank, child in children.items() if rank not in codes}
+    for child in rest.values():
+        child.terminate()
+    for rank, child in rest.items():
+        try:
+            codes[rank] = child.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            codes[rank] = child.wait()
+
+
 def run_one(
     args: argparse.Namespace, settings: RunSettings, mapping: tuple[int, ...], threads: int
 ) -> int:
     """Be rank `args.rank` of the job."""
+    stop = StopFlag()
+    stop.install()
     for name, value in environment(settings.determinism).items():
         if settings.determinism is Determinism.D2:
             os.environ[name] = value
         else:
             os.environ.setdefault(name, value)
     # torch loads from here on.
-    from gearshift.worker.runtime.control import EXIT_CODES, Progress, StopFlag  # noqa: PLC0415
+    from gearshift.worker.runtime.control import Progress  # noqa: PLC0415
     from gearshift.worker.runtime.process import ProcessSpec, run_process  # noqa: PLC0415
 
-    stop = StopFlag()
-    stop.install()
     rank = args.rank
 
     def report(progress: Progress) -> None:

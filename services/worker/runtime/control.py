@@ -1,55 +1,20 @@
-"""Hooks around the loop: stop requests, progress reports, and the per-step control exchange.
+"""Progress reports, and the per-step control exchange that carries stop requests.
 
-A stop request (a call, or SIGUSR1/SIGTERM) only sets a flag. Every step, the
-processes exchange their flags together with their ESTs' losses, so all of
-them see the request at the same global step, checkpoint there and exit.
+Every step, the processes exchange their stop flags (see `stop.py`) together
+with their ESTs' losses, so all of them see a request at the same global step,
+checkpoint there and exit.
 """
 
 from __future__ import annotations
 
-import enum
-import signal
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import FrameType
 
 import torch
 
 from gearshift.worker.runtime.comm import Message
 
 TAG_CONTROL = 5
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-
-
-class Outcome(enum.StrEnum):
-    COMPLETED = "completed"  # reached total steps
-    STOPPED = "stopped"  # checkpointed on request; resume later, with any placement
-
-
-EXIT_CODES = {Outcome.COMPLETED: 0, Outcome.STOPPED: 75}
-"""Process exit status per outcome (75 = EX_TEMPFAIL: stopped, resume later)."""
-
-
-class StopFlag:
-    """Set by `request()` or a signal; read at global-step boundaries."""
-
-    def __init__(self) -> None:
-        self._set = False
-
-    def request(self) -> None:
-        self._set = True
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def install(self, signals: Iterable[signal.Signals] = STOP_SIGNALS) -> None:
-        """Turn these signals into stop requests (main thread only)."""
-
-        def handle(_signum: int, _frame: FrameType | None) -> None:
-            self._set = True
-
-        for sig in signals:
-            signal.signal(sig, handle)
 
 
 @dataclass(frozen=True)

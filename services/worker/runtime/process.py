@@ -20,10 +20,11 @@ import torch.distributed as dist
 from gearshift.common.errors import ValidationError
 from gearshift.worker.runtime import determinism
 from gearshift.worker.runtime.comm import Comm
-from gearshift.worker.runtime.control import ProgressCallback, StopFlag
+from gearshift.worker.runtime.control import ProgressCallback
 from gearshift.worker.runtime.job import load_job
 from gearshift.worker.runtime.rng import derive_seed
 from gearshift.worker.runtime.settings import RunSettings, placement
+from gearshift.worker.runtime.stop import StopFlag
 from gearshift.worker.runtime.trainer import RunResult, Trainer
 
 

@@ -34,13 +34,7 @@ from gearshift.worker.runtime.context import (
     context_to_plain,
     fresh_context,
 )
-from gearshift.worker.runtime.control import (
-    ControlExchange,
-    Outcome,
-    Progress,
-    ProgressCallback,
-    StopFlag,
-)
+from gearshift.worker.runtime.control import ControlExchange, Progress, ProgressCallback
 from gearshift.worker.runtime.data import LocalShards, ShardSource
 from gearshift.worker.runtime.digest import state_digest, training_state
 from gearshift.worker.runtime.gradients import GradLayout, take_grads
@@ -49,6 +43,7 @@ from gearshift.worker.runtime.loader import BatchLoader
 from gearshift.worker.runtime.reduce import CanonicalReducer, LocalSumReducer, Reducer
 from gearshift.worker.runtime.rng import derive_seed, from_plain, seeded, to_plain
 from gearshift.worker.runtime.settings import Determinism, RunSettings
+from gearshift.worker.runtime.stop import Outcome, StopFlag
 from gearshift.worker.runtime.tree import ReductionTree, check_partition
 
 log = logging.getLogger("gearshift.worker.runtime")
