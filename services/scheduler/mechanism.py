@@ -35,6 +35,7 @@ import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -134,8 +135,7 @@ def priorities(
     return out
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
     """A combination that could run on a type in the next round."""
 
     combo: Combo
@@ -221,54 +221,70 @@ def place(
     previous: Mapping[Combo, Sequence[Device]],
 ) -> dict[Combo, tuple[Device, ...]]:
     """Step 5: devices for every chosen combination (see the module docstring)."""
-    by_type: dict[str, set[Device]] = {}
-    for device in free:
-        by_type.setdefault(device.worker_type, set()).add(device)
+    pools: dict[str, dict[str, list[Device]]] = {}
+    for device in sorted(free):
+        pools.setdefault(device.worker_type, {}).setdefault(device.worker_id, []).append(device)
     out: dict[Combo, tuple[Device, ...]] = {}
     for kind, combos in chosen.items():
-        pool = by_type.get(kind, set())
+        pool = pools.get(kind, {})
         for size in sorted({scale_factor[c] for c in combos}, reverse=True):
             group = [c for c in combos if scale_factor[c] == size]
             for combo in group:  # keep a job on its devices: lease renewal, no restart
                 before = tuple(previous.get(combo, ()))
-                if before and len(before) == size and all(d in pool for d in before):
+                if (
+                    before
+                    and len(before) == size
+                    and all(d in pool.get(d.worker_id, ()) for d in before)
+                ):
                     out[combo] = before
-                    pool.difference_update(before)
+                    _remove(pool, before)
             for combo in group:
                 if combo not in out:
                     picked = consolidate(pool, size)
-                    if picked is None:
-                        continue
-                    out[combo] = picked
-                    pool.difference_update(picked)
+                    if picked is not None:
+                        out[combo] = picked
+                        _remove(pool, picked)
     return out
 
 
-def consolidate(pool: Iterable[Device], size: int) -> tuple[Device, ...] | None:
+def _remove(pool: dict[str, list[Device]], devices: Iterable[Device]) -> None:
+    for device in devices:
+        left = pool[device.worker_id]
+        left.remove(device)
+        if not left:
+            del pool[device.worker_id]
+
+
+def consolidate(pool: Mapping[str, Sequence[Device]], size: int) -> tuple[Device, ...] | None:
     """`size` devices on as few workers as possible: the fullest-fitting worker alone if one
-    can hold them all (best fit), else workers with the most free devices first."""
-    per_worker: dict[str, list[Device]] = {}
-    for device in sorted(pool):
-        per_worker.setdefault(device.worker_id, []).append(device)
-    fitting = [w for w, devs in per_worker.items() if len(devs) >= size]
-    if fitting:
-        best = min(fitting, key=lambda w: (len(per_worker[w]), w))
-        return tuple(per_worker[best][:size])
+    can hold them all (best fit), else workers with the most free devices first.
+
+    pool maps each worker to its free devices of one type.
+    """
+    best: str | None = None
+    for worker, devices in pool.items():
+        if len(devices) >= size and (
+            best is None or (len(devices), worker) < (len(pool[best]), best)
+        ):
+            best = worker
+    if best is not None:
+        return tuple(pool[best][:size])
     picked: list[Device] = []
-    for worker in sorted(per_worker, key=lambda w: (-len(per_worker[w]), w)):
-        picked.extend(per_worker[worker][: size - len(picked)])
+    for worker in sorted(pool, key=lambda w: (-len(pool[w]), w)):
+        picked.extend(pool[worker][: size - len(picked)])
         if len(picked) == size:
             return tuple(picked)
     return None
 
 
-@dataclass(frozen=True)
+@dataclass
 class JobView:
     """What the mechanism knows of a job.
 
     throughputs[type] is steps/s on scale_factor devices of that type (absent or
     0: cannot run there); colocated[(other job, type)] the pair's steps/s for
-    this job when space sharing.
+    this job when space sharing. The owner updates steps_remaining in place as
+    the job progresses (read when X is recomputed).
     """
 
     job_id: str
@@ -300,7 +316,7 @@ class RoundPlan:
 
 
 class RoundScheduler:
-    """Steps 1-6 with the state they carry between rounds: X, the ledger, placements.
+    """Steps 1-6 with the state they carry between rounds: jobs, X, the ledger, placements.
 
     Not thread-safe; the service calls it under its lock.
     """
@@ -319,7 +335,9 @@ class RoundScheduler:
         self.round_seconds = round_seconds
         self.min_recompute_seconds = min_recompute_seconds
         self.ledger = Ledger(round_seconds)
+        self.jobs: dict[str, JobView] = {}
         self.allocation: dict[Combo, dict[str, float]] = {}
+        self._last_solved: dict[Combo, dict[str, float]] = {}
         self.previous_placements: dict[Combo, tuple[Device, ...]] = {}
         self.stale = True
         self.solves = 0
@@ -327,27 +345,38 @@ class RoundScheduler:
         self._seed = seed
         self._entity_weights = dict(entity_weights or {})
         self._entity_policies = dict(entity_policies or {})
-        self._known: set[str] = set()
+        self._info: tuple[dict[Combo, int], dict[Combo, dict[str, bool]]] | None = None
+        self._info_key: tuple[str, ...] = ()
+        self._speed: dict[str, float] | None = None
 
     # Step 1 ------------------------------------------------------------------
-    def job_added(self, job_id: str, worker_types: Iterable[str]) -> None:
-        self.ledger.add((job_id,), worker_types)
-        self._known.add(job_id)
-        self.stale = True
+    def add_job(self, job: JobView, worker_types: Iterable[str]) -> None:
+        """A job arrived (or was recovered): it joins the ledger; X is stale."""
+        self.jobs[job.job_id] = job
+        self.ledger.add((job.job_id,), worker_types)
+        self._changed()
 
-    def job_removed(self, job_id: str) -> None:
+    def remove_job(self, job_id: str) -> None:
+        """A job completed or was cancelled: X is stale."""
+        self.jobs.pop(job_id, None)
         self.ledger.remove_job(job_id)
-        self._known.discard(job_id)
+        self.allocation = {c: v for c, v in self.allocation.items() if job_id not in c}
         self.previous_placements = {
             c: d for c, d in self.previous_placements.items() if job_id not in c
         }
-        self.stale = True
+        self._changed()
 
     def workers_changed(self) -> None:
         """A worker joined or was lost: X must be recomputed at the next round, whatever the
         spacing (a lost worker's jobs must not wait)."""
         self.stale = True
         self.ledger.last_reset = 0.0
+        self._info = None
+
+    def _changed(self) -> None:
+        self.stale = True
+        self._info = None
+        self._speed = None
 
     def allocation_due(self, now: float) -> bool:
         if not self.stale:
@@ -355,20 +384,19 @@ class RoundScheduler:
         elapsed = now - self.ledger.last_reset
         return elapsed >= self.min_recompute_seconds or self.ledger.last_reset == 0.0
 
-    def policy_input(
-        self, jobs: Sequence[JobView], capacity: Mapping[str, int], now: float
-    ) -> PolicyInput:
+    def policy_input(self, capacity: Mapping[str, int], now: float) -> PolicyInput:
+        """The policy's view of the active jobs (arrival order) and the capacity."""
+        jobs = list(self.jobs.values())
         types = sorted(capacity)
         throughputs = np.array([[job.throughputs.get(t, 0.0) for t in types] for job in jobs])
-        previous = {c[0]: dict(v) for c, v in self.allocation.items() if len(c) == 1}
         colocated: dict[tuple[int, int], FloatArray] = {}
         index = {job.job_id: i for i, job in enumerate(jobs)}
         for a, job in enumerate(jobs):
-            for (other, _), _rate in job.colocated.items():
+            for other, _ in job.colocated:
                 b = index.get(other)
                 if b is None or b <= a or (a, b) in colocated:
                     continue
-                pair = np.array(
+                colocated[(a, b)] = np.array(
                     [
                         [
                             job.colocated.get((other, t), 0.0),
@@ -377,7 +405,8 @@ class RoundScheduler:
                         for t in types
                     ]
                 )
-                colocated[(a, b)] = pair
+        # Sticky policies (Gavel's FIFO queue) see the X in force, completed jobs included.
+        previous = {c[0]: dict(v) for c, v in self._last_solved.items() if len(c) == 1}
         return PolicyInput.create(
             [job.job_id for job in jobs],
             types,
@@ -396,46 +425,59 @@ class RoundScheduler:
             seed=self._seed,
         )
 
-    def recompute(self, jobs: Sequence[JobView], capacity: Mapping[str, int], now: float) -> None:
+    def recompute(self, capacity: Mapping[str, int], now: float) -> None:
         """Reset the ledger against the old X, then solve the policy for the new one."""
         self.ledger.reset(now, self.allocation)
-        result = self.policy.allocate(self.policy_input(jobs, capacity, now))
+        result = self.policy.allocate(self.policy_input(capacity, now))
         self.allocation = allocation_dict(result)
+        self._last_solved = dict(self.allocation)
         for combo in self.allocation:
             if combo not in self.ledger.job_time:
                 self.ledger.add(combo, capacity)
         self.stale = False
         self.solves += 1
+        self._info = None
 
-    # Steps 2-5 ---------------------------------------------------------------
-    def plan(
-        self,
-        jobs: Sequence[JobView],
-        capacity: Mapping[str, int],
-        free: Iterable[Device],
-        now: float,
-    ) -> RoundPlan:
-        """The next round: recompute X if due, then score, sort, select and place."""
-        recomputed = False
-        if self.allocation_due(now):
-            self.recompute(jobs, capacity, now)
-            recomputed = True
-        by_id = {job.job_id: job for job in jobs}
-        runnable: dict[Combo, dict[str, bool]] = {}
+    def _combo_info(
+        self, capacity: Mapping[str, int]
+    ) -> tuple[dict[Combo, int], dict[Combo, dict[str, bool]]]:
+        """Scale factor and runnable types of every combination (cached between changes)."""
+        key = tuple(sorted(capacity))
+        if self._info is not None and self._info_key == key:
+            return self._info
         size: dict[Combo, int] = {}
+        runnable: dict[Combo, dict[str, bool]] = {}
         for combo in self.ledger.job_time:
-            members = [by_id[j] for j in combo if j in by_id]
+            members = [self.jobs[j] for j in combo if j in self.jobs]
             if len(members) != len(combo):
                 continue
             size[combo] = members[0].scale_factor
-            runnable[combo] = {t: all(m.rate(combo, t) > 0 for m in members) for t in capacity}
+            runnable[combo] = {t: all(m.rate(combo, t) > 0 for m in members) for t in key}
+        self._info, self._info_key = (size, runnable), key
+        return size, runnable
+
+    def _type_speed(self, capacity: Mapping[str, int]) -> dict[str, float]:
+        if self._speed is None or set(self._speed) != set(capacity):
+            jobs = list(self.jobs.values())
+            self._speed = {
+                t: float(np.mean([j.throughputs.get(t, 0.0) for j in jobs])) if jobs else 0.0
+                for t in capacity
+            }
+        return self._speed
+
+    # Steps 2-5 ---------------------------------------------------------------
+    def plan(self, capacity: Mapping[str, int], free: Iterable[Device], now: float) -> RoundPlan:
+        """The next round: recompute X if due, then score, sort, select and place."""
+        recomputed = False
+        if self.allocation_due(now):
+            self.recompute(capacity, now)
+            recomputed = True
+        size, runnable = self._combo_info(capacity)
         scores = priorities(self.allocation, self.ledger, runnable)
-        speed = {
-            t: float(np.mean([j.throughputs.get(t, 0.0) for j in jobs])) if jobs else 0.0
-            for t in capacity
-        }
         rng = None if self.policy.heterogeneity_aware else self._type_rng
-        order = type_order([t for t in capacity if capacity[t] > 0], speed, rng)
+        order = type_order(
+            [t for t in capacity if capacity[t] > 0], self._type_speed(capacity), rng
+        )
         ranked = rank(scores, self.ledger, self.allocation, order)
         chosen = select(
             ranked,
@@ -459,7 +501,3 @@ class RoundScheduler:
 
 def allocation_dict(result: Allocation) -> dict[Combo, dict[str, float]]:
     return {combo: dict(row) for combo, row in result.as_dict().items()}
-
-
-def speeds_vector(jobs: Sequence[JobView], types: Sequence[str]) -> FloatArray:
-    return np.array([[j.throughputs.get(t, 0.0) for t in types] for j in jobs])
