@@ -7,6 +7,7 @@ error); 2 bad usage or input (argparse's convention).
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,6 +73,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+SIMULATOR_MODULE = "gearshift.scheduler.simulate"
+
+
+def cmd_simulate(argv: Sequence[str]) -> int:
+    """Run the scheduler's simulator as a subprocess (the client imports no service package)
+    and pass its exit code through; needs the `scheduler` extra installed."""
+    return subprocess.call([sys.executable, "-m", SIMULATOR_MODULE, *argv])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gearshift",
@@ -108,11 +118,21 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("addresses", nargs="+", metavar="HOST:PORT")
     health.add_argument("--timeout", type=float, default=2.0, help="seconds per daemon")
     health.set_defaults(func=cmd_health)
+
+    sub.add_parser(
+        "simulate",
+        help="simulate a workload with the scheduler's policies (see `gearshift simulate -h`)",
+        description="Forwarded to python -m gearshift.scheduler.simulate.",
+        add_help=False,
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["simulate"]:
+        return cmd_simulate(arguments[1:])
+    args = build_parser().parse_args(arguments)
     code: int = args.func(args)
     return code
 
