@@ -226,7 +226,11 @@ def _stop_rest(children: dict[int, subprocess.Popen[bytes]], codes: dict[int, in
 
 
 def run_one(
-    args: argparse.Namespace, settings: RunSettings, mapping: tuple[int, ...], threads: int
+    args: argparse.Namespace,
+    config: dict[str, Any],
+    settings: RunSettings,
+    mapping: tuple[int, ...],
+    threads: int,
 ) -> int:
     """Be rank `args.rank` of the job."""
     stop = StopFlag()
@@ -252,7 +256,7 @@ def run_one(
 
     spec = ProcessSpec(
         job_module=args.job,
-        job_config=_config(args),
+        job_config=config,
         settings=settings,
         mapping=mapping,
         rank=rank,
@@ -290,11 +294,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings, mapping, threads = resolve(args)
+        config = _config(args)
         if args.rank is None:
             return launch(argv, settings, mapping, threads)
         if not 0 <= args.rank < len(mapping):
             raise ValidationError("--rank", f"must be between 0 and {len(mapping) - 1}")
-        return run_one(args, settings, mapping, threads[args.rank])
+        return run_one(args, config, settings, mapping, threads[args.rank])
     except ValidationError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -1,0 +1,100 @@
+"""One process's loop in-process: stop on request, checkpoint every K, resume exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gearshift.common.errors import ValidationError
+from gearshift.worker.runtime import checkpoint
+from gearshift.worker.runtime.control import Progress
+from gearshift.worker.runtime.job import load_job
+from gearshift.worker.runtime.process import seed_globals
+from gearshift.worker.runtime.rng import capture, restore
+from gearshift.worker.runtime.settings import RunSettings
+from gearshift.worker.runtime.stop import Outcome, StopFlag
+from gearshift.worker.runtime.trainer import RunResult, Trainer
+
+CONFIG = {"features": 8, "hidden": 16, "classes": 4, "samples": 256}
+SETTINGS = RunSettings(num_ests=2, global_batch_size=16, total_steps=8, shard_size=16, log_every=1)
+
+
+@pytest.fixture(autouse=True)
+def keep_global_rng() -> Iterator[None]:
+    state = capture()
+    yield
+    restore(state)
+
+
+def train(
+    directory: Path,
+    settings: RunSettings = SETTINGS,
+    *,
+    resume: bool = False,
+    stop_at: int | None = None,
+    module: str = "gearshift.examples.mlp",
+) -> RunResult:
+    seed_globals(settings.seed)
+    stop = StopFlag()
+
+    def progress(p: Progress) -> None:
+        if p.step == stop_at:
+            stop.request()
+
+    trainer = Trainer(
+        load_job(module, CONFIG),
+        settings,
+        [[0, 1]],
+        0,
+        directory,
+        job_ref={"module": module},
+        resume=resume,
+        stop=stop,
+        on_progress=progress,
+        record_losses=True,
+    )
+    return trainer.run()
+
+
+def test_stop_on_request_checkpoints_and_resumes_bitwise(tmp_path: Path) -> None:
+    whole = train(tmp_path / "whole")
+    assert whole.outcome is Outcome.COMPLETED
+    assert whole.step == 8
+    assert len(whole.est_losses) == 8
+    assert len(whole.est_losses[0]) == 2
+
+    stopped = train(tmp_path / "split", replace(SETTINGS, checkpoint_every=3), stop_at=4)
+    assert stopped.outcome is Outcome.STOPPED
+    # Asked at the end of step 4; the processes agree on it during step 5 and stop after it.
+    assert stopped.step == 5
+    assert [s for s, _ in checkpoint.checkpoints(tmp_path / "split")] == [3, 5]
+    resumed = train(tmp_path / "split", resume=True)
+    assert resumed.steps_run == 3
+    assert stopped.est_losses + resumed.est_losses == whole.est_losses
+    assert resumed.digest == whole.digest
+
+    again = train(tmp_path / "split", resume=True)
+    assert (again.steps_run, again.digest) == (0, whole.digest)
+
+
+def test_resume_without_a_checkpoint_starts_at_zero(tmp_path: Path) -> None:
+    result = train(tmp_path, replace(SETTINGS, total_steps=2), resume=True)
+    assert (result.step, result.steps_run) == (2, 2)
+
+
+def test_resume_refuses_a_changed_fixed_setting(tmp_path: Path) -> None:
+    train(tmp_path, replace(SETTINGS, total_steps=2))
+    with pytest.raises(
+        ValidationError, match=r"--batch-size: the checkpoint ckpt-00000002\.pt was"
+    ):
+        train(tmp_path, replace(SETTINGS, global_batch_size=32), resume=True)
+    with pytest.raises(ValidationError, match=r"belongs to job 'gearshift\.examples\.mlp'"):
+        train(tmp_path, resume=True, module="gearshift.examples.digits_cnn")
+
+
+def test_a_module_without_build_is_refused() -> None:
+    with pytest.raises(ValidationError, match="has no build"):
+        load_job("gearshift.worker.runtime.tree", {})
