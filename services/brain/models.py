@@ -1,0 +1,205 @@
+"""The Brain's tables (SQLAlchemy 2.x declarative models); every name starts with `brain_`.
+
+The schema is created only by the Alembic history (migrations/versions/
+0001_brain.py); tests/integration/test_brain_storage.py checks that
+autogenerate finds no difference between these models and the migrations.
+Times are seconds since the Unix epoch (float), as in the contracts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+#: A 64-bit auto-increment key; SQLite only auto-increments INTEGER PRIMARY KEY.
+BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the Brain's models."""
+
+    metadata = sa.MetaData(naming_convention=NAMING)
+
+
+metadata = Base.metadata
+
+
+class Job(Base):
+    """A job as the Brain knows it: spec, history-matching keys, lifecycle."""
+
+    __tablename__ = "brain_jobs"
+
+    job_id: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    tenant: Mapped[str] = mapped_column(sa.String(64), index=True)
+    model_type: Mapped[str] = mapped_column(sa.String(128), index=True)
+    dataset_name: Mapped[str] = mapped_column(sa.String(128), index=True)
+    num_ests: Mapped[int] = mapped_column(sa.Integer)
+    spec: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    status: Mapped[str] = mapped_column(sa.String(16), index=True)
+    submitted_at: Mapped[float] = mapped_column(sa.Float)
+    started_at: Mapped[float | None] = mapped_column(sa.Float)
+    finished_at: Mapped[float | None] = mapped_column(sa.Float)
+    exit_reason: Mapped[str] = mapped_column(sa.String(256), default="")
+
+    __table_args__ = (
+        sa.Index("ix_brain_jobs_submitted", "submitted_at", "job_id"),
+        sa.Index("ix_brain_jobs_history", "model_type", "dataset_name", "status", "finished_at"),
+    )
+
+
+class JobEvent(Base):
+    """A recorded lifecycle event; its id makes ReportJobEvent idempotent."""
+
+    __tablename__ = "brain_job_events"
+
+    event_id: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    job_id: Mapped[str] = mapped_column(
+        sa.String(128), sa.ForeignKey("brain_jobs.job_id", ondelete="CASCADE"), index=True
+    )
+    kind: Mapped[str] = mapped_column(sa.String(16))
+    time: Mapped[float] = mapped_column(sa.Float)
+    node_id: Mapped[str] = mapped_column(sa.String(128), default="")
+    exit_reason: Mapped[str] = mapped_column(sa.String(256), default="")
+
+
+class JobNode(Base):
+    """A node (process, worker or PS pod) of a job: its resources, device and status."""
+
+    __tablename__ = "brain_job_nodes"
+
+    job_id: Mapped[str] = mapped_column(
+        sa.String(128), sa.ForeignKey("brain_jobs.job_id", ondelete="CASCADE"), primary_key=True
+    )
+    node_id: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    role: Mapped[str] = mapped_column(sa.String(16))
+    cpu_cores: Mapped[float] = mapped_column(sa.Float)
+    memory_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    accelerator_type: Mapped[str] = mapped_column(sa.String(64), default="")
+    device_count: Mapped[int] = mapped_column(sa.Integer, default=0)
+    status: Mapped[str] = mapped_column(sa.String(32))
+    exit_reason: Mapped[str] = mapped_column(sa.String(256), default="")
+    started_at: Mapped[float | None] = mapped_column(sa.Float)
+    finished_at: Mapped[float | None] = mapped_column(sa.Float)
+
+
+class SampleBatch(Base):
+    """An ingested batch of samples; its id makes ReportSamples idempotent."""
+
+    __tablename__ = "brain_sample_batches"
+
+    batch_id: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    job_id: Mapped[str] = mapped_column(
+        sa.String(128), sa.ForeignKey("brain_jobs.job_id", ondelete="CASCADE"), index=True
+    )
+    received_at: Mapped[float] = mapped_column(sa.Float)
+    sample_count: Mapped[int] = mapped_column(sa.Integer)
+
+
+class Sample(Base):
+    """A runtime measurement: step, throughput, CPU and memory used, devices, EST mapping."""
+
+    __tablename__ = "brain_samples"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(
+        sa.String(128), sa.ForeignKey("brain_jobs.job_id", ondelete="CASCADE")
+    )
+    node_id: Mapped[str] = mapped_column(sa.String(128), default="")
+    time: Mapped[float] = mapped_column(sa.Float)
+    step: Mapped[int] = mapped_column(sa.BigInteger)
+    steps_per_second: Mapped[float] = mapped_column(sa.Float)
+    samples_per_second: Mapped[float] = mapped_column(sa.Float)
+    cpu_cores_used: Mapped[float] = mapped_column(sa.Float)
+    memory_bytes_used: Mapped[int] = mapped_column(sa.BigInteger)
+    accelerator_type: Mapped[str] = mapped_column(sa.String(64))
+    device_count: Mapped[int] = mapped_column(sa.Integer)
+    ests_per_device: Mapped[list[int]] = mapped_column(sa.JSON)
+
+    __table_args__ = (
+        sa.Index("ix_brain_samples_job_step", "job_id", "step"),
+        sa.Index(
+            "ix_brain_samples_job_devices", "job_id", "accelerator_type", "device_count", "time"
+        ),
+    )
+
+
+class Plan(Base):
+    """A resource plan issued for a job."""
+
+    __tablename__ = "brain_plans"
+
+    plan_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    job_id: Mapped[str] = mapped_column(
+        sa.String(128), sa.ForeignKey("brain_jobs.job_id", ondelete="CASCADE"), index=True
+    )
+    issued_at: Mapped[float] = mapped_column(sa.Float)
+    stage: Mapped[str] = mapped_column(sa.String(16))
+    source: Mapped[str] = mapped_column(sa.String(16))
+    plan: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+
+
+class JobThroughput(Base):
+    """What an ended job reached on one (accelerator type, device count): the model-history
+    estimate reads these instead of scanning every sample of every job."""
+
+    __tablename__ = "brain_job_throughputs"
+
+    job_id: Mapped[str] = mapped_column(
+        sa.String(128), sa.ForeignKey("brain_jobs.job_id", ondelete="CASCADE"), primary_key=True
+    )
+    accelerator_type: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    device_count: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    model_type: Mapped[str] = mapped_column(sa.String(128))
+    steps_per_second: Mapped[float] = mapped_column(sa.Float)
+    minibatches_per_second: Mapped[float] = mapped_column(sa.Float)
+    sample_count: Mapped[int] = mapped_column(sa.Integer)
+    finished_at: Mapped[float] = mapped_column(sa.Float)
+
+    __table_args__ = (
+        sa.Index(
+            "ix_brain_job_throughputs_model",
+            "model_type",
+            "accelerator_type",
+            "device_count",
+            "finished_at",
+        ),
+    )
+
+
+class ReferenceThroughput(Base):
+    """Reference jobs' measured throughputs (e.g. Gavel's), the matrix-completion references."""
+
+    __tablename__ = "brain_reference_throughputs"
+
+    model_type: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    accelerator_type: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    device_count: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    steps_per_second: Mapped[float] = mapped_column(sa.Float)
+    source: Mapped[str] = mapped_column(sa.String(256), default="")
+
+
+def _table(model: type[Base]) -> sa.Table:
+    table = model.__table__
+    assert isinstance(table, sa.Table)
+    return table
+
+
+# The tables, typed, for Core statements.
+jobs = _table(Job)
+job_events = _table(JobEvent)
+job_nodes = _table(JobNode)
+sample_batches = _table(SampleBatch)
+samples = _table(Sample)
+plans = _table(Plan)
+job_throughputs = _table(JobThroughput)
+reference_throughputs = _table(ReferenceThroughput)
