@@ -2,9 +2,11 @@
 
 - appendonly yes, appendfsync always: every transition is on disk before its
   reply; nothing acknowledged is lost, even on power loss.
-- appendonly yes, appendfsync everysec: Redis write()s the AOF before it
-  replies, so a process crash loses nothing; only an OS crash or power loss
-  loses up to the last second.
+- appendonly yes, appendfsync everysec: Redis usually write()s the AOF before
+  it replies, but while a background fsync is slow it postpones that write up
+  to 2 s and replies anyway: a crash may lose the last ~2 s of transitions
+  (acknowledged shards come back and are read again). Not tested here: whether
+  it loses anything depends on the disk at that instant.
 - no persistence: a restart starts empty; the dataset is gone (NOT_FOUND).
 (RDB snapshots alone lose every write since the last snapshot: shards acked
 since then come back and are read again.)
@@ -33,7 +35,7 @@ def private_redis(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
 
 @pytest.mark.parametrize(
     ("appendonly", "appendfsync", "survives"),
-    [(True, "always", True), (True, "everysec", True), (False, "no", False)],
+    [(True, "always", True), (False, "no", False)],
 )
 def test_a_redis_crash_keeps_progress_with_an_append_only_file(
     daemons: DaemonFactory,

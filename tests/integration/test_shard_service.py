@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from gearshift.common.channel import connect
-from gearshift.common.errors import NotFoundError, PreconditionError
+from gearshift.common.errors import NotFoundError, PreconditionError, UnauthenticatedError
 from gearshift.common.sharding import rank_sequence, shard_indices
 from gearshift.shardmanager.store import ShardStore
 from gearshift.v1 import common_pb2, shardmanager_pb2, shardmanager_pb2_grpc
@@ -423,3 +423,14 @@ def test_daemon_without_redis_answers_unavailable_then_recovers(
             assert created.num_shards == 2  # the same daemon, no restart
         finally:
             server.kill()
+
+
+def test_client_carries_the_bearer_token(
+    daemons: DaemonFactory, redis_url: str, unique_id: str
+) -> None:
+    args = ["--redis-url", redis_url, "--key-prefix", f"gstest:{unique_id}", "--token", "s3cret"]
+    address = daemons("shardmanager", args).address
+    with ShardClient(address, token="s3cret") as client:
+        assert client.create_dataset("ds", job_id="j", size=10, shard_size=5).num_shards == 2
+    with ShardClient(address, token="wrong") as client, pytest.raises(UnauthenticatedError):
+        client.describe("ds")
