@@ -1,9 +1,71 @@
-"""gRPC servicer of the Brain. Every RPC is still UNIMPLEMENTED (the Brain issue builds them)."""
+"""gRPC servicer of the Brain: validate the request, call the domain layer, build the reply.
+
+Validation and conversion live in gearshift.brain.convert, the logic in
+gearshift.brain.service; errors are gearshift.common.errors exceptions that the
+server's interceptor maps to status codes.
+"""
 
 from __future__ import annotations
 
-from gearshift.v1 import brain_pb2_grpc
+import grpc
+
+from gearshift.brain import convert
+from gearshift.brain.service import BrainService
+from gearshift.common.validation import page_size
+from gearshift.v1 import brain_pb2, brain_pb2_grpc
 
 
 class BrainServicer(brain_pb2_grpc.BrainServicer):
-    """Answers UNIMPLEMENTED for every RPC until the Brain's logic lands."""
+    """The Brain's RPCs over a BrainService."""
+
+    def __init__(self, service: BrainService) -> None:
+        self.service = service
+
+    def ReportJobEvent(
+        self, request: brain_pb2.ReportJobEventRequest, context: grpc.ServicerContext
+    ) -> brain_pb2.ReportJobEventResponse:
+        recorded = self.service.report_event(convert.job_event(request))
+        return brain_pb2.ReportJobEventResponse(recorded=recorded)
+
+    def ReportSamples(
+        self, request: brain_pb2.ReportSamplesRequest, context: grpc.ServicerContext
+    ) -> brain_pb2.ReportSamplesResponse:
+        samples = convert.samples(request)
+        accepted = self.service.report_samples(request.batch_id, request.job_id, samples)
+        return brain_pb2.ReportSamplesResponse(accepted=accepted)
+
+    def GetJobHistory(
+        self, request: brain_pb2.GetJobHistoryRequest, context: grpc.ServicerContext
+    ) -> brain_pb2.JobHistory:
+        job_id, since_step, max_samples = convert.history_request(request)
+        return convert.history_message(self.service.history(job_id, since_step, max_samples))
+
+    def ListJobRecords(
+        self, request: brain_pb2.ListJobRecordsRequest, context: grpc.ServicerContext
+    ) -> brain_pb2.ListJobRecordsResponse:
+        size = page_size(request.page.page_size)
+        where, after = convert.list_request(request)
+        page = self.service.list_jobs(where, size, after)
+        return brain_pb2.ListJobRecordsResponse(
+            jobs=[convert.job_record(j) for j in page.jobs],
+            next_page_token=convert.page_token(page.next),
+        )
+
+    def EstimateThroughput(
+        self, request: brain_pb2.EstimateThroughputRequest, context: grpc.ServicerContext
+    ) -> brain_pb2.ThroughputEstimate:
+        job_id, model_type, kind, count = convert.estimate_request(request)
+        return convert.estimate_message(self.service.estimate(job_id, model_type, kind, count))
+
+    def PlanResources(
+        self, request: brain_pb2.PlanResourcesRequest, context: grpc.ServicerContext
+    ) -> brain_pb2.ResourcePlan:
+        issued = self.service.plan_resources(convert.plan_request(request))
+        return convert.plan_message(issued.plan, issued.plan_id)
+
+    def PlanEsts(
+        self, request: brain_pb2.PlanEstsRequest, context: grpc.ServicerContext
+    ) -> brain_pb2.EstPlan:
+        job_id, num_ests, offers, current, top_k = convert.est_request(request)
+        result = self.service.plan_ests(job_id, num_ests, offers, current, top_k)
+        return convert.est_message(result)

@@ -34,14 +34,15 @@ BUDGET = Budget(cpu_total=200, cpu_max_per_node=32)
 
 
 @pytest.mark.parametrize(
-    ("w_hat", "s_hat", "sampled", "workers", "worker_cores", "ps"),
+    "case",
     [
         # Table 1: Wide & Deep and xDeepFM, C_total = 200 cores.
         (2.5, 5.7, 12.0, 24, 3.0, 8),
         (19.4, 3.1, 6.2, 8, 20.0, 2),
     ],
 )
-def test_table_1(w_hat, s_hat, sampled, workers, worker_cores, ps) -> None:
+def test_table_1(case: tuple[float, float, float, int, float, int]) -> None:
+    w_hat, s_hat, sampled, workers, worker_cores, ps = case
     plan = optimize_plan(
         BUDGET,
         PsMetrics(worker_cores_needed=w_hat, ps_cores_per_worker=s_hat, steps_per_second=sampled),

@@ -90,6 +90,7 @@ def test_prediction_sources_and_interpolation(gavel_rows) -> None:
     # A count between the reference columns is interpolated, with a larger error.
     between = model.predict(known, Column("v100", 3))
     assert between is not None and between.interpolated
+    assert guess is not None
     assert between.relative_error > guess.relative_error
     low, high = (model.predict(known, Column("v100", n)) for n in (2, 4))
     assert low is not None and high is not None

@@ -422,7 +422,7 @@ class GetJobHistoryRequest(_message.Message):
     since_step: _builtins.int
     """Only samples at or after this step."""
     max_samples: _builtins.int
-    """At most this many samples, the most recent (0: 1,000)."""
+    """At most this many samples, the most recent (0: 1,000; at most 10,000)."""
     def __init__(
         self,
         *,
@@ -580,7 +580,9 @@ class ListJobRecordsRequest(_message.Message):
     tenant: _builtins.str
     """Only jobs of this tenant (empty: any)."""
     status: _builtins.str
-    """Only jobs with this status (empty: any)."""
+    """Only jobs with this status (empty: any): "submitted", "running",
+    "succeeded", "failed" or "cancelled".
+    """
     @_builtins.property
     def page(self) -> _common_pb2.PageRequest:
         """Paging."""
@@ -948,18 +950,26 @@ class PlanEstsRequest(_message.Message):
     CURRENT_FIELD_NUMBER: _builtins.int
     TOP_K_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
-    """The job (needed when a capability must be estimated)."""
+    """The job (needed when a capability must be estimated; it must then be
+    known to the Brain).
+    """
     num_ests: _builtins.int
-    """The job's number of ESTs (>= 1)."""
+    """The job's number of ESTs (1-1024)."""
     top_k: _builtins.int
     """How many scale-out proposals to return (0: none)."""
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceCapability]:
-        """Available devices by type (at least one with available > 0)."""
+        """Devices by type that the job could get besides those it holds, with
+        their capability for the job (at least one entry; each type once). A
+        type the job holds must be listed, with available = 0 if none is free.
+        """
 
     @_builtins.property
     def current(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.DeviceGroup]:
-        """Devices the job holds now, if running (for scale-out proposals)."""
+        """Devices the job holds now, if running (at most num_ests in all): the
+        plan then splits the ESTs over exactly these, and the proposals add
+        devices from `devices`. Empty: the plan picks devices from `devices`.
+        """
 
     def __init__(
         self,
@@ -977,6 +987,40 @@ class PlanEstsRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PlanEstsRequest: _TypeAlias = PlanEstsRequest  # noqa: Y015
+
+@_typing.final
+class CapabilityEstimate(_message.Message):
+    """A capability the Brain estimated because the request gave 0."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCELERATOR_TYPE_FIELD_NUMBER: _builtins.int
+    MINIBATCHES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    RELATIVE_ERROR_FIELD_NUMBER: _builtins.int
+    accelerator_type: _builtins.str
+    """Accelerator type."""
+    minibatches_per_second: _builtins.float
+    """Estimated mini-batches per second of one device of this type."""
+    source: Global___EstimateSource.ValueType
+    """Where the estimate came from."""
+    relative_error: _builtins.float
+    """Expected relative error."""
+    def __init__(
+        self,
+        *,
+        accelerator_type: _builtins.str = ...,
+        minibatches_per_second: _builtins.float = ...,
+        source: Global___EstimateSource.ValueType = ...,
+        relative_error: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accelerator_type", b"accelerator_type", "minibatches_per_second", b"minibatches_per_second", "relative_error", b"relative_error", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CapabilityEstimate: _TypeAlias = CapabilityEstimate  # noqa: Y015
 
 @_typing.final
 class EstDeviceAssignment(_message.Message):
@@ -1057,6 +1101,7 @@ class EstPlan(_message.Message):
     ASSIGNMENTS_FIELD_NUMBER: _builtins.int
     PREDICTED_MINIBATCHES_PER_SECOND_FIELD_NUMBER: _builtins.int
     PROPOSALS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_FIELD_NUMBER: _builtins.int
     predicted_minibatches_per_second: _builtins.float
     """Predicted throughput in mini-batches per second over all ESTs
     (EasyScale Eq. 1: num_ests / f_overload); global steps per second is
@@ -1070,16 +1115,21 @@ class EstPlan(_message.Message):
     def proposals(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScaleOutProposal]:
         """Best scale-outs, by speedup, at most top_k."""
 
+    @_builtins.property
+    def estimated(self) -> _containers.RepeatedCompositeFieldContainer[Global___CapabilityEstimate]:
+        """Capabilities the Brain estimated (those given as 0), one per type."""
+
     def __init__(
         self,
         *,
         assignments: _abc.Iterable[Global___EstDeviceAssignment] | None = ...,
         predicted_minibatches_per_second: _builtins.float = ...,
         proposals: _abc.Iterable[Global___ScaleOutProposal] | None = ...,
+        estimated: _abc.Iterable[Global___CapabilityEstimate] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "predicted_minibatches_per_second", b"predicted_minibatches_per_second", "proposals", b"proposals"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "estimated", b"estimated", "predicted_minibatches_per_second", b"predicted_minibatches_per_second", "proposals", b"proposals"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
