@@ -1,42 +1,208 @@
-"""The scheduler daemon: flags, servicers, serving."""
+"""The scheduler daemon: flags, storage, the round loop, servicers, serving.
+
+`gearshift-scheduler migrate [--database-url URL]` upgrades the schema and exits.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
+import sys
 from collections.abc import Sequence
 
+import sqlalchemy as sa
+
+from gearshift.common.config import Option, build_parser, parse_bool
 from gearshift.common.daemon import Daemon, run_daemon, server_options
-from gearshift.common.server import register
+from gearshift.common.db import database_url
+from gearshift.common.errors import GearshiftError
+from gearshift.common.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
+from gearshift.common.server import GrpcServer, register
+from gearshift.scheduler.brain import BrainAdvisor
+from gearshift.scheduler.elastic import ELASTIC_POLICIES
+from gearshift.scheduler.policies import policy_names
+from gearshift.scheduler.schema import upgrade
+from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.servicer import JobServicer, WorkerRegistryServicer
+from gearshift.scheduler.store import SqlStore
+from gearshift.scheduler.workers import WorkerAgents
 from gearshift.v1 import scheduler_pb2, scheduler_pb2_grpc
 
+log = logging.getLogger("gearshift.scheduler")
+
+PROG = "gearshift-scheduler"
 DEFAULT_PORT = 50051
-OPTIONS = [*server_options(DEFAULT_PORT)]
+DEFAULT_DATABASE = "sqlite:///.gearshift/scheduler.db"
+DATABASE_OPTION = Option(
+    "database_url",
+    "database: postgresql://user:pass@host/db (psycopg2) or sqlite:///path.db",
+    DEFAULT_DATABASE,
+)
+OPTIONS = [
+    *server_options(DEFAULT_PORT),
+    DATABASE_OPTION,
+    Option(
+        "migrate_on_start",
+        "upgrade the schema to the newest revision before serving",
+        True,
+        parse_bool,
+    ),
+    Option(
+        "policy",
+        "allocation policy: elastic EST jobs (easyscale, easyscale_homo), the rigid FIFO gang "
+        "baseline (yarn_cs), or a Gavel policy run in rounds (e.g. las, max_min_fairness_perf, "
+        "fifo, finish_time_fairness, makespan, hierarchical)",
+        "easyscale",
+        choices=sorted([*policy_names(), *ELASTIC_POLICIES]),
+    ),
+    Option("round_seconds", "length of a scheduling round, seconds", 360.0, float),
+    Option(
+        "min_recompute_seconds",
+        "Gavel policies: least time between recomputations of the allocation (0: every round "
+        "after a change)",
+        0.0,
+        float,
+    ),
+    Option("heartbeat_interval", "seconds between a worker's heartbeats", 5.0, float),
+    Option(
+        "heartbeat_timeout",
+        "a worker silent this long is declared lost and its jobs rescheduled, seconds",
+        30.0,
+        float,
+    ),
+    Option(
+        "stop_timeout",
+        "seconds a task gets to checkpoint and exit when stopped before it is killed",
+        60.0,
+        float,
+    ),
+    Option(
+        "brain_address",
+        "Brain host:port for EST plans and throughput estimates (empty: plan locally)",
+        "",
+    ),
+    Option("shard_manager_address", "shard manager host:port handed to training tasks", ""),
+    Option(
+        "advertise_address",
+        "scheduler host:port handed to training tasks (empty: the address it listens on)",
+        "",
+    ),
+    Option(
+        "checkpoint_root",
+        "directory (shared by the workers) under which each job gets a checkpoint folder",
+        ".gearshift/checkpoints",
+    ),
+    Option(
+        "rendezvous_port_base",
+        "first port tried for a job's torch.distributed store on its rank-0 worker",
+        29500,
+        int,
+    ),
+    Option("seed", "random seed of the policies (Gavel's type shuffle, FIFO draws)", 0, int),
+]
+DESCRIPTION = (
+    "Gearshift scheduler: jobs API, worker registry and round-based scheduling over gRPC. "
+    f"Subcommand: '{PROG} migrate [--database-url URL]' upgrades the schema and exits."
+)
+
+
+def settings_from(config: argparse.Namespace) -> SchedulerSettings:
+    """SchedulerSettings from parsed flags; ValueError names a bad flag."""
+    for flag in ("round_seconds", "heartbeat_interval", "heartbeat_timeout", "stop_timeout"):
+        if getattr(config, flag) <= 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be > 0")
+    if config.min_recompute_seconds < 0:
+        raise ValueError("--min-recompute-seconds must be >= 0")
+    if config.heartbeat_timeout <= config.heartbeat_interval:
+        raise ValueError("--heartbeat-timeout must exceed --heartbeat-interval")
+    if not 1024 <= config.rendezvous_port_base <= 65000:
+        raise ValueError("--rendezvous-port-base must be between 1024 and 65000")
+    return SchedulerSettings(
+        policy=config.policy,
+        round_seconds=config.round_seconds,
+        heartbeat_interval=config.heartbeat_interval,
+        heartbeat_timeout=config.heartbeat_timeout,
+        min_recompute_seconds=config.min_recompute_seconds,
+        checkpoint_root=config.checkpoint_root,
+        advertise_address=config.advertise_address,
+        brain_address=config.brain_address,
+        shard_manager_address=config.shard_manager_address,
+        stop_timeout_seconds=config.stop_timeout,
+        rendezvous_port_base=config.rendezvous_port_base,
+        seed=config.seed,
+    )
 
 
 def build(config: argparse.Namespace) -> Daemon:
+    settings = settings_from(config)
+    try:
+        url = database_url(config.database_url).render_as_string(hide_password=False)
+        if config.migrate_on_start:
+            upgrade(url)
+        store = SqlStore(url)
+        store.check()
+    except GearshiftError as exc:
+        raise ValueError(exc.message) from None
+    except sa.exc.SQLAlchemyError as exc:
+        raise RuntimeError(f"database {config.database_url}: {exc}") from None
+    token = config.token or None
+    scheduler = Scheduler(
+        store,
+        settings,
+        agents=WorkerAgents(token=token),
+        brain=BrainAdvisor(settings.brain_address, token=token),
+    )
+    scheduler.recover()
+
+    def on_start(server: GrpcServer) -> None:
+        if not settings.advertise_address:
+            scheduler.settings = dataclasses.replace(
+                scheduler.settings, advertise_address=server.address
+            )
+        scheduler.start()
+
     services = scheduler_pb2.DESCRIPTOR.services_by_name
     return Daemon(
         [
             register(
                 scheduler_pb2_grpc.add_JobServiceServicer_to_server,
-                JobServicer(),  # type: ignore[abstract]
+                JobServicer(scheduler),
                 services["JobService"].full_name,
             ),
             register(
                 scheduler_pb2_grpc.add_WorkerRegistryServicer_to_server,
-                WorkerRegistryServicer(),  # type: ignore[abstract]
+                WorkerRegistryServicer(scheduler),
                 services["WorkerRegistry"].full_name,
             ),
-        ]
+        ],
+        on_start=on_start,
+        on_stop=[scheduler.stop, store.close],
     )
+
+
+def _migrate(argv: Sequence[str]) -> int:
+    options = [
+        DATABASE_OPTION,
+        Option("log_level", "log level", "info", choices=LOG_LEVELS),
+        Option("log_format", "log line format", "text", choices=LOG_FORMATS),
+    ]
+    args = build_parser(f"{PROG} migrate", DESCRIPTION, options).parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
+    try:
+        upgrade(args.database_url)
+    except GearshiftError as exc:
+        print(f"{PROG} migrate: error: {exc.message}", file=sys.stderr)
+        return 1
+    except sa.exc.SQLAlchemyError as exc:
+        print(f"{PROG} migrate: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"{PROG}: schema at head on {database_url(args.database_url).render_as_string()}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_daemon(
-        "gearshift-scheduler",
-        "Gearshift scheduler: jobs API, worker registry and round-based scheduling over gRPC.",
-        OPTIONS,
-        build,
-        argv,
-    )
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["migrate"]:
+        return _migrate(args[1:])
+    return run_daemon(PROG, DESCRIPTION, OPTIONS, build, args)

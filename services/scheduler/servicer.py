@@ -1,17 +1,107 @@
-"""gRPC servicers of the scheduler. Submissions are validated; the scheduling logic itself is
-still UNIMPLEMENTED (the scheduler issue builds it)."""
+"""gRPC servicers of the scheduler: validate the request, call the domain layer, build the reply.
+
+The logic lives in gearshift.scheduler.service; errors are
+gearshift.common.errors exceptions that the server's interceptor maps to status
+codes, with messages that name the field.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator, Sequence
+
 import grpc
 
-from gearshift.common.jobspec import validate_job_spec
-from gearshift.common.validation import require
-from gearshift.v1 import scheduler_pb2, scheduler_pb2_grpc
+from gearshift.common.config import host_port
+from gearshift.common.jobspec import validate_job_spec, with_defaults
+from gearshift.common.validation import (
+    check_enum,
+    check_name,
+    decode_page_token,
+    encode_page_token,
+    page_size,
+    require,
+)
+from gearshift.scheduler.service import Scheduler
+from gearshift.scheduler.store import EventRecord, JobRecord
+from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+_ENDED = (
+    common_pb2.TASK_STATE_CHECKPOINTED,
+    common_pb2.TASK_STATE_COMPLETED,
+    common_pb2.TASK_STATE_FAILED,
+)
+
+
+def job_message(job: JobRecord) -> scheduler_pb2.Job:
+    return scheduler_pb2.Job(
+        job_id=job.job_id,
+        spec=job.spec,
+        state=job.state,  # type: ignore[arg-type]
+        submitted_at=job.submitted_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        progress=job.progress,
+        placement=job.placement,
+        rescale_count=job.rescale_count,
+        message=job.message,
+        final_digest=job.final_digest,
+    )
+
+
+def event_message(event: EventRecord) -> scheduler_pb2.JobEvent:
+    out = scheduler_pb2.JobEvent(
+        job_id=event.job_id,
+        sequence=event.sequence,
+        time=event.time,
+        type=event.type,  # type: ignore[arg-type]
+        state=event.state,  # type: ignore[arg-type]
+        message=event.message,
+    )
+    if event.progress is not None:
+        out.progress.CopyFrom(event.progress)
+    if event.placement is not None:
+        out.placement.CopyFrom(event.placement)
+    return out
+
+
+def check_job_id(value: str, field: str = "job_id") -> None:
+    check_name(value, field, max_length=64)
+
+
+def check_devices(groups: Sequence[common_pb2.DeviceGroup], field: str = "devices") -> None:
+    require(len(groups) > 0, field, "at least one device group is required")
+    for i, group in enumerate(groups):
+        where = f"{field}[{i}]"
+        require(
+            _TYPE.match(group.accelerator_type) is not None,
+            f"{where}.accelerator_type",
+            f"{group.accelerator_type!r} must be lower-case letters, digits, '_' or '-'",
+        )
+        require(group.count >= 1, f"{where}.count", f"must be >= 1 (got {group.count})")
+        require(group.memory_bytes >= 0, f"{where}.memory_bytes", "must be >= 0")
+
+
+def check_task_status(status: common_pb2.TaskStatus, field: str) -> None:
+    require(bool(status.task_id), f"{field}.task_id", "is required")
+    check_enum(
+        status.state, common_pb2.TaskState.values(), f"{field}.state", allow_unspecified=False
+    )
+
+
+def check_progress(progress: common_pb2.JobProgress, field: str = "progress") -> None:
+    require(progress.step >= 0, f"{field}.step", f"must be >= 0 (got {progress.step})")
+    require(progress.total_steps >= 0, f"{field}.total_steps", "must be >= 0")
+    require(progress.epoch >= 0, f"{field}.epoch", "must be >= 0")
+    require(progress.samples_per_second >= 0, f"{field}.samples_per_second", "must be >= 0")
 
 
 class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
-    """Jobs API."""
+    """Jobs API over a Scheduler."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
 
     def SubmitJob(
         self, request: scheduler_pb2.SubmitJobRequest, context: grpc.ServicerContext
@@ -19,8 +109,138 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         require(len(request.idempotency_key) <= 128, "idempotency_key", "at most 128 characters")
         require(request.HasField("spec"), "spec", "is required")
         validate_job_spec(request.spec)
-        raise NotImplementedError
+        job, created = self.scheduler.submit(with_defaults(request.spec), request.idempotency_key)
+        return scheduler_pb2.SubmitJobResponse(job=job_message(job), created=created)
+
+    def GetJob(
+        self, request: scheduler_pb2.GetJobRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.Job:
+        check_job_id(request.job_id)
+        return job_message(self.scheduler.get(request.job_id))
+
+    def ListJobs(
+        self, request: scheduler_pb2.ListJobsRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.ListJobsResponse:
+        check_name(request.tenant, "tenant", max_length=64, required=False)
+        require(len(request.name_prefix) <= 128, "name_prefix", "at most 128 characters")
+        for i, state in enumerate(request.states):
+            check_enum(state, common_pb2.JobState.values(), f"states[{i}]", allow_unspecified=False)
+        size = page_size(request.page.page_size)
+        cursor = decode_page_token(request.page.page_token)
+        after: tuple[float, str] | None = None
+        if cursor:
+            when, job_id = cursor.get("t"), cursor.get("id")
+            require(
+                isinstance(when, (int, float)) and isinstance(job_id, str),
+                "page.page_token",
+                "is not a token returned by this server",
+            )
+            assert isinstance(when, (int, float)) and isinstance(job_id, str)
+            after = (float(when), job_id)
+        jobs = self.scheduler.list_jobs(
+            tenant=request.tenant,
+            states=list(request.states),
+            name_prefix=request.name_prefix,
+            limit=size + 1,
+            after=after,
+        )
+        token = ""
+        if len(jobs) > size:
+            jobs = jobs[:size]
+            token = encode_page_token({"t": jobs[-1].submitted_at, "id": jobs[-1].job_id})
+        return scheduler_pb2.ListJobsResponse(
+            jobs=[job_message(j) for j in jobs], next_page_token=token
+        )
+
+    def CancelJob(
+        self, request: scheduler_pb2.CancelJobRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.Job:
+        check_job_id(request.job_id)
+        require(len(request.reason) <= 1024, "reason", "at most 1024 characters")
+        return job_message(self.scheduler.cancel(request.job_id, request.reason))
+
+    def WatchJob(
+        self, request: scheduler_pb2.WatchJobRequest, context: grpc.ServicerContext
+    ) -> Iterator[scheduler_pb2.JobEvent]:
+        check_job_id(request.job_id)
+        require(request.after_sequence >= 0, "after_sequence", "must be >= 0")
+        for event in self.scheduler.watch(
+            request.job_id, request.after_sequence, context.is_active
+        ):
+            yield event_message(event)
+
+    def GetClusterState(
+        self, request: scheduler_pb2.GetClusterStateRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.ClusterState:
+        return self.scheduler.cluster_state()
 
 
 class WorkerRegistryServicer(scheduler_pb2_grpc.WorkerRegistryServicer):
-    """Workers API."""
+    """Workers API over a Scheduler."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def RegisterWorker(
+        self, request: scheduler_pb2.RegisterWorkerRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.RegisterWorkerResponse:
+        check_name(request.worker_id, "worker_id", required=False)
+        require(bool(request.address), "address", "is required")
+        try:
+            host_port(request.address)
+        except ValueError as exc:
+            require(False, "address", str(exc))
+        require(len(request.hostname) <= 256, "hostname", "at most 256 characters")
+        check_devices(request.devices)
+        for i, task in enumerate(request.tasks):
+            check_task_status(task, f"tasks[{i}]")
+        worker = self.scheduler.register_worker(
+            request.worker_id, request.address, request.hostname, request.devices, request.tasks
+        )
+        settings = self.scheduler.settings
+        return scheduler_pb2.RegisterWorkerResponse(
+            worker_id=worker.worker_id,
+            heartbeat_interval_seconds=settings.heartbeat_interval,
+            heartbeat_timeout_seconds=settings.heartbeat_timeout,
+        )
+
+    def Heartbeat(
+        self, request: scheduler_pb2.HeartbeatRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.HeartbeatResponse:
+        check_name(request.worker_id, "worker_id")
+        for i, task in enumerate(request.tasks):
+            check_task_status(task, f"tasks[{i}]")
+        reregister = self.scheduler.heartbeat(request.worker_id, request.tasks)
+        return scheduler_pb2.HeartbeatResponse(reregister=reregister)
+
+    def RenewLease(
+        self, request: scheduler_pb2.RenewLeaseRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.RenewLeaseResponse:
+        check_name(request.worker_id, "worker_id")
+        require(bool(request.task_id), "task_id", "is required")
+        require(request.step >= 0, "step", f"must be >= 0 (got {request.step})")
+        renewed, lease = self.scheduler.renew_lease(request.worker_id, request.task_id)
+        return scheduler_pb2.RenewLeaseResponse(renewed=renewed, lease=lease)
+
+    def ReportProgress(
+        self, request: scheduler_pb2.ReportProgressRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.ReportProgressResponse:
+        check_job_id(request.job_id)
+        require(bool(request.task_id), "task_id", "is required")
+        check_progress(request.progress)
+        stop = self.scheduler.report_progress(request.job_id, request.task_id, request.progress)
+        return scheduler_pb2.ReportProgressResponse(stop_requested=stop)
+
+    def TaskFinished(
+        self, request: scheduler_pb2.TaskFinishedRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.TaskFinishedResponse:
+        check_name(request.worker_id, "worker_id")
+        require(request.HasField("status"), "status", "is required")
+        check_task_status(request.status, "status")
+        require(
+            request.status.state in _ENDED,
+            "status.state",
+            "must be TASK_STATE_COMPLETED, TASK_STATE_CHECKPOINTED or TASK_STATE_FAILED",
+        )
+        self.scheduler.task_finished(request.worker_id, request.status)
+        return scheduler_pb2.TaskFinishedResponse()

@@ -141,7 +141,8 @@ class PolicyInput:
     def equal_share_throughputs(self, throughputs: FloatArray | None = None) -> FloatArray:
         """throughput(m, X_equal) for every job (1e-12 where a job can run nowhere)."""
         t = self.throughputs if throughputs is None else throughputs
-        return np.maximum((t * self.equal_share()).sum(axis=1), 1e-12)
+        out: FloatArray = np.maximum((t * self.equal_share()).sum(axis=1), 1e-12)
+        return out
 
 
 @dataclass(frozen=True)
@@ -270,7 +271,7 @@ class Combos:
 
     @property
     def singles_only(self) -> bool:
-        return len(self.rows) == self.members.shape[0]
+        return len(self.rows) == int(self.members.shape[0])
 
     def allocation(self, inp: PolicyInput, x: FloatArray) -> Allocation:
         combos = tuple(tuple(inp.job_ids[i] for i in row) for row in self.rows)

@@ -1,10 +1,11 @@
 """First in, first out (Gavel section 4.2), as an LP and as Gavel's queue.
 
 `Fifo` is the paper's heterogeneity-aware formulation: with jobs numbered in
-arrival order m = 0..M-1, maximize sum_m (M - m) * throughput(m, X) /
-throughput(m, X_fastest), where X_fastest puts the job on its fastest type. The
-decreasing weights make an earlier job win any device it can use over every
-later one. LP.
+arrival order m = 0..M-1, maximize sum_m (M - m) * scale_factor_m *
+throughput(m, X) / throughput(m, X_fastest), where X_fastest puts the job on its
+fastest type. The decreasing weights make an earlier job win a device over a
+later one; the scale factor (as for LAS, section 4.1) compares jobs per device,
+so a 4-device job is not outweighed by four later 1-device jobs. LP.
 
 `QueueFifo` is the queue Gavel's reference implementation runs under the names
 `fifo` (heterogeneity-agnostic: a random type among those with room) and
@@ -52,7 +53,7 @@ class Fifo(Policy):
         # coefficients keep the interior-point solver well conditioned.
         order = (m - np.arange(m)) / m
         x = cp.Variable((m, inp.num_types))
-        objective = cp.sum(scaled_throughputs(x, speeds, order / fastest))
+        objective = cp.sum(scaled_throughputs(x, speeds, order * inp.scale_factors / fastest))
         solvers.solve(
             cp.Problem(cp.Maximize(objective), validity_constraints(x, inp)), "lp", what=self.name
         )

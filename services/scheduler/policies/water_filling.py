@@ -123,8 +123,9 @@ def class_weights(
 class Iteration:
     """What one water-filling iteration decided (kept for tests and logs)."""
 
-    level: float
+    level: float  # t*: the max-min value of level / weight
     frozen: tuple[int, ...]  # job indices frozen by this iteration
+    guaranteed: dict[int, float]  # job index -> t* x weight, the level it is promised
     x: FloatArray
 
 
@@ -202,8 +203,11 @@ class WaterFilling(Policy):
                 if c not in frozen:
                     floors[c] = max(floors[c], float(current[c]))
             frozen_jobs = tuple(sorted(j for c in stuck for j in classes.members[c]))
+            guaranteed = {
+                j: t_star * float(weights[c]) for c in range(k) if on[c] for j in classes.members[c]
+            }
             self.iterations.append(
-                Iteration(t_star, frozen_jobs, self._expand(classes, x_value, inp))
+                Iteration(t_star, frozen_jobs, guaranteed, self._expand(classes, x_value, inp))
             )
         return Allocation.singles(inp, self._expand(classes, x_value, inp))
 

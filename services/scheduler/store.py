@@ -1,0 +1,439 @@
+"""Storage of the scheduler's state behind one interface, and its SQLAlchemy implementation.
+
+The domain code (gearshift.scheduler.service) reads and writes plain records
+through `Store`; `SqlStore` keeps them in PostgreSQL or SQLite (schema from
+migrations/ only). Every method is one transaction, so a job's row and the
+events that explain its change are committed together: a restarted scheduler
+finds each job in the state its last event says.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from gearshift.common.db import create_engine
+from gearshift.common.errors import ConflictError, UnavailableError
+from gearshift.scheduler import models
+from gearshift.v1 import common_pb2
+
+TERMINAL_STATES = frozenset(
+    {
+        common_pb2.JOB_STATE_SUCCEEDED,
+        common_pb2.JOB_STATE_FAILED,
+        common_pb2.JOB_STATE_CANCELLED,
+    }
+)
+
+
+@dataclass
+class JobRecord:
+    """A job as the scheduler keeps it."""
+
+    job_id: str
+    spec: common_pb2.JobSpec
+    state: int
+    submitted_at: float
+    idempotency_key: str | None = None
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    progress: common_pb2.JobProgress = field(default_factory=common_pb2.JobProgress)
+    placement: common_pb2.Placement = field(default_factory=common_pb2.Placement)
+    generation: int = 0
+    rescale_count: int = 0
+    message: str = ""
+    final_digest: str = ""
+    last_sequence: int = 0
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One lifecycle event of a job."""
+
+    job_id: str
+    sequence: int
+    time: float
+    type: int
+    state: int
+    message: str = ""
+    progress: common_pb2.JobProgress | None = None
+    placement: common_pb2.Placement | None = None
+
+
+@dataclass
+class WorkerRecord:
+    """A registered worker daemon."""
+
+    worker_id: str
+    address: str
+    hostname: str
+    devices: list[common_pb2.DeviceGroup]
+    alive: bool
+    registered_at: float
+    last_heartbeat_at: float
+
+
+@dataclass
+class TaskRecord:
+    """A job's processes on one worker for one placement generation."""
+
+    task_id: str
+    job_id: str
+    worker_id: str
+    generation: int
+    state: int
+    local_ranks: tuple[int, ...]
+    rendezvous_address: str
+    lease_expires_at: float
+    created_at: float
+    ended_at: float = 0.0
+    checkpoint_path: str = ""
+    message: str = ""
+
+    @property
+    def ended(self) -> bool:
+        return self.state in (
+            common_pb2.TASK_STATE_CHECKPOINTED,
+            common_pb2.TASK_STATE_COMPLETED,
+            common_pb2.TASK_STATE_FAILED,
+        )
+
+
+class Store(Protocol):
+    """What the scheduler persists. Every call is atomic."""
+
+    def create_job(self, job: JobRecord, event: EventRecord) -> JobRecord:
+        """Insert a job with its first event; ConflictError if the idempotency key is taken."""
+
+    def find_job_by_key(self, key: str) -> JobRecord | None: ...
+
+    def get_job(self, job_id: str) -> JobRecord | None: ...
+
+    def save_job(self, job: JobRecord, events: Sequence[EventRecord] = ()) -> None:
+        """Update a job and append events, together."""
+
+    def list_jobs(
+        self,
+        *,
+        tenant: str,
+        states: Sequence[int],
+        name_prefix: str,
+        limit: int,
+        after: tuple[float, str] | None,
+    ) -> list[JobRecord]:
+        """Jobs newest first, strictly after the (submitted_at, job_id) cursor."""
+
+    def active_jobs(self) -> list[JobRecord]:
+        """Jobs not yet ended, oldest first."""
+
+    def events_after(self, job_id: str, sequence: int, limit: int = 1000) -> list[EventRecord]: ...
+
+    def save_worker(self, worker: WorkerRecord) -> None: ...
+
+    def workers(self) -> list[WorkerRecord]: ...
+
+    def save_tasks(self, tasks: Iterable[TaskRecord]) -> None: ...
+
+    def open_tasks(self) -> list[TaskRecord]:
+        """Tasks not yet ended."""
+
+    def get_state(self, key: str) -> str | None: ...
+
+    def set_state(self, key: str, value: str) -> None: ...
+
+
+def _job_from_row(row: models.Job) -> JobRecord:
+    spec = common_pb2.JobSpec()
+    spec.ParseFromString(row.spec)
+    progress = common_pb2.JobProgress()
+    progress.ParseFromString(row.progress or b"")
+    placement = common_pb2.Placement()
+    placement.ParseFromString(row.placement or b"")
+    return JobRecord(
+        job_id=row.job_id,
+        spec=spec,
+        state=row.state,
+        submitted_at=row.submitted_at,
+        idempotency_key=row.idempotency_key,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        progress=progress,
+        placement=placement,
+        generation=row.generation,
+        rescale_count=row.rescale_count,
+        message=row.message,
+        final_digest=row.final_digest,
+        last_sequence=row.last_sequence,
+    )
+
+
+def _job_values(job: JobRecord) -> dict[str, object]:
+    return {
+        "name": job.spec.name,
+        "tenant": job.spec.tenant,
+        "state": job.state,
+        "spec": job.spec.SerializeToString(deterministic=True),
+        "idempotency_key": job.idempotency_key,
+        "submitted_at": job.submitted_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "progress": job.progress.SerializeToString(deterministic=True),
+        "placement": job.placement.SerializeToString(deterministic=True),
+        "generation": job.generation,
+        "rescale_count": job.rescale_count,
+        "message": job.message,
+        "final_digest": job.final_digest,
+        "last_sequence": job.last_sequence,
+    }
+
+
+def _event_row(event: EventRecord) -> models.JobEvent:
+    return models.JobEvent(
+        job_id=event.job_id,
+        sequence=event.sequence,
+        time=event.time,
+        type=event.type,
+        state=event.state,
+        message=event.message,
+        progress=event.progress.SerializeToString(deterministic=True) if event.progress else b"",
+        placement=event.placement.SerializeToString(deterministic=True) if event.placement else b"",
+    )
+
+
+def _event_from_row(row: models.JobEvent) -> EventRecord:
+    progress = common_pb2.JobProgress()
+    progress.ParseFromString(row.progress or b"")
+    placement = common_pb2.Placement()
+    placement.ParseFromString(row.placement or b"")
+    return EventRecord(
+        job_id=row.job_id,
+        sequence=row.sequence,
+        time=row.time,
+        type=row.type,
+        state=row.state,
+        message=row.message,
+        progress=progress,
+        placement=placement,
+    )
+
+
+def _devices_blob(devices: Sequence[common_pb2.DeviceGroup]) -> bytes:
+    holder = common_pb2.Resources(devices=devices)
+    return holder.SerializeToString(deterministic=True)
+
+
+def _devices_from_blob(blob: bytes) -> list[common_pb2.DeviceGroup]:
+    holder = common_pb2.Resources()
+    holder.ParseFromString(blob)
+    return list(holder.devices)
+
+
+def _task_row(task: TaskRecord) -> dict[str, object]:
+    return {
+        "task_id": task.task_id,
+        "job_id": task.job_id,
+        "worker_id": task.worker_id,
+        "generation": task.generation,
+        "state": task.state,
+        "local_ranks": json.dumps(list(task.local_ranks)),
+        "rendezvous_address": task.rendezvous_address,
+        "lease_expires_at": task.lease_expires_at,
+        "created_at": task.created_at,
+        "ended_at": task.ended_at,
+        "checkpoint_path": task.checkpoint_path,
+        "message": task.message,
+    }
+
+
+def _task_from_row(row: models.Task) -> TaskRecord:
+    return TaskRecord(
+        task_id=row.task_id,
+        job_id=row.job_id,
+        worker_id=row.worker_id,
+        generation=row.generation,
+        state=row.state,
+        local_ranks=tuple(json.loads(row.local_ranks or "[]")),
+        rendezvous_address=row.rendezvous_address,
+        lease_expires_at=row.lease_expires_at,
+        created_at=row.created_at,
+        ended_at=row.ended_at,
+        checkpoint_path=row.checkpoint_path,
+        message=row.message,
+    )
+
+
+class SqlStore:
+    """Store on SQLAlchemy (PostgreSQL or SQLite); the schema must be migrated already."""
+
+    def __init__(self, url_or_engine: str | Engine) -> None:
+        self.engine = (
+            create_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
+        )
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def _session(self) -> Session:
+        return self._sessions()
+
+    def check(self) -> None:
+        """Fail with UnavailableError when the schema is missing (not migrated)."""
+        try:
+            with self._session() as session:
+                session.execute(sa.select(sa.func.count()).select_from(models.State))
+        except sa.exc.SQLAlchemyError as exc:
+            raise UnavailableError(
+                f"scheduler tables are missing or unreachable (run the migrations): {exc}"
+            ) from None
+
+    # Jobs ---------------------------------------------------------------------
+    def create_job(self, job: JobRecord, event: EventRecord) -> JobRecord:
+        try:
+            with self._session() as session, session.begin():
+                session.add(models.Job(job_id=job.job_id, **_job_values(job)))
+                session.flush()
+                session.add(_event_row(event))
+        except IntegrityError:
+            raise ConflictError(f"job {job.job_id!r} or its idempotency key exists") from None
+        return job
+
+    def find_job_by_key(self, key: str) -> JobRecord | None:
+        with self._session() as session:
+            row = session.scalars(
+                sa.select(models.Job).where(models.Job.idempotency_key == key)
+            ).first()
+            return _job_from_row(row) if row else None
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        with self._session() as session:
+            row = session.get(models.Job, job_id)
+            return _job_from_row(row) if row else None
+
+    def save_job(self, job: JobRecord, events: Sequence[EventRecord] = ()) -> None:
+        with self._session() as session, session.begin():
+            session.execute(
+                sa.update(models.Job)
+                .where(models.Job.job_id == job.job_id)
+                .values(**_job_values(job))
+            )
+            for event in events:
+                session.add(_event_row(event))
+
+    def list_jobs(
+        self,
+        *,
+        tenant: str,
+        states: Sequence[int],
+        name_prefix: str,
+        limit: int,
+        after: tuple[float, str] | None,
+    ) -> list[JobRecord]:
+        query = sa.select(models.Job)
+        if tenant:
+            query = query.where(models.Job.tenant == tenant)
+        if states:
+            query = query.where(models.Job.state.in_(list(states)))
+        if name_prefix:
+            escaped = name_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            query = query.where(models.Job.name.like(escaped + "%", escape="\\"))
+        if after is not None:
+            when, job_id = after
+            query = query.where(
+                sa.or_(
+                    models.Job.submitted_at < when,
+                    sa.and_(models.Job.submitted_at == when, models.Job.job_id < job_id),
+                )
+            )
+        query = query.order_by(models.Job.submitted_at.desc(), models.Job.job_id.desc())
+        with self._session() as session:
+            return [_job_from_row(r) for r in session.scalars(query.limit(limit))]
+
+    def active_jobs(self) -> list[JobRecord]:
+        query = (
+            sa.select(models.Job)
+            .where(models.Job.state.not_in(list(TERMINAL_STATES)))
+            .order_by(models.Job.submitted_at, models.Job.job_id)
+        )
+        with self._session() as session:
+            return [_job_from_row(r) for r in session.scalars(query)]
+
+    def events_after(self, job_id: str, sequence: int, limit: int = 1000) -> list[EventRecord]:
+        query = (
+            sa.select(models.JobEvent)
+            .where(models.JobEvent.job_id == job_id, models.JobEvent.sequence > sequence)
+            .order_by(models.JobEvent.sequence)
+            .limit(limit)
+        )
+        with self._session() as session:
+            return [_event_from_row(r) for r in session.scalars(query)]
+
+    # Workers and tasks ---------------------------------------------------------
+    def save_worker(self, worker: WorkerRecord) -> None:
+        with self._session() as session, session.begin():
+            session.merge(
+                models.Worker(
+                    worker_id=worker.worker_id,
+                    address=worker.address,
+                    hostname=worker.hostname,
+                    devices=_devices_blob(worker.devices),
+                    alive=worker.alive,
+                    registered_at=worker.registered_at,
+                    last_heartbeat_at=worker.last_heartbeat_at,
+                )
+            )
+
+    def workers(self) -> list[WorkerRecord]:
+        with self._session() as session:
+            return [
+                WorkerRecord(
+                    worker_id=r.worker_id,
+                    address=r.address,
+                    hostname=r.hostname,
+                    devices=_devices_from_blob(r.devices),
+                    alive=r.alive,
+                    registered_at=r.registered_at,
+                    last_heartbeat_at=r.last_heartbeat_at,
+                )
+                for r in session.scalars(sa.select(models.Worker).order_by(models.Worker.worker_id))
+            ]
+
+    def save_tasks(self, tasks: Iterable[TaskRecord]) -> None:
+        with self._session() as session, session.begin():
+            for task in tasks:
+                session.merge(models.Task(**_task_row(task)))
+
+    def open_tasks(self) -> list[TaskRecord]:
+        ended = [
+            common_pb2.TASK_STATE_CHECKPOINTED,
+            common_pb2.TASK_STATE_COMPLETED,
+            common_pb2.TASK_STATE_FAILED,
+        ]
+        query = (
+            sa.select(models.Task)
+            .where(models.Task.state.not_in(ended))
+            .order_by(models.Task.created_at, models.Task.task_id)
+        )
+        with self._session() as session:
+            return [_task_from_row(r) for r in session.scalars(query)]
+
+    # Scheduler-wide values ------------------------------------------------------
+    def get_state(self, key: str) -> str | None:
+        with self._session() as session:
+            row = session.get(models.State, key)
+            return row.value if row else None
+
+    def set_state(self, key: str, value: str) -> None:
+        with self._session() as session, session.begin():
+            session.merge(models.State(key=key, value=value))

@@ -1,0 +1,111 @@
+"""The paper's worked examples (Gavel sections 4.1 and 4.3), solved by the policies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gearshift.scheduler.policies import make_policy
+from gearshift.scheduler.policies.base import PolicyInput
+from gearshift.scheduler.policies.max_min_fairness import MaxMinFairness
+from gearshift.scheduler.policies.solvers import solvers_for
+from gearshift.scheduler.policies.water_filling import WaterFilling
+
+# Rows: jobs 0-2; columns: (V100, K80) throughputs, cluster of 1 V100 + 1 K80.
+LAS_THROUGHPUTS = [[40.0, 10.0], [12.0, 4.0], [100.0, 50.0]]
+
+
+def las_example() -> PolicyInput:
+    return PolicyInput.create(["0", "1", "2"], ["v100", "k80"], LAS_THROUGHPUTS, [1, 1])
+
+
+def test_las_worked_example() -> None:
+    inp = las_example()
+    allocation = MaxMinFairness().allocate(inp)
+    expected = np.array([[0.455, 0.0], [0.455, 0.091], [0.091, 0.909]])
+    assert np.allclose(allocation.fractions, expected, atol=2e-3)
+    # Every job gets ~1.091x what an equal time share of each type would give it.
+    equal = np.array(LAS_THROUGHPUTS).sum(axis=1) / 3
+    normalized = allocation.effective_throughputs(inp) / equal
+    assert np.allclose(normalized, 12 / 11, atol=2e-3)
+
+
+def test_agnostic_las_ignores_speed_and_is_worse_for_the_worst_job() -> None:
+    inp = las_example()
+    aware = MaxMinFairness().allocate(inp)
+    agnostic = MaxMinFairness(heterogeneity_aware=False).allocate(inp)
+    # Agnostic: equal time; every job gets 2/3 of a device's time in total.
+    assert np.allclose(agnostic.fractions.sum(axis=1), 2 / 3, atol=1e-3)
+    equal = np.array(LAS_THROUGHPUTS).sum(axis=1) / 3
+    worst = (aware.effective_throughputs(inp) / equal).min()
+    worst_agnostic = (agnostic.effective_throughputs(inp) / equal).min()
+    assert worst > worst_agnostic + 0.05
+
+
+def test_weights_scale_the_fair_share() -> None:
+    inp = PolicyInput.create(["a", "b"], ["v100"], [[1.0], [1.0]], [1], priority_weights=[2, 1])
+    x = MaxMinFairness().allocate(inp).fractions.ravel()
+    assert x == pytest.approx([2 / 3, 1 / 3], abs=1e-3)
+
+
+def test_scale_factor_counts_devices() -> None:
+    # A 2-device job occupies twice the cluster per unit of time, so a 1-device job gets
+    # twice its time: equal device-time (1 device x 1.0 = 2 devices x 0.5).
+    inp = PolicyInput.create(["a", "b"], ["v100"], [[1.0], [1.0]], [2], scale_factors=[1, 2])
+    x = MaxMinFairness().allocate(inp).fractions.ravel()
+    assert x == pytest.approx([1.0, 0.5], abs=1e-3)
+
+
+@pytest.mark.parametrize("entities", [False, True])
+def test_water_filling_worked_example(entities: bool) -> None:
+    """Weights 3, 1, 1, 1 on 4 identical GPUs: first job 1 is capped at a full GPU (1.0) while
+    jobs 2-4 are at 1/3; job 1 is the bottleneck; the next iteration gives jobs 2-4 full GPUs."""
+    ids = ["1", "2", "3", "4"]
+    if entities:
+        inp = PolicyInput.create(
+            ids,
+            ["v100"],
+            [[1.0]] * 4,
+            [4],
+            entities=ids,
+            entity_weights={"1": 3, "2": 1, "3": 1, "4": 1},
+        )
+    else:
+        inp = PolicyInput.create(ids, ["v100"], [[1.0]] * 4, [4], priority_weights=[3, 1, 1, 1])
+    policy = WaterFilling()
+    allocation = policy.allocate(inp)
+    first, second = policy.iterations
+    assert first.frozen == (0,)
+    assert first.guaranteed[0] == pytest.approx(1.0, abs=1e-4)
+    for job in (1, 2, 3):
+        assert first.guaranteed[job] == pytest.approx(1 / 3, abs=1e-4)
+    assert second.frozen == (1, 2, 3)
+    assert allocation.fractions.ravel() == pytest.approx([1, 1, 1, 1], abs=1e-4)
+
+
+def test_hierarchical_entities_share_by_weight_and_fifo_inside() -> None:
+    # Two entities, weights 2:1, six identical jobs, 3 GPUs: the cluster splits 2:1;
+    # "research" is FIFO inside (its oldest job first), "product" is fair inside.
+    ids = ["r1", "r2", "r3", "p1", "p2", "p3"]
+    inp = PolicyInput.create(
+        ids,
+        ["v100"],
+        [[1.0]] * 6,
+        [3],
+        entities=["research"] * 3 + ["product"] * 3,
+        entity_weights={"research": 1.0, "product": 2.0},
+        entity_policies={"research": "fifo", "product": "fairness"},
+    )
+    x = WaterFilling().allocate(inp).fractions.ravel()
+    assert x[3:].sum() == pytest.approx(2.0, abs=1e-3)
+    assert x[3:] == pytest.approx([2 / 3] * 3, abs=1e-3)
+    assert x[:3] == pytest.approx([1.0, 0.0, 0.0], abs=1e-3)
+
+
+def test_solvers_by_problem_class() -> None:
+    assert solvers_for("lp")[0] == "CLARABEL"
+    assert solvers_for("conic")[0] == "CLARABEL"
+    assert solvers_for("milp")[0] == "HIGHS"
+    assert make_policy("hierarchical").problem_class == "milp"
+    assert make_policy("finish_time_fairness").problem_class == "conic"
+    assert make_policy("las").problem_class == "lp"

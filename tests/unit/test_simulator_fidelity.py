@@ -1,0 +1,95 @@
+"""The simulator against Gavel's reference simulator, and the papers' trends.
+
+Reference average JCTs (shared/notes/gavel.md), max_min_fairness.trace (96 jobs) on
+v100=8,p100=16,k80=24 with 360 s rounds: 14,622.8 s (heterogeneity-aware LAS),
+19,989.3 s (agnostic LAS), 35,904.6 s (FIFO); artifact_evaluation.trace on v100=2,k80=4:
+4,322.1 s (aware LAS).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gearshift.common.gavel import ThroughputTable, load_throughputs
+from gearshift.scheduler.elastic import make_elastic_policy
+from gearshift.scheduler.policies import make_policy
+from gearshift.scheduler.simulator import SimulationError, simulate, simulate_elastic
+from gearshift.scheduler.trace import TraceJob, generate_workload, read_trace
+
+CLUSTER = {"v100": 8, "p100": 16, "k80": 24}
+
+
+@pytest.fixture(scope="module")
+def table(gavel_data: Path) -> ThroughputTable:
+    return load_throughputs(gavel_data / "simulation_throughputs.json")
+
+
+@pytest.mark.parametrize(
+    ("policy", "reference"),
+    [
+        ("max_min_fairness_perf", 14622.8),
+        ("max_min_fairness", 19989.3),
+        ("fifo", 35904.6),
+    ],
+)
+def test_average_jct_within_5_percent_of_gavel(
+    gavel_data: Path, table: ThroughputTable, policy: str, reference: float
+) -> None:
+    jobs = read_trace(gavel_data / "max_min_fairness.trace")
+    result = simulate(jobs, CLUSTER, table, make_policy(policy, seed=0), round_seconds=360, seed=0)
+    assert len(result.jobs) == 96
+    assert result.average_jct == pytest.approx(reference, rel=0.05)
+
+
+def test_artifact_trace_within_5_percent(gavel_data: Path, table: ThroughputTable) -> None:
+    jobs = read_trace(gavel_data / "artifact_evaluation.trace")
+    result = simulate(jobs, {"v100": 2, "k80": 4}, table, make_policy("max_min_fairness_perf"))
+    assert result.average_jct == pytest.approx(4322.1, rel=0.05)
+
+
+def test_simulation_is_deterministic_per_seed(gavel_data: Path, table: ThroughputTable) -> None:
+    jobs = read_trace(gavel_data / "artifact_evaluation.trace")
+    cluster = {"v100": 2, "k80": 4}
+    runs = [
+        simulate(jobs, cluster, table, make_policy("max_min_fairness", seed=4), seed=4)
+        for _ in range(2)
+    ]
+    assert runs[0].jobs == runs[1].jobs
+    finishes = {j.job_id: j.finish_time for j in runs[0].jobs}
+    assert all(f > 0 for f in finishes.values())
+    assert 0 < runs[0].utilization <= 1
+
+
+def test_a_job_that_fits_nowhere_is_an_error(table: ThroughputTable) -> None:
+    job = TraceJob("ResNet-18 (batch size 64)", 100, 4, 0.0)
+    with pytest.raises(SimulationError, match="fits on no type"):
+        simulate([job], {"v100": 2}, table, make_policy("las"))
+
+
+@pytest.mark.slow
+def test_the_papers_trends_on_a_continuous_multi_gpu_trace(table: ThroughputTable) -> None:
+    """Heterogeneity-aware LAS beats agnostic LAS on average JCT (Gavel); elastic EST jobs
+    beat the rigid FIFO gang baseline (YARN-CS) on JCT and makespan (EasyScale)."""
+    jobs = generate_workload(table, 160, jobs_per_hour=2.0, seed=1)
+    aware = simulate(jobs, CLUSTER, table, make_policy("max_min_fairness_perf", seed=1), seed=1)
+    agnostic = simulate(jobs, CLUSTER, table, make_policy("max_min_fairness", seed=1), seed=1)
+    assert aware.average_jct < agnostic.average_jct * 0.9
+    elastic = simulate_elastic(jobs, CLUSTER, table, make_elastic_policy("easyscale"))
+    gang = simulate_elastic(jobs, CLUSTER, table, make_elastic_policy("yarn_cs"))
+    assert elastic.average_jct < gang.average_jct * 0.7
+    assert elastic.makespan < gang.makespan
+    assert elastic.rescales > 0 and gang.rescales == 0
+
+
+def test_elastic_restarts_cost_time(table: ThroughputTable) -> None:
+    jobs = generate_workload(table, 30, jobs_per_hour=4.0, seed=2)
+    fast = simulate_elastic(
+        jobs, CLUSTER, table, make_elastic_policy("easyscale"), rescale_seconds=0
+    )
+    slow = simulate_elastic(
+        jobs, CLUSTER, table, make_elastic_policy("easyscale"), rescale_seconds=600
+    )
+    assert slow.rescales > 0
+    assert slow.average_jct > fast.average_jct
