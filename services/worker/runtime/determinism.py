@@ -1,7 +1,7 @@
 """What each determinism level sets (EasyScale section 3.3), in one place.
 
 Every level (D0, D1, D2): deterministic algorithms only
-(`torch.use_deterministic_algorithms(True)`), no cuDNN autotuning
+(`torch.use_deterministic_algorithms(True)`, also for torch.compile), no cuDNN autotuning
 (`cudnn.benchmark = False`, `cudnn.deterministic = True`),
 `CUBLAS_WORKSPACE_CONFIG=:4096:8`, seeds derived from the job seed, and a fixed
 intra-op thread count (`--threads`, default 1): on CPU, reductions can depend on
@@ -20,6 +20,7 @@ D2 adds kernel choices that do not depend on the device type:
 from __future__ import annotations
 
 import os
+import sys
 
 from gearshift.common.errors import ValidationError
 from gearshift.worker.runtime.settings import Determinism
@@ -29,7 +30,7 @@ D2_CPU_ISA = "AVX2"
 
 def environment(level: Determinism) -> dict[str, str]:
     """Variables a training process needs before it imports torch."""
-    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "TORCHINDUCTOR_DETERMINISTIC": "1"}
     if level is Determinism.D2:
         env |= {
             "ATEN_CPU_CAPABILITY": D2_CPU_ISA.lower(),
@@ -45,7 +46,12 @@ def apply(level: Determinism, threads: int, d2_threads: int) -> int:
 
     for name, value in environment(level).items():
         os.environ.setdefault(name, value)
-    torch.use_deterministic_algorithms(True)
+    # What torch.use_deterministic_algorithms(True) does, without importing torch._inductor
+    # (over a second per process) just to set its flag: the variable above sets it when a
+    # job compiles.
+    torch._C._set_deterministic_algorithms(True)
+    if "torch._inductor.config" in sys.modules:
+        sys.modules["torch._inductor.config"].deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     effective = d2_threads if level is Determinism.D2 else threads

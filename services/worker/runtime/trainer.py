@@ -284,6 +284,7 @@ class Trainer:
         )
         log_file: TextIO | None = None
         if self.loss_log is not None and self.rank == 0:
+            self.loss_log.parent.mkdir(parents=True, exist_ok=True)
             log_file = self.loss_log.open("a")
         self.model.train()
         window_start, window_steps = time.perf_counter(), 0
