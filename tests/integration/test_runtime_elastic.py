@@ -58,7 +58,7 @@ class Run:
     def digest(self) -> str:
         found = re.findall(r"^digest sha256:([0-9a-f]{64})$", self.stdout, re.MULTILINE)
         assert found, self.stdout
-        return found[-1]
+        return str(found[-1])
 
     def bytes_per_step_ratios(self) -> list[float]:
         """Per rank of the last launch: bytes sent per step / gradient bytes."""

@@ -51,7 +51,7 @@ def apply(level: Determinism, threads: int, d2_threads: int) -> int:
     # job compiles.
     torch._C._set_deterministic_algorithms(True)
     if "torch._inductor.config" in sys.modules:
-        sys.modules["torch._inductor.config"].deterministic = True
+        setattr(sys.modules["torch._inductor.config"], "deterministic", True)  # noqa: B010
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     effective = d2_threads if level is Determinism.D2 else threads
