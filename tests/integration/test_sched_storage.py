@@ -1,0 +1,155 @@
+"""The scheduler's tables: the models agree with migration 0002, and the store keeps jobs,
+events, workers, tasks and state on SQLite and on the real PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from gearshift.common.db import create_engine, downgrade
+from gearshift.common.errors import ConflictError
+from gearshift.scheduler import models
+from gearshift.scheduler.schema import upgrade
+from gearshift.scheduler.store import EventRecord, JobRecord, SqlStore, TaskRecord, WorkerRecord
+from gearshift.v1 import common_pb2, scheduler_pb2
+
+C = common_pb2
+S = scheduler_pb2
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'sched.db'}"
+    value: str = request.getfixturevalue("postgres_db")
+    return value
+
+
+def _sched_differences(url: str) -> list[object]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True})
+            diff = compare_metadata(context, models.metadata)
+    finally:
+        engine.dispose()
+    # Only our tables: the Brain's evolve in parallel in the same history.
+    return [d for d in diff if "sched_" in repr(d)]
+
+
+def test_models_and_migrations_agree(url: str) -> None:
+    upgrade(url)
+    assert _sched_differences(url) == []
+
+
+def test_the_check_catches_a_drift(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'drift.db'}"
+    upgrade(url)
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE sched_workers ADD COLUMN rack VARCHAR(16)"))
+    engine.dispose()
+    assert _sched_differences(url) != []
+
+
+def test_downgrade_removes_the_scheduler_tables(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'down.db'}"
+    upgrade(url)
+    downgrade(url, "0001_brain")
+    engine = create_engine(url)
+    names = sa.inspect(engine).get_table_names()
+    engine.dispose()
+    assert not [n for n in names if n.startswith("sched_")]
+
+
+@pytest.fixture
+def store(url: str) -> Iterator[SqlStore]:
+    upgrade(url)
+    out = SqlStore(url)
+    yield out
+    out.close()
+
+
+def _job(job_id: str, when: float, key: str | None = None, name: str = "job") -> JobRecord:
+    spec = C.JobSpec(name=name, tenant="t", num_ests=2)
+    return JobRecord(job_id, spec, C.JOB_STATE_QUEUED, when, idempotency_key=key, last_sequence=1)
+
+
+def _event(job_id: str, sequence: int, kind: int = S.JOB_EVENT_TYPE_SUBMITTED) -> EventRecord:
+    return EventRecord(job_id, sequence, 1.0, kind, C.JOB_STATE_QUEUED, "m")
+
+
+def test_jobs_events_and_keys(store: SqlStore) -> None:
+    store.create_job(_job("j1", 1.0, key="k"), _event("j1", 1))
+    with pytest.raises(ConflictError):
+        store.create_job(_job("j2", 2.0, key="k"), _event("j2", 1))
+    found = store.find_job_by_key("k")
+    assert found is not None and found.job_id == "j1"
+    job = store.get_job("j1")
+    assert job is not None and job.spec.num_ests == 2
+    job.state = C.JOB_STATE_RUNNING
+    job.placement.processes.add(rank=0, worker_id="w", est_ids=[0, 1])
+    job.last_sequence = 2
+    store.save_job(job, [_event("j1", 2, S.JOB_EVENT_TYPE_STARTED)])
+    again = store.get_job("j1")
+    assert again is not None and again.state == C.JOB_STATE_RUNNING
+    assert list(again.placement.processes[0].est_ids) == [0, 1]
+    assert [e.sequence for e in store.events_after("j1", 0)] == [1, 2]
+    assert [e.type for e in store.events_after("j1", 1)] == [S.JOB_EVENT_TYPE_STARTED]
+    assert [j.job_id for j in store.active_jobs()] == ["j1"]
+
+
+def test_listing_newest_first_with_cursor_and_filters(store: SqlStore) -> None:
+    for i in range(5):
+        store.create_job(
+            _job(f"j{i}", float(i), name=f"x_{i}" if i % 2 else f"y{i}"), _event(f"j{i}", 1)
+        )
+    page = store.list_jobs(tenant="", states=[], name_prefix="", limit=2, after=None)
+    assert [j.job_id for j in page] == ["j4", "j3"]
+    rest = store.list_jobs(
+        tenant="",
+        states=[],
+        name_prefix="",
+        limit=10,
+        after=(page[-1].submitted_at, page[-1].job_id),
+    )
+    assert [j.job_id for j in rest] == ["j2", "j1", "j0"]
+    # '_' is matched literally, not as a wildcard.
+    assert [
+        j.job_id
+        for j in store.list_jobs(tenant="", states=[], name_prefix="x_", limit=9, after=None)
+    ] == ["j3", "j1"]
+    assert store.list_jobs(tenant="other", states=[], name_prefix="", limit=9, after=None) == []
+    assert (
+        store.list_jobs(
+            tenant="", states=[C.JOB_STATE_RUNNING], name_prefix="", limit=9, after=None
+        )
+        == []
+    )
+
+
+def test_workers_tasks_and_state(store: SqlStore) -> None:
+    worker = WorkerRecord(
+        "w1", "h:1", "host", [C.DeviceGroup(accelerator_type="cpu", count=2)], True, 1.0, 2.0
+    )
+    store.save_worker(worker)
+    worker.alive = False
+    store.save_worker(worker)
+    (loaded,) = store.workers()
+    assert not loaded.alive and loaded.devices[0].count == 2
+    store.create_job(_job("j1", 1.0), _event("j1", 1))
+    task = TaskRecord("t1", "j1", "w1", 1, C.TASK_STATE_RUNNING, (0, 1), "h:29500", 9.0, 1.0)
+    store.save_tasks([task])
+    assert [t.local_ranks for t in store.open_tasks()] == [(0, 1)]
+    task.state = C.TASK_STATE_CHECKPOINTED
+    store.save_tasks([task])
+    assert store.open_tasks() == []
+    assert store.get_state("round") is None
+    store.set_state("round", "7")
+    store.set_state("round", "8")
+    assert store.get_state("round") == "8"
