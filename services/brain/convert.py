@@ -115,14 +115,16 @@ def _node(node: brain_pb2.JobNode, field: str) -> NodeInfo:
         )
         kinds.append(group.accelerator_type)
         count += group.count
-    _check_text(node.status, f"{field}.status")
+    joined = ",".join(dict.fromkeys(kinds))
+    require(len(joined) <= 64, f"{field}.resources.devices", "too many accelerator types")
+    require(len(node.status) <= 32, f"{field}.status", "must be at most 32 characters")
     _check_text(node.exit_reason, f"{field}.exit_reason")
     return NodeInfo(
         node_id=node.node_id,
         role=_ROLES[node.role].value,
         cpu_cores=res.cpu_cores,
         memory_bytes=res.memory_bytes,
-        accelerator_type=",".join(dict.fromkeys(kinds)),
+        accelerator_type=joined,
         device_count=count,
         status=node.status,
         exit_reason=node.exit_reason,

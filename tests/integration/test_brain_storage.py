@@ -371,3 +371,19 @@ def test_request_conversion_names_fields() -> None:
     )
     with pytest.raises(ValidationError, match=r"^spec\.entrypoint"):
         convert.job_event(bad)
+    long_status = brain_pb2.ReportJobEventRequest(
+        event_id="e",
+        job_id="j",
+        kind=brain_pb2.JOB_EVENT_KIND_NODE_STARTED,
+        node=brain_pb2.JobNode(node_id="w", role=brain_pb2.NODE_ROLE_WORKER, status="x" * 33),
+    )
+    with pytest.raises(ValidationError, match=r"^node\.status: must be at most 32"):
+        convert.job_event(long_status)
+    no_role = brain_pb2.ReportJobEventRequest(
+        event_id="e",
+        job_id="j",
+        kind=brain_pb2.JOB_EVENT_KIND_NODE_EXITED,
+        node=brain_pb2.JobNode(node_id="w"),
+    )
+    with pytest.raises(ValidationError, match=r"^node\.role: unknown or unset value 0"):
+        convert.job_event(no_role)
