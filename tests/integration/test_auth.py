@@ -40,8 +40,8 @@ def test_token_required_when_configured(daemons: DaemonFactory) -> None:
     daemon = daemons("brain", env={"GEARSHIFT_TOKEN": "s3cret"})
     assert _call_brain(daemon.address, None) == grpc.StatusCode.UNAUTHENTICATED
     assert _call_brain(daemon.address, "wrong") == grpc.StatusCode.UNAUTHENTICATED
-    # With the token the call gets through to the servicer (which has no logic yet).
-    assert _call_brain(daemon.address, "s3cret") == grpc.StatusCode.UNIMPLEMENTED
+    # With the token the call reaches the servicer, which looks the job up.
+    assert _call_brain(daemon.address, "s3cret") == grpc.StatusCode.NOT_FOUND
 
 
 def test_unauthenticated_maps_to_a_typed_error(daemons: DaemonFactory) -> None:
@@ -154,7 +154,7 @@ def test_tls_and_mtls(pki: dict[str, Path], tmp_path: Path) -> None:
         address = f"localhost:{port}"
         mtls = ClientTls(pki["ca"], pki["client_cert"], pki["client_key"])
         wait_serving(address, 30, tls=mtls)
-        assert _call_brain(address, None, mtls) == grpc.StatusCode.UNIMPLEMENTED
+        assert _call_brain(address, None, mtls) == grpc.StatusCode.NOT_FOUND
         # Trusting the CA but presenting no client certificate is refused by mTLS.
         assert _call_brain(address, None, ClientTls(pki["ca"])) == grpc.StatusCode.UNAVAILABLE
         # Plaintext against a TLS port fails too.
