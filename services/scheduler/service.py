@@ -717,7 +717,7 @@ class Scheduler:
                     job.placement.Clear()
                     self._record(job, E.JOB_EVENT_TYPE_PREEMPTED, "devices given to other jobs")
                     return
-                tasks, requests = self._prepare_start(job, change.start)
+                placement, tasks, requests = self._prepare_start(job, change.start)
             failures = self._start_tasks(requests)
             with self._lock:
                 job = self._jobs.get(change.job_id)
@@ -737,6 +737,7 @@ class Scheduler:
                     )
                 else:
                     rescaled = change.kind == "rescale"
+                    job.placement.CopyFrom(placement)  # published once its tasks run
                     job.state = S.JOB_STATE_RUNNING
                     if not job.started_at:
                         job.started_at = self.clock()
@@ -762,11 +763,13 @@ class Scheduler:
 
     def _prepare_start(
         self, job: JobRecord, assignments: list[tuple[Device, int]]
-    ) -> tuple[list[TaskRecord], list[tuple[str, worker_pb2.StartTaskRequest]]]:
+    ) -> tuple[
+        common_pb2.Placement, list[TaskRecord], list[tuple[str, worker_pb2.StartTaskRequest]]
+    ]:
+        """Tasks and StartTask requests of a new placement (saved before any is sent)."""
         resume = job.generation > 0
         job.generation += 1
         placement = build_placement(assignments)
-        job.placement.CopyFrom(placement)
         now = self.clock()
         rank0 = self._workers[placement.processes[0].worker_id]
         host = rank0.address.rpartition(":")[0] or "127.0.0.1"
@@ -811,7 +814,7 @@ class Scheduler:
             requests.append((self._workers[worker_id].address, request))
         self.store.save_tasks(tasks)
         self.store.save_job(job)
-        return tasks, requests
+        return placement, tasks, requests
 
     def _free_port(self, worker_id: str) -> int:
         used = {

@@ -4,6 +4,8 @@ and heartbeat like the worker daemon will."""
 
 from __future__ import annotations
 
+import random
+import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
@@ -91,7 +93,7 @@ class FakeWorker:
         port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
         self.address = f"127.0.0.1:{port}"
-        self.channel = connect(self.scheduler)
+        self.channel = fresh_channel(self.scheduler)
         self.registry = scheduler_pb2_grpc.WorkerRegistryStub(self.channel)
         self.beating = threading.Event()
         self.closed = threading.Event()
@@ -184,6 +186,33 @@ def scheduler(daemons: DaemonFactory, db: str, *extra: str, policy: str = "easys
     return start_scheduler(daemons, db, *extra, policy=policy).address
 
 
+def fresh_channel(address: str) -> grpc.Channel:
+    """A channel of its own (not sharing gRPC's global subchannels, whose reconnect backoff
+    outlives a restarted scheduler) that reconnects within 0.3 s, as a worker daemon would."""
+    return grpc.insecure_channel(
+        address,
+        options=[
+            ("grpc.use_local_subchannel_pool", 1),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 300),
+        ],
+    )
+
+
+def free_port_below_ephemeral() -> int:
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 30000)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port in 20000-29999")
+
+
 def spec(name: str = "job", ests: int = 2, **kw: object) -> C.JobSpec:
     out = C.JobSpec(
         name=name,
@@ -242,8 +271,11 @@ def test_submit_list_get_watch_cancel(
         assert job.started_at >= job.submitted_at > 0
         assert {p.worker_id for p in job.placement.processes} == {"w1"}
         started = [r for r in workers[0].agent.starts if r.job_id == first]
-        assert started and list(started[0].local_ranks) == [p.rank for p in job.placement.processes]
-        assert sorted(e for p in started[0].placement.processes for e in p.est_ids) == [0, 1]
+        for request in started:  # it may have been rescaled as the others arrived
+            ranks = [p.rank for p in request.placement.processes if p.worker_id == "w1"]
+            assert list(request.local_ranks) == ranks
+            assert sorted(e for p in request.placement.processes for e in p.est_ids) == [0, 1]
+            assert request.checkpoint_dir.endswith(first) and request.dataset_id == first
 
         named = jobs.ListJobs(S.ListJobsRequest(name_prefix="a-")).jobs
         assert [j.job_id for j in named] == [ids[1], ids[0]]  # newest first
@@ -389,7 +421,10 @@ def test_invalid_requests_name_the_field(daemons: DaemonFactory, postgres_db: st
 def test_a_restarted_scheduler_keeps_every_job(
     daemons: DaemonFactory, postgres_db: str, workers: list[FakeWorker]
 ) -> None:
-    daemon = start_scheduler(daemons, postgres_db)
+    # A fixed port below the ephemeral range, so that no daemon of a parallel test can be
+    # given it while this one is down (gRPC servers bind with SO_REUSEPORT).
+    port = free_port_below_ephemeral()
+    daemon = start_scheduler(daemons, postgres_db, "--listen", f"127.0.0.1:{port}")
     address = daemon.address
     workers.append(FakeWorker("w1", address, cpus(1)))
     with connect(address) as channel:
@@ -406,7 +441,6 @@ def test_a_restarted_scheduler_keeps_every_job(
     starts_before = len(workers[0].agent.starts)
     daemon.kill()  # as a crash would: no chance to flush anything
     # Same database, same port: the worker keeps heartbeating to the same address.
-    port = address.rpartition(":")[2]
     restarted = daemons(
         "scheduler",
         [
@@ -419,12 +453,12 @@ def test_a_restarted_scheduler_keeps_every_job(
             "--heartbeat-interval",
             "0.3",
             "--heartbeat-timeout",
-            "2",
+            "4",
         ],
     )
     assert restarted.address == address
-    with connect(address) as channel:
-        jobs = scheduler_pb2_grpc.JobServiceStub(channel)
+    with fresh_channel(address) as fresh:
+        jobs = scheduler_pb2_grpc.JobServiceStub(fresh)
         listed = {j.job_id: j for j in jobs.ListJobs(S.ListJobsRequest()).jobs}
         assert set(ids) <= set(listed)
         for job_id, old in before.items():
@@ -510,11 +544,12 @@ def test_an_elastic_job_rescales_through_checkpoint_and_resume(
         jobs = scheduler_pb2_grpc.JobServiceStub(channel)
         registry = scheduler_pb2_grpc.WorkerRegistryStub(channel)
         big = jobs.SubmitJob(S.SubmitJobRequest(spec=spec("big", 4))).job.job_id
-        wait_until(
-            lambda: len(jobs.GetJob(S.GetJobRequest(job_id=big)).placement.processes) == 4,
-            WAIT,
-            "the lone job grows to 4 devices",
-        )
+
+        def grown() -> bool:
+            job = jobs.GetJob(S.GetJobRequest(job_id=big))
+            return job.state == C.JOB_STATE_RUNNING and len(job.placement.processes) == 4
+
+        wait_until(grown, WAIT, "the lone job grows to 4 devices")
         (task,) = [r.task_id for r in worker.agent.starts if r.job_id == big]
         renewed = registry.RenewLease(S.RenewLeaseRequest(worker_id="w1", task_id=task, step=5))
         assert renewed.renewed and renewed.lease.expires_at > 0
