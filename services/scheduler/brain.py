@@ -1,11 +1,12 @@
-"""What the scheduler asks the Brain, with a local fallback.
+"""What the scheduler asks and tells the Brain, with a local fallback.
 
 EST splits come from Brain.PlanEsts and throughputs from
 Brain.EstimateThroughput when a Brain address is configured. When none is, or
 the Brain answers UNIMPLEMENTED or UNAVAILABLE (not deployed yet, restarting),
 the scheduler plans with gearshift.common.estplan - the same Eq. 1 function the
 Brain runs - and uses default throughputs, and logs that it did (once per
-reason, not per call).
+reason, not per call). Lifecycle events (submitted, started, ended) are
+reported to the Brain, best effort, so that its job histories begin.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import grpc
 from gearshift.common.channel import connect
 from gearshift.common.errors import rpc_code, rpc_details
 from gearshift.common.estplan import plan_on
-from gearshift.v1 import brain_pb2, brain_pb2_grpc
+from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2
 
 log = logging.getLogger("gearshift.scheduler.brain")
 
@@ -124,3 +125,31 @@ class BrainAdvisor:
             self._fallback("EstimateThroughput", code.name if code else rpc_details(exc))
             return DEFAULT_THROUGHPUT
         return reply.steps_per_second if reply.steps_per_second > 0 else DEFAULT_THROUGHPUT
+
+    def report_event(
+        self,
+        event_id: str,
+        job_id: str,
+        kind: int,
+        time: float,
+        *,
+        spec: common_pb2.JobSpec | None = None,
+        exit_reason: str = "",
+    ) -> None:
+        """Tell the Brain of a lifecycle event (its job histories start here); best effort."""
+        if self._stub is None:
+            return
+        request = brain_pb2.ReportJobEventRequest(
+            event_id=event_id,
+            job_id=job_id,
+            kind=kind,  # type: ignore[arg-type]
+            time=time,
+            exit_reason=exit_reason,
+        )
+        if spec is not None:
+            request.spec.CopyFrom(spec)
+        try:
+            self._stub.ReportJobEvent(request, timeout=self._timeout)
+        except grpc.RpcError as exc:
+            code = rpc_code(exc)
+            self._fallback("ReportJobEvent", code.name if code else rpc_details(exc))

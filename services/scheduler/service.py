@@ -71,7 +71,7 @@ from gearshift.scheduler.placement import (
 from gearshift.scheduler.policies import make_policy
 from gearshift.scheduler.store import EventRecord, JobRecord, Store, TaskRecord, WorkerRecord
 from gearshift.scheduler.workers import WorkerAgents
-from gearshift.v1 import common_pb2, scheduler_pb2, worker_pb2
+from gearshift.v1 import brain_pb2, common_pb2, scheduler_pb2, worker_pb2
 
 log = logging.getLogger("gearshift.scheduler")
 T = TypeVar("T")
@@ -79,6 +79,14 @@ M = TypeVar("M", bound=Message)
 
 S = common_pb2
 E = scheduler_pb2
+# Job events the Brain records (JobEventType -> brain JobEventKind).
+BRAIN_EVENTS: dict[int, int] = {
+    E.JOB_EVENT_TYPE_SUBMITTED: brain_pb2.JOB_EVENT_KIND_SUBMITTED,
+    E.JOB_EVENT_TYPE_STARTED: brain_pb2.JOB_EVENT_KIND_STARTED,
+    E.JOB_EVENT_TYPE_SUCCEEDED: brain_pb2.JOB_EVENT_KIND_SUCCEEDED,
+    E.JOB_EVENT_TYPE_FAILED: brain_pb2.JOB_EVENT_KIND_FAILED,
+    E.JOB_EVENT_TYPE_CANCELLED: brain_pb2.JOB_EVENT_KIND_CANCELLED,
+}
 ENDED_TASK_STATES = (S.TASK_STATE_CHECKPOINTED, S.TASK_STATE_COMPLETED, S.TASK_STATE_FAILED)
 RUNNING_STATES = (S.JOB_STATE_RUNNING, S.JOB_STATE_RESCALING)
 
@@ -282,6 +290,7 @@ class Scheduler:
             if self._mechanism is not None:
                 self._mechanism.add_job(self._job_view(job), self._types())
             self._changed.notify_all()
+            self._tell_brain(event, job)
         log.info("job submitted", extra={"job_id": job.job_id, "job_name": spec.name})
         self.wake()
         return job, True
@@ -921,6 +930,26 @@ class Scheduler:
             job.message = message
         self.store.save_job(job, [event])
         self._changed.notify_all()
+        self._tell_brain(event, job)
+
+    def _tell_brain(self, event: EventRecord, job: JobRecord) -> None:
+        kind = BRAIN_EVENTS.get(event.type)
+        if kind is None or not self.brain.address:
+            return
+        if kind == brain_pb2.JOB_EVENT_KIND_STARTED and job.generation > 1:
+            return  # a restart after a move, not the job's start
+        with contextlib.suppress(RuntimeError):  # shutting down
+            self._pool.submit(
+                self.brain.report_event,
+                f"{job.job_id}:{event.sequence}",
+                job.job_id,
+                kind,
+                event.time,
+                spec=job.spec if kind == brain_pb2.JOB_EVENT_KIND_SUBMITTED else None,
+                exit_reason=event.message
+                if event.type != E.JOB_EVENT_TYPE_SUCCEEDED
+                else "completed",
+            )
 
     def _finish(self, job: JobRecord, state: int, kind: int, message: str) -> None:
         job.state = state
@@ -968,7 +997,9 @@ class Scheduler:
         return lost
 
     def _task_reports(self, worker_id: str, statuses: Sequence[common_pb2.TaskStatus]) -> None:
+        """Apply what a worker says of its tasks; an ended task frees devices (wake a round)."""
         kill: list[TaskRecord] = []
+        ended = False
         with self._lock:
             for status in statuses:
                 task = self._tasks.get(status.task_id)
@@ -986,6 +1017,7 @@ class Scheduler:
                     continue
                 if status.state not in ENDED_TASK_STATES or task.task_id in self._stopping:
                     continue  # a stop we asked for is finished by the stopping thread
+                ended = True
                 task.state = status.state
                 task.ended_at = self.clock()
                 task.message = status.message
@@ -1020,7 +1052,7 @@ class Scheduler:
                     job.placement.Clear()
                     self._record(job, E.JOB_EVENT_TYPE_CHECKPOINTED, "stopped after a checkpoint")
         self._kill(kill, "a task of the job failed")
-        if statuses:
+        if ended:
             self.wake()
 
 

@@ -614,6 +614,13 @@ class ScriptedBrain(brain_pb2_grpc.BrainServicer):
     def __init__(self, implemented: bool) -> None:
         self.implemented = implemented
         self.requests: list[brain_pb2.PlanEstsRequest] = []
+        self.events: list[brain_pb2.ReportJobEventRequest] = []
+
+    def ReportJobEvent(
+        self, request: brain_pb2.ReportJobEventRequest, context: grpc.ServicerContext
+    ) -> brain_pb2.ReportJobEventResponse:
+        self.events.append(request)
+        return brain_pb2.ReportJobEventResponse(recorded=True)
 
     def PlanEsts(
         self, request: brain_pb2.PlanEstsRequest, context: grpc.ServicerContext
@@ -651,6 +658,12 @@ def test_est_split_from_the_brain_or_local(
         counts = sorted(len(p.est_ids) for p in placement.processes)
         assert brain.requests and brain.requests[0].num_ests == 4
         assert counts == ([1, 3] if implemented else [2, 2])
+        # The Brain hears of the job's life (its histories begin with SUBMITTED and the spec).
+        wait_until(lambda: len(brain.events) >= 2, WAIT, "lifecycle events reach the Brain")
+        submitted = brain.events[0]
+        assert submitted.kind == brain_pb2.JOB_EVENT_KIND_SUBMITTED
+        assert submitted.job_id == job_id and submitted.spec.name == "planned"
+        assert brain.events[1].kind == brain_pb2.JOB_EVENT_KIND_STARTED
     finally:
         server.stop(0)
 
@@ -664,3 +677,33 @@ def test_an_unreachable_brain_falls_back_to_the_local_planner(
         jobs = scheduler_pb2_grpc.JobServiceStub(channel)
         job_id = jobs.SubmitJob(S.SubmitJobRequest(spec=spec("alone", 2))).job.job_id
         wait_until(lambda: job_state(jobs, job_id) == C.JOB_STATE_RUNNING, WAIT, "runs")
+
+
+def test_with_the_real_brain_on_the_same_database(
+    daemons: DaemonFactory, postgres_db: str, workers: list[FakeWorker]
+) -> None:
+    """Both daemons migrate the one Alembic history of the shared database; the scheduler's
+    EST plans come from the Brain's PlanEsts and the Brain records the job."""
+    brain = daemons("brain", ["--database-url", postgres_db])
+    address = scheduler(daemons, postgres_db, "--brain-address", brain.address)
+    workers.append(FakeWorker("w1", address, cpus(2)))
+    with connect(address) as channel:
+        jobs = scheduler_pb2_grpc.JobServiceStub(channel)
+        job_id = jobs.SubmitJob(S.SubmitJobRequest(spec=spec("with-brain", 4))).job.job_id
+        wait_until(lambda: job_state(jobs, job_id) == C.JOB_STATE_RUNNING, WAIT, "runs")
+        placement = jobs.GetJob(S.GetJobRequest(job_id=job_id)).placement
+    assert sorted(e for p in placement.processes for e in p.est_ids) == [0, 1, 2, 3]
+    with connect(brain.address) as channel:
+        stub = brain_pb2_grpc.BrainStub(channel)
+        history = wait_until(
+            lambda: _history(stub, job_id), WAIT, "the Brain records the scheduler's job"
+        )
+    assert history.job.spec.name == "with-brain"
+
+
+def _history(stub: brain_pb2_grpc.BrainStub, job_id: str) -> brain_pb2.JobHistory | None:
+    try:
+        reply = stub.GetJobHistory(brain_pb2.GetJobHistoryRequest(job_id=job_id))
+    except grpc.RpcError:
+        return None
+    return reply if reply.job.status == "running" else None
