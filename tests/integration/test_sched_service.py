@@ -698,7 +698,7 @@ def test_with_the_real_brain_on_the_same_database(
         history = wait_until(
             lambda: _history(stub, job_id), WAIT, "the Brain records the scheduler's job"
         )
-    assert history.job.spec.name == "with-brain"
+    assert history is not None and history.job.spec.name == "with-brain"
 
 
 def _history(stub: brain_pb2_grpc.BrainStub, job_id: str) -> brain_pb2.JobHistory | None:
