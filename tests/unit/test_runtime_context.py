@@ -16,33 +16,39 @@ from gearshift.worker.runtime.context import (
     context_to_plain,
     fresh_context,
 )
-from gearshift.worker.runtime.rng import capture, restore, seeded
+from gearshift.worker.runtime.rng import restore, seeded, snapshot
 
 
 @pytest.fixture(autouse=True)
 def keep_global_rng() -> Iterator[None]:
-    state = capture()
+    state = snapshot()
     yield
     restore(state)
 
 
-def draws() -> tuple[bytes, float, float]:
-    return torch.rand(4).numpy().tobytes(), random.random(), float(np.random.random())
+def draws() -> tuple[bytes, float, float, float]:
+    return (
+        torch.rand(4).numpy().tobytes(),
+        random.random(),
+        float(np.random.random()),
+        float(np.random.normal()),  # the legacy API caches every second Gaussian
+    )
 
 
-def test_seeded_matches_seeding_the_globals_and_leaves_them_alone() -> None:
-    before = draws()
+def test_seeded_states_are_reproducible_and_leave_the_globals_alone() -> None:
+    probe = snapshot()
+    expected_globals = draws()
+    restore(probe)
     state = seeded(1234)
-    torch.manual_seed(1234)
-    random.seed(1234)
-    np.random.seed(np.array([1234, 0], dtype=np.uint32))
-    expected = draws()
+    assert draws() == expected_globals
     restore(state)
-    assert draws() == expected
+    expected = draws()
     restore(seeded(1234))
-    torch.rand(1)
+    assert draws() == expected
+    restore(seeded(1235))
     assert draws() != expected
-    assert before != expected
+    torch.manual_seed(1234)
+    assert torch.rand(4).numpy().tobytes() == expected[0]
 
 
 def test_interleaved_ests_draw_what_they_would_alone() -> None:
@@ -50,15 +56,18 @@ def test_interleaved_ests_draw_what_they_would_alone() -> None:
     alone = []
     for est in range(3):
         ctx = fresh_context(est, seed=7, loader_workers=2)
-        with switcher.inside(ctx):
-            alone.append([draws() for _ in range(4)])
+        mine = []
+        for _ in range(4):  # four mini-batches, each one switch
+            with switcher.inside(ctx):
+                mine.append((draws(), draws()))
+        alone.append(mine)
     contexts = [fresh_context(est, seed=7, loader_workers=2) for est in range(3)]
-    interleaved: list[list[tuple[bytes, float, float]]] = [[], [], []]
+    interleaved: list[list[object]] = [[], [], []]
     for _ in range(4):
         for ctx in reversed(contexts):
-            torch.rand(3)  # the runtime's own draws between ESTs do not leak in
+            draws()  # draws between ESTs do not leak in
             with switcher.inside(ctx):
-                interleaved[ctx.est].append(draws())
+                interleaved[ctx.est].append((draws(), draws()))
     assert interleaved == alone
     assert alone[0] != alone[1]
 
@@ -83,14 +92,15 @@ def test_loader_seeds_are_drawn_from_the_est_generator() -> None:
     assert len(set(keys)) == 3
     assert keys == [s.torch_cpu.numpy().tobytes() for s in again.loader_rng]
     assert keys[0] != b.loader_rng[0].torch_cpu.numpy().tobytes()
+    numpy_keys = [s.numpy.state["state"]["key"].tobytes() for s in a.loader_rng]
+    assert len(set(numpy_keys)) == 3
 
 
 def test_contexts_survive_a_weights_only_round_trip() -> None:
     ctx = fresh_context(2, seed=9, loader_workers=2)
     with Switcher().inside(ctx):
         draws()
-        random.gauss(0, 1)
-        np.random.normal()  # leaves a cached gaussian in NumPy's state
+        random.gauss(0, 1)  # leaves a cached Gaussian in Python's state
     buf = io.BytesIO()
     torch.save(context_to_plain(ctx), buf)
     buf.seek(0)

@@ -15,12 +15,12 @@ from gearshift.worker.runtime.context import EstContext, fresh_context
 from gearshift.worker.runtime.data import LocalShards
 from gearshift.worker.runtime.digest import tensor_bytes
 from gearshift.worker.runtime.loader import BatchLoader
-from gearshift.worker.runtime.rng import capture, restore
+from gearshift.worker.runtime.rng import restore, snapshot
 
 
 @pytest.fixture(autouse=True)
 def keep_global_rng() -> Iterator[None]:
-    state = capture()
+    state = snapshot()
     yield
     restore(state)
 
@@ -32,7 +32,7 @@ class Augmented:
         return 200
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        noise = torch.rand(3) + float(np.random.random()) + random.random()
+        noise = torch.rand(3) + float(np.random.normal()) + random.random()
         return noise + index, index
 
 
@@ -64,7 +64,13 @@ def batches(procs: int, steps: int, ests: list[int]) -> tuple[list[bytes], list[
 
 def plain(ctxs: list[EstContext]) -> list[Any]:
     return [
-        (c.position, [s.torch_cpu.numpy().tobytes() for s in c.loader_rng], c.rng.python)
+        (
+            c.position,
+            [s.torch_cpu.numpy().tobytes() for s in c.loader_rng],
+            [s.numpy.state["state"]["key"].tobytes() for s in c.loader_rng],
+            [s.numpy.state["state"]["pos"] for s in c.loader_rng],
+            c.rng.python,
+        )
         for c in ctxs
     ]
 

@@ -13,7 +13,7 @@ from gearshift.worker.runtime import checkpoint
 from gearshift.worker.runtime.control import Progress
 from gearshift.worker.runtime.job import load_job
 from gearshift.worker.runtime.process import seed_globals
-from gearshift.worker.runtime.rng import capture, restore
+from gearshift.worker.runtime.rng import restore, snapshot
 from gearshift.worker.runtime.settings import RunSettings
 from gearshift.worker.runtime.stop import Outcome, StopFlag
 from gearshift.worker.runtime.trainer import RunResult, Trainer
@@ -24,7 +24,7 @@ SETTINGS = RunSettings(num_ests=2, global_batch_size=16, total_steps=8, shard_si
 
 @pytest.fixture(autouse=True)
 def keep_global_rng() -> Iterator[None]:
-    state = capture()
+    state = snapshot()
     yield
     restore(state)
 

@@ -21,6 +21,8 @@ from gearshift.worker.runtime.rng import (
     capture,
     derive_seed,
     from_plain,
+    install_numpy_generator,
+    numpy_generator,
     restore,
     seeded,
     to_plain,
@@ -79,11 +81,17 @@ class Switcher:
     def inside(self, holder: HasRng) -> Iterator[None]:
         if self.threads is not None and torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)
-        if self.enabled:
-            restore(holder.rng)
-        yield
-        if self.enabled:
+        if not self.enabled:
+            yield
+            return
+        outer_numpy = numpy_generator()
+        restore(holder.rng)
+        try:
+            yield
+        finally:
             holder.rng = capture(cuda=self.cuda)
+            # Draws outside the context must not advance the context's NumPy generator.
+            install_numpy_generator(outer_numpy)
 
 
 def context_to_plain(ctx: EstContext) -> dict[str, Any]:

@@ -23,7 +23,13 @@ import torch
 
 from gearshift.worker.runtime.context import EstContext
 from gearshift.worker.runtime.data import DataPosition, EstStream, ShardSource
-from gearshift.worker.runtime.rng import RngState, capture, restore
+from gearshift.worker.runtime.rng import (
+    RngState,
+    capture,
+    install_numpy_generator,
+    numpy_generator,
+    restore,
+)
 
 Collate = Callable[[list[Any]], Any]
 
@@ -38,9 +44,13 @@ def build_batch(
     dataset: MapDataset, collate: Collate, indices: Sequence[int], rng: RngState
 ) -> tuple[Any, RngState]:
     """The batch of `indices`, built inside loader-worker state `rng`; returns the new state."""
+    outer_numpy = numpy_generator()
     restore(rng)
-    batch = collate([dataset[i] for i in indices])
-    return batch, capture()
+    try:
+        batch = collate([dataset[i] for i in indices])
+        return batch, capture()
+    finally:
+        install_numpy_generator(outer_numpy)
 
 
 @dataclass

@@ -1,14 +1,17 @@
 """Random-number state of the global generators an EST (or a loader worker) draws from.
 
-The states of torch's CPU (and current CUDA) generator, Python's `random` and
-NumPy's legacy global generator are captured and restored as a unit, so code
-that draws randomness (dropout, augmentation) sees the stream of the logical
-worker it runs for, whichever process runs it. States convert to plain tensors
-and numbers for checkpoints loadable with `torch.load(weights_only=True)`.
+The states of torch's CPU (and current CUDA) generator and Python's `random` are
+copied in and out; NumPy's global generator is swapped as an object
+(`set_bit_generator`, O(1) instead of copying its 2.5 KB state
+through Python). A swap drops the legacy API's cached second Gaussian, so an EST
+never carries one across a switch — in every placement alike, since switches
+happen only at mini-batch boundaries. States convert to plain tensors and
+numbers for checkpoints loadable with `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import random
 from dataclasses import dataclass
@@ -16,13 +19,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy.random.mtrand import get_bit_generator, set_bit_generator
 
 
 @dataclass
 class RngState:
     torch_cpu: torch.Tensor
     python: tuple[Any, ...]
-    numpy: tuple[Any, ...]
+    numpy: np.random.MT19937  # live: draws advance it while it is installed
     torch_cuda: torch.Tensor | None = None
 
 
@@ -33,10 +37,9 @@ def derive_seed(*parts: object) -> int:
 
 
 def seeded(seed: int, *, cuda: bool = False) -> RngState:
-    """The state all generators would have after seeding with `seed`; globals are untouched."""
+    """Fresh generators seeded from `seed`; the globals are untouched."""
     gen = torch.Generator()
     gen.manual_seed(seed)
-    words = np.array([(seed >> (32 * i)) & 0xFFFFFFFF for i in range(2)], dtype=np.uint32)
     cuda_state = None
     if cuda:
         cuda_gen = torch.Generator(device="cuda")
@@ -45,26 +48,45 @@ def seeded(seed: int, *, cuda: bool = False) -> RngState:
     return RngState(
         torch_cpu=gen.get_state(),
         python=random.Random(seed).getstate(),
-        numpy=np.random.RandomState(words).get_state(legacy=True),  # type: ignore[arg-type]
+        numpy=np.random.MT19937(seed),
         torch_cuda=cuda_state,
     )
 
 
+def numpy_generator() -> np.random.MT19937:
+    """The bit generator behind NumPy's global functions (np.random.normal, ...)."""
+    bit_generator = get_bit_generator()
+    if not isinstance(bit_generator, np.random.MT19937):
+        raise TypeError(f"NumPy's global bit generator is {type(bit_generator).__name__}")
+    return bit_generator
+
+
+def install_numpy_generator(bit_generator: np.random.MT19937) -> None:
+    set_bit_generator(bit_generator)
+
+
 def capture(*, cuda: bool = False) -> RngState:
-    """The global generators' current state."""
+    """The global generators' state now (NumPy's generator by reference)."""
     return RngState(
         torch_cpu=torch.get_rng_state(),
         python=random.getstate(),
-        numpy=np.random.get_state(legacy=True),  # type: ignore[arg-type]
+        numpy=numpy_generator(),
         torch_cuda=torch.cuda.get_rng_state() if cuda else None,
     )
 
 
+def snapshot(*, cuda: bool = False) -> RngState:
+    """Like `capture`, with a copy of NumPy's generator: later draws do not change it."""
+    state = capture(cuda=cuda)
+    state.numpy = copy.deepcopy(state.numpy)
+    return state
+
+
 def restore(state: RngState) -> None:
-    """Make the global generators continue from `state`."""
+    """Make the global generators continue from `state` (NumPy's: install its generator)."""
     torch.set_rng_state(state.torch_cpu)
     random.setstate(state.python)
-    np.random.set_state(state.numpy)
+    install_numpy_generator(state.numpy)
     if state.torch_cuda is not None:
         torch.cuda.set_rng_state(state.torch_cuda)
 
@@ -72,34 +94,32 @@ def restore(state: RngState) -> None:
 def to_plain(state: RngState) -> dict[str, Any]:
     """Tensors, ints, floats and strings only (safe for weights_only loading)."""
     version, words, gauss = state.python
-    kind, keys, pos, has_gauss, cached = state.numpy
+    numpy_state = state.numpy.state["state"]
     return {
         "torch_cpu": state.torch_cpu.clone(),
         "torch_cuda": None if state.torch_cuda is None else state.torch_cuda.clone(),
         "python": {"version": version, "words": torch.tensor(words, dtype=torch.int64)},
         "python_gauss": gauss,
         "numpy": {
-            "kind": kind,
-            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached": float(cached),
+            "key": torch.from_numpy(numpy_state["key"].astype(np.int64)),
+            "pos": int(numpy_state["pos"]),
         },
     }
 
 
 def from_plain(data: dict[str, Any]) -> RngState:
     py = data["python"]
-    npy = data["numpy"]
+    bit_generator = np.random.MT19937()
+    bit_generator.state = {
+        "bit_generator": "MT19937",
+        "state": {
+            "key": data["numpy"]["key"].numpy().astype(np.uint32),
+            "pos": int(data["numpy"]["pos"]),
+        },
+    }
     return RngState(
         torch_cpu=data["torch_cpu"],
         torch_cuda=data["torch_cuda"],
         python=(py["version"], tuple(int(w) for w in py["words"].tolist()), data["python_gauss"]),
-        numpy=(
-            npy["kind"],
-            npy["keys"].numpy().astype(np.uint32),
-            npy["pos"],
-            npy["has_gauss"],
-            npy["cached"],
-        ),
+        numpy=bit_generator,
     )

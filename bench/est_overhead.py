@@ -1,0 +1,257 @@
+"""What ESTs cost, each figure measured side by side in one run (CPU; the machine may be shared).
+
+1. 1 EST in a process (context switches, gradient bookkeeping) vs a plain PyTorch loop on
+   the same batches: time per step ratio (target <= 1.02).
+2. 8 ESTs in one process vs gradient accumulation over 8 micro-batches in a plain loop:
+   throughput ratio (target >= 0.95).
+3. Peak memory (RSS) of 8 ESTs in one process vs the sum over 8 plain processes
+   (target <= 0.25).
+4. Bytes each process sends per step vs the gradient's size, for several placements
+   (target <= 2.5).
+
+Timed runs use one intra-op thread and count this process's CPU time (the machine may be
+shared); they alternate A, B, A, B ...; each run's time is its median step, and the figure
+is the median of the per-round ratios.
+
+    .venv/bin/python bench/est_overhead.py [--rounds 7] [--steps 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+MLP = "gearshift.examples.mlp"
+# Wide enough that a step is compute, as on a GPU job; dropout and input noise kept.
+# CPU time of this process: with one intra-op thread every computation of a step runs here,
+# so the figure does not move with other programs' load the way wall time does.
+CLOCK = time.process_time
+BIG = {"features": 512, "hidden": 1024, "layers": 3, "classes": 16, "samples": 8192}
+
+
+def _trainer_time(
+    config: dict[str, Any], ests: int, batch: int, steps: int, workdir: Path
+) -> float:
+    """Median seconds per step of the runtime (steps after the first), ESTs in this process."""
+    from gearshift.worker.runtime.control import Progress
+    from gearshift.worker.runtime.job import load_job
+    from gearshift.worker.runtime.process import seed_globals
+    from gearshift.worker.runtime.settings import RunSettings
+    from gearshift.worker.runtime.trainer import Trainer
+
+    settings = RunSettings(
+        num_ests=ests, global_batch_size=batch, total_steps=steps + 1, log_every=1
+    )
+    seed_globals(settings.seed)
+    marks: dict[int, float] = {}
+
+    def progress(p: Progress) -> None:
+        marks[p.step] = CLOCK()
+
+    trainer = Trainer(
+        load_job(MLP, config), settings, [list(range(ests))], 0, workdir, on_progress=progress
+    )
+    trainer.run()
+    return statistics.median(marks[i + 1] - marks[i] for i in range(1, steps + 1))
+
+
+def _plain_time(config: dict[str, Any], micro: int, batch: int, steps: int) -> float:
+    """Median seconds per step of a plain loop: `micro` accumulated micro-batches."""
+    from gearshift.worker.runtime.data import DataPosition, EstStream, LocalShards
+    from gearshift.worker.runtime.job import load_job
+    from gearshift.worker.runtime.process import seed_globals
+
+    seed_globals(0)
+    job = load_job(MLP, config)
+    stream = EstStream(LocalShards(len(job.dataset), 32, 0, 1), 0, DataPosition())
+    model, optimizer = job.model, job.optimizer
+    model.train()
+    marks = []
+    for _ in range(steps + 1):
+        for _ in range(micro):
+            inputs, targets = job.collate([job.dataset[i] for i in stream.take(batch // micro)])
+            loss = job.loss(model(inputs), targets)
+            (loss / micro if micro > 1 else loss).backward()  # type: ignore[no-untyped-call]
+            loss.item()
+        optimizer.step()
+        if job.lr_scheduler is not None:
+            job.lr_scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        marks.append(CLOCK())
+    return statistics.median(b - a for a, b in itertools.pairwise(marks))
+
+
+def _side_by_side(rounds: int, runtime: Any, plain: Any) -> tuple[float, float, float]:
+    """(median runtime/plain time ratio, median runtime s/step, median plain s/step)."""
+    ratios, ours, theirs = [], [], []
+    for i in range(rounds + 1):
+        if i % 2:
+            a, b = runtime(), plain()
+        else:
+            b = plain()
+            a = runtime()
+        if i == 0:
+            continue  # warm-up round
+        ours.append(a)
+        theirs.append(b)
+        ratios.append(a / b)
+    return statistics.median(ratios), statistics.median(ours), statistics.median(theirs)
+
+
+def overhead_one_est(rounds: int, steps: int, workdir: Path) -> dict[str, float]:
+    import torch
+
+    torch.set_num_threads(1)
+    ratio, ours, plain = _side_by_side(
+        rounds,
+        lambda: _trainer_time(BIG, 1, 256, steps, workdir / f"one-{time.monotonic_ns()}"),
+        lambda: _plain_time(BIG, 1, 256, steps),
+    )
+    return {"runtime_s_per_step": ours, "plain_s_per_step": plain, "slowdown": ratio}
+
+
+def eight_ests_vs_accumulation(rounds: int, steps: int, workdir: Path) -> dict[str, float]:
+    import torch
+
+    torch.set_num_threads(1)
+    ratio, ours, plain = _side_by_side(
+        rounds,
+        lambda: _trainer_time(BIG, 8, 256, steps, workdir / f"eight-{time.monotonic_ns()}"),
+        lambda: _plain_time(BIG, 8, 256, steps),
+    )
+    return {"runtime_s_per_step": ours, "accumulation_s_per_step": plain, "throughput": 1 / ratio}
+
+
+def _child(mode: str, steps: int, workdir: Path) -> None:
+    """Run one side of the memory comparison in this process and print its peak RSS."""
+    import torch
+
+    torch.set_num_threads(1)
+    if mode == "ests":
+        _trainer_time(BIG, 8, 256, steps, workdir)
+    else:
+        _plain_time(BIG, 1, 256 // 8, steps)
+    print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+
+
+def _run_children(mode: str, count: int, steps: int, workdir: Path) -> list[int]:
+    dirs = [str(workdir / f"{mode}-{i}") for i in range(count)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--child", mode, "--steps", str(steps), "--workdir", w],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for w in dirs
+    ]
+    peaks = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=1200)
+        if proc.returncode:
+            raise RuntimeError(f"memory child {mode} failed ({proc.returncode})")
+        peaks.append(int(json.loads(out.strip().splitlines()[-1])["peak_rss"]))
+    return peaks
+
+
+def memory(steps: int, workdir: Path) -> dict[str, float]:
+    (ests,) = _run_children("ests", 1, steps, workdir)
+    plain = _run_children("plain", 8, steps, workdir)
+    return {
+        "ests_peak_rss_mib": ests / 2**20,
+        "plain_x8_peak_rss_mib": sum(plain) / 2**20,
+        "ratio": ests / sum(plain),
+    }
+
+
+def bytes_sent(workdir: Path) -> list[dict[str, Any]]:
+    """Launch real multi-process runs (gloo) and read what each rank passed to the backend."""
+    config = json.dumps({"features": 64, "hidden": 256, "layers": 2})
+    rows = []
+    for ests, mapping in ((4, "1,1,1,1"), (4, "2,2"), (4, "2,1,1"), (8, "3,3,2"), (8, "2,2,2,2")):
+        out = workdir / f"bytes-{ests}-{mapping}"
+        cmd = [sys.executable, "-m", "gearshift.worker.run", "--job", MLP, "--config", config]
+        cmd += ["--ests", str(ests), "--mapping", mapping, "--steps", "20", "--log-every", "100"]
+        cmd += ["--checkpoint-dir", str(out / "ckpt"), "--stats-dir", str(out / "stats")]
+        subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=1200)
+        ratios = []
+        for path in sorted((out / "stats").glob("rank*.json")):
+            stats = json.loads(path.read_text())
+            ratios.append(stats["bytes_sent"] / stats["steps_run"] / stats["grad_bytes"])
+        rows.append({"ests": ests, "mapping": mapping, "max_ratio": max(ratios)})
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--only", type=int, choices=[1, 2, 3, 4], action="append")
+    parser.add_argument("--child", choices=["ests", "plain"])
+    parser.add_argument("--workdir", type=Path)
+    args = parser.parse_args()
+    if args.child:
+        _child(args.child, args.steps, args.workdir)
+        return 0
+    parts = set(args.only or [1, 2, 3, 4])
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        if 1 in parts:
+            _report_one(overhead_one_est(args.rounds, args.steps, workdir))
+        if 2 in parts:
+            _report_eight(eight_ests_vs_accumulation(args.rounds, args.steps, workdir))
+        if 3 in parts:
+            _report_memory(memory(args.steps, workdir))
+        if 4 in parts:
+            _report_bytes(bytes_sent(workdir))
+    return 0
+
+
+def _report_one(one: dict[str, float]) -> None:
+    print(
+        f"1. 1 EST vs plain loop: {one['runtime_s_per_step'] * 1e3:.2f} vs "
+        f"{one['plain_s_per_step'] * 1e3:.2f} ms/step -> {one['slowdown']:.4f}x time "
+        "(target <= 1.02)",
+        flush=True,
+    )
+
+
+def _report_eight(eight: dict[str, float]) -> None:
+    print(
+        f"2. 8 ESTs vs 8-micro-batch accumulation: {eight['runtime_s_per_step'] * 1e3:.2f} vs "
+        f"{eight['accumulation_s_per_step'] * 1e3:.2f} ms/step -> "
+        f"{eight['throughput']:.4f}x throughput (target >= 0.95)",
+        flush=True,
+    )
+
+
+def _report_memory(mem: dict[str, float]) -> None:
+    print(
+        "3. peak RSS, 8 ESTs in 1 process vs 8 plain processes: "
+        f"{mem['ests_peak_rss_mib']:.0f} vs {mem['plain_x8_peak_rss_mib']:.0f} MiB -> "
+        f"{mem['ratio']:.3f}x (target <= 0.25)",
+        flush=True,
+    )
+
+
+def _report_bytes(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        print(
+            f"4. bytes sent per process per step, N={row['ests']} mapping {row['mapping']}: "
+            f"{row['max_ratio']:.3f}x the gradient (target <= 2.5)",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
