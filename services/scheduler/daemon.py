@@ -22,6 +22,7 @@ from gearshift.common.server import GrpcServer, register
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.elastic import ELASTIC_POLICIES
 from gearshift.scheduler.policies import policy_names
+from gearshift.scheduler.policies.base import EntityPolicy
 from gearshift.scheduler.schema import upgrade
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.servicer import JobServicer, WorkerRegistryServicer
@@ -100,11 +101,32 @@ OPTIONS = [
         int,
     ),
     Option("seed", "random seed of the policies (Gavel's type shuffle, FIFO draws)", 0, int),
+    Option(
+        "tenant_weights",
+        "hierarchical policy: tenants' shares of the cluster, TENANT=WEIGHT,... (others: 1)",
+        "",
+    ),
+    Option(
+        "tenant_policies",
+        "hierarchical policy: how a tenant shares among its jobs, TENANT=fairness|fifo,... "
+        "(others: fairness)",
+        "",
+    ),
 ]
 DESCRIPTION = (
     "Gearshift scheduler: jobs API, worker registry and round-based scheduling over gRPC. "
     f"Subcommand: '{PROG} migrate [--database-url URL]' upgrades the schema and exits."
 )
+
+
+def _pairs(text: str, flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"{flag}: {item!r} is not NAME=VALUE")
+        out[key] = value
+    return out
 
 
 def settings_from(config: argparse.Namespace) -> SchedulerSettings:
@@ -118,8 +140,23 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         raise ValueError("--heartbeat-timeout must exceed --heartbeat-interval")
     if not 1024 <= config.rendezvous_port_base <= 65000:
         raise ValueError("--rendezvous-port-base must be between 1024 and 65000")
+    weights: dict[str, float] = {}
+    for tenant, value in _pairs(config.tenant_weights, "--tenant-weights").items():
+        try:
+            weights[tenant] = float(value)
+        except ValueError:
+            raise ValueError(f"--tenant-weights: {value!r} is not a number") from None
+        if not weights[tenant] > 0:
+            raise ValueError(f"--tenant-weights: weight of {tenant!r} must be > 0")
+    policies: dict[str, EntityPolicy] = {}
+    for tenant, value in _pairs(config.tenant_policies, "--tenant-policies").items():
+        if value not in ("fairness", "fifo"):
+            raise ValueError(f"--tenant-policies: {value!r} is not fairness or fifo")
+        policies[tenant] = "fifo" if value == "fifo" else "fairness"
     return SchedulerSettings(
         policy=config.policy,
+        tenant_weights=weights,
+        tenant_policies=policies,
         round_seconds=config.round_seconds,
         heartbeat_interval=config.heartbeat_interval,
         heartbeat_timeout=config.heartbeat_timeout,

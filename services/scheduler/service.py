@@ -41,7 +41,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -69,6 +69,7 @@ from gearshift.scheduler.placement import (
     workers_of,
 )
 from gearshift.scheduler.policies import make_policy
+from gearshift.scheduler.policies.base import EntityPolicy
 from gearshift.scheduler.store import EventRecord, JobRecord, Store, TaskRecord, WorkerRecord
 from gearshift.scheduler.workers import WorkerAgents
 from gearshift.v1 import brain_pb2, common_pb2, scheduler_pb2, worker_pb2
@@ -108,6 +109,8 @@ class SchedulerSettings:
     rendezvous_port_base: int = 29500
     seed: int = 0
     progress_event_seconds: float = 10.0
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    tenant_policies: Mapping[str, EntityPolicy] = field(default_factory=dict)
 
     @property
     def elastic(self) -> bool:
@@ -138,6 +141,14 @@ class RoundReport:
     preempted: list[str] = field(default_factory=list)
     renewed: list[str] = field(default_factory=list)
     lost_workers: list[str] = field(default_factory=list)
+
+
+def total_steps(spec: common_pb2.JobSpec) -> int:
+    """Global steps the job will run: total_steps, or epochs x steps per epoch."""
+    if spec.HasField("total_steps"):
+        return spec.total_steps
+    per_epoch = math.ceil(spec.dataset.size / max(spec.global_batch_size, 1))
+    return spec.epochs * max(per_epoch, 1)
 
 
 def new_job_id() -> str:
@@ -186,6 +197,8 @@ class Scheduler:
                 round_seconds=settings.round_seconds,
                 min_recompute_seconds=settings.min_recompute_seconds,
                 seed=settings.seed,
+                entity_weights=settings.tenant_weights,
+                entity_policies=settings.tenant_policies,
             )
 
     # Lifecycle of the service --------------------------------------------------
@@ -276,7 +289,7 @@ class Scheduler:
                 idempotency_key=key or None,
                 last_sequence=1,
             )
-            job.progress.total_steps = spec.total_steps if spec.HasField("total_steps") else 0
+            job.progress.total_steps = total_steps(spec)
             event = EventRecord(job.job_id, 1, now, E.JOB_EVENT_TYPE_SUBMITTED, job.state, "")
             try:
                 self.store.create_job(job, event)

@@ -1,0 +1,62 @@
+"""The scheduler daemon's flags: parsed into settings, bad values refused naming the flag."""
+
+from __future__ import annotations
+
+import pytest
+
+from gearshift.common.config import parse_config
+from gearshift.scheduler.daemon import OPTIONS, PROG, settings_from
+from gearshift.scheduler.service import SchedulerSettings
+
+
+def settings(*argv: str) -> SchedulerSettings:
+    return settings_from(parse_config(PROG, "", OPTIONS, list(argv), environ={}))
+
+
+def test_defaults_and_flags() -> None:
+    default = settings()
+    assert (default.policy, default.round_seconds, default.heartbeat_timeout) == (
+        "easyscale",
+        360.0,
+        30.0,
+    )
+    custom = settings(
+        "--policy",
+        "hierarchical",
+        "--round-seconds",
+        "2",
+        "--tenant-weights",
+        "research=1,product=2",
+        "--tenant-policies",
+        "research=fifo",
+    )
+    assert custom.policy == "hierarchical" and custom.round_seconds == 2.0
+    assert custom.tenant_weights == {"research": 1.0, "product": 2.0}
+    assert custom.tenant_policies == {"research": "fifo"}
+    assert not custom.elastic and default.elastic
+
+
+def test_environment_fallback() -> None:
+    config = parse_config(PROG, "", OPTIONS, [], environ={"GEARSHIFT_POLICY": "las"})
+    assert settings_from(config).policy == "las"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--round-seconds", "0"], "--round-seconds must be > 0"),
+        (["--heartbeat-timeout", "1", "--heartbeat-interval", "2"], "--heartbeat-timeout must"),
+        (["--tenant-weights", "a"], "--tenant-weights: 'a' is not NAME=VALUE"),
+        (["--tenant-weights", "a=-1"], "--tenant-weights: weight of 'a' must be > 0"),
+        (["--tenant-policies", "a=lifo"], "--tenant-policies: 'lifo' is not fairness or fifo"),
+        (["--rendezvous-port-base", "80"], "--rendezvous-port-base must be between"),
+    ],
+)
+def test_bad_settings_name_the_flag(argv: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        settings(*argv)
+
+
+def test_unknown_policy_is_refused_by_the_parser() -> None:
+    with pytest.raises(SystemExit):
+        settings("--policy", "nope")
