@@ -27,12 +27,16 @@ def nbytes(tensor: torch.Tensor) -> int:
 class Comm:
     """This process's view of the job's process group (world 1: no group, nothing sent)."""
 
-    def __init__(self, rank: int, world: int, *, stage_on_cpu: bool = False) -> None:
-        """`stage_on_cpu`: device tensors travel through host copies (gloo with CUDA tensors)."""
+    def __init__(self, rank: int, world: int, *, transport: torch.device | None = None) -> None:
+        """`transport`: where the backend takes tensors from (CPU for gloo, the GPU for NCCL);
+        tensors elsewhere travel through copies."""
         self.rank = rank
         self.world = world
-        self.stage_on_cpu = stage_on_cpu
+        self.transport = transport or torch.device("cpu")
         self.bytes_sent = 0
+
+    def _staged(self, tensor: torch.Tensor) -> bool:
+        return tensor.device != self.transport
 
     def exchange(self, sends: list[Message], recvs: list[Message]) -> None:
         """Post every send and receive at once and wait for all (peers post the mirror image)."""
@@ -41,14 +45,19 @@ class Comm:
         if not sends and not recvs:
             return
         staged: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if self.stage_on_cpu:
-            sends = [Message(m.peer, m.tensor.cpu(), m.tag) for m in sends]
-            host = []
-            for m in recvs:
-                buf = torch.empty(m.tensor.shape, dtype=m.tensor.dtype)
+        sends = [
+            Message(m.peer, m.tensor.to(self.transport), m.tag) if self._staged(m.tensor) else m
+            for m in sends
+        ]
+        moved = []
+        for m in recvs:
+            if self._staged(m.tensor):
+                buf = torch.empty(m.tensor.shape, dtype=m.tensor.dtype, device=self.transport)
                 staged.append((m.tensor, buf))
-                host.append(Message(m.peer, buf, m.tag))
-            recvs = host
+                moved.append(Message(m.peer, buf, m.tag))
+            else:
+                moved.append(m)
+        recvs = moved
         ops = [dist.P2POp(dist.isend, m.tensor, m.peer, tag=m.tag) for m in sends]
         ops += [dist.P2POp(dist.irecv, m.tensor, m.peer, tag=m.tag) for m in recvs]
         for work in dist.batch_isend_irecv(ops):
@@ -60,7 +69,10 @@ class Comm:
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         """The backend's own all-reduce (D0); counted as the tensor passed in."""
         if self.world > 1:
-            dist.all_reduce(tensor)
+            buf = tensor.to(self.transport) if self._staged(tensor) else tensor
+            dist.all_reduce(buf)
+            if buf is not tensor:
+                tensor.copy_(buf)
             self.bytes_sent += nbytes(tensor)
 
     def all_gather_object(self, obj: Any) -> list[Any]:

@@ -21,6 +21,7 @@ from gearshift.common.errors import ValidationError
 from gearshift.worker.runtime import determinism
 from gearshift.worker.runtime.comm import Comm
 from gearshift.worker.runtime.control import ProgressCallback
+from gearshift.worker.runtime.data import ShardSource
 from gearshift.worker.runtime.job import load_job
 from gearshift.worker.runtime.rng import derive_seed
 from gearshift.worker.runtime.settings import RunSettings, placement
@@ -54,10 +55,10 @@ def seed_globals(seed: int) -> None:
     np.random.seed(value % 2**32)
 
 
-def _device(spec: ProcessSpec) -> tuple[torch.device, str, bool]:
-    """(device, backend, stage through CPU) for this process."""
+def _device(spec: ProcessSpec) -> tuple[torch.device, str, torch.device]:
+    """(device, backend, device the backend sends from) for this process."""
     if spec.device == "cpu":
-        return torch.device("cpu"), "gloo", False
+        return torch.device("cpu"), "gloo", torch.device("cpu")
     if spec.device != "cuda":
         raise ValidationError("--device", f"{spec.device!r} is not cpu or cuda")
     if not torch.cuda.is_available():
@@ -66,8 +67,9 @@ def _device(spec: ProcessSpec) -> tuple[torch.device, str, bool]:
     device = torch.device("cuda", spec.rank % count)
     torch.cuda.set_device(device)
     # NCCL needs one GPU per process; several processes on one GPU use gloo via host copies.
-    distinct = len(spec.mapping) <= count
-    return device, ("nccl" if distinct else "gloo"), not distinct
+    if len(spec.mapping) <= count:
+        return device, "nccl", device
+    return device, "gloo", torch.device("cpu")
 
 
 def run_process(
@@ -76,7 +78,10 @@ def run_process(
     stop: StopFlag | None = None,
     on_progress: ProgressCallback | None = None,
     record_losses: bool = False,
+    source: ShardSource | None = None,
 ) -> RunResult:
+    """Train this process's ESTs; `source` replaces the local shard plan (e.g. by the
+    shard manager's deterministic mode, which must yield the same stream)."""
     settings = spec.settings
     settings.validate()
     procs = len(spec.mapping)
@@ -85,7 +90,7 @@ def run_process(
     if procs > 1 and not spec.master_addr:
         raise ValidationError("--master-addr", "is required when the job has several processes")
     determinism.apply(settings.determinism, spec.threads, settings.d2_threads)
-    device, backend, stage = _device(spec)
+    device, backend, transport = _device(spec)
     seed_globals(settings.seed)
     job = load_job(spec.job_module, spec.job_config)
     if procs > 1:
@@ -106,7 +111,8 @@ def run_process(
             job_ref={"module": spec.job_module, "config": spec.job_config},
             resume=spec.resume,
             device=device,
-            comm=Comm(spec.rank, procs, stage_on_cpu=stage),
+            comm=Comm(spec.rank, procs, transport=transport),
+            source=source,
             stop=stop,
             on_progress=on_progress,
             loss_log=spec.loss_log,
