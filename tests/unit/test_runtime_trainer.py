@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from gearshift.common.errors import ValidationError
 from gearshift.worker.runtime import checkpoint
@@ -14,7 +15,7 @@ from gearshift.worker.runtime.control import Progress
 from gearshift.worker.runtime.job import load_job
 from gearshift.worker.runtime.process import seed_globals
 from gearshift.worker.runtime.rng import restore, snapshot
-from gearshift.worker.runtime.settings import RunSettings
+from gearshift.worker.runtime.settings import Determinism, RunSettings
 from gearshift.worker.runtime.stop import Outcome, StopFlag
 from gearshift.worker.runtime.trainer import RunResult, Trainer
 
@@ -23,10 +24,11 @@ SETTINGS = RunSettings(num_ests=2, global_batch_size=16, total_steps=8, shard_si
 
 
 @pytest.fixture(autouse=True)
-def keep_global_rng() -> Iterator[None]:
-    state = snapshot()
+def keep_global_state() -> Iterator[None]:
+    state, threads = snapshot(), torch.get_num_threads()
     yield
     restore(state)
+    torch.set_num_threads(threads)
 
 
 def train(
@@ -93,6 +95,14 @@ def test_resume_refuses_a_changed_fixed_setting(tmp_path: Path) -> None:
         train(tmp_path, replace(SETTINGS, global_batch_size=32), resume=True)
     with pytest.raises(ValidationError, match=r"belongs to job 'gearshift\.examples\.mlp'"):
         train(tmp_path, resume=True, module="gearshift.examples.digits_cnn")
+
+
+def test_d2_pins_its_thread_count_for_the_whole_job(tmp_path: Path) -> None:
+    d2 = replace(SETTINGS, total_steps=2, determinism=Determinism.D2, d2_threads=1)
+    train(tmp_path, d2)
+    with pytest.raises(ValidationError, match="--d2-threads: the checkpoint ckpt-00000002"):
+        train(tmp_path, replace(d2, d2_threads=2), resume=True)
+    assert train(tmp_path, replace(d2, total_steps=3), resume=True).step == 3
 
 
 def test_a_module_without_build_is_refused() -> None:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gearshift.common.errors import ValidationError
+from gearshift.worker.runtime.tree import Shape
 
 
 class Determinism(enum.StrEnum):
@@ -46,9 +47,8 @@ class RunSettings:
     checkpoint_every: int = 0  # checkpoint every K global steps (0: only at the end or on stop)
     keep_checkpoints: int = 2
     log_every: int = 10
-    tree_shape: str = (
-        "balanced"  # fixed: canonical summation order ("fold" only to show it matters)
-    )
+    # fixed: the canonical summation order ("fold" only to show that the order matters)
+    tree_shape: Shape = "balanced"
     est_rng_contexts: bool = True  # False only to show the per-EST contexts matter
 
     @property

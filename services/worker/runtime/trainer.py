@@ -153,7 +153,7 @@ class Trainer:
         if level is Determinism.D0:
             self.reducer = LocalSumReducer(self.layout, settings.num_ests, self.comm)
         else:
-            tree = ReductionTree.build(settings.num_ests, settings.tree_shape)  # type: ignore[arg-type]
+            tree = ReductionTree.build(settings.num_ests, settings.tree_shape)
             self.reducer = CanonicalReducer(self.layout, tree, self.placement, self.comm)
         holder = next(p for p, ests in enumerate(self.placement) if 0 in ests)
         self.buffers = BufferKeeper(self.model, holder, rank, self.procs)
@@ -181,6 +181,17 @@ class Trainer:
                     f"the checkpoint {path.name} was taken with {meta[name]}, not "
                     f"{getattr(self.settings, name)}; it cannot change during a job",
                 )
+        d2 = Determinism.D2
+        if (
+            self.settings.determinism is d2
+            and meta.get("determinism") == d2
+            and meta.get("d2_threads") != self.settings.d2_threads
+        ):
+            raise ValidationError(
+                "--d2-threads",
+                f"the checkpoint {path.name} was taken under D2 with {meta.get('d2_threads')} "
+                f"threads, not {self.settings.d2_threads}; it cannot change during a D2 job",
+            )
         if data.get("job", {}).get("module") not in (None, self.job_ref.get("module")):
             raise ValidationError(
                 "--job", f"the checkpoint {path.name} belongs to job {data['job']['module']!r}"
@@ -205,7 +216,10 @@ class Trainer:
                 "format": 1,
                 "step": self.step,
                 "settings": {name: getattr(self.settings, name) for name in _FIXED}
-                | {"determinism": str(self.settings.determinism)},
+                | {
+                    "determinism": str(self.settings.determinism),
+                    "d2_threads": self.settings.d2_threads,
+                },
                 "job": self.job_ref,
                 "model": self.model.state_dict(),
                 "optimizer": self.job.optimizer.state_dict(),
