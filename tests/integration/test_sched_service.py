@@ -307,11 +307,9 @@ def test_submit_list_get_watch_cancel(
         )
         assert [e.sequence for e in replay] == list(range(3, len(streamed) + 1))
         wait_until(
-            lambda: any(
-                s.task_id.startswith(first) and not s.checkpoint for s in workers[0].agent.stops
-            ),
+            lambda: not [t for t in workers[0].agent.running() if t.job_id == first],
             WAIT,
-            "the cancelled job's task is killed",
+            "the cancelled job's tasks are stopped",
         )
         with pytest.raises(grpc.RpcError) as exc:
             jobs.CancelJob(S.CancelJobRequest(job_id=first))
