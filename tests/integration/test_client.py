@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gearshift.client import Client, ValidationError
-from gearshift.common.errors import UnimplementedError
+from gearshift.client import Client, NotFoundError, ValidationError
 from gearshift.v1 import common_pb2
 from tests.conftest import DaemonFactory
 
@@ -24,5 +23,5 @@ def test_sdk_raises_typed_errors(daemons: DaemonFactory) -> None:
         with pytest.raises(ValidationError) as exc:
             client.submit(spec)
         assert exc.value.field == "spec.global_batch_size"
-        with pytest.raises(UnimplementedError):
+        with pytest.raises(NotFoundError, match="job-1"):
             client.get("job-1")
