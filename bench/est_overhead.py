@@ -9,17 +9,16 @@
 4. Bytes each process sends per step vs the gradient's size, for several placements
    (target <= 2.5).
 
-Timed runs use one intra-op thread and count this process's CPU time (the machine may be
-shared); they alternate A, B, A, B ...; each run's time is its median step, and the figure
-is the median of the per-round ratios.
+Timed parts use one intra-op thread and count this process's CPU time (the machine may
+be shared); the runtime's and the plain loop's steps alternate one by one in one process,
+and the figure is the median of the per-step ratios.
 
-    .venv/bin/python bench/est_overhead.py [--rounds 7] [--steps 30]
+    .venv/bin/python bench/est_overhead.py [--steps 60] [--only 1 --only 2 ...]
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import resource
 import statistics
@@ -39,97 +38,104 @@ CLOCK = time.process_time
 BIG = {"features": 512, "hidden": 1024, "layers": 3, "classes": 16, "samples": 8192}
 
 
-def _trainer_time(
-    config: dict[str, Any], ests: int, batch: int, steps: int, workdir: Path
-) -> float:
-    """Median seconds per step of the runtime (steps after the first), ESTs in this process."""
+class PlainLoop:
+    """A plain PyTorch loop over the same dataset: `micro` accumulated micro-batches per step."""
+
+    def __init__(self, config: dict[str, Any], micro: int, batch: int) -> None:
+        from gearshift.worker.runtime.data import DataPosition, EstStream, LocalShards
+        from gearshift.worker.runtime.job import load_job
+        from gearshift.worker.runtime.process import seed_globals
+
+        seed_globals(0)
+        self.job = load_job(MLP, config)
+        self.stream = EstStream(LocalShards(len(self.job.dataset), 32, 0, 1), 0, DataPosition())
+        self.micro = micro
+        self.batch = batch
+        self.job.model.train()
+
+    def step(self) -> None:
+        job = self.job
+        for _ in range(self.micro):
+            indices = self.stream.take(self.batch // self.micro)
+            inputs, targets = job.collate([job.dataset[i] for i in indices])
+            loss = job.loss(job.model(inputs), targets)
+            (loss / self.micro if self.micro > 1 else loss).backward()  # type: ignore[no-untyped-call]
+            loss.item()
+        job.optimizer.step()
+        if job.lr_scheduler is not None:
+            job.lr_scheduler.step()
+        job.optimizer.zero_grad(set_to_none=True)
+
+
+def interleaved(ests: int, batch: int, steps: int, workdir: Path) -> tuple[float, float, float]:
+    """Runtime steps and plain-loop steps alternating one by one in this process.
+
+    The plain step runs inside the runtime's progress callback (between two global
+    steps, outside every EST context), so both see the same machine load. Returns
+    (median runtime/plain time ratio, median runtime s/step, median plain s/step).
+    """
     from gearshift.worker.runtime.control import Progress
     from gearshift.worker.runtime.job import load_job
     from gearshift.worker.runtime.process import seed_globals
     from gearshift.worker.runtime.settings import RunSettings
     from gearshift.worker.runtime.trainer import Trainer
 
+    warm = 3
+    plain = PlainLoop(BIG, ests, batch)
     settings = RunSettings(
-        num_ests=ests, global_batch_size=batch, total_steps=steps + 1, log_every=1
+        num_ests=ests, global_batch_size=batch, total_steps=steps + warm, log_every=1
     )
     seed_globals(settings.seed)
-    marks: dict[int, float] = {}
+    ours: list[float] = []
+    theirs: list[float] = []
+    last_exit = [0.0]
 
     def progress(p: Progress) -> None:
-        marks[p.step] = CLOCK()
+        entry = CLOCK()
+        if p.step > warm:
+            ours.append(entry - last_exit[0])
+        plain.step()
+        done = CLOCK()
+        if p.step > warm:
+            theirs.append(done - entry)
+        last_exit[0] = done
 
-    trainer = Trainer(
-        load_job(MLP, config), settings, [list(range(ests))], 0, workdir, on_progress=progress
-    )
-    trainer.run()
-    return statistics.median(marks[i + 1] - marks[i] for i in range(1, steps + 1))
-
-
-def _plain_time(config: dict[str, Any], micro: int, batch: int, steps: int) -> float:
-    """Median seconds per step of a plain loop: `micro` accumulated micro-batches."""
-    from gearshift.worker.runtime.data import DataPosition, EstStream, LocalShards
-    from gearshift.worker.runtime.job import load_job
-    from gearshift.worker.runtime.process import seed_globals
-
-    seed_globals(0)
-    job = load_job(MLP, config)
-    stream = EstStream(LocalShards(len(job.dataset), 32, 0, 1), 0, DataPosition())
-    model, optimizer = job.model, job.optimizer
-    model.train()
-    marks = []
-    for _ in range(steps + 1):
-        for _ in range(micro):
-            inputs, targets = job.collate([job.dataset[i] for i in stream.take(batch // micro)])
-            loss = job.loss(model(inputs), targets)
-            (loss / micro if micro > 1 else loss).backward()  # type: ignore[no-untyped-call]
-            loss.item()
-        optimizer.step()
-        if job.lr_scheduler is not None:
-            job.lr_scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        marks.append(CLOCK())
-    return statistics.median(b - a for a, b in itertools.pairwise(marks))
+    job = load_job(MLP, BIG)
+    Trainer(job, settings, [list(range(ests))], 0, workdir, on_progress=progress).run()
+    ratio = statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
+    return ratio, statistics.median(ours), statistics.median(theirs)
 
 
-def _side_by_side(rounds: int, runtime: Any, plain: Any) -> tuple[float, float, float]:
-    """(median runtime/plain time ratio, median runtime s/step, median plain s/step)."""
-    ratios, ours, theirs = [], [], []
-    for i in range(rounds + 1):
-        if i % 2:
-            a, b = runtime(), plain()
-        else:
-            b = plain()
-            a = runtime()
-        if i == 0:
-            continue  # warm-up round
-        ours.append(a)
-        theirs.append(b)
-        ratios.append(a / b)
-    return statistics.median(ratios), statistics.median(ours), statistics.median(theirs)
-
-
-def overhead_one_est(rounds: int, steps: int, workdir: Path) -> dict[str, float]:
+def overhead_one_est(steps: int, workdir: Path) -> dict[str, float]:
     import torch
 
     torch.set_num_threads(1)
-    ratio, ours, plain = _side_by_side(
-        rounds,
-        lambda: _trainer_time(BIG, 1, 256, steps, workdir / f"one-{time.monotonic_ns()}"),
-        lambda: _plain_time(BIG, 1, 256, steps),
-    )
+    ratio, ours, plain = interleaved(1, 256, steps, workdir / "one")
     return {"runtime_s_per_step": ours, "plain_s_per_step": plain, "slowdown": ratio}
 
 
-def eight_ests_vs_accumulation(rounds: int, steps: int, workdir: Path) -> dict[str, float]:
+def eight_ests_vs_accumulation(steps: int, batch: int, workdir: Path) -> dict[str, float]:
     import torch
 
     torch.set_num_threads(1)
-    ratio, ours, plain = _side_by_side(
-        rounds,
-        lambda: _trainer_time(BIG, 8, 256, steps, workdir / f"eight-{time.monotonic_ns()}"),
-        lambda: _plain_time(BIG, 8, 256, steps),
-    )
-    return {"runtime_s_per_step": ours, "accumulation_s_per_step": plain, "throughput": 1 / ratio}
+    ratio, ours, plain = interleaved(8, batch, steps, workdir / f"eight-{batch}")
+    return {
+        "per_est": batch // 8,
+        "runtime_s_per_step": ours,
+        "accumulation_s_per_step": plain,
+        "throughput": 1 / ratio,
+    }
+
+
+def _runtime_steps(ests: int, batch: int, steps: int, workdir: Path) -> None:
+    from gearshift.worker.runtime.job import load_job
+    from gearshift.worker.runtime.process import seed_globals
+    from gearshift.worker.runtime.settings import RunSettings
+    from gearshift.worker.runtime.trainer import Trainer
+
+    settings = RunSettings(num_ests=ests, global_batch_size=batch, total_steps=steps)
+    seed_globals(settings.seed)
+    Trainer(load_job(MLP, BIG), settings, [list(range(ests))], 0, workdir).run()
 
 
 def _child(mode: str, steps: int, workdir: Path) -> None:
@@ -138,9 +144,11 @@ def _child(mode: str, steps: int, workdir: Path) -> None:
 
     torch.set_num_threads(1)
     if mode == "ests":
-        _trainer_time(BIG, 8, 256, steps, workdir)
+        _runtime_steps(8, 256, steps, workdir)
     else:
-        _plain_time(BIG, 1, 256 // 8, steps)
+        plain = PlainLoop(BIG, 1, 256 // 8)
+        for _ in range(steps):
+            plain.step()
     print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 
 
@@ -194,8 +202,7 @@ def bytes_sent(workdir: Path) -> list[dict[str, Any]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--only", type=int, choices=[1, 2, 3, 4], action="append")
     parser.add_argument("--child", choices=["ests", "plain"])
     parser.add_argument("--workdir", type=Path)
@@ -207,9 +214,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         if 1 in parts:
-            _report_one(overhead_one_est(args.rounds, args.steps, workdir))
+            _report_one(overhead_one_est(args.steps, workdir))
         if 2 in parts:
-            _report_eight(eight_ests_vs_accumulation(args.rounds, args.steps, workdir))
+            # An MLP does ~6 FLOPs per parameter per sample, the least of any model, so
+            # the gradient bookkeeping weighs most; shown at two micro-batch sizes.
+            for batch in (256, 512):
+                _report_eight(eight_ests_vs_accumulation(args.steps, batch, workdir))
         if 3 in parts:
             _report_memory(memory(args.steps, workdir))
         if 4 in parts:
@@ -228,7 +238,8 @@ def _report_one(one: dict[str, float]) -> None:
 
 def _report_eight(eight: dict[str, float]) -> None:
     print(
-        f"2. 8 ESTs vs 8-micro-batch accumulation: {eight['runtime_s_per_step'] * 1e3:.2f} vs "
+        f"2. 8 ESTs vs 8-micro-batch accumulation, {eight['per_est']:.0f} samples per EST: "
+        f"{eight['runtime_s_per_step'] * 1e3:.2f} vs "
         f"{eight['accumulation_s_per_step'] * 1e3:.2f} ms/step -> "
         f"{eight['throughput']:.4f}x throughput (target >= 0.95)",
         flush=True,

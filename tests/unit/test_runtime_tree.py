@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from gearshift.worker.runtime.tree import ReductionTree, TreeAccumulator, complete
+from gearshift.worker.runtime.tree import ReductionTree, Shape, TreeAccumulator, complete
 
 
 def compositions(n: int) -> list[list[int]]:
@@ -105,6 +105,32 @@ def test_tree_shape_and_covers() -> None:
     big = ReductionTree.build(64)
     worst = max(len(big.cover(range(a, b))) for a in range(64) for b in range(a + 1, 65))
     assert worst <= 2 * 6
+
+
+@pytest.mark.parametrize("shape", ["balanced", "fold"])
+def test_adding_a_leaf_into_its_left_sibling_gives_the_same_sum(shape: Shape) -> None:
+    """What the runtime does when autograd accumulates an EST's gradient into a partial sum."""
+    rng = random.Random(3)
+    values = [rng.uniform(-1, 1) * 10 ** rng.randint(-8, 8) for _ in range(8)]
+    tree = ReductionTree.build(8, shape)
+    plain: TreeAccumulator[float] = TreeAccumulator(tree, add)
+    fused: TreeAccumulator[float] = TreeAccumulator(tree, add)
+    fused_count = 0
+    for est, value in enumerate(values):
+        plain.push(est, value)
+        left = fused.left_sibling(est)
+        if left is None:
+            fused.push(est, value)
+        else:
+            fused.push_sum(est, left + value)
+            fused_count += 1
+    assert [(n, bits(v)) for n, v in fused.nodes] == [(n, bits(v)) for n, v in plain.nodes]
+    assert fused_count == (4 if shape == "balanced" else 7)
+    misuse: TreeAccumulator[float] = TreeAccumulator(tree, add)
+    misuse.push(0, 1.0)
+    assert misuse.left_sibling(2) is None
+    with pytest.raises(ValueError, match="not the right sibling"):
+        misuse.push_sum(2, 1.0)
 
 
 def test_bad_use_is_refused() -> None:

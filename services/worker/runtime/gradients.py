@@ -70,18 +70,49 @@ class GradLayout:
         ]
 
 
-def take_grads(layout: GradLayout) -> Grads:
-    """The gradients the last backward left on the parameters, which are cleared.
+class GradTaker:
+    """Takes each EST's gradient off the parameters, knowing which ones its loss reached.
 
-    A parameter the loss did not reach counts as a zero gradient, in every EST
-    and every placement alike.
+    A parameter the loss did not reach counts as a zero gradient, in every EST and
+    every placement alike: when the backward accumulated into a partial sum (see
+    `Reducer.accumulate_into`), such a parameter gets +0.0 added, which is what
+    adding a zero gradient later would have done (-0.0 + 0.0 = +0.0).
     """
-    out = []
-    for p in layout.params:
-        grad = p.grad
-        out.append(torch.zeros_like(p) if grad is None else grad)
-        p.grad = None
-    return out
+
+    def __init__(self, layout: GradLayout) -> None:
+        self.layout = layout
+        self._reached: set[int] = set()
+        hook = self._mark
+        self._handles = [
+            p.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
+            for p in layout.params
+        ]
+
+    def _mark(self, param: torch.Tensor) -> None:
+        self._reached.add(id(param))
+
+    def prepare(self, into: Grads | None) -> None:
+        """Before a backward: start from nothing, or accumulate into `into`."""
+        self._reached.clear()
+        for i, p in enumerate(self.layout.params):
+            p.grad = None if into is None else into[i]
+
+    def take(self) -> Grads:
+        """The gradients of the backward just run; the parameters are cleared."""
+        out = []
+        for p in self.layout.params:
+            grad = p.grad
+            if grad is None:
+                grad = torch.zeros_like(p)
+            elif id(p) not in self._reached:
+                grad.add_(0.0)
+            out.append(grad)
+            p.grad = None
+        return out
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
 
 
 def add_(left: Grads, right: Grads) -> Grads:

@@ -31,8 +31,12 @@ TAG_GATHER = 2
 class Reducer(Protocol):
     def begin_step(self) -> None: ...
 
-    def add(self, est: int, grads: Grads) -> None:
-        """EST `est`'s gradient (ESTs come in ascending order)."""
+    def accumulate_into(self, est: int) -> Grads | None:
+        """Gradients EST `est`'s backward may add itself into in place, if any."""
+
+    def add(self, est: int, grads: Grads, *, summed: bool = False) -> None:
+        """EST `est`'s gradient (ESTs come in ascending order); `summed`: it was added
+        into `accumulate_into(est)` already."""
 
     def finish(self, sends: list[Message], recvs: list[Message]) -> Grads:
         """The mean gradient; `sends`/`recvs` ride along with the first exchange."""
@@ -62,8 +66,14 @@ class CanonicalReducer:
     def begin_step(self) -> None:
         self._acc = TreeAccumulator(self.tree, add_)
 
-    def add(self, est: int, grads: Grads) -> None:
-        self._acc.push(est, grads)
+    def accumulate_into(self, est: int) -> Grads | None:
+        return self._acc.left_sibling(est)
+
+    def add(self, est: int, grads: Grads, *, summed: bool = False) -> None:
+        if summed:
+            self._acc.push_sum(est, grads)
+        else:
+            self._acc.push(est, grads)
 
     def finish(self, sends: list[Message], recvs: list[Message]) -> Grads:
         nodes = self._acc.nodes
@@ -135,8 +145,14 @@ class LocalSumReducer:
     def begin_step(self) -> None:
         self._sum = None
 
-    def add(self, est: int, grads: Grads) -> None:
-        self._sum = grads if self._sum is None else add_(self._sum, grads)
+    def accumulate_into(self, est: int) -> Grads | None:
+        return self._sum
+
+    def add(self, est: int, grads: Grads, *, summed: bool = False) -> None:
+        if summed or self._sum is None:
+            self._sum = grads
+        else:
+            add_(self._sum, grads)
 
     def finish(self, sends: list[Message], recvs: list[Message]) -> Grads:
         if self._sum is None:

@@ -37,7 +37,7 @@ from gearshift.worker.runtime.context import (
 from gearshift.worker.runtime.control import ControlExchange, Progress, ProgressCallback
 from gearshift.worker.runtime.data import LocalShards, ShardSource
 from gearshift.worker.runtime.digest import state_digest, training_state
-from gearshift.worker.runtime.gradients import GradLayout, take_grads
+from gearshift.worker.runtime.gradients import GradLayout, GradTaker
 from gearshift.worker.runtime.job import Job
 from gearshift.worker.runtime.loader import BatchLoader
 from gearshift.worker.runtime.reduce import CanonicalReducer, LocalSumReducer, Reducer
@@ -237,7 +237,7 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------
 
-    def _local_steps(self, loader: BatchLoader) -> dict[int, torch.Tensor]:
+    def _local_steps(self, loader: BatchLoader, grads: GradTaker) -> dict[int, torch.Tensor]:
         """Forward and backward of each of this process's ESTs; gradients go to the reducer."""
         losses: dict[int, torch.Tensor] = {}
         self.reducer.begin_step()
@@ -245,10 +245,12 @@ class Trainer:
         for ctx in self.contexts:
             inputs, targets = _to_device(loader.next(ctx.est), self.device)
             self.buffers.before_est()
+            into = self.reducer.accumulate_into(ctx.est)
+            grads.prepare(into)
             with self.switcher.inside(ctx):
                 loss = self.job.loss(self.model(inputs), targets)
                 loss.backward()  # type: ignore[no-untyped-call]
-            self.reducer.add(ctx.est, take_grads(self.layout))
+            self.reducer.add(ctx.est, grads.take(), summed=into is not None)
             losses[ctx.est] = loss.detach()
             self.buffers.after_est(ctx.est)
         return losses
@@ -296,6 +298,7 @@ class Trainer:
             procs=settings.loader_procs,
             preserve_caller_rng=not settings.est_rng_contexts,
         )
+        grads = GradTaker(self.layout)
         log_file: TextIO | None = None
         if self.loss_log is not None and self.rank == 0:
             self.loss_log.parent.mkdir(parents=True, exist_ok=True)
@@ -304,7 +307,7 @@ class Trainer:
         window_start, window_steps = time.perf_counter(), 0
         try:
             while self.step < settings.total_steps:
-                stop, losses = self._global_step(self._local_steps(loader))
+                stop, losses = self._global_step(self._local_steps(loader, grads))
                 window_steps += 1
                 if self.record_losses:
                     result.est_losses.append(losses)
@@ -329,5 +332,6 @@ class Trainer:
             return Outcome.COMPLETED
         finally:
             loader.close()
+            grads.close()
             if log_file is not None:
                 log_file.close()

@@ -95,12 +95,39 @@ class TreeAccumulator(Generic[T]):
         self._add = add
         self.nodes: list[tuple[Node, T]] = []
 
-    def push(self, est: int, value: T) -> None:
+    def _check(self, est: int) -> None:
         if not 0 <= est < self.tree.n:
             raise ValueError(f"EST {est} out of range for {self.tree.n} ESTs")
         if self.nodes and self.nodes[-1][0][1] > est:
             raise ValueError(f"ESTs must be pushed in ascending order ({est} after {self.nodes})")
+
+    def push(self, est: int, value: T) -> None:
+        self._check(est)
         self.nodes.append(((est, est + 1), value))
+        self._settle()
+
+    def left_sibling(self, est: int) -> T | None:
+        """The partial sum that leaf `est` is added to first, when it is on top of the stack.
+
+        The caller may add the leaf into it in place (as autograd accumulates into
+        .grad) and hand the result to `push_sum`: the same sum, computed while the
+        leaf is still hot in cache.
+        """
+        if self.nodes and self.tree.parent_of(self.nodes[-1][0], (est, est + 1)) is not None:
+            return self.nodes[-1][1]
+        return None
+
+    def push_sum(self, est: int, value: T) -> None:
+        """Push `left_sibling(est) + leaf est`, already computed by the caller."""
+        self._check(est)
+        left, _ = self.nodes[-1]
+        parent = self.tree.parent_of(left, (est, est + 1))
+        if parent is None:
+            raise ValueError(f"EST {est} is not the right sibling of {left}")
+        self.nodes[-1] = (parent, value)
+        self._settle()
+
+    def _settle(self) -> None:
         while len(self.nodes) >= 2:
             (left, lvalue), (right, rvalue) = self.nodes[-2], self.nodes[-1]
             parent = self.tree.parent_of(left, right)
