@@ -39,11 +39,10 @@ if __package__ in (None, ""):
 
 from gearshift.brain import models
 from gearshift.brain.records import EventKind, JobEvent, JobKeys, Sample
-from gearshift.brain.schema import upgrade
 from gearshift.brain.storage import SqlBrainStore
 from gearshift.client.processes import start_daemon
 from gearshift.common.channel import connect
-from gearshift.common.db import create_engine, database_url
+from gearshift.common.db import create_engine, database_url, migrate
 from gearshift.v1 import brain_pb2, brain_pb2_grpc
 
 BATCH = 100
@@ -380,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.postgres_url:
         parser.error("give --postgres-url or set GEARSHIFT_BENCH_POSTGRES_URL")
     with fresh_database(args.postgres_url) as url, tempfile.TemporaryDirectory() as run:
-        upgrade(url)
+        migrate(url)
         started = time.perf_counter()
         model_types = populate_history(url, args.jobs, args.samples_per_job)
         print(

@@ -12,13 +12,12 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from gearshift.brain.references import gavel_references
-from gearshift.brain.schema import upgrade
 from gearshift.brain.service import BrainService, ReferenceCache
 from gearshift.brain.servicer import BrainServicer
 from gearshift.brain.storage import SqlBrainStore
 from gearshift.common.config import Option, build_parser, parse_bool
 from gearshift.common.daemon import Daemon, run_daemon, server_options
-from gearshift.common.db import create_engine, database_url
+from gearshift.common.db import create_engine, database_url, migrate
 from gearshift.common.errors import GearshiftError
 from gearshift.common.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from gearshift.common.server import register
@@ -86,7 +85,7 @@ def build(config: argparse.Namespace) -> Daemon:
     try:
         url = _database(config.database_url)
         if config.migrate_on_start:
-            upgrade(url)
+            migrate(url)
         engine = create_engine(url)
         store = SqlBrainStore(engine)
         if config.reference_throughputs:
@@ -118,7 +117,7 @@ def _tool(command: str, argv: Sequence[str]) -> int:
     try:
         url = _database(args.database_url)
         if command == "migrate":
-            upgrade(url)
+            migrate(url)
             print(f"{PROG}: schema at head on {database_url(url).render_as_string()}")
             return 0
         engine = create_engine(url)

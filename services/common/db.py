@@ -7,6 +7,9 @@ Imports SQLAlchemy, so only services (never the client) import this module.
 
 from __future__ import annotations
 
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +70,63 @@ def alembic_config(url: str | URL) -> Config:
     return config
 
 
+#: Advisory-lock key of Gearshift schema changes, shared by every daemon.
+ADVISORY_LOCK_KEY = 0x6765_6172_7368
+
+
+def sqlite_path(url: URL) -> Path | None:
+    """The file of a SQLite URL (None for in-memory databases and other backends)."""
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    return Path(str(url.database))
+
+
+@contextmanager
+def schema_lock(url: str | URL) -> Iterator[None]:
+    """Hold the cross-process lock of schema changes on this database.
+
+    The Brain and the scheduler share one Alembic history and may start on one
+    database at once (so may parallel tests); an upgrade is not safe to run
+    twice concurrently. PostgreSQL: an advisory lock; SQLite: a file lock
+    beside the database file.
+    """
+    parsed = database_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        path = sqlite_path(parsed)
+        if path is None:
+            yield
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with (path.parent / (path.name + ".migrate-lock")).open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+        return
+    engine = sqlalchemy.create_engine(parsed, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": ADVISORY_LOCK_KEY})
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(
+                    sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": ADVISORY_LOCK_KEY}
+                )
+                conn.commit()
+    finally:
+        engine.dispose()
+
+
 def migrate(url: str | URL, revision: str = "head") -> None:
-    """Upgrade the schema at `url` to `revision` (default: the newest)."""
-    command.upgrade(alembic_config(url), revision)
+    """Upgrade the schema at `url` to `revision` (default: the newest), under the schema lock."""
+    with schema_lock(url):
+        command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str | URL, revision: str = "base") -> None:
-    """Downgrade the schema at `url` to `revision` (default: empty)."""
-    command.downgrade(alembic_config(url), revision)
+    """Downgrade the schema at `url` to `revision` (default: empty), under the schema lock."""
+    with schema_lock(url):
+        command.downgrade(alembic_config(url), revision)

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from gearshift.common.config import Option, build_parser, parse_bool
 from gearshift.common.daemon import Daemon, run_daemon, server_options
-from gearshift.common.db import database_url
+from gearshift.common.db import database_url, migrate
 from gearshift.common.errors import GearshiftError
 from gearshift.common.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from gearshift.common.server import GrpcServer, register
@@ -23,7 +23,6 @@ from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.elastic import ELASTIC_POLICIES
 from gearshift.scheduler.policies import policy_names
 from gearshift.scheduler.policies.base import EntityPolicy
-from gearshift.scheduler.schema import upgrade
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.servicer import JobServicer, WorkerRegistryServicer
 from gearshift.scheduler.store import SqlStore
@@ -176,7 +175,7 @@ def build(config: argparse.Namespace) -> Daemon:
     try:
         url = database_url(config.database_url).render_as_string(hide_password=False)
         if config.migrate_on_start:
-            upgrade(url)
+            migrate(url)
         store = SqlStore(url)
         store.check()
     except GearshiftError as exc:
@@ -227,7 +226,7 @@ def _migrate(argv: Sequence[str]) -> int:
     args = build_parser(f"{PROG} migrate", DESCRIPTION, options).parse_args(argv)
     configure_logging(args.log_level, args.log_format)
     try:
-        upgrade(args.database_url)
+        migrate(args.database_url)
     except GearshiftError as exc:
         print(f"{PROG} migrate: error: {exc.message}", file=sys.stderr)
         return 1

@@ -25,7 +25,6 @@ from gearshift.brain.records import (
     Sample,
 )
 from gearshift.brain.references import gavel_references
-from gearshift.brain.schema import upgrade
 from gearshift.brain.service import (
     BrainService,
     EstimateSource,
@@ -65,7 +64,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def store(db_url: str) -> Iterator[SqlBrainStore]:
-    upgrade(db_url)
+    migrate(db_url)
     engine = create_engine(db_url)
     yield SqlBrainStore(engine)
     engine.dispose()

@@ -11,10 +11,9 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from gearshift.common.db import create_engine, downgrade
+from gearshift.common.db import create_engine, downgrade, migrate
 from gearshift.common.errors import ConflictError
 from gearshift.scheduler import models
-from gearshift.scheduler.schema import upgrade
 from gearshift.scheduler.store import EventRecord, JobRecord, SqlStore, TaskRecord, WorkerRecord
 from gearshift.v1 import common_pb2, scheduler_pb2
 
@@ -43,13 +42,13 @@ def _sched_differences(url: str) -> list[object]:
 
 
 def test_models_and_migrations_agree(url: str) -> None:
-    upgrade(url)
+    migrate(url)
     assert _sched_differences(url) == []
 
 
 def test_the_check_catches_a_drift(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'drift.db'}"
-    upgrade(url)
+    migrate(url)
     engine = create_engine(url)
     with engine.begin() as conn:
         conn.execute(sa.text("ALTER TABLE sched_workers ADD COLUMN rack VARCHAR(16)"))
@@ -59,7 +58,7 @@ def test_the_check_catches_a_drift(tmp_path: Path) -> None:
 
 def test_downgrade_removes_the_scheduler_tables(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'down.db'}"
-    upgrade(url)
+    migrate(url)
     downgrade(url, "0001_brain")
     engine = create_engine(url)
     names = sa.inspect(engine).get_table_names()
@@ -69,7 +68,7 @@ def test_downgrade_removes_the_scheduler_tables(tmp_path: Path) -> None:
 
 @pytest.fixture
 def store(url: str) -> Iterator[SqlStore]:
-    upgrade(url)
+    migrate(url)
     out = SqlStore(url)
     yield out
     out.close()
