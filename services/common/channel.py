@@ -63,6 +63,32 @@ def retry_service_config(max_attempts: int = 5) -> str:
     return json.dumps(config)
 
 
+def plain_channel(
+    address: str,
+    *,
+    tls: ClientTls | None = None,
+    retry: bool = True,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> grpc.Channel:
+    """A channel with Gearshift's options and retry policy but no Python interceptor.
+
+    For hot paths that pass the token and the deadline on each call themselves
+    (the interceptor costs about a fifth of a small unary call's client CPU).
+    """
+    options: list[tuple[str, str | int]] = [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.enable_retries", 1 if retry else 0),
+    ]
+    if retry:
+        options.append(("grpc.service_config", retry_service_config()))
+    if tls:
+        return grpc.secure_channel(address, tls.credentials(), options=options)
+    return grpc.insecure_channel(address, options=options)
+
+
 def connect(
     address: str,
     *,
@@ -73,18 +99,5 @@ def connect(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> grpc.Channel:
     """A channel to a Gearshift service; unary calls without a deadline get `timeout`."""
-    options: list[tuple[str, str | int]] = [
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.keepalive_timeout_ms", 10_000),
-        ("grpc.enable_retries", 1 if retry else 0),
-    ]
-    if retry:
-        options.append(("grpc.service_config", retry_service_config()))
-    channel = (
-        grpc.secure_channel(address, tls.credentials(), options=options)
-        if tls
-        else grpc.insecure_channel(address, options=options)
-    )
+    channel = plain_channel(address, tls=tls, retry=retry, max_message_bytes=max_message_bytes)
     return grpc.intercept_channel(channel, ClientDefaultsInterceptor(token, timeout))
