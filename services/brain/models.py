@@ -13,16 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-#: A 64-bit auto-increment key; SQLite only auto-increments INTEGER PRIMARY KEY.
-BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-
-NAMING = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
+from gearshift.common.db import NAMING, BigId
 
 
 class Base(DeclarativeBase):

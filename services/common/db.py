@@ -21,6 +21,19 @@ from sqlalchemy.engine import URL, Engine
 import gearshift.migrations
 from gearshift.common.errors import ValidationError
 
+#: A 64-bit auto-increment key; SQLite only auto-increments INTEGER PRIMARY KEY.
+BigId = sqlalchemy.BigInteger().with_variant(sqlalchemy.Integer(), "sqlite")
+
+#: Constraint and index names of every service's tables, so migrations name them the same
+#: on PostgreSQL and SQLite.
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
 _DRIVERS = {"postgresql": "postgresql+psycopg2", "postgres": "postgresql+psycopg2"}
 
 
