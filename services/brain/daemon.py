@@ -15,11 +15,17 @@ from gearshift.brain.references import gavel_references
 from gearshift.brain.service import BrainService, ReferenceCache
 from gearshift.brain.servicer import BrainServicer
 from gearshift.brain.storage import SqlBrainStore
-from gearshift.common.config import Option, build_parser, parse_bool
+from gearshift.common.config import Option, build_parser
 from gearshift.common.daemon import Daemon, run_daemon, server_options
-from gearshift.common.db import create_engine, database_url, migrate
+from gearshift.common.db import (
+    create_engine,
+    database_options,
+    migrate_main,
+    open_database,
+    tool_options,
+)
 from gearshift.common.errors import GearshiftError
-from gearshift.common.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
+from gearshift.common.logs import configure_logging
 from gearshift.common.server import register
 from gearshift.v1 import brain_pb2, brain_pb2_grpc
 
@@ -29,11 +35,6 @@ PROG = "gearshift-brain"
 DEFAULT_PORT = 50052
 DEFAULT_DATABASE = "sqlite:///.gearshift/brain.db"
 
-DATABASE_OPTION = Option(
-    "database_url",
-    "database: postgresql://user:pass@host/db (psycopg2) or sqlite:///path.db",
-    DEFAULT_DATABASE,
-)
 REFERENCES_OPTION = Option(
     "reference_throughputs",
     "Gavel-format throughputs JSON loaded into the reference table at start (empty: none)",
@@ -41,13 +42,7 @@ REFERENCES_OPTION = Option(
 )
 OPTIONS = [
     *server_options(DEFAULT_PORT),
-    DATABASE_OPTION,
-    Option(
-        "migrate_on_start",
-        "upgrade the schema to the newest revision before serving",
-        True,
-        parse_bool,
-    ),
+    *database_options(DEFAULT_DATABASE),
     REFERENCES_OPTION,
     Option(
         "default_steps_per_second",
@@ -62,16 +57,6 @@ DESCRIPTION = (
     f"'{PROG} load-references FILE [--database-url URL]' loads a Gavel throughputs JSON "
     "into the reference table and exits."
 )
-_TOOL_OPTIONS = [
-    DATABASE_OPTION,
-    Option("log_level", "log level", "info", choices=LOG_LEVELS),
-    Option("log_format", "log line format", "text", choices=LOG_FORMATS),
-]
-
-
-def _database(url: str) -> str:
-    parsed = database_url(url)
-    return parsed.render_as_string(hide_password=False)
 
 
 def load_references(store: SqlBrainStore, path: str) -> int:
@@ -82,10 +67,8 @@ def load_references(store: SqlBrainStore, path: str) -> int:
 def build(config: argparse.Namespace) -> Daemon:
     if config.default_steps_per_second <= 0:
         raise ValueError("--default-steps-per-second must be > 0")
+    url = open_database(config.database_url, migrate_first=config.migrate_on_start)
     try:
-        url = _database(config.database_url)
-        if config.migrate_on_start:
-            migrate(url)
         engine = create_engine(url)
         store = SqlBrainStore(engine)
         if config.reference_throughputs:
@@ -108,19 +91,13 @@ def build(config: argparse.Namespace) -> Daemon:
     )
 
 
-def _tool(command: str, argv: Sequence[str]) -> int:
-    parser = build_parser(f"{PROG} {command}", DESCRIPTION, _TOOL_OPTIONS)
-    if command == "load-references":
-        parser.add_argument("file", help="Gavel-format throughputs JSON")
+def _load_references_main(argv: Sequence[str]) -> int:
+    parser = build_parser(f"{PROG} load-references", DESCRIPTION, tool_options(DEFAULT_DATABASE))
+    parser.add_argument("file", help="Gavel-format throughputs JSON")
     args = parser.parse_args(argv)
     configure_logging(args.log_level, args.log_format)
     try:
-        url = _database(args.database_url)
-        if command == "migrate":
-            migrate(url)
-            print(f"{PROG}: schema at head on {database_url(url).render_as_string()}")
-            return 0
-        engine = create_engine(url)
+        engine = create_engine(open_database(args.database_url, migrate_first=False))
         try:
             count = load_references(SqlBrainStore(engine), args.file)
         finally:
@@ -128,14 +105,16 @@ def _tool(command: str, argv: Sequence[str]) -> int:
         print(f"{PROG}: {count} reference throughputs loaded from {args.file}")
         return 0
     except GearshiftError as exc:
-        print(f"{PROG} {command}: error: {exc.message}", file=sys.stderr)
-    except sa.exc.SQLAlchemyError as exc:
-        print(f"{PROG} {command}: error: {exc}", file=sys.stderr)
+        print(f"{PROG} load-references: error: {exc.message}", file=sys.stderr)
+    except (ValueError, RuntimeError, sa.exc.SQLAlchemyError) as exc:
+        print(f"{PROG} load-references: error: {exc}", file=sys.stderr)
     return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in ("migrate", "load-references"):
-        return _tool(args[0], args[1:])
+    if args[:1] == ["migrate"]:
+        return migrate_main(PROG, DESCRIPTION, args[1:], DEFAULT_DATABASE)
+    if args[:1] == ["load-references"]:
+        return _load_references_main(args[1:])
     return run_daemon(PROG, DESCRIPTION, OPTIONS, build, args)

@@ -8,7 +8,8 @@ Imports SQLAlchemy, so only services (never the client) import this module.
 from __future__ import annotations
 
 import fcntl
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ from alembic.config import Config
 from sqlalchemy.engine import URL, Engine
 
 import gearshift.migrations
+from gearshift.common.config import Option, build_parser, parse_bool
 from gearshift.common.errors import ValidationError
+from gearshift.common.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 
 #: A 64-bit auto-increment key; SQLite only auto-increments INTEGER PRIMARY KEY.
 BigId = sqlalchemy.BigInteger().with_variant(sqlalchemy.Integer(), "sqlite")
@@ -143,3 +146,59 @@ def downgrade(url: str | URL, revision: str = "base") -> None:
     """Downgrade the schema at `url` to `revision` (default: empty), under the schema lock."""
     with schema_lock(url):
         command.downgrade(alembic_config(url), revision)
+
+
+def database_options(default_url: str) -> list[Option]:
+    """The database flags of a daemon that owns tables (Brain, scheduler)."""
+    return [
+        Option(
+            "database_url",
+            "database: postgresql://user:pass@host/db (psycopg2) or sqlite:///path.db",
+            default_url,
+        ),
+        Option(
+            "migrate_on_start",
+            "upgrade the schema to the newest revision before serving",
+            True,
+            parse_bool,
+        ),
+    ]
+
+
+def tool_options(default_url: str) -> list[Option]:
+    """The flags of a daemon's database subcommands (`migrate`, ...)."""
+    return [
+        database_options(default_url)[0],
+        Option("log_level", "log level", "info", choices=LOG_LEVELS),
+        Option("log_format", "log line format", "text", choices=LOG_FORMATS),
+    ]
+
+
+def open_database(url: str, *, migrate_first: bool) -> str:
+    """The normalized URL of a daemon's database, migrated first when asked.
+
+    Errors are ValueError / RuntimeError naming the database, which run_daemon
+    reports as a failed start.
+    """
+    try:
+        rendered = database_url(url).render_as_string(hide_password=False)
+        if migrate_first:
+            migrate(rendered)
+    except ValidationError as exc:
+        raise ValueError(exc.message) from None
+    except sqlalchemy.exc.SQLAlchemyError as exc:
+        raise RuntimeError(f"database {url}: {exc}") from None
+    return rendered
+
+
+def migrate_main(prog: str, description: str, argv: Sequence[str], default_url: str) -> int:
+    """`<daemon> migrate [--database-url URL]`: upgrade the schema to head and exit."""
+    args = build_parser(f"{prog} migrate", description, tool_options(default_url)).parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
+    try:
+        url = open_database(args.database_url, migrate_first=True)
+    except (ValueError, RuntimeError) as exc:
+        print(f"{prog} migrate: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"{prog}: schema at head on {database_url(url).render_as_string()}")
+    return 0

@@ -13,11 +13,10 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from gearshift.common.config import Option, build_parser, parse_bool
+from gearshift.common.config import Option
 from gearshift.common.daemon import Daemon, run_daemon, server_options
-from gearshift.common.db import database_url, migrate
+from gearshift.common.db import database_options, migrate_main, open_database
 from gearshift.common.errors import GearshiftError
-from gearshift.common.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from gearshift.common.server import GrpcServer, register
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.elastic import ELASTIC_POLICIES
@@ -34,20 +33,9 @@ log = logging.getLogger("gearshift.scheduler")
 PROG = "gearshift-scheduler"
 DEFAULT_PORT = 50051
 DEFAULT_DATABASE = "sqlite:///.gearshift/scheduler.db"
-DATABASE_OPTION = Option(
-    "database_url",
-    "database: postgresql://user:pass@host/db (psycopg2) or sqlite:///path.db",
-    DEFAULT_DATABASE,
-)
 OPTIONS = [
     *server_options(DEFAULT_PORT),
-    DATABASE_OPTION,
-    Option(
-        "migrate_on_start",
-        "upgrade the schema to the newest revision before serving",
-        True,
-        parse_bool,
-    ),
+    *database_options(DEFAULT_DATABASE),
     Option(
         "policy",
         "allocation policy: elastic EST jobs (easyscale, easyscale_homo), the rigid FIFO gang "
@@ -172,10 +160,8 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
 
 def build(config: argparse.Namespace) -> Daemon:
     settings = settings_from(config)
+    url = open_database(config.database_url, migrate_first=config.migrate_on_start)
     try:
-        url = database_url(config.database_url).render_as_string(hide_password=False)
-        if config.migrate_on_start:
-            migrate(url)
         store = SqlStore(url)
         store.check()
     except GearshiftError as exc:
@@ -217,28 +203,8 @@ def build(config: argparse.Namespace) -> Daemon:
     )
 
 
-def _migrate(argv: Sequence[str]) -> int:
-    options = [
-        DATABASE_OPTION,
-        Option("log_level", "log level", "info", choices=LOG_LEVELS),
-        Option("log_format", "log line format", "text", choices=LOG_FORMATS),
-    ]
-    args = build_parser(f"{PROG} migrate", DESCRIPTION, options).parse_args(argv)
-    configure_logging(args.log_level, args.log_format)
-    try:
-        migrate(args.database_url)
-    except GearshiftError as exc:
-        print(f"{PROG} migrate: error: {exc.message}", file=sys.stderr)
-        return 1
-    except sa.exc.SQLAlchemyError as exc:
-        print(f"{PROG} migrate: error: {exc}", file=sys.stderr)
-        return 1
-    print(f"{PROG}: schema at head on {database_url(args.database_url).render_as_string()}")
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["migrate"]:
-        return _migrate(args[1:])
+        return migrate_main(PROG, DESCRIPTION, args[1:], DEFAULT_DATABASE)
     return run_daemon(PROG, DESCRIPTION, OPTIONS, build, args)
