@@ -1,30 +1,172 @@
-"""The worker daemon: flags, servicers, serving."""
+"""The worker daemon: flags, the agent, the scheduler link, serving.
+
+On SIGTERM it stops serving, asks every task to checkpoint at its next global
+step (waiting up to --stop-timeout, then killing), reports the tasks' ends to
+the scheduler and exits 0. Killed with SIGKILL, it takes its training
+processes with it (see spawner.py): to the scheduler that is a lost node.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import socket
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from gearshift.common.config import Option, host_port
 from gearshift.common.daemon import Daemon, run_daemon, server_options
-from gearshift.common.server import register
+from gearshift.common.errors import GearshiftError
+from gearshift.common.server import GrpcServer, register
+from gearshift.common.validation import check_name
 from gearshift.v1 import worker_pb2, worker_pb2_grpc
+from gearshift.worker.agent import Agent
+from gearshift.worker.command import CommandSettings
+from gearshift.worker.devices import parse_devices
+from gearshift.worker.registration import SchedulerLink, advertise_address, default_worker_id
 from gearshift.worker.servicer import WorkerAgentServicer
+from gearshift.worker.wiring import TOKEN_VARIABLE
 
+log = logging.getLogger("gearshift.worker")
+
+PROG = "gearshift-worker"
 DEFAULT_PORT = 50054
-OPTIONS = [*server_options(DEFAULT_PORT)]
+OPTIONS = [
+    *server_options(DEFAULT_PORT),
+    Option(
+        "scheduler",
+        "scheduler host:port to register with (empty: serve WorkerAgent without registering)",
+        "",
+    ),
+    Option(
+        "devices",
+        "devices offered, TYPE:COUNT[:MEMORY],... (e.g. v100:2 or v100:1,t4:1:16GiB); on a "
+        "machine without accelerators each device is a CPU slot with that type label",
+        "cpu:1",
+    ),
+    Option("worker_id", "this worker's id (empty: <hostname>-<port>)", ""),
+    Option(
+        "advertise_address",
+        "host:port the scheduler dials to reach this worker (empty: the bound listen address)",
+        "",
+    ),
+    Option(
+        "work_dir",
+        "folder for the training processes' logs and per-task files (empty: "
+        ".gearshift/workers/<worker-id>)",
+        "",
+    ),
+    Option(
+        "accelerator",
+        "what a device is: cpu (a CPU slot, gloo) or cuda (device i is GPU i, NCCL)",
+        "cpu",
+        choices=["cpu", "cuda"],
+    ),
+    Option(
+        "checkpoint_every",
+        "checkpoint every this many global steps when the job's spec says 0",
+        20,
+        int,
+    ),
+    Option("log_every", "training progress every this many global steps", 5, int),
+    Option(
+        "report_interval",
+        "seconds between rank 0's progress reports to the scheduler (and its stop checks)",
+        1.0,
+        float,
+    ),
+    Option(
+        "process_group_timeout",
+        "seconds a training process waits for its peers (rendezvous, collectives) before failing",
+        120.0,
+        float,
+    ),
+    Option(
+        "stop_timeout",
+        "on SIGTERM, seconds each task gets to checkpoint and exit before it is killed",
+        60.0,
+        float,
+    ),
+]
+DESCRIPTION = "Gearshift worker daemon: runs training processes on this machine's devices."
+
+
+def _check(config: argparse.Namespace) -> None:
+    """Settings that make no sense fail the start with the flag's name (ValueError)."""
+    try:
+        check_name(config.worker_id, "--worker-id", required=False)
+    except GearshiftError as exc:
+        raise ValueError(exc.message) from None
+    for flag in ("scheduler", "advertise_address"):
+        value = getattr(config, flag)
+        if value:
+            try:
+                host_port(value)
+            except ValueError as exc:
+                raise ValueError(f"--{flag.replace('_', '-')}: {exc}") from None
+    for flag in ("checkpoint_every", "log_every"):
+        if getattr(config, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1")
+    for flag in ("report_interval", "process_group_timeout", "stop_timeout"):
+        if not getattr(config, flag) > 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be > 0")
 
 
 def build(config: argparse.Namespace) -> Daemon:
+    _check(config)
+    try:
+        devices = parse_devices(config.devices)
+    except GearshiftError as exc:
+        raise ValueError(exc.message) from None
+    settings = CommandSettings(
+        python=sys.executable,
+        checkpoint_every=config.checkpoint_every,
+        log_every=config.log_every,
+        report_interval=config.report_interval,
+        process_group_timeout=config.process_group_timeout,
+        accelerator=config.accelerator,
+    )
+    token = config.token or None
+    env = {TOKEN_VARIABLE: config.token} if token else {}
+    agent = Agent(
+        config.worker_id or "unassigned",
+        devices,
+        Path(config.work_dir or ".gearshift/workers/unassigned"),
+        settings,
+        env=os.environ | env,
+    )
+    links: list[SchedulerLink] = []
+
+    def on_start(server: GrpcServer) -> None:
+        host = config.listen.rpartition(":")[0]
+        if not config.worker_id:
+            agent.worker_id = default_worker_id(socket.gethostname(), server.port)
+        if not config.work_dir:
+            agent.work_dir = Path(".gearshift/workers") / agent.worker_id
+        agent.work_dir = agent.work_dir.absolute()
+        advertise = config.advertise_address or advertise_address(host, server.port)
+        if not config.scheduler:
+            log.warning("no --scheduler: serving WorkerAgent without registering")
+            return
+        scheduler_link = SchedulerLink(config.scheduler, agent, advertise=advertise, token=token)
+        links.append(scheduler_link)
+        scheduler_link.start()
+
+    def on_stop() -> None:
+        agent.shutdown(config.stop_timeout)
+        for scheduler_link in links:
+            scheduler_link.close()
+
     service = worker_pb2.DESCRIPTOR.services_by_name["WorkerAgent"].full_name
-    servicer = WorkerAgentServicer()  # type: ignore[abstract]
-    return Daemon([register(worker_pb2_grpc.add_WorkerAgentServicer_to_server, servicer, service)])
+    servicer = WorkerAgentServicer(agent)
+    return Daemon(
+        [register(worker_pb2_grpc.add_WorkerAgentServicer_to_server, servicer, service)],
+        on_start=on_start,
+        on_stop=[on_stop],
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_daemon(
-        "gearshift-worker",
-        "Gearshift worker daemon: runs training processes on this machine's devices.",
-        OPTIONS,
-        build,
-        argv,
-    )
+    return run_daemon(PROG, DESCRIPTION, OPTIONS, build, argv)

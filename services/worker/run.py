@@ -44,6 +44,7 @@ from gearshift.worker.runtime.settings import (
     parse_mapping,
 )
 from gearshift.worker.runtime.stop import EXIT_CODES, EXIT_STOPPED, STOP_SIGNALS, StopFlag
+from gearshift.worker.spawner import die_with_parent
 
 EXIT_BAD_INPUT = 2
 STOP_GRACE_S = 30.0
@@ -102,6 +103,28 @@ def build_parser() -> argparse.ArgumentParser:
     one.add_argument("--world-size", type=int, help="P, with --rank")
     one.add_argument("--master-addr", default="", help="HOST:PORT where rank 0 listens")
     one.add_argument("--timeout", type=float, default=600.0, help="process group timeout (s)")
+    svc = parser.add_argument_group(
+        "services (set by a worker daemon; the token comes from GEARSHIFT_TOKEN)"
+    )
+    svc.add_argument("--job-id", default="", help="the job's id in the scheduler")
+    svc.add_argument("--task-id", default="", help="the task this process belongs to")
+    svc.add_argument("--scheduler", default="", help="HOST:PORT: rank 0 reports progress there")
+    svc.add_argument("--brain", default="", help="HOST:PORT: rank 0 reports runtime samples there")
+    svc.add_argument("--shard-manager", default="", help="HOST:PORT of the shard manager")
+    svc.add_argument("--dataset-id", default="", help="dataset id in the shard manager")
+    svc.add_argument(
+        "--data-mode",
+        choices=["local", "deterministic", "dynamic"],
+        default="local",
+        help="local: shard plan computed here; deterministic: the same plan read from the shard "
+        "manager (GetShardsAt); dynamic: shards pulled as they are needed (not reproducible)",
+    )
+    svc.add_argument(
+        "--data-size", type=int, default=0, help="samples to use, 0..N-1 (0: the whole dataset)"
+    )
+    svc.add_argument("--accelerator-type", default="cpu", help="device type, for the Brain")
+    svc.add_argument("--report-interval", type=float, default=1.0, help="seconds between reports")
+    svc.add_argument("--progress-file", type=Path, help="rank 0 keeps its latest progress here")
     return parser
 
 
@@ -243,8 +266,10 @@ def run_one(
     # torch loads from here on.
     from gearshift.worker.runtime.control import Progress  # noqa: PLC0415
     from gearshift.worker.runtime.process import ProcessSpec, run_process  # noqa: PLC0415
+    from gearshift.worker.wiring import Wiring  # noqa: PLC0415
 
     rank = args.rank
+    wiring = Wiring.from_args(args, settings, mapping, stop)
 
     def report(progress: Progress) -> None:
         if rank == 0:
@@ -252,6 +277,9 @@ def run_one(
                 f"step {progress.step}/{progress.total_steps} loss {progress.loss:.6f} "
                 f"samples/s {progress.samples_per_s:.1f}",
                 flush=True,
+            )
+            wiring.progress(
+                progress.step, progress.total_steps, progress.loss, progress.samples_per_s
             )
 
     spec = ProcessSpec(
@@ -268,7 +296,10 @@ def run_one(
         loss_log=args.loss_log,
         timeout_s=args.timeout,
     )
-    result = run_process(spec, stop=stop, on_progress=report)
+    try:
+        result = run_process(spec, stop=stop, on_progress=report, source=wiring.source())
+    finally:
+        wiring.close()
     if args.stats_dir is not None:
         args.stats_dir.mkdir(parents=True, exist_ok=True)
         stats = {
@@ -290,6 +321,7 @@ def run_one(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    die_with_parent()  # started by a worker daemon: do not outlive it
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:

@@ -5,13 +5,17 @@ after epoch; a mini-batch is the next B/N indices of that stream and may span
 shards and epochs. The shard sequence comes from a `ShardSource`, so a source
 backed by the shard manager's deterministic mode (GetShardsAt) can stand in for
 the local computation and yield the identical stream.
+
+A `BatchFeed` is the other kind of source: it hands out each EST's next samples
+itself (the shard manager's dynamic mode), so what an EST reads depends on
+timing and the run is not reproducible; the position then only counts samples.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gearshift.common import sharding
 from gearshift.common.errors import ValidationError
@@ -23,6 +27,17 @@ class ShardSource(Protocol):
     def rank_shards(self, epoch: int, rank: int) -> Sequence[int]: ...
 
     def shard_samples(self, shard_id: int, epoch: int) -> Sequence[int]: ...
+
+
+@runtime_checkable
+class BatchFeed(Protocol):
+    """Hands out samples on demand: `next_samples(est, count)` -> (epoch, up to `count`
+    indices; fewer only at the end of an epoch, never none)."""
+
+    def next_samples(self, est: int, count: int) -> tuple[int, list[int]]: ...
+
+
+DataSource = ShardSource | BatchFeed
 
 
 @dataclass(frozen=True)
@@ -71,7 +86,7 @@ def epoch_samples(source: ShardSource, epoch: int, est: int) -> list[int]:
 class EstStream:
     """Reads an EST's stream from a position; `take` is deterministic given the position."""
 
-    def __init__(self, source: ShardSource, est: int, position: DataPosition) -> None:
+    def __init__(self, source: DataSource, est: int, position: DataPosition) -> None:
         self.source = source
         self.est = est
         self.position = position
@@ -79,6 +94,7 @@ class EstStream:
         self._samples: list[int] = []
 
     def _load(self, epoch: int) -> list[int]:
+        assert not isinstance(self.source, BatchFeed)
         if epoch != self._epoch:
             self._samples = epoch_samples(self.source, epoch, self.est)
             self._epoch = epoch
@@ -86,6 +102,8 @@ class EstStream:
 
     def take(self, count: int) -> list[int]:
         """The next `count` sample indices; advances the position."""
+        if isinstance(self.source, BatchFeed):
+            return self._take_fed(self.source, count)
         out: list[int] = []
         epoch, offset = self.position.epoch, self.position.offset
         while len(out) < count:
@@ -99,4 +117,12 @@ class EstStream:
             out += chunk
             offset += len(chunk)
         self.position = DataPosition(epoch, offset)
+        return out
+
+    def _take_fed(self, feed: BatchFeed, count: int) -> list[int]:
+        epoch, out = feed.next_samples(self.est, count)
+        if not out:
+            raise RuntimeError(f"EST {self.est} was handed no samples")
+        offset = self.position.offset if epoch == self.position.epoch else 0
+        self.position = DataPosition(epoch, offset + len(out))
         return out

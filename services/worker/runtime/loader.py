@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from gearshift.worker.runtime.context import EstContext
-from gearshift.worker.runtime.data import DataPosition, EstStream, ShardSource
+from gearshift.worker.runtime.data import DataPosition, DataSource, EstStream
 from gearshift.worker.runtime.rng import (
     RngState,
     capture,
@@ -90,7 +90,7 @@ class BatchLoader:
         self,
         dataset: MapDataset,
         collate: Collate,
-        source: ShardSource,
+        source: DataSource,
         contexts: Sequence[EstContext],
         *,
         per_est_batch: int,

@@ -21,7 +21,7 @@ from gearshift.common.errors import ValidationError
 from gearshift.worker.runtime import determinism
 from gearshift.worker.runtime.comm import Comm
 from gearshift.worker.runtime.control import ProgressCallback
-from gearshift.worker.runtime.data import ShardSource
+from gearshift.worker.runtime.data import DataSource
 from gearshift.worker.runtime.job import load_job
 from gearshift.worker.runtime.rng import derive_seed
 from gearshift.worker.runtime.settings import RunSettings, placement
@@ -78,10 +78,11 @@ def run_process(
     stop: StopFlag | None = None,
     on_progress: ProgressCallback | None = None,
     record_losses: bool = False,
-    source: ShardSource | None = None,
+    source: DataSource | None = None,
 ) -> RunResult:
     """Train this process's ESTs; `source` replaces the local shard plan (e.g. by the
-    shard manager's deterministic mode, which must yield the same stream)."""
+    shard manager's deterministic mode, which must yield the same stream, or by a
+    BatchFeed such as its dynamic mode, which is not reproducible)."""
     settings = spec.settings
     settings.validate()
     procs = len(spec.mapping)

@@ -35,7 +35,7 @@ from gearshift.worker.runtime.context import (
     fresh_context,
 )
 from gearshift.worker.runtime.control import ControlExchange, Progress, ProgressCallback
-from gearshift.worker.runtime.data import LocalShards, ShardSource
+from gearshift.worker.runtime.data import DataSource, LocalShards
 from gearshift.worker.runtime.digest import state_digest, training_state
 from gearshift.worker.runtime.gradients import GradLayout, GradTaker
 from gearshift.worker.runtime.job import Job
@@ -103,7 +103,7 @@ class Trainer:
         resume: bool = False,
         device: torch.device | None = None,
         comm: Comm | None = None,
-        source: ShardSource | None = None,
+        source: DataSource | None = None,
         stop: StopFlag | None = None,
         on_progress: ProgressCallback | None = None,
         loss_log: Path | None = None,
@@ -140,7 +140,13 @@ class Trainer:
                 fresh_context(est, settings.seed, settings.loader_workers, cuda=self.cuda)
                 for est in self.my_ests
             ]
-        self.source = source or LocalShards(
+        size = getattr(source, "size", None)
+        if isinstance(size, int) and size > len(job.dataset):
+            raise ValidationError(
+                "--data-size",
+                f"{size} samples asked for but the job's dataset has only {len(job.dataset)}",
+            )
+        self.source: DataSource = source or LocalShards(
             len(job.dataset), settings.shard_size, settings.seed, settings.num_ests
         )
         level = settings.determinism

@@ -1,0 +1,176 @@
+"""The worker daemon's domain: its devices and tasks; what the WorkerAgent RPCs do.
+
+StartTask is idempotent by task id (a retried call returns the running task's
+status and spawns nothing). An ended task is kept (for GetTaskStatus, the
+heartbeats and TaskFinished) until the scheduler has acknowledged its end and
+`keep_seconds` have passed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from gearshift.common.errors import NotFoundError, PreconditionError
+from gearshift.v1 import common_pb2, worker_pb2
+from gearshift.worker.command import CommandSettings, plan_task
+from gearshift.worker.devices import device_types
+from gearshift.worker.spawner import Spawner
+from gearshift.worker.tasks import ENDED, Task
+
+log = logging.getLogger("gearshift.worker.agent")
+
+DEFAULT_STOP_TIMEOUT_S = 60.0
+KEEP_SECONDS = 600.0
+ACTIVE = (
+    common_pb2.TASK_STATE_STARTING,
+    common_pb2.TASK_STATE_RUNNING,
+    common_pb2.TASK_STATE_STOPPING,
+)
+
+
+class Agent:
+    """Tasks of this worker; the servicer and the scheduler link call it."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        devices: Sequence[common_pb2.DeviceGroup],
+        work_dir: Path,
+        settings: CommandSettings,
+        *,
+        env: Mapping[str, str] | None = None,
+        spawner: Spawner | None = None,
+        keep_seconds: float = KEEP_SECONDS,
+    ) -> None:
+        self.worker_id = worker_id
+        self.devices = list(devices)
+        self.work_dir = work_dir
+        self.settings = settings
+        self.env = dict(os.environ if env is None else env)
+        self.spawner = spawner or Spawner()
+        self.keep_seconds = keep_seconds
+        self.on_task_end: Callable[[Task], None] = lambda task: None
+        self._tasks: dict[str, Task] = {}
+        self._reported: set[str] = set()  # ended tasks whose end the scheduler acknowledged
+        self._lock = threading.Lock()
+        self._closing = False
+        self._types = device_types(self.devices)
+
+    # -- RPCs ----------------------------------------------------------------------
+
+    def start(self, request: worker_pb2.StartTaskRequest) -> common_pb2.TaskStatus:
+        """Start a task, or return the status of the one with that id."""
+        plan = plan_task(request, self.worker_id, self._types)
+        with self._lock:
+            existing = self._tasks.get(plan.task_id)
+            if existing is not None:
+                return existing.status()
+            if self._closing:
+                raise PreconditionError(f"worker {self.worker_id!r} is shutting down")
+            busy = {
+                d: t.task_id
+                for t in self._tasks.values()
+                if t.state in ACTIVE
+                for d in t.plan.device_of.values()
+            }
+            for rank, device in plan.device_of.items():
+                if device in busy:
+                    log.warning(
+                        "device still held by an earlier task",
+                        extra={"device": device, "task_id": busy[device], "rank": rank},
+                    )
+            task = Task(plan, self.work_dir / "tasks" / plan.task_id, self._ended)
+            task.lease_expires_at = request.lease.expires_at
+            self._tasks[plan.task_id] = task
+        log.info(
+            "starting task",
+            extra={
+                "task_id": plan.task_id,
+                "job_id": plan.job_id,
+                "ranks": list(plan.ranks),
+                "world_size": plan.world_size,
+                "resume": plan.resume,
+            },
+        )
+        task.start(self.spawner, self.settings, self.env)
+        return task.status()
+
+    def stop(
+        self, task_id: str, *, checkpoint: bool, reason: str, timeout: float
+    ) -> common_pb2.TaskStatus:
+        """Stop a task and wait (bounded) for its processes; an ended task's status as is."""
+        task = self._task(task_id)
+        task.stop(checkpoint=checkpoint, reason=reason, timeout=timeout or DEFAULT_STOP_TIMEOUT_S)
+        return task.status()
+
+    def status(self, task_id: str) -> common_pb2.TaskStatus:
+        return self._task(task_id).status()
+
+    def describe(self) -> worker_pb2.WorkerDescription:
+        return worker_pb2.WorkerDescription(
+            worker_id=self.worker_id, devices=self.devices, tasks=self.statuses()
+        )
+
+    def _task(self, task_id: str) -> Task:
+        with self._lock:
+            task = self._tasks.get(task_id)
+        if task is None:
+            raise NotFoundError("task", task_id)
+        return task
+
+    # -- for the scheduler link ------------------------------------------------------
+
+    def statuses(self) -> list[common_pb2.TaskStatus]:
+        """Every known task, running and recently ended."""
+        self._forget_old()
+        with self._lock:
+            tasks = list(self._tasks.values())
+        return [t.status() for t in tasks]
+
+    def unreported(self) -> list[common_pb2.TaskStatus]:
+        """Active tasks, and ended ones whose end the scheduler has not acknowledged."""
+        with self._lock:
+            tasks = [t for t in self._tasks.values() if t.task_id not in self._reported]
+        return [t.status() for t in tasks]
+
+    def running(self) -> list[Task]:
+        with self._lock:
+            return [t for t in self._tasks.values() if t.state in ACTIVE]
+
+    def acknowledged(self, task_id: str) -> None:
+        """The scheduler took note of the task's end."""
+        with self._lock:
+            self._reported.add(task_id)
+
+    def _ended(self, task: Task) -> None:
+        self.on_task_end(task)
+
+    def _forget_old(self) -> None:
+        cutoff = time.time() - self.keep_seconds
+        with self._lock:
+            for task_id, task in list(self._tasks.items()):
+                if task.state in ENDED and task_id in self._reported and task.ended_at < cutoff:
+                    del self._tasks[task_id]
+                    self._reported.discard(task_id)
+
+    # -- shutdown ----------------------------------------------------------------------
+
+    def shutdown(self, timeout: float) -> None:
+        """Stop every task with a checkpoint, in parallel, waiting up to `timeout` each."""
+        with self._lock:
+            self._closing = True
+        tasks = self.running()
+        if not tasks:
+            return
+        log.info("checkpointing tasks before exit", extra={"tasks": [t.task_id for t in tasks]})
+        with ThreadPoolExecutor(max_workers=len(tasks)) as pool:
+            for task in tasks:
+                pool.submit(
+                    task.stop, checkpoint=True, reason="worker shutting down", timeout=timeout
+                )

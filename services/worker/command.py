@@ -1,0 +1,267 @@
+"""From a StartTaskRequest to the command line of each of the task's training processes.
+
+Every process runs the runtime's per-process entry, `python -m gearshift.worker.run
+... --rank R --world-size P --master-addr RENDEZVOUS --mapping ...`, with the
+JobSpec mapped onto the runtime's flags:
+
+| JobSpec / request                      | runtime flag                               |
+|----------------------------------------|--------------------------------------------|
+| entrypoint.module / config_json        | --job / --config-file (written beside)     |
+| num_ests, global_batch_size            | --ests, --batch-size                       |
+| total_steps, or epochs x ceil(size/B)  | --steps                                    |
+| dataset.seed, shard_size, size         | --seed, --shard-size, --data-size          |
+| dataset.mode                           | --data-mode deterministic / dynamic        |
+| determinism                            | --determinism D0 / D1 / D2                 |
+| checkpoint_every_steps (0: the default)| --checkpoint-every                         |
+| placement (ESTs per rank, in order)    | --mapping                                  |
+| checkpoint_dir, resume                 | --checkpoint-dir, --resume                 |
+| endpoints, dataset_id, job/task ids    | --scheduler, --brain, --shard-manager, ... |
+
+The seed is the job's one seed: model initialisation, every EST's random
+states and the data order all derive from `dataset.seed`, so a local run with
+`--seed` equal to it reproduces the job. Every process gets `--threads 1`
+(one intra-op thread, whatever the device label says): under D1 that makes a
+job's digest identical for any placement on machines of one CPU type; D2 pins
+the kernels' ISA and thread count across CPU types too.
+
+Validation names the request field (`placement.processes[2].est_ids`, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gearshift.common.config import host_port
+from gearshift.common.jobspec import validate_job_spec, with_defaults
+from gearshift.common.sharding import num_shards
+from gearshift.common.validation import check_name, require
+from gearshift.v1 import common_pb2, worker_pb2
+
+DETERMINISM = {
+    common_pb2.DETERMINISM_LEVEL_UNSPECIFIED: "D1",
+    common_pb2.DETERMINISM_LEVEL_D0: "D0",
+    common_pb2.DETERMINISM_LEVEL_D1: "D1",
+    common_pb2.DETERMINISM_LEVEL_D2: "D2",
+}
+STEP_LOG = "steps.jsonl"
+
+
+@dataclass(frozen=True)
+class CommandSettings:
+    """What the daemon adds to every training process (daemon flags)."""
+
+    python: str
+    checkpoint_every: int = 20  # when the spec says 0
+    log_every: int = 5
+    report_interval: float = 1.0
+    process_group_timeout: float = 120.0
+    accelerator: str = "cpu"  # "cpu" or "cuda"
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """A validated task: what to run for each local rank."""
+
+    task_id: str
+    job_id: str
+    dataset_id: str
+    spec: common_pb2.JobSpec
+    ranks: tuple[int, ...]  # local ranks
+    mapping: tuple[int, ...]  # ESTs per rank, whole placement
+    device_of: dict[int, int]  # local rank -> device index on this worker
+    total_steps: int
+    checkpoint_dir: Path
+    rendezvous: str
+    resume: bool
+    endpoints: worker_pb2.ServiceEndpoints
+    accelerator_type: str
+
+    @property
+    def world_size(self) -> int:
+        return len(self.mapping)
+
+    @property
+    def data_mode(self) -> str:
+        if self.spec.dataset.mode == common_pb2.DATA_MODE_DYNAMIC:
+            return "dynamic"
+        return "deterministic" if self.endpoints.shard_manager else "local"
+
+    def config_text(self) -> str:
+        return self.spec.entrypoint.config_json or "{}"
+
+    def command(
+        self, rank: int, settings: CommandSettings, task_dir: Path, config_file: Path
+    ) -> list[str]:
+        """The argv of local rank `rank`."""
+        spec = self.spec
+        every = spec.checkpoint_every_steps or settings.checkpoint_every
+        cmd = [settings.python, "-m", "gearshift.worker.run"]
+        cmd += ["--job", spec.entrypoint.module, "--config-file", str(config_file)]
+        cmd += ["--ests", str(spec.num_ests), "--batch-size", str(spec.global_batch_size)]
+        cmd += ["--steps", str(self.total_steps), "--seed", str(spec.dataset.seed)]
+        cmd += ["--shard-size", str(spec.dataset.shard_size)]
+        cmd += ["--data-size", str(spec.dataset.size), "--data-mode", self.data_mode]
+        cmd += ["--determinism", DETERMINISM[spec.determinism]]
+        cmd += ["--checkpoint-dir", str(self.checkpoint_dir), "--checkpoint-every", str(every)]
+        if self.resume:
+            cmd.append("--resume")
+        cmd += ["--log-every", str(settings.log_every)]
+        cmd += ["--loss-log", str(self.checkpoint_dir / STEP_LOG)]
+        cmd += ["--stats-dir", str(task_dir / "stats")]
+        cmd += ["--mapping", ",".join(map(str, self.mapping)), "--threads", "1"]
+        cmd += ["--rank", str(rank), "--world-size", str(self.world_size)]
+        if self.world_size > 1:
+            cmd += ["--master-addr", self.rendezvous]
+        cmd += ["--timeout", str(settings.process_group_timeout)]
+        if settings.accelerator == "cuda":
+            cmd += ["--device", "cuda"]
+        e = self.endpoints
+        cmd += ["--job-id", self.job_id, "--task-id", self.task_id]
+        cmd += ["--dataset-id", self.dataset_id, "--accelerator-type", self.accelerator_type]
+        cmd += ["--report-interval", str(settings.report_interval)]
+        if e.scheduler:
+            cmd += ["--scheduler", e.scheduler]
+        if e.brain:
+            cmd += ["--brain", e.brain]
+        if e.shard_manager:
+            cmd += ["--shard-manager", e.shard_manager]
+        if rank == 0:
+            cmd += ["--progress-file", str(task_dir / "progress.json")]
+        return cmd
+
+
+def total_steps(spec: common_pb2.JobSpec) -> int:
+    """Global steps of the job: total_steps, or epochs x ceil(size / global batch) - the
+    scheduler's count, so both sides agree on when a job is done."""
+    if spec.HasField("total_steps"):
+        return spec.total_steps
+    return spec.epochs * max(math.ceil(spec.dataset.size / max(spec.global_batch_size, 1)), 1)
+
+
+def _mapping(processes: Sequence[common_pb2.ProcessAssignment], num_ests: int) -> tuple[int, ...]:
+    """ESTs per rank; the runtime needs consecutive EST ids in rank order."""
+    require(len(processes) > 0, "placement.processes", "is required (at least one process)")
+    require(
+        len(processes) <= num_ests,
+        "placement.processes",
+        f"{len(processes)} processes for {num_ests} ESTs: every process needs an EST",
+    )
+    by_rank = sorted(range(len(processes)), key=lambda i: processes[i].rank)
+    counts: list[int] = []
+    first = 0
+    for rank, index in enumerate(by_rank):
+        process = processes[index]
+        field = f"placement.processes[{index}]"
+        require(
+            process.rank == rank,
+            f"{field}.rank",
+            f"ranks must be 0..{len(processes) - 1}, each once (got {process.rank})",
+        )
+        ests = list(process.est_ids)
+        expected = list(range(first, first + len(ests)))
+        require(len(ests) > 0, f"{field}.est_ids", "every process needs at least one EST")
+        require(
+            ests == expected and expected[-1] < num_ests,
+            f"{field}.est_ids",
+            f"must be {expected if expected[-1] < num_ests else 'within 0..' + str(num_ests - 1)}"
+            f": ESTs are numbered consecutively in rank order (got {ests})",
+        )
+        counts.append(len(ests))
+        first += len(ests)
+    require(
+        first == num_ests,
+        "placement.processes",
+        f"the processes hold {first} ESTs, not the job's {num_ests} (spec.num_ests)",
+    )
+    return tuple(counts)
+
+
+def plan_task(
+    request: worker_pb2.StartTaskRequest, worker_id: str, device_types: Sequence[str]
+) -> TaskPlan:
+    """Validate a StartTaskRequest for this worker; ValidationError names the bad field."""
+    check_name(request.task_id, "task_id")
+    check_name(request.job_id, "job_id")
+    require(request.HasField("spec"), "spec", "is required")
+    validate_job_spec(request.spec, "spec")
+    spec = with_defaults(request.spec)
+    require(
+        spec.dataset.mode != common_pb2.DATA_MODE_DYNAMIC or bool(request.endpoints.shard_manager),
+        "endpoints.shard_manager",
+        "is required for a dynamic-mode dataset (spec.dataset.mode)",
+    )
+    if spec.dataset.mode != common_pb2.DATA_MODE_DYNAMIC:
+        shards = num_shards(spec.dataset.size, spec.dataset.shard_size)
+        require(
+            shards >= spec.num_ests,
+            "spec.dataset.shard_size",
+            f"{spec.dataset.size} samples in shards of {spec.dataset.shard_size} make {shards} "
+            f"shards, fewer than the {spec.num_ests} ESTs",
+        )
+    mapping = _mapping(request.placement.processes, spec.num_ests)
+    by_rank = {p.rank: (i, p) for i, p in enumerate(request.placement.processes)}
+    require(len(request.local_ranks) > 0, "local_ranks", "is required (at least one rank)")
+    device_of: dict[int, int] = {}
+    for i, rank in enumerate(request.local_ranks):
+        field = f"local_ranks[{i}]"
+        require(rank in by_rank, field, f"rank {rank} is not in the placement")
+        require(rank not in device_of, field, f"rank {rank} is listed twice")
+        index, process = by_rank[rank]
+        require(
+            not process.worker_id or process.worker_id == worker_id,
+            field,
+            f"rank {rank} is placed on worker {process.worker_id!r}, not here ({worker_id!r})",
+        )
+        require(
+            0 <= process.device_index < len(device_types),
+            f"placement.processes[{index}].device_index",
+            f"{process.device_index} is not a device of this worker (0..{len(device_types) - 1})",
+        )
+        device_of[rank] = process.device_index
+    require(
+        len(set(device_of.values())) == len(device_of),
+        "placement.processes",
+        "two local ranks share one device",
+    )
+    if len(mapping) > 1:
+        require(bool(request.rendezvous_address), "rendezvous_address", "is required (P > 1)")
+        try:
+            host_port(request.rendezvous_address)
+        except ValueError as exc:
+            require(False, "rendezvous_address", str(exc))
+    require(bool(request.checkpoint_dir), "checkpoint_dir", "is required")
+    dataset_id = request.dataset_id or request.job_id
+    check_name(dataset_id, "dataset_id")
+    for name in ("scheduler", "brain", "shard_manager"):
+        address = getattr(request.endpoints, name)
+        if address:
+            try:
+                host_port(address)
+            except ValueError as exc:
+                require(False, f"endpoints.{name}", str(exc))
+    # The Brain's samples name the slowest type; EasyScale gives slower devices fewer ESTs.
+    processes = sorted(request.placement.processes, key=lambda p: (len(p.est_ids), p.rank))
+    return TaskPlan(
+        task_id=request.task_id,
+        job_id=request.job_id,
+        dataset_id=dataset_id,
+        spec=spec,
+        ranks=tuple(sorted(device_of)),
+        mapping=mapping,
+        device_of=device_of,
+        total_steps=total_steps(spec),
+        checkpoint_dir=Path(request.checkpoint_dir).absolute(),
+        rendezvous=request.rendezvous_address,
+        resume=request.resume,
+        endpoints=request.endpoints,
+        accelerator_type=processes[0].accelerator_type or device_types[0],
+    )
+
+
+def config_json(plan: TaskPlan) -> str:
+    """The job config as the runtime reads it (validated JSON object, re-serialised)."""
+    return json.dumps(json.loads(plan.config_text()))

@@ -1,0 +1,252 @@
+"""The worker daemon's side of the Workers API: register, heartbeat, renew leases, report ends.
+
+One thread does it all, in this order each tick (the interval the scheduler
+returned at registration; at once when a task ends):
+
+1. register when not registered (at start, when a heartbeat answers
+   `reregister`: the scheduler declared this worker lost or lost its state), with
+   the tasks still known here;
+2. heartbeat with every task not yet acknowledged: active ones, and ended ones
+   whose TaskFinished did not get through (the scheduler applies an end seen in
+   a heartbeat as it would the TaskFinished);
+3. TaskFinished for every ended task not yet acknowledged, retried until it is;
+4. RenewLease for every running task, at most every lease third. An answer of
+   `renewed = false` stops the task once its lease has run out: with a
+   checkpoint when the scheduler still knows the task (it wants the devices
+   back), without one when it does not (expiry 0: the task was given up, e.g.
+   after this worker was declared lost, and its job runs elsewhere; a
+   checkpoint now could overwrite that placement's).
+
+A scheduler that is down or restarting costs log lines and retries, never a
+task: a lease is acted on only when the scheduler answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import grpc
+
+from gearshift.common.errors import rpc_code, rpc_details
+from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from gearshift.worker.agent import Agent
+from gearshift.worker.links import link
+from gearshift.worker.tasks import ENDED, Task
+
+log = logging.getLogger("gearshift.worker.registration")
+
+CALL_TIMEOUT_S = 5.0
+FIRST_INTERVAL_S = 1.0
+MAX_RETRY_S = 5.0
+
+
+class SchedulerLink:
+    """Keeps this worker registered and its tasks reported; `start()` runs the thread."""
+
+    def __init__(
+        self,
+        scheduler: str,
+        agent: Agent,
+        *,
+        advertise: str,
+        token: str | None = None,
+        hostname: str = "",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.scheduler = scheduler
+        self.agent = agent
+        self.advertise = advertise
+        self.token = token
+        self.hostname = hostname or socket.gethostname()
+        self.clock = clock
+        self.registered = False
+        self.registrations = 0
+        self.interval = FIRST_INTERVAL_S
+        self._channel = link(scheduler, token=token, timeout=CALL_TIMEOUT_S)
+        self._stub = scheduler_pb2_grpc.WorkerRegistryStub(self._channel)
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._renewed_at: dict[str, float] = {}
+        self._failures = 0
+        agent.on_task_end = self._task_ended
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="scheduler-link", daemon=True)
+        self._thread.start()
+
+    def close(self, flush_timeout: float = 5.0) -> None:
+        """Report the ends not yet acknowledged (bounded), then stop the thread."""
+        self._closed.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=CALL_TIMEOUT_S + 1)
+        deadline = time.monotonic() + flush_timeout
+        while time.monotonic() < deadline and self._report_ends():
+            time.sleep(0.1)
+        self._channel.close()
+
+    def _task_ended(self, task: Task) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            try:
+                self.tick()
+            except Exception:  # the link must outlive any one bad answer
+                log.exception("scheduler link tick failed")
+            wait = self.interval if self._failures == 0 else min(self.interval, MAX_RETRY_S)
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    def tick(self) -> None:
+        if not self.registered and not self._register():
+            return
+        if not self._heartbeat():
+            return
+        self._report_ends()
+        self._renew_leases()
+
+    # -- calls -------------------------------------------------------------------------
+
+    def _failed(self, what: str, exc: grpc.RpcError) -> None:
+        self._failures += 1
+        level = logging.WARNING if self._failures in (1, 10) or self._failures % 100 == 0 else 0
+        if level:
+            log.warning(
+                f"{what} failed; retrying",
+                extra={"code": str(rpc_code(exc)), "error": rpc_details(exc), "n": self._failures},
+            )
+
+    def _register(self) -> bool:
+        request = scheduler_pb2.RegisterWorkerRequest(
+            worker_id=self.agent.worker_id,
+            address=self.advertise,
+            hostname=self.hostname,
+            devices=self.agent.devices,
+            tasks=self.agent.unreported(),
+        )
+        try:
+            reply = self._stub.RegisterWorker(request, timeout=CALL_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            self._failed("registration", exc)
+            return False
+        self._failures = 0
+        self.registered = True
+        self.registrations += 1
+        if reply.heartbeat_interval_seconds > 0:
+            self.interval = reply.heartbeat_interval_seconds
+        if reply.worker_id and reply.worker_id != self.agent.worker_id:
+            log.warning(
+                "the scheduler renamed this worker",
+                extra={"asked": self.agent.worker_id, "given": reply.worker_id},
+            )
+            self.agent.worker_id = reply.worker_id
+        log.info(
+            "registered",
+            extra={
+                "worker_id": self.agent.worker_id,
+                "scheduler": self.scheduler,
+                "heartbeat_interval": self.interval,
+            },
+        )
+        return True
+
+    def _heartbeat(self) -> bool:
+        request = scheduler_pb2.HeartbeatRequest(
+            worker_id=self.agent.worker_id, tasks=self.agent.unreported()
+        )
+        try:
+            reply = self._stub.Heartbeat(request, timeout=CALL_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            self._failed("heartbeat", exc)
+            return False
+        self._failures = 0
+        if reply.reregister:
+            log.warning("the scheduler asks this worker to register again")
+            self.registered = False
+            return self._register()
+        return True
+
+    def _report_ends(self) -> bool:
+        """TaskFinished for each unacknowledged end; True while some remain."""
+        ended = [s for s in self.agent.unreported() if s.state in ENDED]
+        left = False
+        for status in ended:
+            request = scheduler_pb2.TaskFinishedRequest(
+                worker_id=self.agent.worker_id, status=status
+            )
+            try:
+                self._stub.TaskFinished(request, timeout=CALL_TIMEOUT_S)
+            except grpc.RpcError as exc:
+                if rpc_code(exc) == grpc.StatusCode.INVALID_ARGUMENT:  # would never succeed
+                    log.error("TaskFinished refused", extra={"error": rpc_details(exc)})
+                    self.agent.acknowledged(status.task_id)
+                    continue
+                self._failed("TaskFinished", exc)
+                left = True
+                continue
+            self.agent.acknowledged(status.task_id)
+            self._renewed_at.pop(status.task_id, None)
+        return left
+
+    def _renew_leases(self) -> None:
+        now = self.clock()
+        for task in self.agent.running():
+            period = max(
+                self.interval, (task.lease_expires_at - now) / 3 if task.lease_expires_at else 0
+            )
+            if now - self._renewed_at.get(task.task_id, 0.0) < min(period, 30.0):
+                continue
+            request = scheduler_pb2.RenewLeaseRequest(
+                worker_id=self.agent.worker_id,
+                task_id=task.task_id,
+                step=task.progress().step,
+            )
+            try:
+                reply = self._stub.RenewLease(request, timeout=CALL_TIMEOUT_S)
+            except grpc.RpcError as exc:
+                self._failed("lease renewal", exc)
+                return
+            self._renewed_at[task.task_id] = now
+            self._apply_lease(task, reply, now)
+
+    def _apply_lease(self, task: Task, reply: scheduler_pb2.RenewLeaseResponse, now: float) -> None:
+        if reply.renewed:
+            task.lease_expires_at = reply.lease.expires_at
+            return
+        if task.state == common_pb2.TASK_STATE_STOPPING:
+            return
+        if reply.lease.expires_at <= 0:
+            log.warning(
+                "the scheduler no longer knows this task; terminating",
+                extra={"task_id": task.task_id},
+            )
+            threading.Thread(
+                target=task.request_stop,
+                kwargs={"checkpoint": False, "reason": "unknown to the scheduler"},
+                daemon=True,
+            ).start()
+        elif reply.lease.expires_at < now:
+            log.info("lease not renewed and over; checkpointing", extra={"task_id": task.task_id})
+            task.request_stop(checkpoint=True, reason="lease ended")
+
+
+def default_worker_id(hostname: str, port: int) -> str:
+    """`<host>-<port>`: stable across restarts on a fixed port."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in hostname) or "worker"
+    return f"{safe}-{port}"
+
+
+def advertise_address(listen_host: str, port: int, hostnames: Sequence[str] = ()) -> str:
+    """What the scheduler dials: the listen host, or this host's name for a wildcard."""
+    host = listen_host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        host = next(iter(hostnames), "") or socket.gethostname()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{port}"

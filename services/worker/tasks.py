@@ -1,0 +1,298 @@
+"""One task: a job's training processes on this worker, from spawn to their last exit code.
+
+States (TaskState): STARTING until every local process is spawned, RUNNING,
+STOPPING after a stop request, then one final state decided by the exit codes
+alone:
+
+- every process exited 0: COMPLETED, with the digest the processes wrote;
+- every process exited 0 or 75 (the runtime's "checkpointed on request"):
+  CHECKPOINTED;
+- otherwise FAILED, with the exit code of the first process that failed and the
+  end of its log (the traceback), or why the daemon killed it (a stop without a
+  checkpoint, or a checkpoint that did not come in time).
+
+When one process fails, the others of the task are killed at once: they are
+peers of a broken process group and would only wait for it. A watcher thread
+per task polls the processes, so nothing depends on a gRPC call to notice an
+exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gearshift.v1 import common_pb2
+from gearshift.worker.command import CommandSettings, TaskPlan
+from gearshift.worker.spawner import Spawner, SpawnRequest
+
+log = logging.getLogger("gearshift.worker.tasks")
+
+EXIT_STOPPED = 75  # the runtime: checkpointed on request (gearshift.worker.runtime.stop)
+EXIT_BAD_INPUT = 2
+POLL_S = 0.05
+TAIL_BYTES = 4000
+ENDED = (
+    common_pb2.TASK_STATE_CHECKPOINTED,
+    common_pb2.TASK_STATE_COMPLETED,
+    common_pb2.TASK_STATE_FAILED,
+)
+
+
+def log_tail(path: Path, limit: int = TAIL_BYTES) -> str:
+    """The end of a process log, from its last traceback if there is one."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - 4 * limit, 0))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    start = text.rfind("Traceback (most recent call last)")
+    if start >= 0:
+        text = text[start:]
+    lines = [line for line in text.splitlines() if line.strip()]
+    return "\n".join(lines)[-limit:]
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+@dataclass
+class Task:
+    """A task and its processes; thread-safe, state changes under `lock`."""
+
+    plan: TaskPlan
+    task_dir: Path
+    on_end: Callable[[Task], None]
+    state: int = common_pb2.TASK_STATE_STARTING
+    created_at: float = field(default_factory=time.time)
+    ended_at: float = 0.0
+    lease_expires_at: float = 0.0
+    exit_code: int = 0
+    message: str = ""
+    digest: str = ""
+    processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    codes: dict[int, int] = field(default_factory=dict)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    ended: threading.Event = field(default_factory=threading.Event)
+    _stop_reason: str = ""
+    _checkpoint: bool = True
+    _first_failure: tuple[int, int] | None = None  # (rank, code)
+    _killed_reason: str = ""
+
+    @property
+    def task_id(self) -> str:
+        return self.plan.task_id
+
+    @property
+    def job_id(self) -> str:
+        return self.plan.job_id
+
+    # -- start -----------------------------------------------------------------------
+
+    def start(self, spawner: Spawner, settings: CommandSettings, env: Mapping[str, str]) -> None:
+        """Spawn every local rank and the watcher; a spawn failure fails the task."""
+        self.task_dir.mkdir(parents=True, exist_ok=True)
+        config_file = self.task_dir / "config.json"
+        config_file.write_text(self.plan.config_text())
+        self.plan.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for rank in self.plan.ranks:
+                child_env = dict(env)
+                if settings.accelerator == "cuda":
+                    child_env["CUDA_VISIBLE_DEVICES"] = str(self.plan.device_of[rank])
+                argv = self.plan.command(rank, settings, self.task_dir, config_file)
+                process = spawner.spawn(
+                    SpawnRequest(argv, child_env, self.task_dir, self.log_path(rank))
+                )
+                with self.lock:
+                    self.processes[rank] = process
+                    stopping = self.state == common_pb2.TASK_STATE_STOPPING
+                if stopping:  # a stop came while we were spawning
+                    self._signal(process, self._checkpoint)
+        except OSError as exc:
+            with self.lock:
+                self._killed_reason = f"could not start the training processes: {exc}"
+            self._kill_all()
+        with self.lock:
+            if self.state == common_pb2.TASK_STATE_STARTING:
+                self.state = common_pb2.TASK_STATE_RUNNING
+        threading.Thread(target=self._watch, name=f"task-{self.task_id}", daemon=True).start()
+
+    def log_path(self, rank: int) -> Path:
+        return self.task_dir / f"rank{rank}.log"
+
+    # -- stop --------------------------------------------------------------------------
+
+    def request_stop(self, *, checkpoint: bool, reason: str) -> None:
+        """Ask the processes to stop: with a checkpoint at the next global step (the runtime's
+        stop signal), or at once (SIGKILL). A stop without checkpoint overrides one with."""
+        with self.lock:
+            if self.state in ENDED:
+                return
+            if self.state != common_pb2.TASK_STATE_STOPPING or not checkpoint:
+                self._checkpoint = checkpoint
+                self._stop_reason = reason
+            self.state = common_pb2.TASK_STATE_STOPPING
+            processes = list(self.processes.values())
+        log.info(
+            "stopping task",
+            extra={"task_id": self.task_id, "checkpoint": checkpoint, "reason": reason},
+        )
+        if not checkpoint:
+            with self.lock:
+                self._killed_reason = f"terminated: {reason or 'stopped without a checkpoint'}"
+            self._kill_all()
+            return
+        for process in processes:
+            self._signal(process, checkpoint=True)
+
+    def stop(self, *, checkpoint: bool, reason: str, timeout: float) -> None:
+        """request_stop, then wait up to `timeout` for the processes to exit; kill them after."""
+        self.request_stop(checkpoint=checkpoint, reason=reason)
+        if not self.ended.wait(timeout):
+            with self.lock:
+                if not self._killed_reason:
+                    self._killed_reason = (
+                        f"no checkpoint within {timeout:.0f}s of the stop request; killed"
+                    )
+            self._kill_all()
+            self.ended.wait(10.0)
+
+    @staticmethod
+    def _signal(process: subprocess.Popen[bytes], checkpoint: bool) -> None:
+        if process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGUSR1 if checkpoint else signal.SIGKILL)
+
+    def _kill_all(self) -> None:
+        with self.lock:
+            processes = list(self.processes.values())
+        for process in processes:
+            self._signal(process, checkpoint=False)
+
+    # -- watching ----------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        while True:
+            with self.lock:
+                pending = {r: p for r, p in self.processes.items() if r not in self.codes}
+            if not pending:
+                break
+            for rank, process in pending.items():
+                code = process.poll()
+                if code is None:
+                    continue
+                with self.lock:
+                    self.codes[rank] = code
+                    failed = code not in (0, EXIT_STOPPED)
+                    if failed and self._first_failure is None:
+                        self._first_failure = (rank, code)
+                if failed:
+                    log.warning(
+                        "training process failed",
+                        extra={"task_id": self.task_id, "rank": rank, "code": code},
+                    )
+                    self._kill_all()
+            time.sleep(POLL_S)
+        self._finish()
+
+    def _finish(self) -> None:
+        with self.lock:
+            codes = dict(self.codes)
+            if self._first_failure is not None or self._killed_reason or not codes:
+                self.state = common_pb2.TASK_STATE_FAILED
+                self._describe_failure()
+            elif all(code == 0 for code in codes.values()):
+                self.state = common_pb2.TASK_STATE_COMPLETED
+                self.digest = self._read_digest()
+                if not self.digest:
+                    self.state = common_pb2.TASK_STATE_FAILED
+                    self.message = "the processes exited 0 but wrote no digest"
+            else:
+                self.state = common_pb2.TASK_STATE_CHECKPOINTED
+            self.ended_at = time.time()
+        log.info(
+            "task ended",
+            extra={
+                "task_id": self.task_id,
+                "state": common_pb2.TaskState.Name(self.state),
+                "exit_code": self.exit_code,
+                "detail": self.message[-300:],
+            },
+        )
+        self.ended.set()
+        self.on_end(self)
+
+    def _describe_failure(self) -> None:
+        """Exit code and message of a failed task (under the lock)."""
+        if self._first_failure is not None:
+            rank, code = self._first_failure
+            self.exit_code = code if code > 0 else 128 - code
+            tail = log_tail(self.log_path(rank))
+            self.message = f"rank {rank} failed ({describe_exit(code)})" + (
+                f":\n{tail}" if tail else ""
+            )
+            if self._killed_reason:
+                self.message = f"{self._killed_reason}; {self.message}"
+        else:
+            self.exit_code = next((c for c in self.codes.values() if c not in (0,)), 0)
+            if self.exit_code < 0:
+                self.exit_code = 128 - self.exit_code
+            self.message = self._killed_reason or "no process ran"
+
+    def _read_digest(self) -> str:
+        for rank in self.plan.ranks:
+            path = self.task_dir / "stats" / f"rank{rank}.json"
+            try:
+                return str(json.loads(path.read_text())["digest"])
+            except (OSError, ValueError, KeyError):
+                continue
+        return ""
+
+    # -- status --------------------------------------------------------------------------
+
+    def progress(self) -> common_pb2.JobProgress:
+        """Rank 0's latest progress if it runs here; the steps reached otherwise."""
+        progress = common_pb2.JobProgress(total_steps=self.plan.total_steps)
+        try:
+            data = json.loads((self.task_dir / "progress.json").read_text())
+        except (OSError, ValueError):
+            data = {}
+        if data:
+            progress.step = int(data.get("step", 0))
+            progress.loss = float(data.get("loss", 0.0))
+            progress.samples_per_second = max(float(data.get("samples_per_s", 0.0)), 0.0)
+        size = self.plan.spec.dataset.size
+        if size > 0:
+            progress.epoch = progress.step * self.plan.spec.global_batch_size // size
+        return progress
+
+    def status(self) -> common_pb2.TaskStatus:
+        with self.lock:
+            return common_pb2.TaskStatus(
+                task_id=self.task_id,
+                job_id=self.job_id,
+                state=self.state,  # type: ignore[arg-type]
+                progress=self.progress(),
+                exit_code=self.exit_code,
+                message=self.message,
+                digest=self.digest,
+                checkpoint_path=str(self.plan.checkpoint_dir),
+            )

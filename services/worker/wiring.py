@@ -1,0 +1,169 @@
+"""How one training process is connected to the services, from its command line.
+
+The runtime stays unaware of the cluster: it takes a data source, a progress
+callback and a stop flag (its seams). This module fills them from the
+`services` flags of `python -m gearshift.worker.run` that a worker daemon sets:
+the shard manager's dataset as the source, rank 0's progress reported to the
+scheduler and runtime samples to the Brain, and the scheduler's stop request
+turned into the runtime's stop flag (checkpoint at the next global step, exit
+75). Without those flags a process trains alone, as in a local run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gearshift.common.errors import ValidationError
+from gearshift.worker.datasource import DataPlan, DynamicFeed, ManagedShards, epochs_needed
+from gearshift.worker.links import plain_link
+from gearshift.worker.reporting import Reporter, ReportTarget, Snapshot
+from gearshift.worker.runtime.data import DataSource, LocalShards
+from gearshift.worker.runtime.settings import RunSettings
+from gearshift.worker.runtime.stop import StopFlag
+from gearshift.worker.shard_client import ShardClient
+
+log = logging.getLogger("gearshift.worker.wiring")
+
+TOKEN_VARIABLE = "GEARSHIFT_TOKEN"
+
+
+def _write_json(path: Path, value: object) -> None:
+    """Replace `path` atomically, so a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)
+
+
+@dataclass
+class Wiring:
+    """The seams of one training process, filled from its flags."""
+
+    rank: int
+    settings: RunSettings
+    data_mode: str = "local"
+    data_size: int = 0
+    plan: DataPlan | None = None
+    shard_manager: str = ""
+    token: str | None = None
+    reporter: Reporter | None = None
+    progress_file: Path | None = None
+    _feed: DynamicFeed | None = field(default=None, init=False)
+    _client: ShardClient | None = field(default=None, init=False)
+
+    @classmethod
+    def from_args(
+        cls,
+        args: argparse.Namespace,
+        settings: RunSettings,
+        mapping: Sequence[int],
+        stop: StopFlag,
+    ) -> Wiring:
+        token = os.environ.get(TOKEN_VARIABLE) or None
+        if args.data_size < 0:
+            raise ValidationError("--data-size", f"must be >= 0 (got {args.data_size})")
+        wiring = cls(
+            rank=args.rank,
+            settings=settings,
+            data_mode=args.data_mode,
+            data_size=args.data_size,
+            shard_manager=args.shard_manager,
+            token=token,
+            progress_file=args.progress_file if args.rank == 0 else None,
+        )
+        if args.data_mode != "local":
+            if not args.shard_manager:
+                raise ValidationError(
+                    "--shard-manager", f"is required by --data-mode {args.data_mode}"
+                )
+            if not args.data_size:
+                raise ValidationError("--data-size", f"is required by --data-mode {args.data_mode}")
+            wiring.plan = _plan(args, settings)
+        if args.rank == 0 and (args.scheduler or args.brain):
+            target = ReportTarget(
+                job_id=args.job_id,
+                task_id=args.task_id,
+                scheduler=args.scheduler,
+                brain=args.brain,
+                token=token,
+                accelerator_type=args.accelerator_type,
+                ests_per_device=tuple(mapping),
+                global_batch_size=settings.global_batch_size,
+                dataset_size=args.data_size,
+            )
+            wiring.reporter = Reporter(target, stop.request, interval=args.report_interval)
+            wiring.reporter.start()
+        return wiring
+
+    def source(self) -> DataSource | None:
+        """The data source the runtime reads (None: its own local plan of the whole dataset)."""
+        s = self.settings
+        if self.plan is None:
+            if not self.data_size:
+                return None
+            return LocalShards(self.data_size, s.shard_size, s.seed, s.num_ests)
+        self._client = ShardClient(plain_link(self.shard_manager), token=self.token)
+        if self.data_mode == "dynamic":
+            self._feed = DynamicFeed(self._client, self.plan, s.per_est_batch)
+            self._feed.create()
+            return self._feed
+        managed = ManagedShards(self._client, self.plan)
+        managed.create()
+        return managed
+
+    def progress(self, step: int, total: int, loss: float, samples_per_s: float) -> None:
+        """Rank 0's progress callback: remember it for the reporter and the daemon."""
+        if self.reporter is not None:
+            self.reporter.record(Snapshot(step, total, loss, samples_per_s))
+        if self.progress_file is not None:
+            try:
+                _write_json(
+                    self.progress_file,
+                    {
+                        "step": step,
+                        "total_steps": total,
+                        "loss": loss,
+                        "samples_per_s": samples_per_s,
+                    },
+                )
+            except OSError as exc:  # the daemon's view is a convenience, never a reason to stop
+                log.warning("progress file not written", extra={"error": str(exc)})
+
+    def close(self) -> None:
+        if self.reporter is not None:
+            self.reporter.close()
+        if self._feed is not None:
+            self._feed.close()
+        if self._client is not None:
+            self._client.close()
+
+
+def _plan(args: argparse.Namespace, settings: RunSettings) -> DataPlan:
+    """The job's dataset in the shard manager; every process computes the same one."""
+    if not args.dataset_id:
+        raise ValidationError("--dataset-id", f"is required by --data-mode {args.data_mode}")
+    if not args.job_id:
+        raise ValidationError("--job-id", f"is required by --data-mode {args.data_mode}")
+    n, b = settings.num_ests, settings.per_est_batch
+    if args.data_mode == "dynamic":
+        shards = math.ceil(args.data_size / b)
+        epochs = math.ceil(settings.total_steps * n / shards) + 1
+        shard_size = b
+    else:
+        epochs = epochs_needed(args.data_size, settings.shard_size, n, b, settings.total_steps)
+        shard_size = settings.shard_size
+    return DataPlan(
+        dataset_id=args.dataset_id,
+        job_id=args.job_id,
+        size=args.data_size,
+        shard_size=shard_size,
+        seed=settings.seed,
+        num_ranks=n if args.data_mode == "deterministic" else 0,
+        num_epochs=epochs,
+    )
