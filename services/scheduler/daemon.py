@@ -19,6 +19,7 @@ from gearshift.common.db import database_options, migrate_main, open_database
 from gearshift.common.errors import GearshiftError
 from gearshift.common.server import GrpcServer, register
 from gearshift.scheduler.brain import BrainAdvisor
+from gearshift.scheduler.datasets import DatasetKeeper
 from gearshift.scheduler.elastic import ELASTIC_POLICIES
 from gearshift.scheduler.policies import policy_names
 from gearshift.scheduler.policies.base import EntityPolicy
@@ -89,6 +90,13 @@ OPTIONS = [
     ),
     Option("seed", "random seed of the policies (Gavel's type shuffle, FIFO draws)", 0, int),
     Option(
+        "max_restarts",
+        "times a job whose task failed is resumed from its last checkpoint before it fails "
+        "(a failure for bad input fails it at once)",
+        3,
+        int,
+    ),
+    Option(
         "tenant_weights",
         "hierarchical policy: tenants' shares of the cluster, TENANT=WEIGHT,... (others: 1)",
         "",
@@ -125,6 +133,8 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         raise ValueError("--min-recompute-seconds must be >= 0")
     if config.heartbeat_timeout <= config.heartbeat_interval:
         raise ValueError("--heartbeat-timeout must exceed --heartbeat-interval")
+    if config.max_restarts < 0:
+        raise ValueError("--max-restarts must be >= 0")
     if not 1024 <= config.rendezvous_port_base <= 65000:
         raise ValueError("--rendezvous-port-base must be between 1024 and 65000")
     weights: dict[str, float] = {}
@@ -155,6 +165,7 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         stop_timeout_seconds=config.stop_timeout,
         rendezvous_port_base=config.rendezvous_port_base,
         seed=config.seed,
+        max_restarts=config.max_restarts,
     )
 
 
@@ -174,6 +185,7 @@ def build(config: argparse.Namespace) -> Daemon:
         settings,
         agents=WorkerAgents(token=token),
         brain=BrainAdvisor(settings.brain_address, token=token),
+        datasets=DatasetKeeper(settings.shard_manager_address, token=token),
     )
     scheduler.recover()
 

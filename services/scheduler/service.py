@@ -49,9 +49,10 @@ from typing import TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from gearshift.common.errors import NotFoundError, PreconditionError, rpc_details
+from gearshift.common.errors import NotFoundError, PreconditionError, rpc_code, rpc_details
 from gearshift.common.estplan import plan_on
 from gearshift.scheduler.brain import BrainAdvisor
+from gearshift.scheduler.datasets import DatasetKeeper
 from gearshift.scheduler.elastic import (
     ELASTIC_POLICIES,
     ElasticJob,
@@ -89,6 +90,10 @@ BRAIN_EVENTS: dict[int, int] = {
     E.JOB_EVENT_TYPE_CANCELLED: brain_pb2.JOB_EVENT_KIND_CANCELLED,
 }
 ENDED_TASK_STATES = (S.TASK_STATE_CHECKPOINTED, S.TASK_STATE_COMPLETED, S.TASK_STATE_FAILED)
+# A training process's exit code for bad input (the runtime's launcher): no restart can help.
+EXIT_BAD_INPUT = 2
+# StartTask errors that mean the worker is gone (or unreachable) rather than the request bad.
+UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 RUNNING_STATES = (S.JOB_STATE_RUNNING, S.JOB_STATE_RESCALING)
 
 
@@ -109,6 +114,7 @@ class SchedulerSettings:
     rendezvous_port_base: int = 29500
     seed: int = 0
     progress_event_seconds: float = 10.0
+    max_restarts: int = 3
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
     tenant_policies: Mapping[str, EntityPolicy] = field(default_factory=dict)
 
@@ -165,12 +171,14 @@ class Scheduler:
         *,
         agents: WorkerAgents | None = None,
         brain: BrainAdvisor | None = None,
+        datasets: DatasetKeeper | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.settings = settings
         self.agents = agents or WorkerAgents()
         self.brain = brain or BrainAdvisor()
+        self.datasets = datasets or DatasetKeeper()
         self.clock = clock
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
@@ -185,6 +193,7 @@ class Scheduler:
         self._stopping: set[str] = set()
         self._estimates: dict[str, dict[str, float]] = {}
         self._last_progress_event: dict[str, float] = {}
+        self._restarts: dict[str, int] = {}  # job -> restarts after failed tasks (not persisted)
         self._round = 0
         self._last_round_at = 0.0
         self._elastic: ElasticPolicy | None = None
@@ -237,6 +246,7 @@ class Scheduler:
             self._thread.join(timeout=30)
         self._pool.shutdown(wait=True, cancel_futures=False)
         self.agents.close()
+        self.datasets.close()
         with self._changed:
             self._changed.notify_all()
 
@@ -484,8 +494,12 @@ class Scheduler:
                 changes = self._diff(desired, report)
                 self.store.set_state("round", str(self._round))
                 self._last_round_at = now
-            futures = [self._pool.submit(self._apply, change) for change in changes]
-            for future in futures:
+            # Every stop before any start: a job must not be started on devices that another
+            # job's processes still hold (they leave only once they have checkpointed).
+            stops = [self._pool.submit(self._apply_stop, change) for change in changes]
+            going = [change for change, done in zip(changes, stops, strict=True) if done.result()]
+            starts = [self._pool.submit(self._apply_start, change) for change in going]
+            for future in starts:
                 future.result()
             if report.started or report.rescaled or report.preempted:
                 log.info(
@@ -719,13 +733,14 @@ class Scheduler:
         return changes
 
     # Applying a change (outside the lock; one thread per job) ----------------------
-    def _apply(self, change: _Change) -> None:
+    def _apply_stop(self, change: _Change) -> bool:
+        """Stop the job's tasks with a checkpoint; True when a start is to follow."""
         try:
             self._stop_tasks(change.stop, checkpoint=True, reason=change.kind)
             with self._lock:
                 job = self._jobs.get(change.job_id)
                 if job is None or job.terminal:
-                    return
+                    return False
                 if change.stop:
                     paths = sorted({t.checkpoint_path for t in change.stop if t.checkpoint_path})
                     self._record(
@@ -738,9 +753,23 @@ class Scheduler:
                     job.state = S.JOB_STATE_QUEUED
                     job.placement.Clear()
                     self._record(job, E.JOB_EVENT_TYPE_PREEMPTED, "devices given to other jobs")
+                    return False
+            return True
+        except Exception:
+            log.exception("stopping a job's tasks failed", extra={"job_id": change.job_id})
+            self._abandon(change)
+            return False
+
+    def _apply_start(self, change: _Change) -> None:
+        """Start the job's new placement."""
+        assert change.start is not None
+        try:
+            with self._lock:
+                job = self._jobs.get(change.job_id)
+                if job is None or job.terminal:
                     return
                 placement, tasks, requests = self._prepare_start(job, change.start)
-            failures = self._start_tasks(requests)
+            failures, unreachable = self._start_tasks(requests)
             with self._lock:
                 job = self._jobs.get(change.job_id)
                 if job is None or job.terminal:
@@ -757,6 +786,16 @@ class Scheduler:
                     self._record(
                         job, E.JOB_EVENT_TYPE_PREEMPTED, "could not start: " + "; ".join(failures)
                     )
+                    # A worker that cannot be reached is as good as lost: waiting for its
+                    # heartbeats to time out would only retry the same placement. If it is
+                    # alive after all, its next heartbeat makes it register again.
+                    gone = [
+                        w.worker_id
+                        for w in self._workers.values()
+                        if w.alive and w.address in unreachable
+                    ]
+                    if gone:
+                        self._lose(gone, self.clock(), "unreachable")
                 else:
                     rescaled = change.kind == "rescale"
                     job.placement.CopyFrom(placement)  # published once its tasks run
@@ -774,14 +813,19 @@ class Scheduler:
                     )
             if failures:
                 self._kill(tasks, "start failed")
+                self.wake()
         except Exception:
-            log.exception("applying a change failed", extra={"job_id": change.job_id})
-            with self._lock:
-                job = self._jobs.get(change.job_id)
-                if job is not None and not job.terminal and job.state == S.JOB_STATE_RESCALING:
-                    job.state = S.JOB_STATE_QUEUED
-                    job.placement.Clear()
-                    self._record(job, E.JOB_EVENT_TYPE_PREEMPTED, "rescale failed")
+            log.exception("starting a job failed", extra={"job_id": change.job_id})
+            self._abandon(change)
+
+    def _abandon(self, change: _Change) -> None:
+        """A change that broke half-way: a moving job goes back to the queue."""
+        with self._lock:
+            job = self._jobs.get(change.job_id)
+            if job is not None and not job.terminal and job.state == S.JOB_STATE_RESCALING:
+                job.state = S.JOB_STATE_QUEUED
+                job.placement.Clear()
+                self._record(job, E.JOB_EVENT_TYPE_PREEMPTED, "rescale failed")
 
     def _prepare_start(
         self, job: JobRecord, assignments: list[tuple[Device, int]]
@@ -852,16 +896,23 @@ class Scheduler:
             port += 1
         return port
 
-    def _start_tasks(self, requests: list[tuple[str, worker_pb2.StartTaskRequest]]) -> list[str]:
+    def _start_tasks(
+        self, requests: list[tuple[str, worker_pb2.StartTaskRequest]]
+    ) -> tuple[list[str], set[str]]:
+        """(failures, addresses of workers that could not be reached)."""
+        unreachable: set[str] = set()
+
         def call(item: tuple[str, worker_pb2.StartTaskRequest]) -> str:
             address, request = item
             try:
                 self.agents.start(address, request)
             except grpc.RpcError as exc:
+                if rpc_code(exc) in UNREACHABLE:
+                    unreachable.add(address)
                 return f"{request.task_id} on {address}: {rpc_details(exc)}"
             return ""
 
-        return [r for r in self._pool_map(call, requests) if r]
+        return [r for r in self._pool_map(call, requests) if r], unreachable
 
     def _pool_map(self, fn: Callable[[T], str], items: Sequence[T]) -> list[str]:
         if len(items) <= 1:
@@ -970,21 +1021,42 @@ class Scheduler:
         job.placement.Clear()
         self._record(job, kind, message)
         self._jobs.pop(job.job_id, None)
+        self._restarts.pop(job.job_id, None)
         self._estimates.pop(job.job_id, None)
+        if self.datasets.address:
+            with contextlib.suppress(RuntimeError):  # shutting down
+                self._pool.submit(self.datasets.delete_job, job.job_id)
         self._estimates.pop(job.job_id + "#1", None)
         if self._mechanism is not None:
             self._mechanism.remove_job(job.job_id)
 
+    def _release_holders(self, job: JobRecord, reason: str) -> None:
+        """Dynamic-mode jobs: give the ESTs' held shards back now (their processes are gone)."""
+        if job.spec.dataset.mode != S.DATA_MODE_DYNAMIC or not self.datasets.address:
+            return
+        with contextlib.suppress(RuntimeError):  # shutting down
+            self._pool.submit(
+                self.datasets.release, job.job_id, job.job_id, range(job.spec.num_ests), reason
+            )
+
     def _detect_lost(self, now: float) -> list[str]:
-        lost: list[str] = []
-        for worker in self._workers.values():
-            if worker.alive and now - worker.last_heartbeat_at > self.settings.heartbeat_timeout:
-                worker.alive = False
-                self.store.save_worker(worker)
-                lost.append(worker.worker_id)
-                log.warning("worker lost", extra={"worker_id": worker.worker_id})
-        if not lost:
-            return lost
+        timeout = self.settings.heartbeat_timeout
+        lost = [
+            w.worker_id
+            for w in self._workers.values()
+            if w.alive and now - w.last_heartbeat_at > timeout
+        ]
+        if lost:
+            self._lose(lost, now, "missed heartbeats")
+        return lost
+
+    def _lose(self, lost: Sequence[str], now: float, why: str) -> None:
+        """Declare workers lost: their tasks fail, their jobs go back to the queue."""
+        for worker_id in lost:
+            worker = self._workers[worker_id]
+            worker.alive = False
+            self.store.save_worker(worker)
+            log.warning("worker lost", extra={"worker_id": worker_id, "why": why})
         if self._mechanism is not None:
             self._mechanism.workers_changed()
         for job in list(self._jobs.values()):
@@ -999,15 +1071,16 @@ class Scheduler:
                 self._tasks.pop(task.task_id, None)
             self.store.save_tasks(dead)
             survivors = [t for t in tasks if t.worker_id not in lost]
+            self._release_holders(job, "a worker of the job was lost")
             job.state = S.JOB_STATE_QUEUED
             job.placement.Clear()
             self._record(
                 job,
                 E.JOB_EVENT_TYPE_WORKER_LOST,
-                f"worker {', '.join(sorted({t.worker_id for t in dead}))} lost; rescheduling",
+                f"worker {', '.join(sorted({t.worker_id for t in dead}))} lost ({why}); "
+                "rescheduling",
             )
             self._kill(survivors, "a worker of the job was lost")
-        return lost
 
     def _task_reports(self, worker_id: str, statuses: Sequence[common_pb2.TaskStatus]) -> None:
         """Apply what a worker says of its tasks; an ended task frees devices (wake a round)."""
@@ -1054,12 +1127,24 @@ class Scheduler:
                 elif status.state == S.TASK_STATE_FAILED:
                     detail = status.message or f"exit code {status.exit_code}"
                     kill.extend(others)
-                    self._finish(
-                        job,
-                        S.JOB_STATE_FAILED,
-                        E.JOB_EVENT_TYPE_FAILED,
-                        f"task {task.task_id} on {worker_id} failed: {detail}",
-                    )
+                    self._release_holders(job, f"task {task.task_id} failed")
+                    restarts = self._restarts.get(job.job_id, 0)
+                    what = f"task {task.task_id} on {worker_id} failed: {detail}"
+                    if status.exit_code == EXIT_BAD_INPUT or restarts >= self.settings.max_restarts:
+                        self._finish(job, S.JOB_STATE_FAILED, E.JOB_EVENT_TYPE_FAILED, what)
+                    else:
+                        # A peer that died (a lost node) fails the others' collectives
+                        # before its worker is declared lost; and a crash may be transient.
+                        # Resume from the last checkpoint, a bounded number of times.
+                        self._restarts[job.job_id] = restarts + 1
+                        job.state = S.JOB_STATE_QUEUED
+                        job.placement.Clear()
+                        self._record(
+                            job,
+                            E.JOB_EVENT_TYPE_PREEMPTED,
+                            f"{what}; restarting from the last checkpoint "
+                            f"(restart {restarts + 1} of {self.settings.max_restarts})",
+                        )
                 elif not others and job.state in RUNNING_STATES:
                     job.state = S.JOB_STATE_QUEUED  # checkpointed on its own: queue again
                     job.placement.Clear()

@@ -1,0 +1,80 @@
+"""What the scheduler tells the shard manager about its jobs' datasets (best effort).
+
+A job's dataset is created by its training processes (idempotently, from the
+JobSpec) and belongs to the job: when the job ends, DeleteJobDatasets drops it.
+In dynamic mode, when a process dies, ReleaseHolder gives its ESTs' shards back
+at once instead of when their leases run out. A shard manager that is down
+costs a log line: a dataset left behind is deleted with the next end of its
+job... or expires with its keys; a holder not released loses its lease.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import grpc
+
+from gearshift.common.channel import connect
+from gearshift.common.errors import rpc_code, rpc_details
+from gearshift.v1 import shardmanager_pb2, shardmanager_pb2_grpc
+
+log = logging.getLogger("gearshift.scheduler.datasets")
+
+
+def holder_id(job_id: str, est: int) -> str:
+    """The shard-manager holder of one EST of a dynamic-mode job (the worker's naming)."""
+    return f"{job_id}/est-{est}"
+
+
+class DatasetKeeper:
+    """Calls to the shard manager; a no-op without an address."""
+
+    def __init__(self, address: str = "", *, token: str | None = None, timeout: float = 5.0):
+        self.address = address
+        self._timeout = timeout
+        self._channel: grpc.Channel | None = None
+        self._stub: shardmanager_pb2_grpc.ShardManagerStub | None = None
+        if address:
+            self._channel = connect(address, token=token, timeout=timeout)
+            self._stub = shardmanager_pb2_grpc.ShardManagerStub(self._channel)
+
+    def delete_job(self, job_id: str) -> list[str]:
+        """Drop the job's datasets; the ids deleted ([] when none or unreachable)."""
+        if self._stub is None:
+            return []
+        request = shardmanager_pb2.DeleteJobDatasetsRequest(job_id=job_id)
+        try:
+            reply = self._stub.DeleteJobDatasets(request, timeout=self._timeout)
+        except grpc.RpcError as exc:
+            log.warning(
+                "datasets not deleted",
+                extra={"job_id": job_id, "code": str(rpc_code(exc)), "error": rpc_details(exc)},
+            )
+            return []
+        return list(reply.dataset_ids)
+
+    def release(self, dataset_id: str, job_id: str, ests: Iterable[int], reason: str) -> int:
+        """Put the shards of these ESTs' holders back in TODO; how many were requeued."""
+        if self._stub is None:
+            return 0
+        requeued = 0
+        for est in ests:
+            request = shardmanager_pb2.ReleaseHolderRequest(
+                dataset_id=dataset_id, holder_id=holder_id(job_id, est), reason=reason
+            )
+            try:
+                reply = self._stub.ReleaseHolder(request, timeout=self._timeout)
+            except grpc.RpcError as exc:
+                if rpc_code(exc) != grpc.StatusCode.NOT_FOUND:
+                    log.warning(
+                        "holder not released",
+                        extra={"job_id": job_id, "est": est, "error": rpc_details(exc)},
+                    )
+                continue
+            requeued += reply.requeued
+        return requeued
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
