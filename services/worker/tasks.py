@@ -246,13 +246,15 @@ class Task:
             rank, code = self._first_failure
             self.exit_code = code if code > 0 else 128 - code
             tail = log_tail(self.log_path(rank))
+            error = tail.splitlines()[-1] if tail else ""
+            # The error first (a UI shows the first line), then the traceback it ends.
             self.message = f"rank {rank} failed ({describe_exit(code)})" + (
-                f":\n{tail}" if tail else ""
+                f": {error}\n{tail}" if tail else ""
             )
             if self._killed_reason:
                 self.message = f"{self._killed_reason}; {self.message}"
         else:
-            self.exit_code = next((c for c in self.codes.values() if c not in (0,)), 0)
+            self.exit_code = next((c for c in self.codes.values() if c != 0), 0)
             if self.exit_code < 0:
                 self.exit_code = 128 - self.exit_code
             self.message = self._killed_reason or "no process ran"

@@ -1,0 +1,450 @@
+"""The worker daemon as a real process over real gRPC, its training processes real runtime
+processes; the scheduler side is an in-process WorkerRegistry server that records what the
+daemon and rank 0 tell it (register, heartbeats, leases, progress, TaskFinished)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gearshift.client.processes import DaemonProcess
+from gearshift.common.channel import connect
+from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tests.conftest import DaemonFactory
+from tests.helpers import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+WAIT = 60.0
+MLP = "gearshift.examples.mlp"
+
+C = common_pb2
+S = scheduler_pb2
+
+
+@dataclass
+class FakeScheduler(scheduler_pb2_grpc.WorkerRegistryServicer):
+    """Records the Workers API calls; can ask for a re-registration or a job's stop."""
+
+    registrations: list[S.RegisterWorkerRequest] = field(default_factory=list)
+    heartbeats: list[S.HeartbeatRequest] = field(default_factory=list)
+    finished: list[C.TaskStatus] = field(default_factory=list)
+    progress: list[S.ReportProgressRequest] = field(default_factory=list)
+    renewals: list[S.RenewLeaseRequest] = field(default_factory=list)
+    reregister: threading.Event = field(default_factory=threading.Event)
+    stop_tasks: set[str] = field(default_factory=set)
+
+    def RegisterWorker(
+        self, request: S.RegisterWorkerRequest, context: grpc.ServicerContext
+    ) -> S.RegisterWorkerResponse:
+        self.registrations.append(request)
+        return S.RegisterWorkerResponse(
+            worker_id=request.worker_id, heartbeat_interval_seconds=0.2, heartbeat_timeout_seconds=2
+        )
+
+    def Heartbeat(
+        self, request: S.HeartbeatRequest, context: grpc.ServicerContext
+    ) -> S.HeartbeatResponse:
+        self.heartbeats.append(request)
+        again = self.reregister.is_set()
+        self.reregister.clear()
+        return S.HeartbeatResponse(reregister=again)
+
+    def RenewLease(
+        self, request: S.RenewLeaseRequest, context: grpc.ServicerContext
+    ) -> S.RenewLeaseResponse:
+        self.renewals.append(request)
+        lease = C.Lease(task_id=request.task_id, expires_at=time.time() + 60)
+        return S.RenewLeaseResponse(renewed=True, lease=lease)
+
+    def ReportProgress(
+        self, request: S.ReportProgressRequest, context: grpc.ServicerContext
+    ) -> S.ReportProgressResponse:
+        self.progress.append(request)
+        return S.ReportProgressResponse(stop_requested=request.task_id in self.stop_tasks)
+
+    def TaskFinished(
+        self, request: S.TaskFinishedRequest, context: grpc.ServicerContext
+    ) -> S.TaskFinishedResponse:
+        self.finished.append(request.status)
+        return S.TaskFinishedResponse()
+
+    def ended(self, task_id: str) -> C.TaskStatus | None:
+        return next((s for s in self.finished if s.task_id == task_id), None)
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeScheduler, str]]:
+    servicer = FakeScheduler()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    scheduler_pb2_grpc.add_WorkerRegistryServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield servicer, f"127.0.0.1:{port}"
+    server.stop(0)
+
+
+def start_worker(
+    daemons: DaemonFactory, scheduler: str, tmp_path: Path, devices: str = "cpu:2"
+) -> DaemonProcess:
+    return daemons(
+        "worker",
+        [
+            "--scheduler",
+            scheduler,
+            "--devices",
+            devices,
+            "--worker-id",
+            "wA",
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--report-interval",
+            "0.3",
+            "--stop-timeout",
+            "30",
+        ],
+        env={"PYTHONPATH": str(REPO)},
+    )
+
+
+def spec(steps: int, module: str = MLP, config: str = '{"samples": 256}') -> C.JobSpec:
+    return C.JobSpec(
+        name="t",
+        entrypoint=C.Entrypoint(module=module, config_json=config),
+        num_ests=4,
+        global_batch_size=16,
+        total_steps=steps,
+        dataset=C.DatasetSpec(size=256, shard_size=16, seed=3),
+        checkpoint_every_steps=5,
+    )
+
+
+def start_request(
+    tmp_path: Path, task_id: str, job_spec: C.JobSpec, scheduler: str = ""
+) -> worker_pb2.StartTaskRequest:
+    """Two ranks on worker wA holding 3 and 1 ESTs (an uneven split)."""
+    processes = [
+        C.ProcessAssignment(rank=0, worker_id="wA", device_index=0, est_ids=[0, 1, 2]),
+        C.ProcessAssignment(rank=1, worker_id="wA", device_index=1, est_ids=[3]),
+    ]
+    return worker_pb2.StartTaskRequest(
+        task_id=task_id,
+        job_id="job-" + task_id,
+        spec=job_spec,
+        placement=C.Placement(processes=processes),
+        local_ranks=[0, 1],
+        rendezvous_address=f"127.0.0.1:{free_port()}",
+        checkpoint_dir=str(tmp_path / "ckpt" / task_id),
+        endpoints=worker_pb2.ServiceEndpoints(scheduler=scheduler),
+    )
+
+
+def finished(recorder: FakeScheduler, task_id: str) -> C.TaskStatus:
+    """The TaskFinished status of a task, once it came."""
+    status = wait_until(lambda: recorder.ended(task_id), WAIT, f"TaskFinished of {task_id}")
+    assert status is not None
+    return status
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def status(daemon: DaemonProcess, task_id: str) -> C.TaskStatus:
+    with connect(daemon.address) as channel:
+        stub = worker_pb2_grpc.WorkerAgentStub(channel)
+        return stub.GetTaskStatus(worker_pb2.GetTaskStatusRequest(task_id=task_id))
+
+
+def local_digest(tmp_path: Path, job_spec: C.JobSpec) -> str:
+    """The same job run by the runtime's launcher on one process."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gearshift.worker.run",
+            "--job",
+            job_spec.entrypoint.module,
+            "--config",
+            job_spec.entrypoint.config_json,
+            "--ests",
+            "4",
+            "--procs",
+            "1",
+            "--steps",
+            str(job_spec.total_steps),
+            "--batch-size",
+            "16",
+            "--seed",
+            str(job_spec.dataset.seed),
+            "--shard-size",
+            str(job_spec.dataset.shard_size),
+            "--data-size",
+            str(job_spec.dataset.size),
+            "--checkpoint-dir",
+            str(tmp_path / "local"),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return str(re.findall(r"^digest sha256:([0-9a-f]{64})$", run.stdout, re.MULTILINE)[-1])
+
+
+def test_registers_heartbeats_and_registers_again_when_told(
+    daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
+) -> None:
+    recorder, address = fake
+    worker = start_worker(daemons, address, tmp_path, devices="v100:1,t4:2:16GiB")
+    first = wait_until(lambda: recorder.registrations, WAIT, "registration")[0]
+    assert first.worker_id == "wA" and first.address == worker.address
+    assert [(g.accelerator_type, g.count, g.memory_bytes) for g in first.devices] == [
+        ("v100", 1, 0),
+        ("t4", 2, 16 * 2**30),
+    ]
+    wait_until(lambda: len(recorder.heartbeats) >= 3, WAIT, "heartbeats at the given interval")
+    assert all(h.worker_id == "wA" for h in recorder.heartbeats)
+    recorder.reregister.set()
+    wait_until(lambda: len(recorder.registrations) >= 2, WAIT, "registration after reregister")
+    with connect(worker.address) as channel:
+        description = worker_pb2_grpc.WorkerAgentStub(channel).DescribeWorker(
+            worker_pb2.DescribeWorkerRequest()
+        )
+    assert description.worker_id == "wA" and list(description.devices) == list(first.devices)
+
+
+def test_a_task_completes_with_the_digest_of_a_local_run(
+    daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
+) -> None:
+    recorder, address = fake
+    worker = start_worker(daemons, address, tmp_path)
+    job_spec = spec(20)
+    request = start_request(tmp_path, "t-done", job_spec, scheduler=address)
+    with connect(worker.address) as channel:
+        stub = worker_pb2_grpc.WorkerAgentStub(channel)
+        first = stub.StartTask(request)
+        assert first.state in (C.TASK_STATE_STARTING, C.TASK_STATE_RUNNING)
+        again = stub.StartTask(request)  # a retry: the same task, nothing spawned twice
+        assert again.task_id == "t-done" and again.job_id == request.job_id
+        tasks = stub.DescribeWorker(worker_pb2.DescribeWorkerRequest()).tasks
+        assert [t.task_id for t in tasks] == ["t-done"]
+    final = finished(recorder, "t-done")
+    assert final.state == C.TASK_STATE_COMPLETED, final.message
+    assert final.digest == local_digest(tmp_path, job_spec)
+    assert final.progress.step == 20 and final.checkpoint_path == request.checkpoint_dir
+    assert sorted(p.name for p in (tmp_path / "work" / "tasks" / "t-done").glob("rank*.log")) == [
+        "rank0.log",
+        "rank1.log",
+    ]
+    # Rank 0 reported progress to the scheduler, up to the last step.
+    assert recorder.progress and recorder.progress[-1].progress.step == 20
+    assert recorder.progress[-1].job_id == request.job_id
+    assert status(worker, "t-done").state == C.TASK_STATE_COMPLETED
+
+
+def test_stop_task_checkpoints_and_ends_checkpointed(
+    daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
+) -> None:
+    recorder, address = fake
+    worker = start_worker(daemons, address, tmp_path)
+    request = start_request(tmp_path, "t-stop", spec(1_000_000))
+    with connect(worker.address) as channel:
+        stub = worker_pb2_grpc.WorkerAgentStub(channel)
+        stub.StartTask(request)
+        wait_until(lambda: status(worker, "t-stop").progress.step >= 5, WAIT, "training")
+        wait_until(lambda: recorder.renewals, WAIT, "the lease is renewed")
+        stopped = stub.StopTask(
+            worker_pb2.StopTaskRequest(task_id="t-stop", checkpoint=True, timeout_seconds=60)
+        )
+    assert stopped.state == C.TASK_STATE_CHECKPOINTED, stopped.message
+    assert list((tmp_path / "ckpt" / "t-stop").glob("ckpt-*.pt"))
+    final = finished(recorder, "t-stop")
+    assert final.state == C.TASK_STATE_CHECKPOINTED
+
+
+def test_a_stop_requested_in_the_progress_answer_checkpoints(
+    daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
+) -> None:
+    recorder, address = fake
+    worker = start_worker(daemons, address, tmp_path)
+    recorder.stop_tasks.add("t-asked")
+    with connect(worker.address) as channel:
+        worker_pb2_grpc.WorkerAgentStub(channel).StartTask(
+            start_request(tmp_path, "t-asked", spec(1_000_000), scheduler=address)
+        )
+    final = finished(recorder, "t-asked")
+    assert final.state == C.TASK_STATE_CHECKPOINTED, final.message
+    assert list((tmp_path / "ckpt" / "t-asked").glob("ckpt-*.pt"))
+
+
+def test_a_crashing_training_process_is_reported_failed_with_its_error(
+    daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
+) -> None:
+    recorder, address = fake
+    worker = start_worker(daemons, address, tmp_path)
+    crash = spec(1000, "tests.integration.worker_jobs", '{"samples": 256, "crash_after": 7}')
+    with connect(worker.address) as channel:
+        worker_pb2_grpc.WorkerAgentStub(channel).StartTask(
+            start_request(tmp_path, "t-crash", crash)
+        )
+    final = finished(recorder, "t-crash")
+    assert final.state == C.TASK_STATE_FAILED
+    assert final.exit_code == 1
+    assert "RuntimeError: boom after 7 forward passes" in final.message, final.message
+    assert final.message.startswith("rank ")
+
+
+def test_stop_without_checkpoint_terminates(
+    daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
+) -> None:
+    _, address = fake
+    worker = start_worker(daemons, address, tmp_path)
+    with connect(worker.address) as channel:
+        stub = worker_pb2_grpc.WorkerAgentStub(channel)
+        stub.StartTask(start_request(tmp_path, "t-kill", spec(1_000_000)))
+        stopped = stub.StopTask(
+            worker_pb2.StopTaskRequest(task_id="t-kill", checkpoint=False, reason="cancelled")
+        )
+        assert stopped.state == C.TASK_STATE_FAILED and "terminated: cancelled" in stopped.message
+        calls: list[Callable[[], object]] = [
+            lambda: stub.GetTaskStatus(worker_pb2.GetTaskStatusRequest(task_id="t-nope")),
+            lambda: stub.StopTask(worker_pb2.StopTaskRequest(task_id="t-nope")),
+        ]
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as exc:
+                call()
+            assert exc.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def _bad(tmp_path: Path, field: str) -> worker_pb2.StartTaskRequest:
+    request = start_request(tmp_path, "t-bad", spec(10))
+    processes = request.placement.processes
+    if field == "task_id":
+        request.task_id = ""
+    elif field == "spec":
+        request.ClearField("spec")
+    elif field == "spec.num_ests":
+        request.spec.num_ests = 0
+    elif field == "spec.dataset.shard_size":
+        request.spec.dataset.shard_size = 100  # 3 shards for 4 ESTs
+    elif field == "placement.processes":
+        del processes[:]
+    elif field == "placement.processes[1].est_ids":
+        processes[1].est_ids[:] = [2]
+    elif field == "placement.processes[1].rank":
+        processes[1].rank = 5
+    elif field == "placement.processes[1].device_index":
+        processes[1].device_index = 7
+    elif field == "local_ranks[0]":
+        processes[0].worker_id = "wB"
+    elif field == "local_ranks[1]":
+        request.local_ranks[:] = [0, 9]
+    elif field == "local_ranks":
+        request.local_ranks[:] = []
+    elif field == "rendezvous_address":
+        request.rendezvous_address = "nowhere"
+    elif field == "checkpoint_dir":
+        request.checkpoint_dir = ""
+    elif field == "endpoints.shard_manager":
+        request.spec.dataset.mode = C.DATA_MODE_DYNAMIC
+    return request
+
+
+BAD_FIELDS = [
+    "task_id",
+    "spec",
+    "spec.num_ests",
+    "spec.dataset.shard_size",
+    "placement.processes",
+    "placement.processes[1].est_ids",
+    "placement.processes[1].rank",
+    "placement.processes[1].device_index",
+    "local_ranks[0]",
+    "local_ranks[1]",
+    "local_ranks",
+    "rendezvous_address",
+    "checkpoint_dir",
+    "endpoints.shard_manager",
+]
+
+
+def test_bad_start_requests_name_the_field_and_change_nothing(
+    daemons: DaemonFactory, tmp_path: Path
+) -> None:
+    worker = daemons(
+        "worker", ["--devices", "cpu:2", "--worker-id", "wA", "--work-dir", str(tmp_path / "work")]
+    )
+    with connect(worker.address) as channel:
+        stub = worker_pb2_grpc.WorkerAgentStub(channel)
+        for field_name in BAD_FIELDS:
+            with pytest.raises(grpc.RpcError) as exc:
+                stub.StartTask(_bad(tmp_path, field_name))
+            assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field_name
+            assert str(exc.value.details()).startswith(field_name + ":"), exc.value.details()
+        with pytest.raises(grpc.RpcError) as exc:
+            stub.StopTask(worker_pb2.StopTaskRequest(task_id="x", timeout_seconds=-1))
+        assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert str(exc.value.details()).startswith("timeout_seconds:")
+        assert not stub.DescribeWorker(worker_pb2.DescribeWorkerRequest()).tasks
+    assert not (tmp_path / "work" / "tasks").exists()
+
+
+def test_sigterm_checkpoints_the_tasks_and_exits_0(
+    daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
+) -> None:
+    recorder, address = fake
+    worker = start_worker(daemons, address, tmp_path)
+    with connect(worker.address) as channel:
+        worker_pb2_grpc.WorkerAgentStub(channel).StartTask(
+            start_request(tmp_path, "t-term", spec(1_000_000))
+        )
+    wait_until(lambda: status(worker, "t-term").progress.step >= 1, WAIT, "training")
+    worker.process.send_signal(signal.SIGTERM)
+    assert worker.process.wait(timeout=60) == 0, worker.log_tail()
+    final = recorder.ended("t-term")
+    assert final is not None and final.state == C.TASK_STATE_CHECKPOINTED, worker.log_tail()
+    assert list((tmp_path / "ckpt" / "t-term").glob("ckpt-*.pt"))
+
+
+def test_a_killed_daemon_takes_its_training_processes_along(
+    daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
+) -> None:
+    _, address = fake
+    worker = start_worker(daemons, address, tmp_path)
+    with connect(worker.address) as channel:
+        worker_pb2_grpc.WorkerAgentStub(channel).StartTask(
+            start_request(tmp_path, "t-orphan", spec(1_000_000))
+        )
+    wait_until(lambda: status(worker, "t-orphan").progress.step >= 1, WAIT, "training")
+    pids = children_with("--task-id t-orphan ")
+    assert len(pids) == 2
+    worker.kill()
+    wait_until(lambda: not children_with("--task-id t-orphan "), 30, "the processes died")
+
+
+def children_with(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmdline and "gearshift.worker.run" in cmdline:
+                found.append(int(entry.name))
+    return found

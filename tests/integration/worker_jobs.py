@@ -1,0 +1,34 @@
+"""Jobs for the worker daemon's tests, imported by training processes (PYTHONPATH = the repo).
+
+`crashing`: the MLP example whose forward raises after `crash_after` calls, as a bug in
+user code would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gearshift.examples import mlp
+from gearshift.worker.runtime.job import Job
+
+
+class Crashing(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module, after: int) -> None:
+        super().__init__()
+        self.inner = inner
+        self.after = after
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls > self.after:
+            raise RuntimeError(f"boom after {self.after} forward passes")
+        return self.inner(x)  # type: ignore[no-any-return]
+
+
+def build(config: dict[str, Any]) -> Job:
+    job = mlp.build(config)
+    job.model = Crashing(job.model, int(config.get("crash_after", 3)))
+    return job
