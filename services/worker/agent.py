@@ -53,7 +53,9 @@ class Agent:
         self.work_dir = work_dir
         self.settings = settings
         self.env = dict(os.environ if env is None else env)
-        self.spawner = spawner or Spawner()
+        self.spawner = spawner or Spawner(
+            zygote_python=settings.python if settings.zygote else None, env=self.env
+        )
         self.keep_seconds = keep_seconds
         self.on_task_end: Callable[[Task], None] = lambda task: None
         self._tasks: dict[str, Task] = {}

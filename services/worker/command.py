@@ -60,6 +60,7 @@ class CommandSettings:
     report_interval: float = 1.0
     process_group_timeout: float = 120.0
     accelerator: str = "cpu"  # "cpu" or "cuda"
+    zygote: bool = True  # fork training processes from a process that imported torch once
 
 
 @dataclass(frozen=True)

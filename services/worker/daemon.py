@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gearshift.common.config import Option, host_port
+from gearshift.common.config import Option, host_port, parse_bool
 from gearshift.common.daemon import Daemon, run_daemon, server_options
 from gearshift.common.errors import GearshiftError
 from gearshift.common.server import GrpcServer, register
@@ -84,6 +84,13 @@ OPTIONS = [
         float,
     ),
     Option(
+        "zygote",
+        "fork training processes from a process that has imported torch once (a rescale "
+        "then spends no time importing torch; D2 jobs always start a fresh interpreter)",
+        True,
+        parse_bool,
+    ),
+    Option(
         "stop_timeout",
         "on SIGTERM, seconds each task gets to checkpoint and exit before it is killed",
         60.0,
@@ -127,6 +134,7 @@ def build(config: argparse.Namespace) -> Daemon:
         report_interval=config.report_interval,
         process_group_timeout=config.process_group_timeout,
         accelerator=config.accelerator,
+        zygote=config.zygote,
     )
     token = config.token or None
     env = {TOKEN_VARIABLE: config.token} if token else {}

@@ -96,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt.add_argument("--checkpoint-every", type=int, default=0, help="every K steps (0: never)")
     ckpt.add_argument("--keep-checkpoints", type=int, default=2)
     ckpt.add_argument("--log-every", type=int, default=10, help="progress every K steps")
-    ckpt.add_argument("--loss-log", type=Path, help="append each step's EST losses (JSON lines)")
+    ckpt.add_argument(
+        "--loss-log", type=Path, help="append each step's EST losses and time (JSON lines)"
+    )
     ckpt.add_argument("--stats-dir", type=Path, help="write rank<R>.json run statistics here")
     one = parser.add_argument_group("one process of a job (set by the launcher or a daemon)")
     one.add_argument("--rank", type=int, help="run only this process")

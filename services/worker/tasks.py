@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -33,7 +32,7 @@ from pathlib import Path
 
 from gearshift.v1 import common_pb2
 from gearshift.worker.command import CommandSettings, TaskPlan
-from gearshift.worker.spawner import Spawner, SpawnRequest
+from gearshift.worker.spawner import Child, Spawner, SpawnRequest
 
 log = logging.getLogger("gearshift.worker.tasks")
 
@@ -86,7 +85,7 @@ class Task:
     exit_code: int = 0
     message: str = ""
     digest: str = ""
-    processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    processes: dict[int, Child] = field(default_factory=dict)
     codes: dict[int, int] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
     ended: threading.Event = field(default_factory=threading.Event)
@@ -117,15 +116,18 @@ class Task:
                 if settings.accelerator == "cuda":
                     child_env["CUDA_VISIBLE_DEVICES"] = str(self.plan.device_of[rank])
                 argv = self.plan.command(rank, settings, self.task_dir, config_file)
+                # D2 pins kernels through variables torch reads at import: a fresh interpreter.
+                forkable = self.plan.spec.determinism != common_pb2.DETERMINISM_LEVEL_D2
                 process = spawner.spawn(
-                    SpawnRequest(argv, child_env, self.task_dir, self.log_path(rank))
+                    SpawnRequest(argv, child_env, self.task_dir, self.log_path(rank), forkable)
                 )
+                (self.task_dir / f"rank{rank}.pid").write_text(f"{process.pid}\n")
                 with self.lock:
                     self.processes[rank] = process
                     stopping = self.state == common_pb2.TASK_STATE_STOPPING
                 if stopping:  # a stop came while we were spawning
                     self._signal(process, self._checkpoint)
-        except OSError as exc:
+        except Exception as exc:  # the task fails, with the reason, instead of the daemon
             with self.lock:
                 self._killed_reason = f"could not start the training processes: {exc}"
             self._kill_all()
@@ -175,7 +177,7 @@ class Task:
             self.ended.wait(10.0)
 
     @staticmethod
-    def _signal(process: subprocess.Popen[bytes], checkpoint: bool) -> None:
+    def _signal(process: Child, checkpoint: bool) -> None:
         if process.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):

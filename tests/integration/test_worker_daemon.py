@@ -431,20 +431,21 @@ def test_a_killed_daemon_takes_its_training_processes_along(
             start_request(tmp_path, "t-orphan", spec(1_000_000))
         )
     wait_until(lambda: status(worker, "t-orphan").progress.step >= 1, WAIT, "training")
-    pids = children_with("--task-id t-orphan ")
-    assert len(pids) == 2
+    task_dir = tmp_path / "work" / "tasks" / "t-orphan"
+    assert len(alive(task_dir)) == 2
     worker.kill()
-    wait_until(lambda: not children_with("--task-id t-orphan "), 30, "the processes died")
+    wait_until(lambda: not alive(task_dir), 30, "the processes died")
 
 
-def children_with(text: str) -> list[int]:
+def alive(task_dir: Path) -> list[int]:
+    """Pids of the task's training processes that still run (the daemon writes rank<R>.pid)."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if text in cmdline and "gearshift.worker.run" in cmdline:
-                found.append(int(entry.name))
+    for path in task_dir.glob("rank*.pid"):
+        pid = int(path.read_text())
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rpartition(")")[2].split()[0] != "Z":  # a zombie has exited
+            found.append(pid)
     return found

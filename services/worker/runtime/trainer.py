@@ -319,7 +319,8 @@ class Trainer:
                     result.est_losses.append(losses)
                 if log_file is not None:
                     bits = [_loss_bits(v) for v in losses]
-                    log_file.write(json.dumps({"step": self.step, "loss_bits": bits}) + "\n")
+                    line = {"step": self.step, "loss_bits": bits, "time": time.time()}
+                    log_file.write(json.dumps(line) + "\n")
                     log_file.flush()
                 done = self.step >= settings.total_steps
                 if self.on_progress and (done or stop or self.step % settings.log_every == 0):
