@@ -19,6 +19,7 @@ import grpc
 import pytest
 
 from gearshift.client.processes import DaemonProcess
+from gearshift.common.auth import BearerTokenServerInterceptor
 from gearshift.common.channel import connect
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.conftest import DaemonFactory
@@ -83,14 +84,20 @@ class FakeScheduler(scheduler_pb2_grpc.WorkerRegistryServicer):
         return next((s for s in self.finished if s.task_id == task_id), None)
 
 
-@pytest.fixture
-def fake() -> Iterator[tuple[FakeScheduler, str]]:
+def serve_fake(token: str = "") -> tuple[FakeScheduler, grpc.Server, str]:
     servicer = FakeScheduler()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    interceptors = [BearerTokenServerInterceptor(token)] if token else []
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=interceptors)
     scheduler_pb2_grpc.add_WorkerRegistryServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    yield servicer, f"127.0.0.1:{port}"
+    return servicer, server, f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeScheduler, str]]:
+    servicer, server, address = serve_fake()
+    yield servicer, address
     server.stop(0)
 
 
@@ -449,3 +456,37 @@ def alive(task_dir: Path) -> list[int]:
         if stat.rpartition(")")[2].split()[0] != "Z":  # a zombie has exited
             found.append(pid)
     return found
+
+
+def test_the_token_goes_with_every_call(daemons: DaemonFactory, tmp_path: Path) -> None:
+    """--token protects the daemon and rides on its calls and on its training processes'."""
+    recorder, server, address = serve_fake("s3cret")
+    try:
+        worker = daemons(
+            "worker",
+            [
+                "--scheduler",
+                address,
+                "--devices",
+                "cpu:2",
+                "--worker-id",
+                "wA",
+                "--work-dir",
+                str(tmp_path / "work"),
+                "--report-interval",
+                "0.3",
+            ],
+            env={"GEARSHIFT_TOKEN": "s3cret"},
+        )
+        wait_until(lambda: recorder.registrations, WAIT, "an authenticated registration")
+        request = start_request(tmp_path, "t-auth", spec(5), scheduler=address)
+        with connect(worker.address) as channel:
+            with pytest.raises(grpc.RpcError) as exc:
+                worker_pb2_grpc.WorkerAgentStub(channel).StartTask(request)
+            assert exc.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with connect(worker.address, token="s3cret") as channel:
+            worker_pb2_grpc.WorkerAgentStub(channel).StartTask(request)
+        assert finished(recorder, "t-auth").state == C.TASK_STATE_COMPLETED
+        assert recorder.progress and recorder.progress[-1].progress.step == 5
+    finally:
+        server.stop(0)
