@@ -153,7 +153,7 @@ class Cluster:
                 "--heartbeat-timeout",
                 "10",
                 "--rendezvous-port-base",
-                str(_port(30000, 32700) // 20 * 20),
+                str(_port(30000, 32700) // 100 * 100),
             ],
         )
         _ready([scheduler])

@@ -84,7 +84,8 @@ OPTIONS = [
     ),
     Option(
         "rendezvous_port_base",
-        "first port tried for a job's torch.distributed store on its rank-0 worker",
+        "first of the 100 ports handed out in turn for jobs' torch.distributed stores on their "
+        "rank-0 workers",
         29500,
         int,
     ),

@@ -90,6 +90,8 @@ BRAIN_EVENTS: dict[int, int] = {
     E.JOB_EVENT_TYPE_CANCELLED: brain_pb2.JOB_EVENT_KIND_CANCELLED,
 }
 ENDED_TASK_STATES = (S.TASK_STATE_CHECKPOINTED, S.TASK_STATE_COMPLETED, S.TASK_STATE_FAILED)
+# Rendezvous ports handed out per worker, from --rendezvous-port-base on, in turn.
+RENDEZVOUS_PORTS = 100
 # A training process's exit code for bad input (the runtime's launcher): no restart can help.
 EXIT_BAD_INPUT = 2
 # StartTask errors that mean the worker is gone (or unreachable) rather than the request bad.
@@ -193,6 +195,7 @@ class Scheduler:
         self._stopping: set[str] = set()
         self._estimates: dict[str, dict[str, float]] = {}
         self._last_progress_event: dict[str, float] = {}
+        self._last_port: dict[str, int] = {}  # worker -> last rendezvous port handed out
         self._restarts: dict[str, int] = {}  # job -> restarts after failed tasks (not persisted)
         self._round = 0
         self._last_round_at = 0.0
@@ -883,6 +886,9 @@ class Scheduler:
         return placement, tasks, requests
 
     def _free_port(self, worker_id: str) -> int:
+        """A rendezvous port on the worker: not held by an open task there, and not the one
+        handed out last (a port some other program holds fails the start; the restart then
+        tries the next one instead of failing again)."""
         used = {
             int(t.rendezvous_address.rpartition(":")[2])
             for t in self._tasks.values()
@@ -891,10 +897,15 @@ class Scheduler:
             and 0 in t.local_ranks
             and t.worker_id == worker_id
         }
-        port = self.settings.rendezvous_port_base
-        while port in used:
-            port += 1
-        return port
+        base = self.settings.rendezvous_port_base
+        span = RENDEZVOUS_PORTS
+        start = self._last_port.get(worker_id, base - 1) + 1 - base
+        for offset in range(span):
+            port = base + (start + offset) % span
+            if port not in used:
+                self._last_port[worker_id] = port
+                return port
+        raise RuntimeError(f"no free rendezvous port on {worker_id} in {base}-{base + span - 1}")
 
     def _start_tasks(
         self, requests: list[tuple[str, worker_pb2.StartTaskRequest]]

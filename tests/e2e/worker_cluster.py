@@ -160,8 +160,9 @@ def free_port_below_ephemeral(low: int = 20000, high: int = 30000) -> int:
 
 
 def rendezvous_base() -> int:
-    """This test's own range of 20 rendezvous ports (parallel tests must not share one)."""
-    return free_port_below_ephemeral(30000, 32700) // 20 * 20
+    """This test's own range of the scheduler's 100 rendezvous ports (parallel tests should
+    not share one: a port taken by another test costs a job a restart)."""
+    return free_port_below_ephemeral(30000, 32700) // 100 * 100
 
 
 @dataclass
