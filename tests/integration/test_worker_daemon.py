@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -86,7 +87,9 @@ class FakeScheduler(scheduler_pb2_grpc.WorkerRegistryServicer):
 
 def serve_fake(token: str = "") -> tuple[FakeScheduler, grpc.Server, str]:
     servicer = FakeScheduler()
-    interceptors = [BearerTokenServerInterceptor(token)] if token else []
+    interceptors: list[grpc.ServerInterceptor[Any, Any]] = (
+        [BearerTokenServerInterceptor(token)] if token else []
+    )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=interceptors)
     scheduler_pb2_grpc.add_WorkerRegistryServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
