@@ -9,20 +9,29 @@ gearshift.common.sharding, which Lua cannot run). The store keeps nothing
 between calls but caches of those pure functions, so any number of replicas
 can serve one Redis and a restarted replica loses nothing.
 
+The logic of each operation is written once, as a generator that yields the
+Redis round trips it needs (`Op`) and receives their replies; two drivers run
+it: `ShardStore` with redis-py (blocking; tests, tools, the benchmark's
+baseline) and `AsyncShardStore` on the daemon's event loop with pipelined
+connections (`gearshift.shardmanager.redis_pipe`). Both send the same commands.
+
 Errors are gearshift.common.errors exceptions naming the dataset, shard or
 holder; a refused call changes nothing in Redis.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import json
 import sys
+import threading
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -50,10 +59,16 @@ from gearshift.shardmanager.model import (
     ShardData,
     ShardsAt,
 )
+from gearshift.shardmanager.redis_pipe import RedisPipe
 
 DEFAULT_PREFIX = "gearshift:sm"
 DEFAULT_MAX_SHARDS = 1_000_000
 DEFAULT_DELETED_TTL_SECONDS = 60
+
+T = TypeVar("T")
+
+# Redis being down, unreachable, loading its data or a read-only replica: retry later.
+_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)
 
 
 class Script:
@@ -74,6 +89,13 @@ class Script:
         except NoScriptError:
             return client.eval(self.body, len(keys), *keys, *args)
 
+    async def run(self, pipe: RedisPipe, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """The same on a pipelined connection."""
+        try:
+            return await pipe.execute("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await pipe.execute("EVAL", self.body, len(keys), *keys, *args)
+
 
 _ACQUIRE = Script("acquire", lua.ACQUIRE)
 _ACK = Script("ack", lua.ACK)
@@ -86,9 +108,37 @@ _RESTORE = Script("restore", lua.RESTORE)
 SCRIPTS = (_ACQUIRE, _ACK, _RENEW, _RELEASE, _CREATE, _DELETE, _STATE, _RESTORE)
 
 
-@functools.lru_cache(maxsize=4)
-def order_bytes(total_shards: int, seed: int, epoch: int) -> bytes:
-    """An epoch's shard order as Redis keeps it: 4 bytes big-endian per shard."""
+class _Memo:
+    """A small memo of a pure function that says whether it holds a value.
+
+    An operation looks its epoch order up here and, on a miss, has it computed
+    as an `Op` of its own: the async store runs that in a worker thread, so a
+    million-shard permutation (~0.6 s) does not stall the event loop that
+    serves every other consumer.
+    """
+
+    def __init__(self, function: Callable[..., Any], size: int) -> None:
+        self.function = function
+        self.size = size
+        self._values: dict[Hashable, Any] = {}
+        self._lock = threading.Lock()
+
+    def get(self, *args: Hashable) -> Any:
+        with self._lock:
+            return self._values.get(args)
+
+    def __call__(self, *args: Hashable) -> Any:
+        value = self.get(*args)
+        if value is None:
+            value = self.function(*args)
+            with self._lock:
+                if len(self._values) >= self.size:
+                    del self._values[next(iter(self._values))]
+                self._values[args] = value
+        return value
+
+
+def _order_bytes(total_shards: int, seed: int, epoch: int) -> bytes:
     packed = array("I", epoch_order(total_shards, seed, epoch))
     assert packed.itemsize == 4
     if sys.byteorder == "little":
@@ -96,11 +146,14 @@ def order_bytes(total_shards: int, seed: int, epoch: int) -> bytes:
     return packed.tobytes()
 
 
-@functools.lru_cache(maxsize=1024)
-def _rank_sequence(
-    total_shards: int, seed: int, epoch: int, num_ranks: int, rank: int
-) -> tuple[int, ...]:
-    return tuple(rank_sequence(total_shards, seed, epoch, num_ranks, rank))
+_ORDERS = _Memo(_order_bytes, 4)
+_SEQUENCES = _Memo(lambda *args: tuple(rank_sequence(*args)), 1024)
+
+
+def order_bytes(total_shards: int, seed: int, epoch: int) -> bytes:
+    """An epoch's shard order as Redis keeps it: 4 bytes big-endian per shard."""
+    value: bytes = _ORDERS(total_shards, seed, epoch)
+    return value
 
 
 def shard_data(
@@ -126,8 +179,11 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _pairs(flat: Any) -> dict[str, str]:
-    """A Redis HGETALL reply (flat list; `{}` when cjson encoded it empty) as a dict."""
+def _pairs(flat: Any) -> dict[Any, Any]:
+    """A Redis HGETALL reply (flat list; `{}` when cjson encoded it empty; a dict from
+    redis-py) as a dict."""
+    if isinstance(flat, dict):
+        return flat
     items = flat if isinstance(flat, list) else []
     return {items[i]: items[i + 1] for i in range(0, len(items), 2)}
 
@@ -137,45 +193,36 @@ def _ids(csv: Any) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",")) if text else ()
 
 
-class ShardStore:
-    """Datasets and their shards in one Redis; every method is one atomic step."""
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One step of an operation: a script on a dataset's keys, a plain command, or a
+    pure computation (`compute`) that the async store runs off its event loop."""
+
+    script: Script | None = None
+    keys: Sequence[str] = ()
+    args: Sequence[Any] = ()  # the script's ARGV, or the command and its arguments
+    compute: Callable[[], Any] | None = None
+
+
+# An operation: yields the steps it needs, receives each one's reply, returns its result.
+Steps = Generator[Op, Any, T]
+
+
+class _Operations:
+    """Every operation of the store, once, independent of how Redis is reached."""
 
     def __init__(
         self,
-        client: redis.Redis,
         *,
         prefix: str = DEFAULT_PREFIX,
         deleted_ttl_seconds: int = DEFAULT_DELETED_TTL_SECONDS,
         max_shards: int = DEFAULT_MAX_SHARDS,
     ) -> None:
-        self.client = client
         self.prefix = prefix
         self.deleted_ttl_seconds = deleted_ttl_seconds
         self.max_shards = max_shards
         self._job_prefix = f"{prefix}:job:"
         self._keys: dict[str, tuple[str, ...]] = {}
-
-    @classmethod
-    def from_url(cls, url: str, *, pool_size: int = 64, **kwargs: Any) -> ShardStore:
-        """A store over a connection pool; a few quick retries, then UNAVAILABLE."""
-        client = redis.Redis.from_url(
-            url,
-            max_connections=pool_size,
-            socket_connect_timeout=2.0,
-            socket_timeout=10.0,
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 3),
-            health_check_interval=30,
-        )
-        return cls(client, **kwargs)
-
-    def close(self) -> None:
-        self.client.close()
-
-    def load_scripts(self) -> None:
-        """Put every script in Redis's cache (SCRIPT LOAD), so each call is one EVALSHA."""
-        with self._redis():
-            for script in SCRIPTS:
-                self.client.script_load(script.body)
 
     # -- keys --------------------------------------------------------------
 
@@ -192,22 +239,12 @@ class ShardStore:
     def job_key(self, job_id: str) -> str:
         return self._job_prefix + job_id
 
-    @contextmanager
-    def _redis(self) -> Iterator[None]:
-        """Redis being down or loading its data is UNAVAILABLE: the caller may retry."""
-        try:
-            yield
-        except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError) as exc:
-            raise UnavailableError(f"Redis is unavailable: {exc}") from None
-
-    def _run(self, script: Script, dataset_id: str, args: Sequence[Any]) -> Any:
-        with self._redis():
-            return script(self.client, self.keys(dataset_id), args)
+    def _script(self, script: Script, dataset_id: str, args: Sequence[Any]) -> Op:
+        return Op(script, self.keys(dataset_id), args)
 
     # -- datasets ----------------------------------------------------------
 
-    def create(self, dataset_id: str, settings: DatasetSettings) -> DatasetStatus:
-        """Create a dataset; the same settings again return it, others are ALREADY_EXISTS."""
+    def _create(self, dataset_id: str, settings: DatasetSettings) -> Steps[DatasetStatus]:
         if settings.num_shards > self.max_shards:
             raise ValidationError(
                 "config.shard_size",
@@ -216,9 +253,10 @@ class ShardStore:
             )
         order = b""
         if settings.mode is Mode.DYNAMIC:
-            order = order_bytes(settings.num_shards, settings.seed, 0)
+            order = yield from _order(settings.num_shards, settings.seed, 0)
         fields = [x for kv in settings.stored().items() for x in kv]
-        reply = self._run(_CREATE, dataset_id, [dataset_id, self._job_prefix, order, *fields])
+        args = [dataset_id, self._job_prefix, order, *fields]
+        reply = yield self._script(_CREATE, dataset_id, args)
         status = _text(reply[0])
         if status == "CONFLICT":
             field, current, wanted = (_text(x) for x in reply[1:4])
@@ -227,40 +265,38 @@ class ShardStore:
             )
         return self._status(dataset_id, reply[1])
 
-    def describe(self, dataset_id: str) -> DatasetStatus:
-        reply = self._run(_STATE, dataset_id, ["describe", ""])
+    def _describe(self, dataset_id: str) -> Steps[DatasetStatus]:
+        reply = yield self._script(_STATE, dataset_id, ["describe", ""])
         self._check(reply, dataset_id, "DescribeDataset")
         return self._status(dataset_id, reply[1])
 
-    def delete(self, dataset_id: str) -> bool:
-        """Mark deleted (reads as not found at once) and let its keys expire after the grace."""
+    def _delete(self, dataset_id: str) -> Steps[bool]:
         args = [dataset_id, self._job_prefix, self.deleted_ttl_seconds]
-        return bool(self._run(_DELETE, dataset_id, args))
+        return bool((yield self._script(_DELETE, dataset_id, args)))
 
-    def datasets_of_job(self, job_id: str) -> list[str]:
-        with self._redis():
-            members = self.client.smembers(self.job_key(job_id))
+    def _datasets_of_job(self, job_id: str) -> Steps[list[str]]:
+        members = yield Op(args=("SMEMBERS", self.job_key(job_id)))
         return sorted(_text(m) for m in members)
 
-    def delete_job(self, job_id: str) -> list[str]:
-        """Delete every dataset of a job (each deletion atomic, the whole idempotent)."""
-        return [d for d in self.datasets_of_job(job_id) if self.delete(d)]
+    def _delete_job(self, job_id: str) -> Steps[list[str]]:
+        deleted = []
+        for dataset_id in (yield from self._datasets_of_job(job_id)):
+            if (yield from self._delete(dataset_id)):
+                deleted.append(dataset_id)
+        return deleted
 
     # -- dynamic mode --------------------------------------------------------
 
-    def acquire(
-        self,
-        dataset_id: str,
-        holder: str,
-        request_id: str = "",
-        ack: tuple[int, int] | None = None,
-    ) -> AcquireResult:
-        """TODO -> DOING for `holder`, after acknowledging `ack` = (epoch, shard) if given."""
+    def _acquire(
+        self, dataset_id: str, holder: str, request_id: str, ack: tuple[int, int] | None
+    ) -> Steps[AcquireResult]:
         ack_args: list[Any] = ["", ""] if ack is None else [ack[0], ack[1]]
         order: list[Any] = ["", ""]
         acked: bool | None = None
         for _ in range(4):
-            reply = self._run(_ACQUIRE, dataset_id, [holder, request_id, *ack_args, *order])
+            reply = yield self._script(
+                _ACQUIRE, dataset_id, [holder, request_id, *ack_args, *order]
+            )
             self._check(
                 reply, dataset_id, "AcquireShard", holder, ack_field="ack.",
                 ack_epoch=None if ack is None else ack[0],
@@ -273,7 +309,7 @@ class ShardStore:
             # The epoch ended: start the next one with its order (second round
             # trip). The acknowledgement, if any, was applied by the first one.
             next_epoch, total, seed = int(reply[1]), int(reply[3]), int(reply[4])
-            order = [order_bytes(total, seed, next_epoch), next_epoch]
+            order = [(yield from _order(total, seed, next_epoch)), next_epoch]
             ack_args = ["", ""]
         else:  # pragma: no cover - other replicas rolled epochs over under us 4 times
             raise UnavailableError(f"dataset {dataset_id!r}: epochs change too fast; retry")
@@ -296,42 +332,37 @@ class ShardStore:
         )
         return AcquireResult(AcquireStatus.GRANTED, epoch, shard, lease_ms / 1000.0, acked)
 
-    def ack(self, dataset_id: str, holder: str, epoch: int, shard_id: int) -> bool:
-        """DOING -> DONE; True when this call did it, False when the holder had acked before."""
-        reply = self._run(_ACK, dataset_id, [holder, epoch, shard_id])
+    def _ack(self, dataset_id: str, holder: str, epoch: int, shard_id: int) -> Steps[bool]:
+        reply = yield self._script(_ACK, dataset_id, [holder, epoch, shard_id])
         self._check(reply, dataset_id, "AckShard", holder, ack_epoch=epoch, ack_shard=shard_id)
         return _text(reply[0]) == "OK"
 
-    def renew(
-        self, dataset_id: str, holder: str, epoch: int = 0, shard_ids: Sequence[int] = ()
-    ) -> RenewResult:
-        """Extend the listed shards' leases (all of the holder's when none are listed)."""
+    def _renew(
+        self, dataset_id: str, holder: str, epoch: int, shard_ids: Sequence[int]
+    ) -> Steps[RenewResult]:
         csv = ",".join(str(s) for s in shard_ids)
-        reply = self._run(_RENEW, dataset_id, [holder, epoch, csv])
+        reply = yield self._script(_RENEW, dataset_id, [holder, epoch, csv])
         self._check(reply, dataset_id, "RenewLeases", holder)
         return RenewResult(int(reply[1]), int(reply[2]), _ids(reply[3]))
 
-    def release(self, dataset_id: str, holder: str) -> ReleaseResult:
-        """A holder is gone: its DOING shards go back to TODO (or FAILED past the limit)."""
-        reply = self._run(_RELEASE, dataset_id, [holder])
+    def _release(self, dataset_id: str, holder: str) -> Steps[ReleaseResult]:
+        reply = yield self._script(_RELEASE, dataset_id, [holder])
         self._check(reply, dataset_id, "ReleaseHolder", holder)
         return ReleaseResult(int(reply[1]), _ids(reply[2]), _ids(reply[3]))
 
-    def checkpoint(self, dataset_id: str, checkpoint_id: str) -> DatasetStatus:
-        """Snapshot TODO/DOING/DONE, epoch and counters under checkpoint_id (replacing it)."""
-        reply = self._run(_STATE, dataset_id, ["checkpoint", checkpoint_id])
+    def _checkpoint(self, dataset_id: str, checkpoint_id: str) -> Steps[DatasetStatus]:
+        reply = yield self._script(_STATE, dataset_id, ["checkpoint", checkpoint_id])
         self._check(reply, dataset_id, "CheckpointDataset")
         return self._status(dataset_id, reply[1])
 
-    def restore(self, dataset_id: str, checkpoint_id: str, *, force: bool = False) -> DatasetStatus:
-        """Put a snapshot back; its DOING shards go to the head of TODO."""
+    def _restore(self, dataset_id: str, checkpoint_id: str, force: bool) -> Steps[DatasetStatus]:
         flag = "1" if force else "0"
-        reply = self._run(_RESTORE, dataset_id, [checkpoint_id, flag, "", ""])
+        reply = yield self._script(_RESTORE, dataset_id, [checkpoint_id, flag, "", ""])
         if _text(reply[0]) == "NEED_ORDER":
             # The snapshot is of another epoch: pass its order in (second round trip).
             epoch, total, seed = int(reply[1]), int(reply[2]), int(reply[3])
-            order = order_bytes(total, seed, epoch)
-            reply = self._run(_RESTORE, dataset_id, [checkpoint_id, flag, order, epoch])
+            order = yield from _order(total, seed, epoch)
+            reply = yield self._script(_RESTORE, dataset_id, [checkpoint_id, flag, order, epoch])
         status = _text(reply[0])
         if status == "NO_CHECKPOINT":
             raise NotFoundError("checkpoint", f"{dataset_id}/{checkpoint_id}")
@@ -345,15 +376,14 @@ class ShardStore:
 
     # -- deterministic mode ---------------------------------------------------
 
-    def shards_at(
+    def _shards_at(
         self, dataset_id: str, rank: int, epoch: int, position: int, count: int
-    ) -> ShardsAt:
-        """Shards [position, position+count) of a logical rank's sequence in an epoch.
-
-        The sequence is gearshift.common.sharding.rank_sequence: a pure function
-        of (seed, epoch, num_ranks, rank), the same for every caller, at any time.
-        """
-        settings = self._settings(dataset_id)
+    ) -> Steps[ShardsAt]:
+        fields = yield Op(args=("HGETALL", self.keys(dataset_id)[0]))
+        meta = {_text(k): _text(v) for k, v in _pairs(fields).items()}
+        if not meta or meta.get("deleted") == "1":
+            raise NotFoundError("dataset", dataset_id)
+        settings = DatasetSettings.from_stored(meta)
         if settings.mode is not Mode.DETERMINISTIC:
             raise PreconditionError(
                 f"dataset {dataset_id!r} is in {settings.mode.value} mode; "
@@ -367,9 +397,11 @@ class ShardStore:
             raise ValidationError(
                 "epoch", f"must be < {settings.num_epochs}, the epochs of dataset {dataset_id!r}"
             )
-        sequence = _rank_sequence(
-            settings.num_shards, settings.seed, epoch, settings.num_ranks, rank
-        )
+        key = (settings.num_shards, settings.seed, epoch, settings.num_ranks, rank)
+        sequence: tuple[int, ...] | None = _SEQUENCES.get(*key)
+        if sequence is None:
+            sequence = yield Op(compute=functools.partial(_SEQUENCES, *key))
+            assert sequence is not None
         shards = tuple(
             shard_data(
                 epoch,
@@ -384,14 +416,6 @@ class ShardStore:
         return ShardsAt(shards, len(sequence))
 
     # -- helpers -------------------------------------------------------------
-
-    def _settings(self, dataset_id: str) -> DatasetSettings:
-        with self._redis():
-            fields = self.client.hgetall(self.keys(dataset_id)[0])
-        meta = {_text(k): _text(v) for k, v in fields.items()}
-        if not meta or meta.get("deleted") == "1":
-            raise NotFoundError("dataset", dataset_id)
-        return DatasetSettings.from_stored(meta)
 
     def _check(
         self,
@@ -492,6 +516,228 @@ class ShardStore:
             epochs=tuple(epochs),
             at_ms=int(state["now_ms"]),
         )
+
+
+def _order(total_shards: int, seed: int, epoch: int) -> Steps[bytes]:
+    """An epoch's order: from the memo, or computed as a step of its own."""
+    order: bytes | None = _ORDERS.get(total_shards, seed, epoch)
+    if order is None:
+        order = yield Op(compute=functools.partial(order_bytes, total_shards, seed, epoch))
+        assert order is not None
+    return order
+
+
+class ShardStore(_Operations):
+    """Datasets and their shards in one Redis, over redis-py (blocking calls)."""
+
+    def __init__(self, client: redis.Redis, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.client = client
+
+    @classmethod
+    def from_url(cls, url: str, *, pool_size: int = 64, **kwargs: Any) -> ShardStore:
+        """A store over a connection pool; a few quick retries, then UNAVAILABLE."""
+        client = redis.Redis.from_url(
+            url,
+            max_connections=pool_size,
+            socket_connect_timeout=2.0,
+            socket_timeout=10.0,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 3),
+            health_check_interval=30,
+        )
+        return cls(client, **kwargs)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def load_scripts(self) -> None:
+        """Put every script in Redis's cache (SCRIPT LOAD), so each call is one EVALSHA."""
+        with self._redis():
+            for script in SCRIPTS:
+                self.client.script_load(script.body)
+
+    @contextmanager
+    def _redis(self) -> Iterator[None]:
+        """Redis being down or loading its data is UNAVAILABLE: the caller may retry."""
+        try:
+            yield
+        except _UNAVAILABLE as exc:
+            raise UnavailableError(f"Redis is unavailable: {exc}") from None
+
+    def _drive(self, steps: Steps[T]) -> T:
+        """Run an operation: each step against Redis (or computed here), its reply sent back."""
+        reply: Any = None
+        try:
+            while True:
+                op = steps.send(reply)
+                if op.compute is not None:
+                    reply = op.compute()
+                    continue
+                with self._redis():
+                    if op.script is not None:
+                        reply = op.script(self.client, op.keys, op.args)
+                    else:
+                        reply = self.client.execute_command(*op.args)  # type: ignore[no-untyped-call]
+        except StopIteration as done:
+            result: T = done.value
+            return result
+
+    def create(self, dataset_id: str, settings: DatasetSettings) -> DatasetStatus:
+        """Create a dataset; the same settings again return it, others are ALREADY_EXISTS."""
+        return self._drive(self._create(dataset_id, settings))
+
+    def describe(self, dataset_id: str) -> DatasetStatus:
+        return self._drive(self._describe(dataset_id))
+
+    def delete(self, dataset_id: str) -> bool:
+        """Mark deleted (reads as not found at once) and let its keys expire after the grace."""
+        return self._drive(self._delete(dataset_id))
+
+    def datasets_of_job(self, job_id: str) -> list[str]:
+        return self._drive(self._datasets_of_job(job_id))
+
+    def delete_job(self, job_id: str) -> list[str]:
+        """Delete every dataset of a job (each deletion atomic, the whole idempotent)."""
+        return self._drive(self._delete_job(job_id))
+
+    def acquire(
+        self,
+        dataset_id: str,
+        holder: str,
+        request_id: str = "",
+        ack: tuple[int, int] | None = None,
+    ) -> AcquireResult:
+        """TODO -> DOING for `holder`, after acknowledging `ack` = (epoch, shard) if given."""
+        return self._drive(self._acquire(dataset_id, holder, request_id, ack))
+
+    def ack(self, dataset_id: str, holder: str, epoch: int, shard_id: int) -> bool:
+        """DOING -> DONE; True when this call did it, False when the holder had acked before."""
+        return self._drive(self._ack(dataset_id, holder, epoch, shard_id))
+
+    def renew(
+        self, dataset_id: str, holder: str, epoch: int = 0, shard_ids: Sequence[int] = ()
+    ) -> RenewResult:
+        """Extend the listed shards' leases (all of the holder's when none are listed)."""
+        return self._drive(self._renew(dataset_id, holder, epoch, shard_ids))
+
+    def release(self, dataset_id: str, holder: str) -> ReleaseResult:
+        """A holder is gone: its DOING shards go back to TODO (or FAILED past the limit)."""
+        return self._drive(self._release(dataset_id, holder))
+
+    def checkpoint(self, dataset_id: str, checkpoint_id: str) -> DatasetStatus:
+        """Snapshot TODO/DOING/DONE, epoch and counters under checkpoint_id (replacing it)."""
+        return self._drive(self._checkpoint(dataset_id, checkpoint_id))
+
+    def restore(self, dataset_id: str, checkpoint_id: str, *, force: bool = False) -> DatasetStatus:
+        """Put a snapshot back; its DOING shards go to the head of TODO."""
+        return self._drive(self._restore(dataset_id, checkpoint_id, force))
+
+    def shards_at(
+        self, dataset_id: str, rank: int, epoch: int, position: int, count: int
+    ) -> ShardsAt:
+        """Shards [position, position+count) of a logical rank's sequence in an epoch.
+
+        The sequence is gearshift.common.sharding.rank_sequence: a pure function
+        of (seed, epoch, num_ranks, rank), the same for every caller, at any time.
+        """
+        return self._drive(self._shards_at(dataset_id, rank, epoch, position, count))
+
+
+class AsyncShardStore(_Operations):
+    """The same operations on an event loop, over pipelined connections (the daemon's store).
+
+    Concurrent calls share the connections: their commands go out together and
+    their replies come back in order (see gearshift.shardmanager.redis_pipe).
+    With several connections, calls take them in turn.
+    """
+
+    def __init__(self, pipes: Sequence[RedisPipe], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not pipes:
+            raise ValueError("at least one connection is needed")
+        self.pipes = tuple(pipes)
+        self._next = 0
+
+    @classmethod
+    def from_url(cls, url: str, *, connections: int = 1, **kwargs: Any) -> AsyncShardStore:
+        """A store over `connections` pipelined connections, opened on first use."""
+        return cls([RedisPipe(url) for _ in range(connections)], **kwargs)
+
+    def close(self) -> None:
+        """Close the connections (from any thread)."""
+        for pipe in self.pipes:
+            pipe.close()
+
+    def _pipe(self) -> RedisPipe:
+        if len(self.pipes) == 1:
+            return self.pipes[0]
+        self._next = (self._next + 1) % len(self.pipes)
+        return self.pipes[self._next]
+
+    async def _drive(self, steps: Steps[T]) -> T:
+        """Run an operation: each step on a pipelined connection (computations in a thread)."""
+        reply: Any = None
+        try:
+            while True:
+                op = steps.send(reply)
+                if op.compute is not None:
+                    reply = await asyncio.get_running_loop().run_in_executor(None, op.compute)
+                    continue
+                try:
+                    if op.script is not None:
+                        reply = await op.script.run(self._pipe(), op.keys, op.args)
+                    else:
+                        reply = await self._pipe().execute(*op.args)
+                except _UNAVAILABLE as exc:
+                    raise UnavailableError(f"Redis is unavailable: {exc}") from None
+        except StopIteration as done:
+            result: T = done.value
+            return result
+
+    async def create(self, dataset_id: str, settings: DatasetSettings) -> DatasetStatus:
+        return await self._drive(self._create(dataset_id, settings))
+
+    async def describe(self, dataset_id: str) -> DatasetStatus:
+        return await self._drive(self._describe(dataset_id))
+
+    async def delete(self, dataset_id: str) -> bool:
+        return await self._drive(self._delete(dataset_id))
+
+    async def delete_job(self, job_id: str) -> list[str]:
+        return await self._drive(self._delete_job(job_id))
+
+    async def acquire(
+        self,
+        dataset_id: str,
+        holder: str,
+        request_id: str = "",
+        ack: tuple[int, int] | None = None,
+    ) -> AcquireResult:
+        return await self._drive(self._acquire(dataset_id, holder, request_id, ack))
+
+    async def ack(self, dataset_id: str, holder: str, epoch: int, shard_id: int) -> bool:
+        return await self._drive(self._ack(dataset_id, holder, epoch, shard_id))
+
+    async def renew(
+        self, dataset_id: str, holder: str, epoch: int = 0, shard_ids: Sequence[int] = ()
+    ) -> RenewResult:
+        return await self._drive(self._renew(dataset_id, holder, epoch, shard_ids))
+
+    async def release(self, dataset_id: str, holder: str) -> ReleaseResult:
+        return await self._drive(self._release(dataset_id, holder))
+
+    async def checkpoint(self, dataset_id: str, checkpoint_id: str) -> DatasetStatus:
+        return await self._drive(self._checkpoint(dataset_id, checkpoint_id))
+
+    async def restore(
+        self, dataset_id: str, checkpoint_id: str, *, force: bool = False
+    ) -> DatasetStatus:
+        return await self._drive(self._restore(dataset_id, checkpoint_id, force))
+
+    async def shards_at(
+        self, dataset_id: str, rank: int, epoch: int, position: int, count: int
+    ) -> ShardsAt:
+        return await self._drive(self._shards_at(dataset_id, rank, epoch, position, count))
 
 
 def _samples(settings: DatasetSettings, shard_id: int) -> int:
