@@ -19,7 +19,13 @@ from pathlib import Path
 from gearshift.common.auth import ServerTls
 from gearshift.common.config import Option, parse_config
 from gearshift.common.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
-from gearshift.common.server import MB, GrpcServer, ServerSettings, ServiceRegistration
+from gearshift.common.server import (
+    MB,
+    AioGrpcServer,
+    GrpcServer,
+    ServerSettings,
+    ServiceRegistration,
+)
 
 log = logging.getLogger("gearshift.daemon")
 
@@ -50,11 +56,16 @@ def server_options(default_port: int) -> list[Option]:
 
 @dataclass
 class Daemon:
-    """What a service contributes: its servicers, and hooks around serving."""
+    """What a service contributes: its servicers, and hooks around serving.
+
+    With `asyncio`, the servicers' methods are coroutines served by an
+    AioGrpcServer (on_start is then not available: it takes a GrpcServer).
+    """
 
     services: Sequence[ServiceRegistration]
     on_start: Callable[[GrpcServer], None] | None = None
     on_stop: list[Callable[[], None]] = field(default_factory=list)
+    asyncio: bool = False
 
 
 def server_settings(config: argparse.Namespace) -> ServerSettings:
@@ -101,13 +112,20 @@ def run_daemon(
     try:
         settings = server_settings(config)
         daemon = build(config)
-        server = GrpcServer(daemon.services, settings)
+        server: GrpcServer | AioGrpcServer
+        if daemon.asyncio:
+            if daemon.on_start is not None:
+                raise ValueError("on_start takes a GrpcServer; an asyncio daemon has none")
+            server = AioGrpcServer(daemon.services, settings)
+        else:
+            server = GrpcServer(daemon.services, settings)
         server.start()
     except (OSError, RuntimeError, ValueError) as exc:
         log.error("cannot start", extra={"service": prog, "error": str(exc)})
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     if daemon.on_start is not None:
+        assert isinstance(server, GrpcServer)
         daemon.on_start(server)
     if config.ready_file:
         _write_ready_file(config.ready_file, server.address)

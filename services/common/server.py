@@ -4,21 +4,30 @@ One place sets what every Gearshift server must have: health checking,
 reflection, keepalive, message-size limits, the bearer-token check, TLS, the
 mapping of domain errors to status codes, and a graceful stop that drains
 in-flight calls.
+
+`GrpcServer` runs handlers in a thread pool (grpc.server); `AioGrpcServer` is
+the same server on grpc.aio, for a service whose handlers are coroutines (the
+shard manager): an open stream then holds no thread, and a message costs less
+CPU (on the 2-core test machine, a bidirectional-stream message ~150 µs on
+grpc.aio against ~250 µs on the thread pool, and a unary call ~320-430 µs).
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeAlias, TypeVar, cast
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer as AioHealthServicer  # health.aio.HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from gearshift.common.auth import BearerTokenServerInterceptor, ServerTls
@@ -28,6 +37,8 @@ from gearshift.common.signals import wait_for_signal
 log = logging.getLogger("gearshift.server")
 
 MB = 1024 * 1024
+T = TypeVar("T")
+_Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 
 @dataclass(frozen=True)
@@ -54,8 +65,20 @@ class ServerSettings:
     tls: ServerTls | None = None
     max_message_bytes: int = 64 * MB
     grace_seconds: float = 10.0
-    max_workers: int = 32
+    max_workers: int = 32  # GrpcServer: calls at once; AioGrpcServer: threads for sync handlers
     keepalive_seconds: float = 60.0
+
+    def grpc_options(self) -> list[tuple[str, Any]]:
+        keepalive_ms = int(self.keepalive_seconds * 1000)
+        return [
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.keepalive_time_ms", keepalive_ms),
+            ("grpc.keepalive_timeout_ms", 20_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
 
 
 def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
@@ -139,22 +162,13 @@ class GrpcServer:
         if self.settings.token:
             interceptors.append(BearerTokenServerInterceptor(self.settings.token))
         interceptors.append(ErrorMappingInterceptor())
-        keepalive_ms = int(self.settings.keepalive_seconds * 1000)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=self.settings.max_workers, thread_name_prefix="grpc"
             ),
             interceptors=interceptors,
             handlers=list(self.extra_handlers),
-            options=[
-                ("grpc.max_send_message_length", self.settings.max_message_bytes),
-                ("grpc.max_receive_message_length", self.settings.max_message_bytes),
-                ("grpc.keepalive_time_ms", keepalive_ms),
-                ("grpc.keepalive_timeout_ms", 20_000),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-                ("grpc.http2.max_pings_without_data", 0),
-            ],
+            options=self.settings.grpc_options(),
         )
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
@@ -204,3 +218,325 @@ class GrpcServer:
         self.stop()
         if on_stop is not None:
             on_stop()
+
+
+# -- grpc.aio ------------------------------------------------------------------
+
+
+class _OpenStreams:
+    """The streaming calls in progress on an AioGrpcServer, so that a stop can end them.
+
+    A stream may stay open for the life of a client (a consumer reading shards,
+    a watch); waiting for it through the grace period would only delay the
+    stop. On stop each one ends with UNAVAILABLE, which its client takes as
+    "reconnect" (to another replica, or to this one once it is back).
+    """
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.stopping = False
+
+    def end_all(self) -> None:
+        self.stopping = True
+        for task in list(self.tasks):
+            task.cancel()
+
+
+def _wrap_aio(
+    handler: grpc.RpcMethodHandler[Any, Any], method: str, streams: _OpenStreams
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """`_wrap` for grpc.aio: the same statuses for coroutine handlers; open streams tracked.
+
+    Handlers that are plain functions (run in the server's thread pool) get `_wrap` itself.
+    """
+
+    async def fail(exc: Exception, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        if isinstance(exc, GearshiftError):
+            await context.abort(exc.code, exc.message)
+        if isinstance(exc, NotImplementedError):
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented yet")
+        ref = uuid.uuid4().hex[:12]
+        log.exception("unhandled error", extra={"method": method, "ref": ref})
+        await context.abort(
+            grpc.StatusCode.INTERNAL, f"{method}: internal error (server log ref {ref})"
+        )
+
+    async def stopped(context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        if streams.stopping:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{method}: the server is stopping")
+
+    def unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            try:
+                return await behavior(request, context)
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await fail(exc, context)
+                raise
+
+        return call
+
+    def tracked(
+        behavior: Callable[..., Coroutine[Any, Any, Any]],
+    ) -> Callable[..., Coroutine[Any, Any, Any]]:
+        """A response-streaming handler that writes with context.write and returns None."""
+
+        async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            task = asyncio.current_task()
+            assert task is not None
+            streams.tasks.add(task)
+            try:
+                return await behavior(request, context)
+            except grpc.aio.AbortError:
+                raise
+            except asyncio.CancelledError:
+                await stopped(context)
+                raise
+            except Exception as exc:
+                await fail(exc, context)
+                raise
+            finally:
+                streams.tasks.discard(task)
+
+        return call
+
+    def tracked_gen(
+        behavior: Callable[..., AsyncIterator[Any]],
+    ) -> Callable[..., AsyncIterator[Any]]:
+        """A response-streaming handler that is an async generator."""
+
+        async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            task = asyncio.current_task()
+            assert task is not None
+            streams.tasks.add(task)
+            try:
+                async for response in behavior(request, context):
+                    yield response
+            except grpc.aio.AbortError:
+                raise
+            except asyncio.CancelledError:
+                await stopped(context)
+                raise
+            except Exception as exc:
+                await fail(exc, context)
+                raise
+            finally:
+                streams.tasks.discard(task)
+
+        return call
+
+    def streaming(behavior: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.isasyncgenfunction(behavior):
+            return tracked_gen(behavior)
+        return tracked(behavior)
+
+    behaviors = (
+        handler.unary_unary,
+        handler.unary_stream,
+        handler.stream_unary,
+        handler.stream_stream,
+    )
+    if not any(inspect.iscoroutinefunction(b) or inspect.isasyncgenfunction(b) for b in behaviors):
+        return _wrap(handler, method)  # a plain function, run in the thread pool
+    kwargs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kwargs)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), **kwargs)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), **kwargs)
+    assert handler.stream_stream is not None
+    return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), **kwargs)
+
+
+class AioErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """ErrorMappingInterceptor for grpc.aio; also tracks open streams (see `_OpenStreams`).
+
+    A method's wrapped handler is built once and reused while the service
+    returns the same handler object for it (it always does for generated
+    servicers): wrapping per call would cost every unary call a few closures.
+    """
+
+    def __init__(self) -> None:
+        self.streams = _OpenStreams()
+        self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(handler_call_details)
+        if cast(Any, handler) is None:  # no such method: the server answers UNIMPLEMENTED
+            return handler
+        method: str = handler_call_details.method
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = _wrap_aio(handler, method, self.streams)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+
+class AioBearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """BearerTokenServerInterceptor on grpc.aio: the same rule and messages (it decides).
+
+    A refusal is that interceptor's handler, a plain function run in the
+    server's thread pool; refusals are rare, so that costs nothing that matters.
+    """
+
+    def __init__(self, token: str) -> None:
+        self._check = BearerTokenServerInterceptor(token)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(handler_call_details)
+        checked = self._check.intercept_service(lambda _: handler, handler_call_details)
+        return cast("_Handler", checked)
+
+
+class AioGrpcServer:
+    """GrpcServer on grpc.aio: the same settings, health, reflection, token check, error
+    mapping and draining stop, for services whose handlers are coroutines.
+
+    The event loop runs in a thread of its own, so the server is used as a
+    GrpcServer is (start, stop, serve_until_signal from the main thread); the
+    services' coroutines all run on that loop. Streaming calls still open when
+    the server stops end at once with UNAVAILABLE (their clients reconnect);
+    unary calls in flight get the grace period, as with GrpcServer.
+    """
+
+    def __init__(
+        self,
+        services: Sequence[ServiceRegistration],
+        settings: ServerSettings | None = None,
+        extra_handlers: Sequence[grpc.GenericRpcHandler[Any, Any]] = (),
+    ) -> None:
+        self.services = services
+        self.settings = settings or ServerSettings()
+        self.extra_handlers = extra_handlers
+        self.port = 0
+        self._stopped = threading.Event()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="grpc-aio", daemon=True)
+        self._thread.start()
+        self._errors = AioErrorMappingInterceptor()
+        self._pool = futures.ThreadPoolExecutor(
+            max_workers=self.settings.max_workers, thread_name_prefix="grpc"
+        )
+        try:
+            self.run(self._build())
+        except BaseException:
+            self._close_loop()
+            raise
+
+    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run a coroutine on the server's loop from another thread and return its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    async def _build(self) -> None:
+        interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = []
+        if self.settings.token:
+            interceptors.append(AioBearerTokenInterceptor(self.settings.token))
+        interceptors.append(self._errors)
+        self._server = grpc.aio.server(
+            migration_thread_pool=self._pool,
+            handlers=list(self.extra_handlers),
+            interceptors=interceptors,
+            options=self.settings.grpc_options(),
+        )
+        self._health = AioHealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        for service in self.services:
+            service.add(cast(grpc.Server, self._server))
+        names = [s.name for s in self.services]
+        reflection.enable_server_reflection(
+            [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], self._server
+        )
+
+    @property
+    def address(self) -> str:
+        host = self.settings.listen.rpartition(":")[0]
+        return f"{host}:{self.port}"
+
+    def start(self) -> int:
+        """Bind, start serving, mark every service SERVING; returns the bound port."""
+        self.port = self.run(self._start())
+        log.info("serving", extra={"address": self.address, "tls": bool(self.settings.tls)})
+        return self.port
+
+    async def _start(self) -> int:
+        if self.settings.tls:
+            port = self._server.add_secure_port(
+                self.settings.listen, self.settings.tls.credentials()
+            )
+        else:
+            port = self._server.add_insecure_port(self.settings.listen)
+        await self._server.start()
+        for name in ["", *(s.name for s in self.services)]:
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return port
+
+    def stop(self, grace: float | None = None) -> None:
+        """Report NOT_SERVING, end open streams, let unary calls finish within the grace."""
+        self._stop_serving(grace)
+        self._close_loop()
+
+    def _stop_serving(self, grace: float | None) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        grace = self.settings.grace_seconds if grace is None else grace
+        log.info("stopping", extra={"grace_seconds": grace})
+        self.run(self._stop(grace))
+        log.info("stopped")
+
+    async def _stop(self, grace: float) -> None:
+        await self._health.enter_graceful_shutdown()
+        self._errors.streams.end_all()
+        await self._server.stop(grace)
+
+    def _close_loop(self) -> None:
+        """Let callbacks scheduled from other threads run (closing connections), then end."""
+        if self.loop.is_closed():
+            return
+
+        async def finish() -> None:
+            for _ in range(3):
+                await asyncio.sleep(0)
+            current = asyncio.current_task()
+            for task in asyncio.all_tasks():
+                if task is not current:
+                    task.cancel()
+            await self.loop.shutdown_asyncgens()
+
+        try:
+            self.run(finish(), timeout=10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+            if not self._thread.is_alive():
+                self.loop.close()
+            self._pool.shutdown(wait=False)
+
+    def serve_until_signal(self, on_stop: Callable[[], None] | None = None) -> None:
+        """Serve until SIGTERM or SIGINT, then drain, run on_stop (loop still up) and return."""
+        received = wait_for_signal()
+        log.info("signal received", extra={"signal": received.name})
+        try:
+            self._stop_serving(None)
+            if on_stop is not None:
+                on_stop()
+        finally:
+            self._close_loop()
