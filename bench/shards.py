@@ -1,16 +1,22 @@
 """Shard manager throughput: acquire+ack round trips per second, through gRPC and against Redis.
 
-    python -m bench.shards [--redis-url URL] [--seconds 3] [--clients 1,4,8]
+    python -m bench.shards [--redis-url URL] [--seconds 3] [--clients 1,4,8] [--variants ...]
 
 One run starts shard-manager daemons (real processes) on the given Redis and,
 for each number of concurrent clients (each client a separate process), runs
-the same loop -- acquire a shard, acknowledge it -- five ways, side by side:
+the same loop -- acquire a shard, acknowledge it -- six ways, side by side:
 
   redis 2 calls   ShardStore.acquire then ShardStore.ack, straight to Redis (the baseline)
   redis 1 call    ShardStore.acquire carrying the previous shard's ack
-  grpc 2 RPCs     AcquireShard then AckShard through one daemon (ShardConsumer.acquire, .ack)
-  grpc 1 RPC      AcquireShard carrying the ack (iterating a ShardConsumer), one daemon
-  grpc 1 RPC x2   the same, clients spread over two daemon replicas
+  grpc 2 RPCs     AcquireShard then AckShard through one daemon (ShardConsumer(stream=False))
+  grpc 1 RPC      AcquireShard carrying the ack, one call per shard, one daemon
+  grpc stream     the same request and answer per shard over one StreamShards stream per
+                  client (iterating a ShardConsumer: the default), one daemon
+  grpc stream x2  the same, clients spread over two daemon replicas
+
+Every variant does the same work per round trip: one shard acquired and one
+acknowledged, each atomically in Redis (one Lua script), and every gRPC
+variant crosses processes (client process -> daemon -> Redis).
 
 It prints round trips (one shard acquired and acknowledged) per second, the
 gRPC / Redis ratios, and the CPU time each round trip costs in the clients,
@@ -39,7 +45,8 @@ VARIANTS = {
     "redis-1": "redis 1 call",
     "grpc-2": "grpc 2 RPCs",
     "grpc-1": "grpc 1 RPC",
-    "grpc-1x2": "grpc 1 RPC x2",
+    "grpc-s": "grpc stream",
+    "grpc-sx2": "grpc stream x2",
 }
 
 
@@ -65,7 +72,8 @@ def _loop(variant: str, target: str, dataset: str, holder: str) -> Callable[[], 
 
     from gearshift.worker.shard_client import ShardClient
 
-    consumer = ShardClient(target).consumer(dataset, holder, renew=False)
+    stream = variant.startswith("grpc-s")
+    consumer = ShardClient(target).consumer(dataset, holder, renew=False, stream=stream)
     if variant == "grpc-2":
 
         def grpc_separate() -> None:
@@ -213,13 +221,25 @@ def count_round_trips(redis_url: str) -> dict[str, float]:
     return counts
 
 
+# Ratios printed: a gRPC variant against the Redis loop doing the same calls.
+RATIOS = [("grpc-2", "redis-2"), ("grpc-1", "redis-1"), ("grpc-s", "redis-1")]
+
+
+def _short(variant: str) -> str:
+    return variant.replace("-", "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--redis-url", default=DEFAULT_REDIS)
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each measurement")
     parser.add_argument("--clients", default="1,4,8", help="comma-separated client counts")
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {list(VARIANTS)}"
+    )
     args = parser.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
+    variants = {v: VARIANTS[v] for v in args.variants.split(",")}
 
     import redis
 
@@ -244,7 +264,7 @@ def main() -> None:
         admin = ShardClient(addresses[0])
         results: dict[tuple[str, int], Result] = {}
         for n in clients:
-            for variant in VARIANTS:
+            for variant in variants:
                 dataset = f"bench-{variant}-{n}-{uuid.uuid4().hex[:6]}"
                 admin.create_dataset(dataset, job_id="bench", size=500_000, shard_size=1,
                                      num_epochs=100, mode="dynamic")  # fmt: skip
@@ -265,17 +285,20 @@ def main() -> None:
             daemon.stop()
         redis_client.close()
 
+    ratios = [(a, b) for a, b in RATIOS if a in variants and b in variants]
     print(f"\nacquire+ack round trips per second ({args.seconds:g} s each; clients are processes)")
-    print("clients " + "".join(f"{label:>15s}" for label in VARIANTS.values())
-          + "   grpc2/redis2   grpc1/redis1")  # fmt: skip
+    print("clients " + "".join(f"{label:>15s}" for label in variants.values())
+          + "".join(f"{_short(a) + '/' + _short(b):>15s}" for a, b in ratios))  # fmt: skip
     for n in clients:
-        row = [results[(v, n)].per_second for v in VARIANTS]
-        ratios = f"{row[2] / row[0]:15.2f}{row[3] / row[1]:15.2f}"
-        print(f"{n:7d} " + "".join(f"{x:15.0f}" for x in row) + ratios)
+        row = [results[(v, n)].per_second for v in variants]
+        cells = [results[(a, n)].per_second / results[(b, n)].per_second for a, b in ratios]
+        print(
+            f"{n:7d} " + "".join(f"{x:15.0f}" for x in row) + "".join(f"{x:15.2f}" for x in cells)
+        )
     print("\nCPU microseconds per round trip: clients + shard manager(s) + redis = total")
     for n in clients:
         cells = []
-        for v, label in VARIANTS.items():
+        for v, label in variants.items():
             r = results[(v, n)]
             total = r.client_cpu_us + r.daemon_cpu_us + r.redis_cpu_us
             cells.append(

@@ -4,6 +4,11 @@ The daemon keeps no state of its own: every dataset lives in Redis, so any
 number of replicas may serve one Redis, and a replica may be killed and
 restarted at any time. It starts even when Redis is down (calls then answer
 UNAVAILABLE until Redis is back), so an orchestrator may start them in any order.
+
+It serves on grpc.aio (one event loop; see gearshift.common.server.AioGrpcServer):
+a consumer's StreamShards stream holds no thread, so the number of consumers
+is not bounded by a thread pool, and Redis is reached over a few pipelined
+connections shared by every call (`--redis-pool-size`).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import redis
 
@@ -23,6 +29,7 @@ from gearshift.shardmanager.store import (
     DEFAULT_DELETED_TTL_SECONDS,
     DEFAULT_MAX_SHARDS,
     DEFAULT_PREFIX,
+    AsyncShardStore,
     ShardStore,
 )
 from gearshift.v1 import shardmanager_pb2, shardmanager_pb2_grpc
@@ -39,7 +46,12 @@ OPTIONS = [
         "redis://127.0.0.1:6379/0",
         secret=True,
     ),
-    Option("redis_pool_size", "most connections to Redis at once", 64, int),
+    Option(
+        "redis_pool_size",
+        "connections to Redis; the commands of concurrent calls are pipelined over them",
+        1,
+        int,
+    ),
     Option("key_prefix", "prefix of every Redis key this service writes", DEFAULT_PREFIX),
     Option(
         "deleted_ttl_seconds",
@@ -60,18 +72,24 @@ def build(config: argparse.Namespace) -> Daemon:
         raise ValueError("--max-shards must be >= 1")
     if not config.key_prefix:
         raise ValueError("--key-prefix must not be empty")
-    store = ShardStore.from_url(
-        config.redis_url,
-        pool_size=config.redis_pool_size,
-        prefix=config.key_prefix,
-        deleted_ttl_seconds=config.deleted_ttl_seconds,
-        max_shards=config.max_shards,
-    )
+    settings: dict[str, Any] = {
+        "prefix": config.key_prefix,
+        "deleted_ttl_seconds": config.deleted_ttl_seconds,
+        "max_shards": config.max_shards,
+    }
+    # Scripts go into Redis's cache now, so that each transition is one EVALSHA
+    # from the first call on (a blocking client, for this one step at start).
+    loader = ShardStore.from_url(config.redis_url, pool_size=1, **settings)
     try:
-        store.load_scripts()
+        loader.load_scripts()
     except (redis.RedisError, UnavailableError) as exc:
         log.warning("Redis unreachable at start; calls answer UNAVAILABLE until it is back",
                     extra={"error": str(exc)})  # fmt: skip
+    finally:
+        loader.close()
+    store = AsyncShardStore.from_url(
+        config.redis_url, connections=config.redis_pool_size, **settings
+    )
     service = shardmanager_pb2.DESCRIPTOR.services_by_name["ShardManager"].full_name
     return Daemon(
         [
@@ -82,6 +100,7 @@ def build(config: argparse.Namespace) -> Daemon:
             )
         ],
         on_stop=[store.close],
+        asyncio=True,
     )
 
 

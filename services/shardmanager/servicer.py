@@ -1,18 +1,25 @@
 """gRPC servicer of the shard manager: validate the request, call the store, build the reply.
 
 Nothing here holds state: every answer comes from one or two atomic Redis
-steps in `ShardStore`, so replicas of this servicer are interchangeable.
+steps in the store, so replicas of this servicer are interchangeable.
 Bad input is rejected before Redis is touched (INVALID_ARGUMENT naming the
 field); refusals that depend on the stored state come from the store.
+
+Every method is a coroutine on the daemon's event loop (grpc.aio) over
+`AsyncShardStore`: a consumer's StreamShards stream then holds no thread, and
+the Redis commands of concurrent calls share pipelined connections.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
+from gearshift.common.errors import GearshiftError
 from gearshift.common.validation import check_name, require
 from gearshift.shardmanager.model import (
     DEFAULT_LEASE_SECONDS,
@@ -23,7 +30,7 @@ from gearshift.shardmanager.model import (
     Mode,
     ShardData,
 )
-from gearshift.shardmanager.store import ShardStore
+from gearshift.shardmanager.store import AsyncShardStore
 from gearshift.v1 import common_pb2, shardmanager_pb2, shardmanager_pb2_grpc
 
 log = logging.getLogger("gearshift.shardmanager")
@@ -73,6 +80,21 @@ def check_holder(value: str, field: str = "holder_id") -> None:
 
 def _non_negative(value: int, field: str) -> None:
     require(value >= 0, field, f"must be >= 0 (got {value})")
+
+
+def check_acquire(request: shardmanager_pb2.AcquireShardRequest, *, identity: bool = True) -> None:
+    """An AcquireShard request; `identity=False` skips dataset and holder (checked before)."""
+    if identity:
+        check_name(request.dataset_id, "dataset_id")
+        check_holder(request.holder_id)
+    require(
+        len(request.request_id) <= MAX_REQUEST_ID_LENGTH,
+        "request_id",
+        f"must be at most {MAX_REQUEST_ID_LENGTH} characters",
+    )
+    if request.HasField("ack"):
+        _non_negative(request.ack.epoch, "ack.epoch")
+        _non_negative(request.ack.shard_id, "ack.shard_id")
 
 
 def settings_from_request(config: shardmanager_pb2.DatasetConfig) -> DatasetSettings:
@@ -188,61 +210,91 @@ def shard_message(shard: ShardData) -> shardmanager_pb2.Shard:
 # -- the servicer ----------------------------------------------------------------
 
 
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
 class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
     """Every RPC: validate, one store call, reply."""
 
-    def __init__(self, store: ShardStore) -> None:
+    def __init__(self, store: AsyncShardStore) -> None:
         self.store = store
 
-    def CreateDataset(
-        self, request: shardmanager_pb2.CreateDatasetRequest, context: grpc.ServicerContext
+    async def CreateDataset(
+        self, request: shardmanager_pb2.CreateDatasetRequest, context: Context
     ) -> shardmanager_pb2.Dataset:
         check_name(request.dataset_id, "dataset_id")
         require(request.HasField("config"), "config", "is required")
         settings = settings_from_request(request.config)
-        status = self.store.create(request.dataset_id, settings)
+        status = await self.store.create(request.dataset_id, settings)
         return dataset_message(status)
 
-    def DescribeDataset(
-        self, request: shardmanager_pb2.DescribeDatasetRequest, context: grpc.ServicerContext
+    async def DescribeDataset(
+        self, request: shardmanager_pb2.DescribeDatasetRequest, context: Context
     ) -> shardmanager_pb2.Dataset:
         check_name(request.dataset_id, "dataset_id")
-        return dataset_message(self.store.describe(request.dataset_id))
+        return dataset_message(await self.store.describe(request.dataset_id))
 
-    def DeleteDataset(
-        self, request: shardmanager_pb2.DeleteDatasetRequest, context: grpc.ServicerContext
+    async def DeleteDataset(
+        self, request: shardmanager_pb2.DeleteDatasetRequest, context: Context
     ) -> shardmanager_pb2.DeleteDatasetResponse:
         check_name(request.dataset_id, "dataset_id")
-        deleted = self.store.delete(request.dataset_id)
+        deleted = await self.store.delete(request.dataset_id)
         if deleted:
             log.info("dataset deleted", extra={"dataset_id": request.dataset_id})
         return shardmanager_pb2.DeleteDatasetResponse(deleted=deleted)
 
-    def DeleteJobDatasets(
-        self, request: shardmanager_pb2.DeleteJobDatasetsRequest, context: grpc.ServicerContext
+    async def DeleteJobDatasets(
+        self, request: shardmanager_pb2.DeleteJobDatasetsRequest, context: Context
     ) -> shardmanager_pb2.DeleteJobDatasetsResponse:
         check_name(request.job_id, "job_id")
-        deleted = self.store.delete_job(request.job_id)
+        deleted = await self.store.delete_job(request.job_id)
         if deleted:
             log.info("job datasets deleted", extra={"job_id": request.job_id, "datasets": deleted})
         return shardmanager_pb2.DeleteJobDatasetsResponse(dataset_ids=deleted)
 
-    def AcquireShard(
-        self, request: shardmanager_pb2.AcquireShardRequest, context: grpc.ServicerContext
+    async def AcquireShard(
+        self, request: shardmanager_pb2.AcquireShardRequest, context: Context
     ) -> shardmanager_pb2.AcquireShardResponse:
-        check_name(request.dataset_id, "dataset_id")
-        check_holder(request.holder_id)
-        require(
-            len(request.request_id) <= MAX_REQUEST_ID_LENGTH,
-            "request_id",
-            f"must be at most {MAX_REQUEST_ID_LENGTH} characters",
-        )
+        check_acquire(request)
+        return await self._acquire(request)
+
+    async def StreamShards(
+        self,
+        request_iterator: AsyncIterator[shardmanager_pb2.StreamShardsRequest],
+        context: Context,
+    ) -> AsyncIterator[shardmanager_pb2.StreamShardsResponse]:
+        """AcquireShard per message; refusals answered in-band so the stream stays open.
+
+        The stream's dataset and holder are validated once, not per message,
+        while they stay the same. Unexpected errors end the stream (INTERNAL).
+        """
+        checked: tuple[str, str] | None = None
+        async for message in request_iterator:
+            request = message.acquire
+            try:
+                if checked != (request.dataset_id, request.holder_id):
+                    require(message.HasField("acquire"), "acquire", "is required")
+                    check_acquire(request)
+                    checked = (request.dataset_id, request.holder_id)
+                else:
+                    check_acquire(request, identity=False)
+                reply = await self._acquire(request)
+            except GearshiftError as exc:
+                yield shardmanager_pb2.StreamShardsResponse(
+                    error_code=exc.code.value[0], error_message=exc.message
+                )
+                continue
+            yield shardmanager_pb2.StreamShardsResponse(reply=reply)
+
+    async def _acquire(
+        self, request: shardmanager_pb2.AcquireShardRequest
+    ) -> shardmanager_pb2.AcquireShardResponse:
         ack = None
         if request.HasField("ack"):
-            _non_negative(request.ack.epoch, "ack.epoch")
-            _non_negative(request.ack.shard_id, "ack.shard_id")
             ack = (request.ack.epoch, request.ack.shard_id)
-        result = self.store.acquire(request.dataset_id, request.holder_id, request.request_id, ack)
+        result = await self.store.acquire(
+            request.dataset_id, request.holder_id, request.request_id, ack
+        )
         return shardmanager_pb2.AcquireShardResponse(
             status=_ACQUIRE_STATUS[result.status],
             shard=None if result.shard is None else shard_message(result.shard),
@@ -250,20 +302,20 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
             acked=bool(result.acked),
         )
 
-    def AckShard(
-        self, request: shardmanager_pb2.AckShardRequest, context: grpc.ServicerContext
+    async def AckShard(
+        self, request: shardmanager_pb2.AckShardRequest, context: Context
     ) -> shardmanager_pb2.AckShardResponse:
         check_name(request.dataset_id, "dataset_id")
         check_holder(request.holder_id)
         _non_negative(request.epoch, "epoch")
         _non_negative(request.shard_id, "shard_id")
-        acked = self.store.ack(
+        acked = await self.store.ack(
             request.dataset_id, request.holder_id, request.epoch, request.shard_id
         )
         return shardmanager_pb2.AckShardResponse(acknowledged=acked)
 
-    def RenewLeases(
-        self, request: shardmanager_pb2.RenewLeasesRequest, context: grpc.ServicerContext
+    async def RenewLeases(
+        self, request: shardmanager_pb2.RenewLeasesRequest, context: Context
     ) -> shardmanager_pb2.RenewLeasesResponse:
         check_name(request.dataset_id, "dataset_id")
         check_holder(request.holder_id)
@@ -275,7 +327,7 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
         )
         for i, shard_id in enumerate(request.shard_ids):
             _non_negative(shard_id, f"shard_ids[{i}]")
-        result = self.store.renew(
+        result = await self.store.renew(
             request.dataset_id, request.holder_id, request.epoch, list(request.shard_ids)
         )
         return shardmanager_pb2.RenewLeasesResponse(
@@ -284,12 +336,12 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
             lost_shard_ids=result.lost,
         )
 
-    def ReleaseHolder(
-        self, request: shardmanager_pb2.ReleaseHolderRequest, context: grpc.ServicerContext
+    async def ReleaseHolder(
+        self, request: shardmanager_pb2.ReleaseHolderRequest, context: Context
     ) -> shardmanager_pb2.ReleaseHolderResponse:
         check_name(request.dataset_id, "dataset_id")
         check_holder(request.holder_id)
-        result = self.store.release(request.dataset_id, request.holder_id)
+        result = await self.store.release(request.dataset_id, request.holder_id)
         if result.requeued or result.failed:
             log.info(
                 "holder released",
@@ -309,8 +361,8 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
             failed_shard_ids=result.failed,
         )
 
-    def GetShardsAt(
-        self, request: shardmanager_pb2.GetShardsAtRequest, context: grpc.ServicerContext
+    async def GetShardsAt(
+        self, request: shardmanager_pb2.GetShardsAtRequest, context: Context
     ) -> shardmanager_pb2.GetShardsAtResponse:
         check_name(request.dataset_id, "dataset_id")
         _non_negative(request.rank, "rank")
@@ -321,7 +373,7 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
             "count",
             f"must be 0..{MAX_COUNT} (not {request.count})",
         )
-        found = self.store.shards_at(
+        found = await self.store.shards_at(
             request.dataset_id, request.rank, request.epoch, request.position, request.count or 1
         )
         return shardmanager_pb2.GetShardsAtResponse(
@@ -329,22 +381,24 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
             sequence_length=found.sequence_length,
         )
 
-    def CheckpointDataset(
-        self, request: shardmanager_pb2.CheckpointDatasetRequest, context: grpc.ServicerContext
+    async def CheckpointDataset(
+        self, request: shardmanager_pb2.CheckpointDatasetRequest, context: Context
     ) -> shardmanager_pb2.CheckpointDatasetResponse:
         check_name(request.dataset_id, "dataset_id")
         check_name(request.checkpoint_id, "checkpoint_id")
-        status = self.store.checkpoint(request.dataset_id, request.checkpoint_id)
+        status = await self.store.checkpoint(request.dataset_id, request.checkpoint_id)
         return shardmanager_pb2.CheckpointDatasetResponse(
             checkpoint_id=request.checkpoint_id, dataset=dataset_message(status)
         )
 
-    def RestoreDataset(
-        self, request: shardmanager_pb2.RestoreDatasetRequest, context: grpc.ServicerContext
+    async def RestoreDataset(
+        self, request: shardmanager_pb2.RestoreDatasetRequest, context: Context
     ) -> shardmanager_pb2.Dataset:
         check_name(request.dataset_id, "dataset_id")
         check_name(request.checkpoint_id, "checkpoint_id")
-        status = self.store.restore(request.dataset_id, request.checkpoint_id, force=request.force)
+        status = await self.store.restore(
+            request.dataset_id, request.checkpoint_id, force=request.force
+        )
         log.info(
             "dataset restored",
             extra={

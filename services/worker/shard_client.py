@@ -13,12 +13,18 @@ is retried while the service or its Redis is unavailable (a restart): the
 acquire call carries an idempotency key, so a retry gets the same shard
 back rather than a second one. Uses only gearshift.v1 and gearshift.common
 (the import rule) and never imports torch, so it loads anywhere.
+
+A consumer acquires over one StreamShards stream (a request and its answer
+per shard) rather than one AcquireShard call per shard: the same work on the
+server, for about half its CPU per shard, so one shard manager serves more
+consumers. It falls back to AcquireShard against a server without the stream.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import threading
 import time
 import uuid
@@ -37,6 +43,7 @@ from gearshift.v1 import common_pb2, shardmanager_pb2, shardmanager_pb2_grpc
 log = logging.getLogger("gearshift.worker.shard_client")
 
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
 _MODES = {
     "dynamic": common_pb2.DATA_MODE_DYNAMIC,
     "deterministic": common_pb2.DATA_MODE_DETERMINISTIC,
@@ -102,10 +109,10 @@ class ShardClient:
         else:
             self._channel = target
             self._owns_channel = False
-        self._stub = shardmanager_pb2_grpc.ShardManagerStub(self._channel)
+        self.stub = shardmanager_pb2_grpc.ShardManagerStub(self._channel)
         self.retry_seconds = retry_seconds
         self.timeout = timeout
-        self._metadata = ((AUTH_HEADER, f"Bearer {token}"),) if token else None
+        self.metadata = ((AUTH_HEADER, f"Bearer {token}"),) if token else None
 
     def close(self) -> None:
         if self._owns_channel:
@@ -124,8 +131,8 @@ class ShardClient:
         delay = 0.05
         while True:
             try:
-                return getattr(self._stub, method)(
-                    request, timeout=self.timeout, metadata=self._metadata
+                return getattr(self.stub, method)(
+                    request, timeout=self.timeout, metadata=self.metadata
                 )
             except grpc.RpcError as exc:
                 if rpc_code(exc) in _RETRYABLE and time.monotonic() + delay < deadline:
@@ -241,12 +248,99 @@ class ShardClient:
         return ShardConsumer(self, dataset_id, holder_id, **kwargs)
 
 
+class _Refusal(grpc.RpcError):
+    """A request refused in-band on a stream, shaped as a failed call for error_from_rpc."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+class _StreamLostError(Exception):
+    """The stream ended without answering (the server went away or stopped); reopen it."""
+
+
+class ShardStream:
+    """One StreamShards call: send a request, get its answer; one request at a time.
+
+    gRPC's blocking API sends a stream's requests from a thread of its own,
+    which takes them from a queue here. Messages have no deadline of their
+    own, so a watchdog thread cancels the call when an answer is `timeout`
+    seconds late (a stuck server; a dead one is found by keepalive sooner).
+    """
+
+    def __init__(
+        self,
+        stub: shardmanager_pb2_grpc.ShardManagerStub,
+        *,
+        metadata: Any = None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
+        self.timeout = timeout
+        self._requests: queue.SimpleQueue[shardmanager_pb2.StreamShardsRequest | None] = (
+            queue.SimpleQueue()
+        )
+        self._closed = threading.Event()
+        self._asked_at = 0.0  # monotonic time of the request awaiting its answer; 0: none
+        self.timed_out = False
+        self._call: Any = stub.StreamShards(self._outgoing(), metadata=metadata)
+        self._watchdog = threading.Thread(target=self._watch, name="shard-stream", daemon=True)
+        self._watchdog.start()
+
+    def _outgoing(self) -> Iterator[shardmanager_pb2.StreamShardsRequest]:
+        while not self._closed.is_set():
+            try:
+                request = self._requests.get(timeout=1.0)
+            except queue.Empty:
+                continue  # look at _closed again: a closed channel leaves us here otherwise
+            if request is None:
+                return
+            yield request
+
+    def exchange(
+        self, request: shardmanager_pb2.AcquireShardRequest
+    ) -> shardmanager_pb2.StreamShardsResponse:
+        """Send one request and return its answer; grpc.RpcError or _StreamLostError if the
+        stream broke (the request may or may not have been applied)."""
+        self._asked_at = time.monotonic()
+        try:
+            self._requests.put(shardmanager_pb2.StreamShardsRequest(acquire=request))
+            response: shardmanager_pb2.StreamShardsResponse = next(self._call)
+            return response
+        except StopIteration:
+            raise _StreamLostError("the server ended the stream") from None
+        finally:
+            self._asked_at = 0.0
+
+    def _watch(self) -> None:
+        while not self._closed.wait(min(self.timeout / 4, 1.0)):
+            asked = self._asked_at
+            if asked and time.monotonic() - asked > self.timeout:
+                self.timed_out = True
+                self._call.cancel()
+                return
+
+    def close(self) -> None:
+        self._closed.set()
+        self._requests.put(None)
+        self._call.cancel()
+
+
 class ShardConsumer:
     """One holder reading a dynamic-mode dataset: acquire, acknowledge, renew in the background.
 
     Iterating yields shards and acknowledges each one when the next is asked
-    for, in the same call (one round trip per shard). Shards the server took
-    back (lease expired) land in `lost`: someone else reads them again.
+    for, in the same call (one round trip per shard), over the consumer's
+    StreamShards stream (opened on the first acquire, closed by close()).
+    Shards the server took back (lease expired) land in `lost`: someone else
+    reads them again. One thread at a time may acquire; renewals run beside it.
     """
 
     def __init__(
@@ -258,7 +352,9 @@ class ShardConsumer:
         poll_seconds: float = 0.02,
         max_poll_seconds: float = 0.5,
         renew: bool = True,
+        stream: bool = True,
     ) -> None:
+        """`stream`: acquire over one StreamShards stream (default) or by AcquireShard calls."""
         self.client = client
         self.dataset_id = dataset_id
         self.holder_id = holder_id
@@ -275,6 +371,8 @@ class ShardConsumer:
         # Request ids: unique per consumer object and call, without a random draw per call.
         self._session = uuid.uuid4().hex[:12]
         self._requests = 0
+        self.streaming = stream  # False also once the server turned out not to have streams
+        self._stream: ShardStream | None = None
 
     @property
     def held(self) -> list[Shard]:
@@ -297,7 +395,7 @@ class ShardConsumer:
             request.ack.shard_id = ack.shard_id
         delay = self.poll_seconds
         while True:
-            reply: shardmanager_pb2.AcquireShardResponse = self.client.call("AcquireShard", request)
+            reply = self._acquire_call(request)
             if request.HasField("ack"):
                 self._forget(ack)
                 request.ClearField("ack")
@@ -314,6 +412,60 @@ class ShardConsumer:
             # WAIT: the epoch's last shards are held by others; they may come back.
             time.sleep(delay)
             delay = min(delay * 2, self.max_poll_seconds)
+
+    def _acquire_call(
+        self, request: shardmanager_pb2.AcquireShardRequest
+    ) -> shardmanager_pb2.AcquireShardResponse:
+        """One AcquireShard, over the stream when there is one, retried as ShardClient.call does.
+
+        A retry repeats the request with its request_id, so a grant whose answer
+        was lost comes back rather than a second shard.
+        """
+        if not self.streaming:
+            reply: shardmanager_pb2.AcquireShardResponse = self.client.call("AcquireShard", request)
+            return reply
+        deadline = time.monotonic() + self.client.retry_seconds
+        delay = 0.05
+        while True:
+            try:
+                if self._stream is None:
+                    self._stream = ShardStream(
+                        self.client.stub, metadata=self.client.metadata, timeout=self.client.timeout
+                    )
+                response = self._stream.exchange(request)
+                if not response.error_code:
+                    return response.reply
+                code = _CODES.get(response.error_code, grpc.StatusCode.UNKNOWN)
+                failure: grpc.RpcError = _Refusal(code, response.error_message)
+                broken = False
+            except grpc.RpcError as exc:
+                code = rpc_code(exc) or grpc.StatusCode.UNKNOWN
+                if code == grpc.StatusCode.CANCELLED and self._stream and self._stream.timed_out:
+                    code = grpc.StatusCode.DEADLINE_EXCEEDED
+                    exc = _Refusal(code, f"no answer on the stream within {self.client.timeout} s")
+                failure, broken = exc, True
+            except _StreamLostError as exc:
+                code, failure, broken = (
+                    grpc.StatusCode.UNAVAILABLE,
+                    _Refusal(grpc.StatusCode.UNAVAILABLE, str(exc)),
+                    True,
+                )
+            if broken:
+                self._close_stream()
+                if code == grpc.StatusCode.UNIMPLEMENTED:
+                    log.info("the shard manager has no StreamShards; acquiring by unary calls")
+                    self.streaming = False
+                    return self._acquire_call(request)
+            if code in _RETRYABLE and time.monotonic() + delay < deadline:
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            raise error_from_rpc(failure) from None
+
+    def _close_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
 
     def ack(self, shard: Shard) -> bool:
         """DOING -> DONE; False when this holder had acknowledged it already (a retry)."""
@@ -364,6 +516,7 @@ class ShardConsumer:
         if self._stop.is_set():
             return
         self._stop.set()
+        self._close_stream()
         if self._renewer is not None:
             self._renewer.join(timeout=5.0)
         if release and self.held:

@@ -550,6 +550,68 @@ class AcquireShardResponse(_message.Message):
 Global___AcquireShardResponse: _TypeAlias = AcquireShardResponse  # noqa: Y015
 
 @_typing.final
+class StreamShardsRequest(_message.Message):
+    """One request on a StreamShards stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACQUIRE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def acquire(self) -> Global___AcquireShardRequest:
+        """The acquisition, as AcquireShard takes it (dataset, holder, request id,
+        acknowledgement of the previous shard). Required.
+        """
+
+    def __init__(
+        self,
+        *,
+        acquire: Global___AcquireShardRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["acquire", b"acquire"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acquire", b"acquire"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamShardsRequest: _TypeAlias = StreamShardsRequest  # noqa: Y015
+
+@_typing.final
+class StreamShardsResponse(_message.Message):
+    """The answer to one StreamShardsRequest, in the order of the requests."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLY_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    error_code: _builtins.int
+    """0 when the request succeeded; otherwise the number of the gRPC status
+    code AcquireShard would have failed with (e.g. 9, FAILED_PRECONDITION,
+    for an acknowledgement of a shard that was taken back; 14, UNAVAILABLE,
+    while Redis is unreachable: repeat the request).
+    """
+    error_message: _builtins.str
+    """The refusal's message, as AcquireShard's status details would read."""
+    @_builtins.property
+    def reply(self) -> Global___AcquireShardResponse:
+        """What AcquireShard would have answered; unset when error_code is set."""
+
+    def __init__(
+        self,
+        *,
+        reply: Global___AcquireShardResponse | None = ...,
+        error_code: _builtins.int = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["reply", b"reply"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "reply", b"reply"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamShardsResponse: _TypeAlias = StreamShardsResponse  # noqa: Y015
+
+@_typing.final
 class AckShardRequest(_message.Message):
     """Acknowledge a shard."""
 

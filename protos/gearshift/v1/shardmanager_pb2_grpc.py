@@ -60,6 +60,11 @@ class ShardManagerStub:
                 request_serializer=gearshift_dot_v1_dot_shardmanager__pb2.AcquireShardRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_shardmanager__pb2.AcquireShardResponse.FromString,
                 _registered_method=True)
+        self.StreamShards = channel.stream_stream(
+                '/gearshift.v1.ShardManager/StreamShards',
+                request_serializer=gearshift_dot_v1_dot_shardmanager__pb2.StreamShardsRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_shardmanager__pb2.StreamShardsResponse.FromString,
+                _registered_method=True)
         self.AckShard = channel.unary_unary(
                 '/gearshift.v1.ShardManager/AckShard',
                 request_serializer=gearshift_dot_v1_dot_shardmanager__pb2.AckShardRequest.SerializeToString,
@@ -133,6 +138,21 @@ class ShardManagerServicer:
         blind retry without request_id may grant a second shard (the first one
         is then redelivered when its lease expires). A caller that sets
         request_id may retry it itself and gets the same grant back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamShards(self, request_iterator, context):
+        """Dynamic mode, the data path of a consumer: AcquireShard over one
+        long-lived stream. Each request is answered by one response, in order;
+        the work per request is exactly AcquireShard's (one shard granted, the
+        previous one acknowledged, in one atomic step). A refused request is
+        answered in-band (StreamShardsResponse.error_code) and the stream stays
+        open. A stream ends with UNAVAILABLE when the server stops; the client
+        then opens another and repeats its last request with the same
+        request_id, which returns the same grant. Not marked idempotent, like
+        AcquireShard.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -214,6 +234,11 @@ def add_ShardManagerServicer_to_server(servicer, server):
                     servicer.AcquireShard,
                     request_deserializer=gearshift_dot_v1_dot_shardmanager__pb2.AcquireShardRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_shardmanager__pb2.AcquireShardResponse.SerializeToString,
+            ),
+            'StreamShards': grpc.stream_stream_rpc_method_handler(
+                    servicer.StreamShards,
+                    request_deserializer=gearshift_dot_v1_dot_shardmanager__pb2.StreamShardsRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_shardmanager__pb2.StreamShardsResponse.SerializeToString,
             ),
             'AckShard': grpc.unary_unary_rpc_method_handler(
                     servicer.AckShard,
@@ -382,6 +407,33 @@ class ShardManager:
             '/gearshift.v1.ShardManager/AcquireShard',
             gearshift_dot_v1_dot_shardmanager__pb2.AcquireShardRequest.SerializeToString,
             gearshift_dot_v1_dot_shardmanager__pb2.AcquireShardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamShards(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/gearshift.v1.ShardManager/StreamShards',
+            gearshift_dot_v1_dot_shardmanager__pb2.StreamShardsRequest.SerializeToString,
+            gearshift_dot_v1_dot_shardmanager__pb2.StreamShardsResponse.FromString,
             options,
             channel_credentials,
             insecure,

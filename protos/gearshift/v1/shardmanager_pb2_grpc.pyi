@@ -56,6 +56,17 @@ class ShardManagerStub:
     is then redelivered when its lease expires). A caller that sets
     request_id may retry it itself and gets the same grant back.
     """
+    StreamShards: _grpc.StreamStreamMultiCallable[_shardmanager_pb2.StreamShardsRequest, _shardmanager_pb2.StreamShardsResponse]
+    """Dynamic mode, the data path of a consumer: AcquireShard over one
+    long-lived stream. Each request is answered by one response, in order;
+    the work per request is exactly AcquireShard's (one shard granted, the
+    previous one acknowledged, in one atomic step). A refused request is
+    answered in-band (StreamShardsResponse.error_code) and the stream stays
+    open. A stream ends with UNAVAILABLE when the server stops; the client
+    then opens another and repeats its last request with the same
+    request_id, which returns the same grant. Not marked idempotent, like
+    AcquireShard.
+    """
     AckShard: _grpc.UnaryUnaryMultiCallable[_shardmanager_pb2.AckShardRequest, _shardmanager_pb2.AckShardResponse]
     """Dynamic mode: moves a shard the holder owns from DOING to DONE. A lease
     that ran out still counts while no one has taken the shard back; once it
@@ -104,6 +115,17 @@ class ShardManagerAsyncStub(ShardManagerStub):
     blind retry without request_id may grant a second shard (the first one
     is then redelivered when its lease expires). A caller that sets
     request_id may retry it itself and gets the same grant back.
+    """
+    StreamShards: _aio.StreamStreamMultiCallable[_shardmanager_pb2.StreamShardsRequest, _shardmanager_pb2.StreamShardsResponse]  # type: ignore[assignment]
+    """Dynamic mode, the data path of a consumer: AcquireShard over one
+    long-lived stream. Each request is answered by one response, in order;
+    the work per request is exactly AcquireShard's (one shard granted, the
+    previous one acknowledged, in one atomic step). A refused request is
+    answered in-band (StreamShardsResponse.error_code) and the stream stays
+    open. A stream ends with UNAVAILABLE when the server stops; the client
+    then opens another and repeats its last request with the same
+    request_id, which returns the same grant. Not marked idempotent, like
+    AcquireShard.
     """
     AckShard: _aio.UnaryUnaryMultiCallable[_shardmanager_pb2.AckShardRequest, _shardmanager_pb2.AckShardResponse]  # type: ignore[assignment]
     """Dynamic mode: moves a shard the holder owns from DOING to DONE. A lease
@@ -180,6 +202,23 @@ class ShardManagerServicer(metaclass=_abc_1.ABCMeta):
         blind retry without request_id may grant a second shard (the first one
         is then redelivered when its lease expires). A caller that sets
         request_id may retry it itself and gets the same grant back.
+        """
+
+    @_abc_1.abstractmethod
+    def StreamShards(
+        self,
+        request_iterator: _MaybeAsyncIterator[_shardmanager_pb2.StreamShardsRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_shardmanager_pb2.StreamShardsResponse], _abc.AsyncIterator[_shardmanager_pb2.StreamShardsResponse]]:
+        """Dynamic mode, the data path of a consumer: AcquireShard over one
+        long-lived stream. Each request is answered by one response, in order;
+        the work per request is exactly AcquireShard's (one shard granted, the
+        previous one acknowledged, in one atomic step). A refused request is
+        answered in-band (StreamShardsResponse.error_code) and the stream stays
+        open. A stream ends with UNAVAILABLE when the server stops; the client
+        then opens another and repeats its last request with the same
+        request_id, which returns the same grant. Not marked idempotent, like
+        AcquireShard.
         """
 
     @_abc_1.abstractmethod
