@@ -291,10 +291,9 @@ def main() -> None:
           + "".join(f"{_short(a) + '/' + _short(b):>15s}" for a, b in ratios))  # fmt: skip
     for n in clients:
         row = [results[(v, n)].per_second for v in variants]
-        cells = [results[(a, n)].per_second / results[(b, n)].per_second for a, b in ratios]
-        print(
-            f"{n:7d} " + "".join(f"{x:15.0f}" for x in row) + "".join(f"{x:15.2f}" for x in cells)
-        )
+        quotients = [results[(a, n)].per_second / results[(b, n)].per_second for a, b in ratios]
+        line = "".join(f"{x:15.0f}" for x in row) + "".join(f"{x:15.2f}" for x in quotients)
+        print(f"{n:7d} {line}")
     print("\nCPU microseconds per round trip: clients + shard manager(s) + redis = total")
     for n in clients:
         cells = []

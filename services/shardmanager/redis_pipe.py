@@ -218,8 +218,8 @@ class RedisPipe:
         for attempt in range(CONNECT_ATTEMPTS):
             try:
                 return await self._open()
-            except rex.ConnectionError:
-                if attempt + 1 == CONNECT_ATTEMPTS:
+            except rex.ConnectionError as exc:
+                if attempt + 1 == CONNECT_ATTEMPTS or isinstance(exc, rex.AuthenticationError):
                     raise
                 await asyncio.sleep(delay)
                 delay *= 2
@@ -257,9 +257,9 @@ class RedisPipe:
                 await protocol.send(["AUTH", *login])
             if address.db:
                 await protocol.send(["SELECT", address.db])
-        except rex.ResponseError as exc:
+        except (rex.ResponseError, rex.AuthenticationError) as exc:
             protocol.close()
-            raise rex.ConnectionError(f"Redis at {address} refused the login: {exc}") from None
+            raise rex.AuthenticationError(f"Redis at {address} refused the login: {exc}") from None
         return protocol
 
     def close(self) -> None:

@@ -152,13 +152,18 @@ def private_redis(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
 # -- the consumer program ----------------------------------------------------------
 
 
-def consume(address: str, dataset: str, holder: str, log_path: str, work_seconds: float) -> None:
-    """Read the dataset until its end, logging grants and acknowledgements (one line each)."""
+def consume(
+    address: str, dataset: str, holder: str, log_path: str, work_seconds: float, *, stream: bool
+) -> None:
+    """Read the dataset until its end, logging grants and acknowledgements (one line each).
+
+    `stream`: over a StreamShards stream (the default of consumers) or AcquireShard calls.
+    """
     from gearshift.common.errors import PreconditionError
     from gearshift.worker.shard_client import ShardClient
 
     client = ShardClient(address, retry_seconds=120)
-    consumer = client.consumer(dataset, holder)
+    consumer = client.consumer(dataset, holder, stream=stream)
     with open(log_path, "a", buffering=1) as out:
         previous = None
         while True:
@@ -201,12 +206,18 @@ class Consumer:
 
 
 def start_consumer(
-    address: str, dataset: str, holder: str, folder: Path, work_seconds: float = 0.02
+    address: str,
+    dataset: str,
+    holder: str,
+    folder: Path,
+    work_seconds: float = 0.02,
+    *,
+    stream: bool = True,
 ) -> Consumer:
     log_path = folder / f"{holder}.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.integration.test_shard_consumers", "consume",
-         address, dataset, holder, str(log_path), str(work_seconds)],
+         address, dataset, holder, str(log_path), str(work_seconds), "1" if stream else "0"],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=open(folder / f"{holder}.err", "wb"),  # noqa: SIM115 - the child owns it
@@ -316,6 +327,7 @@ class KillRun:
     lease_seconds: float = 30.0
     release_killed: bool = True
     work_seconds: float = 0.02
+    stream: bool = True  # consumers read over StreamShards (else AcquireShard calls)
     seed: int = field(default_factory=lambda: random.randrange(10**6))
     on_progress: Callable[[int], None] | None = None  # called with shards done, for extra faults
 
@@ -340,7 +352,9 @@ class KillRun:
         def spawn() -> None:
             n = len(everyone)
             address = self.addresses[n % len(self.addresses)]
-            consumer = start_consumer(address, dataset, f"c{n}", self.folder, self.work_seconds)
+            consumer = start_consumer(
+                address, dataset, f"c{n}", self.folder, self.work_seconds, stream=self.stream
+            )
             everyone.append(consumer)
             live.append(consumer)
 
@@ -427,10 +441,11 @@ def sm(daemons: DaemonFactory, redis_url: str, unique_id: str) -> Callable[..., 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "unary"])
 def test_killed_consumers_lose_nothing(
-    sm: Callable[..., str], tmp_path: Path, unique_id: str
+    sm: Callable[..., str], tmp_path: Path, unique_id: str, stream: bool
 ) -> None:
-    KillRun([sm()], tmp_path).run(f"kill-{unique_id}")
+    KillRun([sm()], tmp_path, stream=stream).run(f"kill-{unique_id}")
 
 
 @pytest.mark.slow
@@ -474,5 +489,5 @@ def test_shard_manager_killed_and_restarted_mid_run(
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["consume"]:
-        address, dataset, holder, log_path, work = sys.argv[2:7]
-        consume(address, dataset, holder, log_path, float(work))
+        address, dataset, holder, log_path, work, stream = sys.argv[2:8]
+        consume(address, dataset, holder, log_path, float(work), stream=stream == "1")

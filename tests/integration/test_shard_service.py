@@ -385,6 +385,11 @@ def test_each_transition_costs_at_most_two_redis_round_trips(
         count("shards at", lambda: client.shards_at("det", 1, 0, 0, 3))
         count("delete", lambda: client.delete_dataset("ds"))
         raw.close(release=False)
+        client.create_dataset("u", job_id="j", size=30, shard_size=10)
+        unary = client.consumer("u", "h", stream=False)  # AcquireShard calls, not the stream
+        d = count("unary acquire", unary.acquire)
+        count("unary acquire+ack", lambda: unary.acquire(ack=d))
+        unary.close(release=False)
     marker.echo("stop")
     watcher.join(timeout=30)
     per: dict[str, int] = {}
@@ -399,6 +404,7 @@ def test_each_transition_costs_at_most_two_redis_round_trips(
             per[current] = per.get(current, 0) + 1
     print(per)
     assert per["acquire"] == per["ack"] == per["acquire+ack"] == per["renew"] == 1, per
+    assert per["unary acquire"] == per["unary acquire+ack"] == 1, per
     assert per["acquire+ack at an epoch change"] == 2
     assert set(per) == set(names) and max(per.values()) <= 2, per
     monitor_client.close()
