@@ -24,6 +24,10 @@ from gearshift.v1 import (
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Gearshift's services restart (a new scheduler, a moved shard manager); with gRPC's default
+# reconnect backoff (up to 120 s) a client would keep failing for minutes afterwards, e.g. a
+# worker's heartbeats until it is declared lost. Reconnect attempts stay within a second.
+RECONNECT_BACKOFF_MS = (100, 1_000)  # initial and minimum, maximum
 CONTRACT_MODULES: tuple[ModuleType, ...] = (
     scheduler_pb2,
     brain_pb2,
@@ -74,13 +78,20 @@ def plain_channel(
 
     For hot paths that pass the token and the deadline on each call themselves
     (the interceptor costs about a fifth of a small unary call's client CPU).
+    Each channel has a subchannel pool of its own: gRPC's global pool would
+    share one reconnect backoff among every channel to an address.
     """
+    first, most = RECONNECT_BACKOFF_MS
     options: list[tuple[str, str | int]] = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
         ("grpc.enable_retries", 1 if retry else 0),
+        ("grpc.use_local_subchannel_pool", 1),
+        ("grpc.initial_reconnect_backoff_ms", first),
+        ("grpc.min_reconnect_backoff_ms", first),
+        ("grpc.max_reconnect_backoff_ms", most),
     ]
     if retry:
         options.append(("grpc.service_config", retry_service_config()))

@@ -31,10 +31,10 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
+from gearshift.common.channel import connect
 from gearshift.common.errors import rpc_code, rpc_details
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from gearshift.worker.agent import Agent
-from gearshift.worker.links import link
 from gearshift.worker.tasks import ENDED, Task
 
 log = logging.getLogger("gearshift.worker.registration")
@@ -66,7 +66,7 @@ class SchedulerLink:
         self.registered = False
         self.registrations = 0
         self.interval = FIRST_INTERVAL_S
-        self._channel = link(scheduler, token=token, timeout=CALL_TIMEOUT_S)
+        self._channel = connect(scheduler, token=token, timeout=CALL_TIMEOUT_S)
         self._stub = scheduler_pb2_grpc.WorkerRegistryStub(self._channel)
         self._wake = threading.Event()
         self._closed = threading.Event()

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import grpc
 
+from gearshift.common.channel import connect
 from gearshift.common.errors import rpc_code, rpc_details
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2, scheduler_pb2, scheduler_pb2_grpc
-from gearshift.worker.links import link
 
 log = logging.getLogger("gearshift.worker.reporting")
 
@@ -98,11 +98,11 @@ class Reporter:
         self._brain: brain_pb2_grpc.BrainStub | None = None
         self._channels: list[grpc.Channel] = []
         if target.scheduler:
-            channel = link(target.scheduler, token=target.token, timeout=CALL_TIMEOUT_S)
+            channel = connect(target.scheduler, token=target.token, timeout=CALL_TIMEOUT_S)
             self._channels.append(channel)
             self._scheduler = scheduler_pb2_grpc.WorkerRegistryStub(channel)
         if target.brain:
-            channel = link(target.brain, token=target.token, timeout=CALL_TIMEOUT_S)
+            channel = connect(target.brain, token=target.token, timeout=CALL_TIMEOUT_S)
             self._channels.append(channel)
             self._brain = brain_pb2_grpc.BrainStub(channel)
 

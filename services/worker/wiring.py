@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gearshift.common.channel import plain_channel
 from gearshift.common.errors import ValidationError
 from gearshift.worker.datasource import DataPlan, DynamicFeed, ManagedShards, epochs_needed
-from gearshift.worker.links import plain_link
 from gearshift.worker.reporting import Reporter, ReportTarget, Snapshot
 from gearshift.worker.runtime.data import DataSource, LocalShards
 from gearshift.worker.runtime.settings import RunSettings
@@ -108,7 +108,7 @@ class Wiring:
             if not self.data_size:
                 return None
             return LocalShards(self.data_size, s.shard_size, s.seed, s.num_ests)
-        self._client = ShardClient(plain_link(self.shard_manager), token=self.token)
+        self._client = ShardClient(plain_channel(self.shard_manager), token=self.token)
         if self.data_mode == "dynamic":
             self._feed = DynamicFeed(self._client, self.plan, s.per_est_batch)
             self._feed.create()
