@@ -386,7 +386,9 @@ class JobSpec(_message.Message):
     service_class: Global___ServiceClass.ValueType
     """Guaranteed or best-effort; UNSPECIFIED means BEST_EFFORT."""
     checkpoint_every_steps: _builtins.int
-    """Take a checkpoint every this many global steps (0: only when asked)."""
+    """Take a checkpoint every this many global steps (0: the worker daemon's default,
+    --checkpoint-every, 20 unless configured), and always when asked to stop.
+    """
     @_builtins.property
     def entrypoint(self) -> Global___Entrypoint:
         """What to run."""
