@@ -35,7 +35,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from google.protobuf import json_format
+
 from gearshift.common.config import host_port
+from gearshift.common.errors import ValidationError
 from gearshift.common.jobspec import validate_job_spec, with_defaults
 from gearshift.common.sharding import num_shards
 from gearshift.common.validation import check_name, require
@@ -48,6 +51,7 @@ DETERMINISM = {
     common_pb2.DETERMINISM_LEVEL_D2: "D2",
 }
 STEP_LOG = "steps.jsonl"
+DEFAULT_CHECKPOINT_EVERY = 20  # global steps, when the spec says 0
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class CommandSettings:
     """What the daemon adds to every training process (daemon flags)."""
 
     python: str
-    checkpoint_every: int = 20  # when the spec says 0
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
     log_every: int = 5
     report_interval: float = 1.0
     process_group_timeout: float = 120.0
@@ -91,23 +95,13 @@ class TaskPlan:
             return "dynamic"
         return "deterministic" if self.endpoints.shard_manager else "local"
 
-    def config_text(self) -> str:
-        return self.spec.entrypoint.config_json or "{}"
-
     def command(
         self, rank: int, settings: CommandSettings, task_dir: Path, config_file: Path
     ) -> list[str]:
         """The argv of local rank `rank`."""
-        spec = self.spec
-        every = spec.checkpoint_every_steps or settings.checkpoint_every
         cmd = [settings.python, "-m", "gearshift.worker.run"]
-        cmd += ["--job", spec.entrypoint.module, "--config-file", str(config_file)]
-        cmd += ["--ests", str(spec.num_ests), "--batch-size", str(spec.global_batch_size)]
-        cmd += ["--steps", str(self.total_steps), "--seed", str(spec.dataset.seed)]
-        cmd += ["--shard-size", str(spec.dataset.shard_size)]
-        cmd += ["--data-size", str(spec.dataset.size), "--data-mode", self.data_mode]
-        cmd += ["--determinism", DETERMINISM[spec.determinism]]
-        cmd += ["--checkpoint-dir", str(self.checkpoint_dir), "--checkpoint-every", str(every)]
+        cmd += spec_args(self.spec, settings.checkpoint_every, config_file)
+        cmd += ["--data-mode", self.data_mode, "--checkpoint-dir", str(self.checkpoint_dir)]
         if self.resume:
             cmd.append("--resume")
         cmd += ["--log-every", str(settings.log_every)]
@@ -133,6 +127,41 @@ class TaskPlan:
         if rank == 0:
             cmd += ["--progress-file", str(task_dir / "progress.json")]
         return cmd
+
+
+def spec_args(
+    spec: common_pb2.JobSpec, default_checkpoint_every: int, config_file: Path | None = None
+) -> list[str]:
+    """The runtime flags that a JobSpec determines (the table above): the one mapping used by
+    the daemon's processes and by `python -m gearshift.worker.run --spec`, so a local run of a
+    spec is the same job."""
+    every = spec.checkpoint_every_steps or default_checkpoint_every
+    config = ["--config-file", str(config_file)] if config_file else ["--config", config_text(spec)]
+    return [
+        "--job", spec.entrypoint.module, *config,
+        "--ests", str(spec.num_ests), "--batch-size", str(spec.global_batch_size),
+        "--steps", str(total_steps(spec)), "--seed", str(spec.dataset.seed),
+        "--shard-size", str(spec.dataset.shard_size), "--data-size", str(spec.dataset.size),
+        "--determinism", DETERMINISM[spec.determinism],
+        "--checkpoint-every", str(every),
+    ]  # fmt: skip
+
+
+def load_spec_file(path: Path) -> common_pb2.JobSpec:
+    """A JobSpec from a JSON file (the message's JSON form), validated, defaults filled in."""
+    try:
+        spec = json_format.Parse(path.read_text(), common_pb2.JobSpec())
+    except OSError as exc:
+        raise ValidationError("--spec", f"cannot read {path}: {exc.strerror}") from None
+    except json_format.ParseError as exc:
+        raise ValidationError("--spec", f"{path} is not a JobSpec in JSON: {exc}") from None
+    validate_job_spec(spec, "spec")
+    return with_defaults(spec)
+
+
+def config_text(spec: common_pb2.JobSpec) -> str:
+    """The job config as the runtime reads it (a JSON object, re-serialised)."""
+    return json.dumps(json.loads(spec.entrypoint.config_json or "{}"))
 
 
 def total_steps(spec: common_pb2.JobSpec) -> int:
@@ -261,8 +290,3 @@ def plan_task(
         endpoints=request.endpoints,
         accelerator_type=processes[0].accelerator_type or device_types[0],
     )
-
-
-def config_json(plan: TaskPlan) -> str:
-    """The job config as the runtime reads it (validated JSON object, re-serialised)."""
-    return json.dumps(json.loads(plan.config_text()))

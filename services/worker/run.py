@@ -35,6 +35,7 @@ from types import FrameType
 from typing import Any
 
 from gearshift.common.errors import ValidationError
+from gearshift.worker.command import DEFAULT_CHECKPOINT_EVERY, load_spec_file, spec_args
 from gearshift.worker.runtime.determinism import environment
 from gearshift.worker.runtime.settings import (
     Determinism,
@@ -56,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a job with N ESTs on P processes, bitwise identical for any P.",
     )
     job = parser.add_argument_group("job")
+    job.add_argument(
+        "--spec",
+        type=Path,
+        help="a JobSpec as JSON: sets --job, --config, --ests, --batch-size, --steps, --seed, "
+        "--shard-size, --data-size, --determinism, --checkpoint-every as the worker daemon would",
+    )
     job.add_argument("--job", required=True, help="module defining build(config) -> Job")
     job.add_argument("--config", default="{}", help="job config as a JSON object")
     job.add_argument("--config-file", type=Path, help="job config from a JSON file")
@@ -322,9 +329,25 @@ def run_one(
     return EXIT_CODES[result.outcome]
 
 
+def expand_spec(argv: list[str]) -> list[str]:
+    """Replace `--spec FILE` by the flags the JobSpec determines (the worker daemon's own
+    mapping); flags given explicitly after it still win."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--spec", type=Path)
+    known, rest = pre.parse_known_args(argv)
+    if known.spec is None:
+        return argv
+    return [*spec_args(load_spec_file(known.spec), DEFAULT_CHECKPOINT_EVERY), *rest]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     die_with_parent()  # started by a worker daemon: do not outlive it
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = expand_spec(argv)
+    except ValidationError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     args = build_parser().parse_args(argv)
     try:
         settings, mapping, threads = resolve(args)

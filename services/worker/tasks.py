@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gearshift.v1 import common_pb2
-from gearshift.worker.command import CommandSettings, TaskPlan
+from gearshift.worker.command import CommandSettings, TaskPlan, config_text
+from gearshift.worker.runtime.stop import EXIT_STOPPED
 from gearshift.worker.spawner import Child, Spawner, SpawnRequest
 
 log = logging.getLogger("gearshift.worker.tasks")
 
-EXIT_STOPPED = 75  # the runtime: checkpointed on request (gearshift.worker.runtime.stop)
 EXIT_BAD_INPUT = 2
 POLL_S = 0.05
 TAIL_BYTES = 4000
@@ -108,7 +108,7 @@ class Task:
         """Spawn every local rank and the watcher; a spawn failure fails the task."""
         self.task_dir.mkdir(parents=True, exist_ok=True)
         config_file = self.task_dir / "config.json"
-        config_file.write_text(self.plan.config_text())
+        config_file.write_text(config_text(self.plan.spec))
         self.plan.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         try:
             for rank in self.plan.ranks:
