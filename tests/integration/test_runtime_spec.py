@@ -31,7 +31,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def digest(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 0, result.stdout + result.stderr
-    return re.findall(r"^digest sha256:([0-9a-f]{64})$", result.stdout, re.MULTILINE)[-1]
+    return str(re.findall(r"^digest sha256:([0-9a-f]{64})$", result.stdout, re.MULTILINE)[-1])
 
 
 def test_spec_equals_the_explicit_flags(tmp_path: Path) -> None:
