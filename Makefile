@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/gearshift up --check --base-port 0 --run-dir .gearshift/demo
+	$(PY) -m gearshift.client.demo --run-dir .gearshift/demo
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)

@@ -6,14 +6,22 @@ and a brightness factor (Python `random`) — so it shows that each logical
 loader worker's state travels with the batch it builds.
 
 Config: lr (0.05), momentum (0.9), optimizer ("sgd" or "adam"), channels (8),
-dropout (0.2), augment (true), lr_step (100), lr_gamma (0.5).
+dropout (0.2), augment (true), lr_step (100), lr_gamma (0.5), holdout (0): samples
+kept out of training (a fixed split) to measure accuracy on:
+
+    python -m gearshift.examples.digits_cnn evaluate --checkpoint-dir DIR --config JSON
+
+prints the held-out accuracy of the newest checkpoint in DIR as JSON.
 """
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import importlib.util
+import json
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from gearshift.worker.runtime import checkpoint
 from gearshift.worker.runtime.job import Job
 
 
@@ -39,13 +48,27 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
     return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
 
 
-class Digits:
-    """Map-style digits: (1×8×8 float image in [0, 1], label)."""
+HOLDOUT_SEED = 20231112  # the split never changes, whatever the job's seed
 
-    def __init__(self, augment: bool) -> None:
+
+def split(total: int, holdout: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training indices, held-out indices): a fixed permutation, drawn from a generator of
+    its own so that no global random state moves."""
+    if not 0 <= holdout < total:
+        raise ValueError(f"holdout must be between 0 and {total - 1} (got {holdout})")
+    order = np.random.default_rng(HOLDOUT_SEED).permutation(total)
+    return np.sort(order[: total - holdout]), np.sort(order[total - holdout :])
+
+
+class Digits:
+    """Map-style digits: (1×8×8 float image in [0, 1], label), the training part of the split."""
+
+    def __init__(self, augment: bool, holdout: int = 0, held_out: bool = False) -> None:
         images, labels = load_digits()
-        self.images = torch.from_numpy(images).unsqueeze(1) / 16.0
-        self.labels = torch.from_numpy(labels)
+        train, test = split(len(labels), holdout)
+        keep = test if held_out else train
+        self.images = torch.from_numpy(images[keep]).unsqueeze(1) / 16.0
+        self.labels = torch.from_numpy(labels[keep])
         self.augment = augment
 
     def __len__(self) -> int:
@@ -103,7 +126,55 @@ def build(config: dict[str, Any]) -> Job:
     return Job(
         model=model,
         optimizer=optimizer,
-        dataset=Digits(bool(config.get("augment", True))),
+        dataset=Digits(bool(config.get("augment", True)), int(config.get("holdout", 0))),
         loss=nn.CrossEntropyLoss(),
         lr_scheduler=scheduler,
     )
+
+
+def evaluate(checkpoint_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """Accuracy of the newest checkpoint's model on the held-out digits (no augmentation)."""
+    holdout = int(config.get("holdout", 0))
+    if holdout <= 0:
+        raise ValueError("the job kept no held-out samples: set holdout in its config")
+    path = checkpoint.latest(checkpoint_dir)
+    if path is None:
+        raise ValueError(f"no checkpoint in {checkpoint_dir}")
+    payload = checkpoint.load(path)
+    model = build(config).model
+    model.load_state_dict(payload["model"])
+    model.eval()
+    data = Digits(augment=False, holdout=holdout, held_out=True)
+    with torch.no_grad():
+        predicted = model(data.images).argmax(dim=1)
+    correct = int((predicted == data.labels).sum())
+    return {
+        "accuracy": correct / len(data),
+        "correct": correct,
+        "samples": len(data),
+        "step": int(payload["step"]),
+        "checkpoint": str(path),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gearshift.examples.digits_cnn",
+        description="Held-out accuracy of a digits CNN checkpoint.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    ev = sub.add_parser("evaluate", help="accuracy of the newest checkpoint on held-out digits")
+    ev.add_argument("--checkpoint-dir", type=Path, required=True)
+    ev.add_argument("--config", default="{}", help="the job's config (JSON object)")
+    args = parser.parse_args(argv)
+    try:
+        result = evaluate(args.checkpoint_dir, json.loads(args.config))
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
