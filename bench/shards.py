@@ -15,15 +15,18 @@ the same loop -- acquire a shard, acknowledge it -- six ways, side by side:
   grpc stream x2  the same, clients spread over two daemon replicas
 
 Every variant does the same work per round trip: one shard acquired and one
-acknowledged, each atomically in Redis (one Lua script), and every gRPC
-variant crosses processes (client process -> daemon -> Redis).
+acknowledged, atomically in Redis (one Lua script for both; one each in the
+"2" variants), and every gRPC variant crosses processes (client process ->
+daemon -> Redis).
 
 It prints round trips (one shard acquired and acknowledged) per second, the
-gRPC / Redis ratios, and the CPU time each round trip costs in the clients,
-the daemons and Redis (Redis's figure includes anything else it serves), so
-that figures taken on a shared machine can be read. It also counts the Redis
-commands each transition sends (a counting client in this process): the
-design's bound is 2.
+gRPC / Redis ratios, the CPU time each round trip costs in the clients, the
+daemons and Redis (Redis's figure includes anything else it serves), and how
+much CPU the whole machine used during each measurement and how much of that
+was other work, so that figures taken on a shared machine can be read. It also
+counts the Redis commands each transition sends, with counting clients for
+both stores (ShardStore over redis-py, AsyncShardStore as the daemon runs it):
+the design's bound is 2.
 """
 
 from __future__ import annotations
@@ -118,6 +121,13 @@ def _process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _machine_busy() -> float:
+    """CPU seconds every process of the machine spent so far (all cores; /proc/stat, Linux)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def _redis_cpu(client: Any) -> float:
     info = client.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
@@ -129,6 +139,8 @@ class Result:
     client_cpu_us: float
     daemon_cpu_us: float
     redis_cpu_us: float
+    busy_cores: float  # the whole machine's CPU use during the measurement
+    other_cores: float  # of which not the clients, daemons or Redis (other work, the bench)
 
 
 def measure(
@@ -155,10 +167,13 @@ def measure(
     time.sleep(1.0 + 0.3 * clients)  # every client connects and warms up first
     daemon_cpu = sum(_process_cpu(pid) for pid in pids)
     redis_cpu = _redis_cpu(redis_client)
+    busy, began = _machine_busy(), time.perf_counter()
     start.set()
     results = [out.get(timeout=seconds + 120) for _ in procs]
+    busy, elapsed = _machine_busy() - busy, time.perf_counter() - began
     daemon_cpu = sum(_process_cpu(pid) for pid in pids) - daemon_cpu
     redis_cpu = _redis_cpu(redis_client) - redis_cpu
+    ours = sum(c for _, c in results) + daemon_cpu + redis_cpu
     for p in procs:
         p.join(timeout=30)
     count = sum(n for n, _ in results)
@@ -168,15 +183,20 @@ def measure(
         client_cpu_us=sum(c for _, c in results) * per,
         daemon_cpu_us=daemon_cpu * per,
         redis_cpu_us=redis_cpu * per,
+        busy_cores=busy / elapsed,
+        other_cores=max(busy - ours, 0.0) / elapsed,
     )
 
 
-def count_round_trips(redis_url: str) -> dict[str, float]:
-    """Redis commands sent per transition, with a client that counts what it sends."""
+def count_round_trips(redis_url: str) -> dict[str, tuple[float, float]]:
+    """Redis commands sent per transition by each store, with clients that count what they send:
+    (ShardStore over redis-py, AsyncShardStore over pipelined connections -- the daemon's)."""
+    import asyncio
+
     import redis
 
-    from gearshift.shardmanager.model import DatasetSettings, Mode
-    from gearshift.shardmanager.store import ShardStore
+    from gearshift.shardmanager.redis_pipe import RedisPipe
+    from gearshift.shardmanager.store import AsyncShardStore, ShardStore
 
     class Counting(redis.Redis):
         sent = 0
@@ -185,39 +205,65 @@ def count_round_trips(redis_url: str) -> dict[str, float]:
             Counting.sent += 1
             return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
 
-    store = ShardStore(Counting.from_url(redis_url))
-    store.load_scripts()  # as the daemon does at start: steady state is one EVALSHA per call
+    class CountingPipe(RedisPipe):
+        sent = 0
+
+        async def execute(self, *args: Any) -> Any:
+            CountingPipe.sent += 1
+            return await super().execute(*args)
+
+    blocking = ShardStore(Counting.from_url(redis_url))
+    blocking.load_scripts()  # as the daemon does at start: steady state is one EVALSHA per call
+    counted = _transitions(lambda name, *a, **k: getattr(blocking, name)(*a, **k),
+                           lambda: Counting.sent)  # fmt: skip
+    blocking.close()
+    loop = asyncio.new_event_loop()
+    daemons = AsyncShardStore([CountingPipe(redis_url)])
+    counted_async = _transitions(
+        lambda name, *a, **k: loop.run_until_complete(getattr(daemons, name)(*a, **k)),
+        lambda: CountingPipe.sent,
+    )
+    daemons.close()
+    loop.run_until_complete(asyncio.sleep(0))
+    loop.close()
+    return {name: (value, counted_async[name]) for name, value in counted.items()}
+
+
+def _transitions(run: Callable[..., Any], sent: Callable[[], int]) -> dict[str, float]:
+    """Every kind of transition once, on a dataset of its own; `run(method, *args)` calls the
+    store, `sent()` reads its command counter."""
+    from gearshift.shardmanager.model import DatasetSettings, Mode
+
     dataset = f"bench-rt-{uuid.uuid4().hex[:8]}"
     settings = DatasetSettings("bench", size=40, shard_size=10, seed=1, num_epochs=3,
                                mode=Mode.DYNAMIC)  # fmt: skip
     counts: dict[str, float] = {}
 
-    def trips(name: str, action: Callable[[], Any]) -> Any:
-        before = Counting.sent
-        result = action()
-        counts[name] = Counting.sent - before
+    def trips(name: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        before = sent()
+        result = run(method, *args, **kwargs)
+        counts[name] = sent() - before
         return result
 
     def granted(result: Any) -> int:
         assert result.shard is not None, result
         return int(result.shard.shard_id)
 
-    trips("create", lambda: store.create(dataset, settings))
-    first = granted(trips("acquire", lambda: store.acquire(dataset, "a", "r1")))
-    trips("ack", lambda: store.ack(dataset, "a", 0, first))
-    second = granted(store.acquire(dataset, "a", "r2"))
-    trips("acquire+ack", lambda: store.acquire(dataset, "a", "r3", (0, second)))
-    trips("renew", lambda: store.renew(dataset, "a"))
-    trips("checkpoint", lambda: store.checkpoint(dataset, "c0"))
-    trips("release holder", lambda: store.release(dataset, "a"))
+    trips("create", "create", dataset, settings)
+    first = granted(trips("acquire", "acquire", dataset, "a", "r1"))
+    trips("ack", "ack", dataset, "a", 0, first)
+    second = granted(run("acquire", dataset, "a", "r2"))
+    trips("acquire+ack", "acquire", dataset, "a", "r3", (0, second))
+    trips("renew", "renew", dataset, "a")
+    trips("checkpoint", "checkpoint", dataset, "c0")
+    trips("release holder", "release", dataset, "a")
     for i in range(2):  # the requeued shard and the last one: epoch 0 is then over
-        store.ack(dataset, "b", 0, granted(store.acquire(dataset, "b", f"d{i}")))
-    rolled = trips("acquire at an epoch change", lambda: store.acquire(dataset, "b", "r4"))
+        run("ack", dataset, "b", 0, granted(run("acquire", dataset, "b", f"d{i}")))
+    rolled = trips("acquire at an epoch change", "acquire", dataset, "b", "r4")
     assert rolled.epoch == 1, rolled
-    trips("restore (other epoch)", lambda: store.restore(dataset, "c0", force=True))
-    trips("describe", lambda: store.describe(dataset))
-    trips("delete", lambda: store.delete(dataset))
-    store.close()
+    trips("restore (other epoch)", "restore", dataset, "c0", force=True)
+    trips("describe", "describe", dataset)
+    trips("delete", "delete", dataset)
     return counts
 
 
@@ -248,9 +294,9 @@ def main() -> None:
 
     load = os.getloadavg()[0]
     print(f"cpus: {os.cpu_count()}, load average at start: {load:.2f}, redis: {args.redis_url}")
-    print("\nRedis commands per transition (bound: 2)")
-    for name, value in count_round_trips(args.redis_url).items():
-        print(f"  {name:28s} {value:g}")
+    print("\nRedis commands per transition (bound: 2): ShardStore, AsyncShardStore (the daemon's)")
+    for name, (blocking, daemons) in count_round_trips(args.redis_url).items():
+        print(f"  {name:28s} {blocking:g} {daemons:5g}")
 
     run_dir = Path(tempfile.mkdtemp(prefix="gearshift-bench-"))
     flags = ["--redis-url", args.redis_url, "--log-level", "warning", "--deleted-ttl-seconds", "0"]
@@ -304,6 +350,13 @@ def main() -> None:
                 f"{label}: {r.client_cpu_us:.0f}+{r.daemon_cpu_us:.0f}"
                 f"+{r.redis_cpu_us:.0f}={total:.0f}"
             )
+        print(f"{n:7d}  " + "; ".join(cells))
+    print("\nmachine CPU in use during each measurement, cores: all (of which other work)")
+    for n in clients:
+        cells = [
+            f"{label}: {results[(v, n)].busy_cores:.2f} ({results[(v, n)].other_cores:.2f})"
+            for v, label in variants.items()
+        ]
         print(f"{n:7d}  " + "; ".join(cells))
     print(f"\nload average at the end: {os.getloadavg()[0]:.2f} (other work shares these CPUs)")
 
