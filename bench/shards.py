@@ -295,8 +295,8 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"cpus: {os.cpu_count()}, load average at start: {load:.2f}, redis: {args.redis_url}")
     print("\nRedis commands per transition (bound: 2): ShardStore, AsyncShardStore (the daemon's)")
-    for name, (blocking, daemons) in count_round_trips(args.redis_url).items():
-        print(f"  {name:28s} {blocking:g} {daemons:5g}")
+    for name, (by_blocking, by_async) in count_round_trips(args.redis_url).items():
+        print(f"  {name:28s} {by_blocking:g} {by_async:5g}")
 
     run_dir = Path(tempfile.mkdtemp(prefix="gearshift-bench-"))
     flags = ["--redis-url", args.redis_url, "--log-level", "warning", "--deleted-ttl-seconds", "0"]
