@@ -26,6 +26,7 @@ have run) and the next command opens a new connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
 from collections import deque
@@ -273,5 +274,6 @@ class RedisPipe:
             running = None
         if running is loop:
             protocol.close()
-        else:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing to close
             loop.call_soon_threadsafe(protocol.close)
