@@ -58,14 +58,14 @@ def server_options(default_port: int) -> list[Option]:
 class Daemon:
     """What a service contributes: its servicers, and hooks around serving.
 
-    With `asyncio`, the servicers' methods are coroutines served by an
+    With `aio`, the servicers' methods are coroutines served by an
     AioGrpcServer (on_start is then not available: it takes a GrpcServer).
     """
 
     services: Sequence[ServiceRegistration]
     on_start: Callable[[GrpcServer], None] | None = None
     on_stop: list[Callable[[], None]] = field(default_factory=list)
-    asyncio: bool = False
+    aio: bool = False
 
 
 def server_settings(config: argparse.Namespace) -> ServerSettings:
@@ -113,9 +113,9 @@ def run_daemon(
         settings = server_settings(config)
         daemon = build(config)
         server: GrpcServer | AioGrpcServer
-        if daemon.asyncio:
+        if daemon.aio:
             if daemon.on_start is not None:
-                raise ValueError("on_start takes a GrpcServer; an asyncio daemon has none")
+                raise ValueError("on_start takes a GrpcServer; an aio daemon has none")
             server = AioGrpcServer(daemon.services, settings)
         else:
             server = GrpcServer(daemon.services, settings)

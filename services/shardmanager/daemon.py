@@ -100,7 +100,7 @@ def build(config: argparse.Namespace) -> Daemon:
             )
         ],
         on_stop=[store.close],
-        asyncio=True,
+        aio=True,
     )
 
 

@@ -421,7 +421,7 @@ class ShardConsumer:
         A retry repeats the request with its request_id, so a grant whose answer
         was lost comes back rather than a second shard.
         """
-        if not self.streaming:
+        if not self.streaming or self._stop.is_set():  # closed: no stream to leave open
             reply: shardmanager_pb2.AcquireShardResponse = self.client.call("AcquireShard", request)
             return reply
         deadline = time.monotonic() + self.client.retry_seconds
