@@ -10,6 +10,7 @@ Needs only grpcio and protobuf: never imports torch, cvxpy, SQLAlchemy or redis.
 from gearshift.client.sdk import Client, Job, JobEvent, JobSpec
 from gearshift.common.errors import (
     ConflictError,
+    DeadlineExceededError,
     GearshiftError,
     NotFoundError,
     PreconditionError,
@@ -21,6 +22,7 @@ from gearshift.common.errors import (
 __all__ = [
     "Client",
     "ConflictError",
+    "DeadlineExceededError",
     "GearshiftError",
     "Job",
     "JobEvent",

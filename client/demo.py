@@ -154,7 +154,10 @@ def run(run_dir: Path, steps: int, timeout: float) -> int:
         say("[3/5] a job needing 2 devices arrives (the CNN should shrink to 2)")
         second = client.submit(other_spec("takes-two", 2, 400))
         client.wait(second.job_id, timeout=timeout)
-        say("    takes-two finished; a job needing 1 device arrives (the CNN should grow to 3)")
+        say(
+            "    takes-two finished; a job needing 1 device arrives"
+            " (the CNN gets the 3 left, or 2 of them: 4 ESTs on 3 devices are no faster than on 2)"
+        )
         third = client.submit(other_spec("takes-one", 1, 300))
         client.wait(third.job_id, timeout=timeout)
         say("    takes-one finished (the CNN should grow back to 4)")

@@ -73,3 +73,14 @@ def test_bad_specs_name_the_problem(tmp_path: Path, text: str, message: str) -> 
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match=r"nope\.yaml: cannot read"):
         load_spec(tmp_path / "nope.yaml")
+
+
+def test_the_readme_example_job_file_loads() -> None:
+    """The README's `gearshift submit examples/digits-cnn.yaml` must keep working."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "digits-cnn.yaml"
+    spec = load_spec(path)
+    assert spec.name == "digits-cnn"
+    assert spec.num_ests == 4
+    assert spec.entrypoint.module == "gearshift.examples.digits_cnn"
+    assert spec.determinism == common_pb2.DETERMINISM_LEVEL_D1
+    assert spec.service_class == common_pb2.SERVICE_CLASS_BEST_EFFORT
