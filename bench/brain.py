@@ -38,6 +38,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gearshift.brain import models
+from gearshift.brain.convert import sample_message
 from gearshift.brain.records import EventKind, JobEvent, JobKeys, Sample
 from gearshift.brain.storage import SqlBrainStore
 from gearshift.client.processes import start_daemon
@@ -103,25 +104,28 @@ def _rows(job_id: str, batch: int) -> list[Sample]:
     ]
 
 
+def _row_tuple(job_id: str, s: Sample) -> tuple[object, ...]:
+    """A sample as the raw baselines insert it, in COLUMNS order."""
+    return (
+        job_id,
+        s.node_id,
+        s.time,
+        s.step,
+        s.steps_per_second,
+        s.samples_per_second,
+        s.cpu_cores_used,
+        s.memory_bytes_used,
+        s.accelerator_type,
+        s.device_count,
+        json.dumps(list(s.ests_per_device)),
+    )
+
+
 def _message(job_id: str, batch_id: str, rows: list[Sample]) -> brain_pb2.ReportSamplesRequest:
     return brain_pb2.ReportSamplesRequest(
         batch_id=batch_id,
         job_id=job_id,
-        samples=[
-            brain_pb2.RuntimeSample(
-                time=s.time,
-                node_id=s.node_id,
-                step=s.step,
-                steps_per_second=s.steps_per_second,
-                samples_per_second=s.samples_per_second,
-                cpu_cores_used=s.cpu_cores_used,
-                memory_bytes_used=s.memory_bytes_used,
-                accelerator_type=s.accelerator_type,
-                device_count=s.device_count,
-                ests_per_device=list(s.ests_per_device),
-            )
-            for s in rows
-        ],
+        samples=[sample_message(s) for s in rows],
     )
 
 
@@ -140,22 +144,7 @@ def bench_ingest(url: str, stub: brain_pb2_grpc.BrainStub, batches: int, rounds:
         cursor = raw.cursor()
         cursor.executemany(
             insert,
-            [
-                (
-                    "ingest-raw",
-                    s.node_id,
-                    s.time,
-                    s.step,
-                    s.steps_per_second,
-                    s.samples_per_second,
-                    s.cpu_cores_used,
-                    s.memory_bytes_used,
-                    s.accelerator_type,
-                    s.device_count,
-                    json.dumps(list(s.ests_per_device)),
-                )
-                for s in _rows("ingest-raw", number)
-            ],
+            [_row_tuple("ingest-raw", s) for s in _rows("ingest-raw", number)],
         )
         raw.commit()
         cursor.close()
@@ -165,22 +154,7 @@ def bench_ingest(url: str, stub: brain_pb2_grpc.BrainStub, batches: int, rounds:
         psycopg2.extras.execute_values(
             cursor,
             f"INSERT INTO brain_samples ({', '.join(COLUMNS)}) VALUES %s",
-            [
-                (
-                    "ingest-values",
-                    s.node_id,
-                    s.time,
-                    s.step,
-                    s.steps_per_second,
-                    s.samples_per_second,
-                    s.cpu_cores_used,
-                    s.memory_bytes_used,
-                    s.accelerator_type,
-                    s.device_count,
-                    json.dumps(list(s.ests_per_device)),
-                )
-                for s in _rows("ingest-values", number)
-            ],
+            [_row_tuple("ingest-values", s) for s in _rows("ingest-values", number)],
             page_size=BATCH,
         )
         raw.commit()

@@ -82,6 +82,26 @@ class ServerSettings:
         ]
 
 
+def _rewrapped(
+    handler: _Handler,
+    unary: Callable[[Any], Any],
+    streaming: Callable[[Any], Any],
+) -> _Handler:
+    """The same RPC with its behavior wrapped: `unary` for single responses, `streaming` else."""
+    kwargs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kwargs)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), **kwargs)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), **kwargs)
+    assert handler.stream_stream is not None
+    return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), **kwargs)
+
+
 def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
     """Wrap a method handler so domain errors become statuses and bugs become INTERNAL."""
 
@@ -122,18 +142,7 @@ def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMeth
 
         return call
 
-    kwargs = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kwargs)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), **kwargs)
-    if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), **kwargs)
-    assert handler.stream_stream is not None
-    return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), **kwargs)
+    return _rewrapped(handler, unary, streaming)
 
 
 class ErrorMappingInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
@@ -350,18 +359,7 @@ def _wrap_aio(
     )
     if not any(inspect.iscoroutinefunction(b) or inspect.isasyncgenfunction(b) for b in behaviors):
         return _wrap(handler, method)  # a plain function, run in the thread pool
-    kwargs = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kwargs)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), **kwargs)
-    if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), **kwargs)
-    assert handler.stream_stream is not None
-    return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), **kwargs)
+    return _rewrapped(handler, unary, streaming)
 
 
 class AioErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]

@@ -204,17 +204,44 @@ def simulate(
             sched.remove_job(job_id)
             views.pop(job_id)
         now = end
-    ordered = tuple(results[str(i)] for i in range(len(workload)))
+    return _result(
+        policy.name,
+        results=results,
+        begin=begin,
+        capacity=capacity,
+        busy=busy,
+        rounds=rounds,
+        allocations=sched.solves,
+        started=started,
+        rescales=0,
+    )
+
+
+def _result(
+    policy: str,
+    *,
+    results: Mapping[str, JobResult],
+    begin: float,
+    capacity: Mapping[str, int],
+    busy: float,
+    rounds: int,
+    allocations: int,
+    started: float,
+    rescales: int,
+) -> SimulationResult:
+    """The metrics of a finished run; job ids are the workload's indices."""
+    ordered = tuple(results[str(i)] for i in range(len(results)))
     makespan = max((r.finish_time for r in ordered), default=begin) - begin
     total = sum(capacity.values()) * makespan
     return SimulationResult(
-        policy=policy.name,
+        policy=policy,
         jobs=ordered,
         makespan=makespan,
         utilization=busy / total if total > 0 else 0.0,
         rounds=rounds,
-        allocations=sched.solves,
+        allocations=allocations,
         wall_seconds=time.perf_counter() - started,
+        rescales=rescales,
     )
 
 
@@ -350,16 +377,14 @@ def simulate_elastic(
                     done_at,
                 )
         now = until
-    ordered = tuple(results[str(i)] for i in range(len(workload)))
-    makespan = max((r.finish_time for r in ordered), default=begin) - begin
-    total = sum(capacity.values()) * makespan
-    return SimulationResult(
-        policy=policy.name,
-        jobs=ordered,
-        makespan=makespan,
-        utilization=busy / total if total > 0 else 0.0,
+    return _result(
+        policy.name,
+        results=results,
+        begin=begin,
+        capacity=capacity,
+        busy=busy,
         rounds=decisions,
         allocations=decisions,
-        wall_seconds=time.perf_counter() - started,
+        started=started,
         rescales=rescales,
     )
