@@ -196,7 +196,6 @@ class Scheduler:
         self._estimates: dict[str, dict[str, float]] = {}
         self._last_progress_event: dict[str, float] = {}
         self._last_port: dict[str, int] = {}  # worker -> last rendezvous port handed out
-        self._restarts: dict[str, int] = {}  # job -> restarts after failed tasks (not persisted)
         self._round = 0
         self._last_round_at = 0.0
         self._elastic: ElasticPolicy | None = None
@@ -1032,7 +1031,6 @@ class Scheduler:
         job.placement.Clear()
         self._record(job, kind, message)
         self._jobs.pop(job.job_id, None)
-        self._restarts.pop(job.job_id, None)
         self._estimates.pop(job.job_id, None)
         if self.datasets.address:
             with contextlib.suppress(RuntimeError):  # shutting down
@@ -1139,7 +1137,7 @@ class Scheduler:
                     detail = status.message or f"exit code {status.exit_code}"
                     kill.extend(others)
                     self._release_holders(job, f"task {task.task_id} failed")
-                    restarts = self._restarts.get(job.job_id, 0)
+                    restarts = job.restart_count
                     what = f"task {task.task_id} on {worker_id} failed: {detail}"
                     if status.exit_code == EXIT_BAD_INPUT or restarts >= self.settings.max_restarts:
                         self._finish(job, S.JOB_STATE_FAILED, E.JOB_EVENT_TYPE_FAILED, what)
@@ -1147,7 +1145,7 @@ class Scheduler:
                         # A peer that died (a lost node) fails the others' collectives
                         # before its worker is declared lost; and a crash may be transient.
                         # Resume from the last checkpoint, a bounded number of times.
-                        self._restarts[job.job_id] = restarts + 1
+                        job.restart_count = restarts + 1  # saved with the event below
                         job.state = S.JOB_STATE_QUEUED
                         job.placement.Clear()
                         self._record(

@@ -48,6 +48,7 @@ class JobRecord:
     placement: common_pb2.Placement = field(default_factory=common_pb2.Placement)
     generation: int = 0
     rescale_count: int = 0
+    restart_count: int = 0  # resumptions after a failed task, bounded by --max-restarts
     message: str = ""
     final_digest: str = ""
     last_sequence: int = 0
@@ -172,6 +173,7 @@ def _job_from_row(row: models.Job) -> JobRecord:
         placement=placement,
         generation=row.generation,
         rescale_count=row.rescale_count,
+        restart_count=row.restart_count,
         message=row.message,
         final_digest=row.final_digest,
         last_sequence=row.last_sequence,
@@ -192,6 +194,7 @@ def _job_values(job: JobRecord) -> dict[str, object]:
         "placement": job.placement.SerializeToString(deterministic=True),
         "generation": job.generation,
         "rescale_count": job.rescale_count,
+        "restart_count": job.restart_count,
         "message": job.message,
         "final_digest": job.final_digest,
         "last_sequence": job.last_sequence,

@@ -492,6 +492,44 @@ def test_a_restarted_scheduler_keeps_every_job(
         assert done.state == C.JOB_STATE_SUCCEEDED and done.final_digest == "abc"
 
 
+def test_max_restarts_counts_across_a_scheduler_restart(
+    daemons: DaemonFactory, postgres_db: str, workers: list[FakeWorker]
+) -> None:
+    """A failed task resumes the job at most --max-restarts times, even when the scheduler
+    restarts in between: the count is part of the stored job."""
+    port = free_port_below_ephemeral()
+    flags = ["--listen", f"127.0.0.1:{port}", "--max-restarts", "2"]
+    daemon = start_scheduler(daemons, postgres_db, *flags)
+    address = daemon.address
+    worker = FakeWorker("w1", address, cpus(1))
+    workers.append(worker)
+    seen: set[str] = set()
+
+    def next_task() -> str:
+        def started() -> bool:
+            return any(t.task_id not in seen for t in worker.agent.running())
+
+        wait_until(started, WAIT, "the job starts a new task")
+        (task,) = [t.task_id for t in worker.agent.running() if t.task_id not in seen]
+        seen.add(task)
+        return task
+
+    with connect(address) as channel:
+        jobs = scheduler_pb2_grpc.JobServiceStub(channel)
+        job_id = jobs.SubmitJob(S.SubmitJobRequest(spec=spec("flaky", 1))).job.job_id
+        for _ in range(2):
+            worker.finish(next_task(), C.TASK_STATE_FAILED)
+        task = next_task()
+        assert job_state(jobs, job_id) == C.JOB_STATE_RUNNING
+    daemon.kill()
+    start_scheduler(daemons, postgres_db, *flags)
+    worker.finish(task, C.TASK_STATE_FAILED)
+    with fresh_channel(address) as fresh:
+        jobs = scheduler_pb2_grpc.JobServiceStub(fresh)
+        wait_until(lambda: job_state(jobs, job_id) == C.JOB_STATE_FAILED, WAIT, "the job fails")
+        assert kinds(events(jobs, job_id)).count("PREEMPTED") >= 2
+
+
 def test_a_silent_worker_loses_its_tasks_to_another(
     daemons: DaemonFactory, postgres_db: str, workers: list[FakeWorker]
 ) -> None:

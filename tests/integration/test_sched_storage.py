@@ -103,6 +103,38 @@ def test_jobs_events_and_keys(store: SqlStore) -> None:
     assert [j.job_id for j in store.active_jobs()] == ["j1"]
 
 
+def test_a_jobs_restart_count_is_stored(store: SqlStore) -> None:
+    """--max-restarts counts across scheduler restarts, so the count lives in the job row."""
+    store.create_job(_job("r1", 1.0), _event("r1", 1))
+    job = store.get_job("r1")
+    assert job is not None and job.restart_count == 0
+    job.restart_count = 2
+    job.last_sequence = 2
+    store.save_job(job, [_event("r1", 2, S.JOB_EVENT_TYPE_PREEMPTED)])
+    again = store.get_job("r1")
+    assert again is not None and again.restart_count == 2
+
+
+def test_the_restart_count_column_comes_and_goes_with_its_migration(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'restarts.db'}"
+    migrate(url, "0002_scheduler")
+    engine = create_engine(url)
+    with engine.begin() as conn:  # a job written before the column existed
+        conn.execute(
+            sa.text(
+                "INSERT INTO sched_jobs VALUES ('old', 'n', 't', 1, x'', NULL, 1.0, 0.0, 0.0,"
+                " x'', x'', 0, 0, '', '', 1)"
+            )
+        )
+    migrate(url)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT restart_count FROM sched_jobs")).scalar_one() == 0
+    downgrade(url, "0002_scheduler")
+    columns = {c["name"] for c in sa.inspect(engine).get_columns("sched_jobs")}
+    engine.dispose()
+    assert "restart_count" not in columns and "rescale_count" in columns
+
+
 def test_listing_newest_first_with_cursor_and_filters(store: SqlStore) -> None:
     for i in range(5):
         store.create_job(
