@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gearshift.common.auth import ClientTls
 from gearshift.common.health import wait_serving
 
 SERVICES = ("scheduler", "brain", "shardmanager", "worker")
@@ -35,6 +36,7 @@ class DaemonProcess:
     log_path: Path
     ready_file: Path
     address: str = ""
+    tls: ClientTls | None = None  # how to reach it when it serves TLS (its health check too)
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -56,7 +58,7 @@ class DaemonProcess:
                 raise DaemonError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
             time.sleep(0.05)
         self.address = json.loads(self.ready_file.read_text())["address"]
-        wait_serving(self.address, max(deadline - time.monotonic(), 1.0))
+        wait_serving(self.address, max(deadline - time.monotonic(), 1.0), tls=self.tls)
         return self.address
 
     def stop(self, timeout: float = 15.0) -> int:
@@ -85,6 +87,7 @@ def start_daemon(
     env: Mapping[str, str] | None = None,
     module: str | None = None,
     listen: str = "127.0.0.1:0",
+    tls: ClientTls | None = None,
 ) -> DaemonProcess:
     """Start `python -m gearshift.<name>` with logs in run_dir/<name>.log (text format)."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -109,4 +112,4 @@ def start_daemon(
             env={**os.environ, **(env or {})},
             start_new_session=True,  # Ctrl-C in the launcher's terminal is ours to forward
         )
-    return DaemonProcess(name, process, log_path, ready_file)
+    return DaemonProcess(name, process, log_path, ready_file, tls=tls)

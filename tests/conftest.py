@@ -98,6 +98,14 @@ def gavel_data() -> Path:
 
 
 @pytest.fixture
+def pki(tmp_path: Path) -> dict[str, Path]:
+    """Files of a throwaway PKI (tests/pki.py): ca, server_cert/key, client_cert/key."""
+    from tests.pki import make_pki
+
+    return make_pki(tmp_path / "pki")
+
+
+@pytest.fixture
 def unique_id() -> str:
     """A short id for names (datasets, jobs) that must not collide across parallel tests."""
     return uuid.uuid4().hex[:10]

@@ -8,7 +8,7 @@ server has one configured.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,12 @@ class ServerTls:
         )
 
 
+# The environment of a daemon's child processes (training processes) for their calls.
+CA_VARIABLE = "GEARSHIFT_TLS_CA"
+CERT_VARIABLE = "GEARSHIFT_TLS_CERT"
+KEY_VARIABLE = "GEARSHIFT_TLS_KEY"
+
+
 @dataclass(frozen=True)
 class ClientTls:
     """CA to trust (None: system roots) and, for mTLS, the client's own certificate and key."""
@@ -123,6 +129,26 @@ class ClientTls:
     ca_file: Path | None = None
     cert_file: Path | None = None
     key_file: Path | None = None
+
+    def environment(self) -> dict[str, str]:
+        """The variables that hand these settings to a child process (see from_environment)."""
+        files = {
+            CA_VARIABLE: self.ca_file,
+            CERT_VARIABLE: self.cert_file,
+            KEY_VARIABLE: self.key_file,
+        }
+        return {name: str(path.absolute()) for name, path in files.items() if path}
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str]) -> ClientTls | None:
+        """What `environment()` wrote; None when no CA is set (plaintext calls)."""
+        if not env.get(CA_VARIABLE):
+            return None
+
+        def path(name: str) -> Path | None:
+            return Path(env[name]) if env.get(name) else None
+
+        return cls(path(CA_VARIABLE), path(CERT_VARIABLE), path(KEY_VARIABLE))
 
     def credentials(self) -> grpc.ChannelCredentials:
         def read(path: Path | None) -> bytes | None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gearshift.common.auth import ServerTls
+from gearshift.common.auth import ClientTls, ServerTls
 from gearshift.common.config import Option, parse_config
 from gearshift.common.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from gearshift.common.server import (
@@ -45,6 +45,12 @@ def server_options(default_port: int) -> list[Option]:
         Option("tls_key", "PEM private key file of --tls-cert", ""),
         Option(
             "tls_client_ca", "PEM CA file; clients must present a certificate it signed (mTLS)", ""
+        ),
+        Option(
+            "tls_ca",
+            "PEM CA file that signed the other daemons' certificates: this daemon's own calls "
+            "to them use TLS (presenting --tls-cert/--tls-key, for mTLS)",
+            "",
         ),
         Option("max_message_mb", "largest request or response, MiB", 64, int),
         Option("grace_seconds", "on SIGTERM, how long in-flight calls may finish", 10.0, float),
@@ -89,6 +95,17 @@ def server_settings(config: argparse.Namespace) -> ServerSettings:
         tls=tls,
         max_message_bytes=config.max_message_mb * MB,
         grace_seconds=config.grace_seconds,
+    )
+
+
+def outgoing_tls(config: argparse.Namespace) -> ClientTls | None:
+    """TLS for this daemon's calls to other daemons (None: plaintext, when --tls-ca is unset)."""
+    if not config.tls_ca:
+        return None
+    return ClientTls(
+        Path(config.tls_ca),
+        Path(config.tls_cert) if config.tls_cert else None,
+        Path(config.tls_key) if config.tls_key else None,
     )
 
 

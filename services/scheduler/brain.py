@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from gearshift.common.auth import ClientTls
 from gearshift.common.channel import connect
 from gearshift.common.errors import rpc_code, rpc_details
 from gearshift.common.estplan import plan_on
@@ -41,13 +42,20 @@ class BrainAdvisor:
     """EST splits and throughput estimates, from the Brain or locally."""
 
     def __init__(
-        self, address: str = "", *, token: str | None = None, timeout: float = 5.0
+        self,
+        address: str = "",
+        *,
+        token: str | None = None,
+        tls: ClientTls | None = None,
+        timeout: float = 5.0,
     ) -> None:
         self.address = address
         self._timeout = timeout
         self._stub: brain_pb2_grpc.BrainStub | None = None
         if address:
-            self._stub = brain_pb2_grpc.BrainStub(connect(address, token=token, timeout=timeout))
+            self._stub = brain_pb2_grpc.BrainStub(
+                connect(address, token=token, tls=tls, timeout=timeout)
+            )
         self._warned: set[str] = set()
         self._lock = threading.Lock()
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from gearshift.common.config import Option
-from gearshift.common.daemon import Daemon, run_daemon, server_options
+from gearshift.common.daemon import Daemon, outgoing_tls, run_daemon, server_options
 from gearshift.common.db import database_options, migrate_main, open_database
 from gearshift.common.errors import GearshiftError
 from gearshift.common.server import GrpcServer, register
@@ -180,13 +180,13 @@ def build(config: argparse.Namespace) -> Daemon:
         raise ValueError(exc.message) from None
     except sa.exc.SQLAlchemyError as exc:
         raise RuntimeError(f"database {config.database_url}: {exc}") from None
-    token = config.token or None
+    token, tls = config.token or None, outgoing_tls(config)
     scheduler = Scheduler(
         store,
         settings,
-        agents=WorkerAgents(token=token),
-        brain=BrainAdvisor(settings.brain_address, token=token),
-        datasets=DatasetKeeper(settings.shard_manager_address, token=token),
+        agents=WorkerAgents(token=token, tls=tls),
+        brain=BrainAdvisor(settings.brain_address, token=token, tls=tls),
+        datasets=DatasetKeeper(settings.shard_manager_address, token=token, tls=tls),
     )
     scheduler.recover()
 

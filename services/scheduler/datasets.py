@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 import grpc
 
+from gearshift.common.auth import ClientTls
 from gearshift.common.channel import connect
 from gearshift.common.errors import rpc_code, rpc_details
 from gearshift.v1 import shardmanager_pb2, shardmanager_pb2_grpc
@@ -30,13 +31,20 @@ def holder_id(job_id: str, est: int) -> str:
 class DatasetKeeper:
     """Calls to the shard manager; a no-op without an address."""
 
-    def __init__(self, address: str = "", *, token: str | None = None, timeout: float = 5.0):
+    def __init__(
+        self,
+        address: str = "",
+        *,
+        token: str | None = None,
+        tls: ClientTls | None = None,
+        timeout: float = 5.0,
+    ):
         self.address = address
         self._timeout = timeout
         self._channel: grpc.Channel | None = None
         self._stub: shardmanager_pb2_grpc.ShardManagerStub | None = None
         if address:
-            self._channel = connect(address, token=token, timeout=timeout)
+            self._channel = connect(address, token=token, tls=tls, timeout=timeout)
             self._stub = shardmanager_pb2_grpc.ShardManagerStub(self._channel)
 
     def delete_job(self, job_id: str) -> list[str]:

@@ -6,6 +6,7 @@ import threading
 
 import grpc
 
+from gearshift.common.auth import ClientTls
 from gearshift.common.channel import connect
 from gearshift.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
@@ -13,8 +14,11 @@ from gearshift.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 class WorkerAgents:
     """One channel per worker address, reused; calls raise grpc.RpcError on failure."""
 
-    def __init__(self, *, token: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self, *, token: str | None = None, tls: ClientTls | None = None, timeout: float = 30.0
+    ) -> None:
         self._token = token
+        self._tls = tls
         self._timeout = timeout
         self._stubs: dict[str, worker_pb2_grpc.WorkerAgentStub] = {}
         self._channels: list[grpc.Channel] = []
@@ -24,7 +28,7 @@ class WorkerAgents:
         with self._lock:
             stub = self._stubs.get(address)
             if stub is None:
-                channel = connect(address, token=self._token, timeout=self._timeout)
+                channel = connect(address, token=self._token, tls=self._tls, timeout=self._timeout)
                 self._channels.append(channel)
                 stub = worker_pb2_grpc.WorkerAgentStub(channel)
                 self._stubs[address] = stub

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gearshift.common.config import Option, host_port, parse_bool
-from gearshift.common.daemon import Daemon, run_daemon, server_options
+from gearshift.common.daemon import Daemon, outgoing_tls, run_daemon, server_options
 from gearshift.common.errors import GearshiftError
 from gearshift.common.server import GrpcServer, register
 from gearshift.common.validation import check_name
@@ -136,8 +136,10 @@ def build(config: argparse.Namespace) -> Daemon:
         accelerator=config.accelerator,
         zygote=config.zygote,
     )
-    token = config.token or None
+    token, tls = config.token or None, outgoing_tls(config)
     env = {TOKEN_VARIABLE: config.token} if token else {}
+    if tls is not None:
+        env |= tls.environment()  # the training processes call the same daemons
     agent = Agent(
         config.worker_id or "unassigned",
         devices,
@@ -158,7 +160,9 @@ def build(config: argparse.Namespace) -> Daemon:
         if not config.scheduler:
             log.warning("no --scheduler: serving WorkerAgent without registering")
             return
-        scheduler_link = SchedulerLink(config.scheduler, agent, advertise=advertise, token=token)
+        scheduler_link = SchedulerLink(
+            config.scheduler, agent, advertise=advertise, token=token, tls=tls
+        )
         links.append(scheduler_link)
         scheduler_link.start()
 

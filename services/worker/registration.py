@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
+from gearshift.common.auth import ClientTls
 from gearshift.common.channel import connect
 from gearshift.common.errors import rpc_code, rpc_details
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -54,6 +55,7 @@ class SchedulerLink:
         *,
         advertise: str,
         token: str | None = None,
+        tls: ClientTls | None = None,
         hostname: str = "",
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -66,7 +68,7 @@ class SchedulerLink:
         self.registered = False
         self.registrations = 0
         self.interval = FIRST_INTERVAL_S
-        self._channel = connect(scheduler, token=token, timeout=CALL_TIMEOUT_S)
+        self._channel = connect(scheduler, token=token, tls=tls, timeout=CALL_TIMEOUT_S)
         self._stub = scheduler_pb2_grpc.WorkerRegistryStub(self._channel)
         self._wake = threading.Event()
         self._closed = threading.Event()

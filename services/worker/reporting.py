@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from gearshift.common.auth import ClientTls
 from gearshift.common.channel import connect
 from gearshift.common.errors import rpc_code, rpc_details
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -40,6 +41,7 @@ class ReportTarget:
     scheduler: str = ""
     brain: str = ""
     token: str | None = None
+    tls: ClientTls | None = None
     accelerator_type: str = "cpu"
     ests_per_device: Sequence[int] = ()
     global_batch_size: int = 1
@@ -98,11 +100,15 @@ class Reporter:
         self._brain: brain_pb2_grpc.BrainStub | None = None
         self._channels: list[grpc.Channel] = []
         if target.scheduler:
-            channel = connect(target.scheduler, token=target.token, timeout=CALL_TIMEOUT_S)
+            channel = connect(
+                target.scheduler, token=target.token, tls=target.tls, timeout=CALL_TIMEOUT_S
+            )
             self._channels.append(channel)
             self._scheduler = scheduler_pb2_grpc.WorkerRegistryStub(channel)
         if target.brain:
-            channel = connect(target.brain, token=target.token, timeout=CALL_TIMEOUT_S)
+            channel = connect(
+                target.brain, token=target.token, tls=target.tls, timeout=CALL_TIMEOUT_S
+            )
             self._channels.append(channel)
             self._brain = brain_pb2_grpc.BrainStub(channel)
 

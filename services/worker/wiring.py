@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gearshift.common.auth import ClientTls
 from gearshift.common.channel import plain_channel
 from gearshift.common.errors import ValidationError
 from gearshift.worker.datasource import DataPlan, DynamicFeed, ManagedShards, epochs_needed
@@ -52,6 +53,7 @@ class Wiring:
     plan: DataPlan | None = None
     shard_manager: str = ""
     token: str | None = None
+    tls: ClientTls | None = None
     reporter: Reporter | None = None
     progress_file: Path | None = None
     _feed: DynamicFeed | None = field(default=None, init=False)
@@ -66,6 +68,7 @@ class Wiring:
         stop: StopFlag,
     ) -> Wiring:
         token = os.environ.get(TOKEN_VARIABLE) or None
+        tls = ClientTls.from_environment(os.environ)
         if args.data_size < 0:
             raise ValidationError("--data-size", f"must be >= 0 (got {args.data_size})")
         wiring = cls(
@@ -75,6 +78,7 @@ class Wiring:
             data_size=args.data_size,
             shard_manager=args.shard_manager,
             token=token,
+            tls=tls,
             progress_file=args.progress_file if args.rank == 0 else None,
         )
         if args.data_mode != "local":
@@ -92,6 +96,7 @@ class Wiring:
                 scheduler=args.scheduler,
                 brain=args.brain,
                 token=token,
+                tls=tls,
                 accelerator_type=args.accelerator_type,
                 ests_per_device=tuple(mapping),
                 global_batch_size=settings.global_batch_size,
@@ -108,7 +113,9 @@ class Wiring:
             if not self.data_size:
                 return None
             return LocalShards(self.data_size, s.shard_size, s.seed, s.num_ests)
-        self._client = ShardClient(plain_channel(self.shard_manager), token=self.token)
+        self._client = ShardClient(
+            plain_channel(self.shard_manager, tls=self.tls), token=self.token
+        )
         if self.data_mode == "dynamic":
             self._feed = DynamicFeed(self._client, self.plan, s.per_est_batch)
             self._feed.create()

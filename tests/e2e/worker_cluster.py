@@ -24,6 +24,7 @@ from pathlib import Path
 
 from gearshift.client.processes import DaemonProcess, start_daemon
 from gearshift.client.sdk import Client
+from gearshift.common.auth import ClientTls
 from gearshift.common.channel import connect
 from gearshift.v1 import common_pb2, scheduler_pb2, worker_pb2, worker_pb2_grpc
 
@@ -173,6 +174,8 @@ class Cluster:
     database: str
     redis_url: str
     scheduler_args: Sequence[str] = ()
+    common_args: Sequence[str] = ()  # given to every daemon (e.g. TLS flags)
+    tls: ClientTls | None = None  # how the test reaches the daemons
     processes: list[DaemonProcess] = field(default_factory=list)
     brain: DaemonProcess | None = None
     shards: DaemonProcess | None = None
@@ -192,10 +195,11 @@ class Cluster:
         self._count += 1
         daemon = start_daemon(
             name,
-            [*args, "--log-format", "text"],
+            [*args, *self.common_args, "--log-format", "text"],
             run_dir=self.root / "run" / f"{self._count:02d}-{name}",
             module=module,
             listen=listen or "127.0.0.1:0",
+            tls=self.tls,
         )
         self.processes.append(daemon)
         return daemon
@@ -275,7 +279,7 @@ class Cluster:
         return daemon
 
     def client(self) -> Client:
-        return Client(f"127.0.0.1:{self.scheduler_port}", timeout=10)
+        return Client(f"127.0.0.1:{self.scheduler_port}", tls=self.tls, timeout=10)
 
     def worker_tasks(self, worker_id: str) -> list[C.TaskStatus]:
         with connect(self.workers[worker_id].address) as channel:
