@@ -305,23 +305,29 @@ def _wrap_aio(
 
         return call
 
+    @contextlib.asynccontextmanager
+    async def open_stream(context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
+        """A response stream, tracked while it is open; its errors mapped as `fail` does."""
+        task = streams.add(method, context)
+        try:
+            yield
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            if not streams.stopping:  # else the stream was answered UNAVAILABLE already
+                await fail(exc, context)
+            raise
+        finally:
+            streams.open.pop(task, None)
+
     def tracked(
         behavior: Callable[..., Coroutine[Any, Any, Any]],
     ) -> Callable[..., Coroutine[Any, Any, Any]]:
         """A response-streaming handler that writes with context.write and returns None."""
 
         async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            task = streams.add(method, context)
-            try:
+            async with open_stream(context):
                 return await behavior(request, context)
-            except grpc.aio.AbortError:
-                raise
-            except Exception as exc:
-                if not streams.stopping:  # else the stream was answered UNAVAILABLE already
-                    await fail(exc, context)
-                raise
-            finally:
-                streams.open.pop(task, None)
 
         return call
 
@@ -331,18 +337,9 @@ def _wrap_aio(
         """A response-streaming handler that is an async generator."""
 
         async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            task = streams.add(method, context)
-            try:
+            async with open_stream(context):
                 async for response in behavior(request, context):
                     yield response
-            except grpc.aio.AbortError:
-                raise
-            except Exception as exc:
-                if not streams.stopping:  # else the stream was answered UNAVAILABLE already
-                    await fail(exc, context)
-                raise
-            finally:
-                streams.open.pop(task, None)
 
         return call
 
