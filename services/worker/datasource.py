@@ -71,6 +71,35 @@ def epochs_needed(
     return math.ceil(total_steps * per_rank_batch / max(fewest, 1)) + 1
 
 
+def _create_dataset(
+    client: ShardClient,
+    plan: DataPlan,
+    *,
+    shard_size: int,
+    mode: str,
+    num_ranks: int = 0,
+    shuffle_within_shard: bool = False,
+) -> None:
+    """Create the plan's dataset, or find it with the same settings (every process calls this)."""
+    try:
+        client.create_dataset(
+            plan.dataset_id,
+            job_id=plan.job_id,
+            size=plan.size,
+            shard_size=shard_size,
+            seed=plan.seed,
+            num_epochs=plan.num_epochs,
+            mode=mode,
+            num_ranks=num_ranks,
+            shuffle_within_shard=shuffle_within_shard,
+        )
+    except ConflictError as exc:
+        raise ValidationError(
+            "dataset_id",
+            f"{plan.dataset_id!r} exists in the shard manager with other settings: {exc.message}",
+        ) from None
+
+
 class ManagedShards:
     """ShardSource over GetShardsAt: the shards of (epoch, rank) and their sample orders."""
 
@@ -83,24 +112,14 @@ class ManagedShards:
 
     def create(self) -> None:
         """Create the dataset, or find it with the same settings (every process calls this)."""
-        p = self.plan
-        try:
-            self.client.create_dataset(
-                p.dataset_id,
-                job_id=p.job_id,
-                size=p.size,
-                shard_size=p.shard_size,
-                seed=p.seed,
-                num_epochs=p.num_epochs,
-                mode="deterministic",
-                num_ranks=p.num_ranks,
-                shuffle_within_shard=True,
-            )
-        except ConflictError as exc:
-            raise ValidationError(
-                "dataset_id",
-                f"{p.dataset_id!r} exists in the shard manager with other settings: {exc.message}",
-            ) from None
+        _create_dataset(
+            self.client,
+            self.plan,
+            shard_size=self.plan.shard_size,
+            mode="deterministic",
+            num_ranks=self.plan.num_ranks,
+            shuffle_within_shard=True,
+        )
 
     def rank_shards(self, epoch: int, rank: int) -> list[int]:
         ids: list[int] = []
@@ -134,22 +153,7 @@ class DynamicFeed:
         self._consumers: dict[int, ShardConsumer] = {}
 
     def create(self) -> None:
-        p = self.plan
-        try:
-            self.client.create_dataset(
-                p.dataset_id,
-                job_id=p.job_id,
-                size=p.size,
-                shard_size=self.per_est_batch,
-                seed=p.seed,
-                num_epochs=p.num_epochs,
-                mode="dynamic",
-            )
-        except ConflictError as exc:
-            raise ValidationError(
-                "dataset_id",
-                f"{p.dataset_id!r} exists in the shard manager with other settings: {exc.message}",
-            ) from None
+        _create_dataset(self.client, self.plan, shard_size=self.per_est_batch, mode="dynamic")
 
     def next_samples(self, est: int, count: int) -> tuple[int, list[int]]:
         consumer = self._consumers.get(est)
