@@ -79,8 +79,6 @@ class Timeline:
 
     def __init__(self) -> None:
         self.placements: list[str] = []
-        self.step = 0
-        self.reached = threading.Condition()
 
     def follow(self, client: Client, job_id: str) -> None:
         shown = 0.0
@@ -94,14 +92,15 @@ class Timeline:
             if not progress or time.monotonic() - shown > 3.0:
                 shown = time.monotonic() if progress else shown
                 say("    " + render.event_line(event))
-            with self.reached:
-                self.step = max(self.step, event.progress.step)
-                self.reached.notify_all()
 
-    def wait_step(self, step: int, timeout: float) -> None:
-        with self.reached:
-            if not self.reached.wait_for(lambda: self.step >= step, timeout):
-                raise TimeoutError(f"the CNN did not reach step {step} in {timeout:.0f}s")
+
+def wait_step(client: Client, job_id: str, step: int, timeout: float) -> None:
+    """Until the job's progress reaches `step` (its reports, not the throttled PROGRESS events)."""
+    deadline = time.monotonic() + timeout
+    while client.get(job_id).progress.step < step:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the CNN did not reach step {step} in {timeout:.0f}s")
+        time.sleep(0.2)
 
 
 def fixed_run(spec: C.JobSpec, folder: Path) -> str:
@@ -150,7 +149,7 @@ def run(run_dir: Path, steps: int, timeout: float) -> int:
         watcher = threading.Thread(target=timeline.follow, args=(client, job.job_id), daemon=True)
         watcher.start()
 
-        timeline.wait_step(100, timeout)
+        wait_step(client, job.job_id, 100, timeout)
         say("[3/5] a job needing 2 devices arrives (the CNN should shrink to 2)")
         second = client.submit(other_spec("takes-two", 2, 400))
         client.wait(second.job_id, timeout=timeout)
