@@ -24,17 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import socket
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gearshift.client.processes import DaemonProcess, start_daemon
+from gearshift.client.devcluster import ClusterConfig, DevCluster
 from gearshift.client.sdk import Client
 from gearshift.v1 import common_pb2, scheduler_pb2
 
@@ -100,96 +97,10 @@ def checkpoint_and_restore(folder: Path, repeats: int) -> tuple[float, float, in
 # -- the cluster -------------------------------------------------------------------------
 
 
-def _port(low: int, high: int) -> int:
-    for _ in range(200):
-        port = random.randrange(low, high)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {low}-{high}")
-
-
-class Cluster:
-    """Brain, shard manager, scheduler and CPU workers as processes in `root`."""
-
-    def __init__(self, root: Path, redis_url: str) -> None:
-        self.root = root
-        self.redis_url = redis_url
-        self.daemons: list[DaemonProcess] = []
-        self.scheduler = ""
-
-    def _start(self, name: str, args: Sequence[str], module: str | None = None) -> DaemonProcess:
-        daemon = start_daemon(
-            name,
-            [*args, "--log-format", "text"],
-            run_dir=self.root / "run" / f"{len(self.daemons):02d}-{name}",
-            module=module,
-        )
-        self.daemons.append(daemon)
-        return daemon
-
-    def start(self) -> None:
-        brain = self._start("brain", ["--database-url", f"sqlite:///{self.root / 'brain.db'}"])
-        shards = self._start("shardmanager", ["--redis-url", self.redis_url])
-        _ready([brain, shards])
-        scheduler = self._start(
-            "scheduler",
-            [
-                "--database-url",
-                f"sqlite:///{self.root / 'scheduler.db'}",
-                "--brain-address",
-                brain.address,
-                "--shard-manager-address",
-                shards.address,
-                "--checkpoint-root",
-                str(self.root / "checkpoints"),
-                "--round-seconds",
-                "1",
-                "--heartbeat-interval",
-                "0.5",
-                "--heartbeat-timeout",
-                "10",
-                "--rendezvous-port-base",
-                str(_port(30000, 32700) // 100 * 100),
-            ],
-        )
-        _ready([scheduler])
-        self.scheduler = scheduler.address
-
-    def add_worker(self, worker_id: str, devices: str) -> None:
-        worker = self._start(
-            "worker",
-            [
-                "--scheduler",
-                self.scheduler,
-                "--devices",
-                devices,
-                "--worker-id",
-                worker_id,
-                "--work-dir",
-                str(self.root / "work" / worker_id),
-                "--report-interval",
-                "0.5",
-            ],
-            module="gearshift.worker",
-        )
-        _ready([worker])
-
-    def steps(self, job_id: str) -> list[dict[str, Any]]:
-        path = self.root / "checkpoints" / job_id / "steps.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-    def close(self) -> None:
-        for daemon in reversed(self.daemons):
-            daemon.stop()
-
-
-def _ready(daemons: Sequence[DaemonProcess]) -> None:
-    with ThreadPoolExecutor(max_workers=len(daemons)) as pool:
-        list(pool.map(lambda d: d.wait_ready(120), daemons))
+def step_log(cluster: DevCluster, job_id: str) -> list[dict[str, Any]]:
+    """Rank 0's audit trail of the job: one line per step, with its time."""
+    path = cluster.config.run_dir / "checkpoints" / job_id / "steps.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _wait(what: str, check: Callable[[], bool], timeout: float = TIMEOUT_S) -> None:
@@ -211,8 +122,8 @@ def _throughput(client: Client, job: S.Job) -> float:
     return job.spec.total_steps / (end - start)
 
 
-def rescaled_run(cluster: Cluster, client: Client, steps: int) -> tuple[S.Job, list[float]]:
-    """The job on w1 (2 devices); w2 joins; a second job comes and is cancelled."""
+def rescaled_run(cluster: DevCluster, client: Client, steps: int) -> tuple[S.Job, list[float]]:
+    """The job on worker-1 (2 devices); worker-2 joins; a second job comes and is cancelled."""
     job_id = client.submit(spec("rescaled", steps)).job_id
     at = [steps // 5, 2 * steps // 5, 3 * steps // 5]
 
@@ -228,7 +139,7 @@ def rescaled_run(cluster: Cluster, client: Client, steps: int) -> tuple[S.Job, l
         return check
 
     _wait("the job trains on w1", reached(at[0], 0))
-    cluster.add_worker("w2", "cpu:2")  # rescale 1: 2 -> 4 devices
+    cluster.start_worker("cpu", 2, timeout=120)  # rescale 1: 2 -> 4 devices
     _wait("the job grows", reached(at[1], 1))
     other = client.submit(spec("newcomer", 10**6, ests=1)).job_id  # rescale 2: 4 -> 2
     _wait("the job shrinks", reached(at[2], 2))
@@ -237,10 +148,10 @@ def rescaled_run(cluster: Cluster, client: Client, steps: int) -> tuple[S.Job, l
     return job, _latencies(cluster, client, job_id)
 
 
-def _latencies(cluster: Cluster, client: Client, job_id: str) -> list[float]:
+def _latencies(cluster: DevCluster, client: Client, job_id: str) -> list[float]:
     """Per rescale: (decision -> exited, exited -> spawned, spawned -> first step) seconds."""
     events = _events(client, job_id)
-    log = cluster.steps(job_id)
+    log = step_log(cluster, job_id)
     out: list[float] = []
     for i, event in enumerate(events):
         if event.type != S.JOB_EVENT_TYPE_RESCALING:
@@ -271,11 +182,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"restore (load into the trainer):  {restore * 1e3:8.1f} ms")
         print(f"checkpoint + restore:             {(save + restore) * 1e3:8.1f} ms  (target < 5 s)")
 
-        cluster = Cluster(root / "cluster", args.redis_url)
+        cluster = DevCluster(
+            ClusterConfig(
+                run_dir=root / "cluster", base_port=0, workers=[("cpu", 2)],
+                redis_url=args.redis_url, round_seconds=1.0, heartbeat_interval=0.5,
+                heartbeat_timeout=10.0, report_interval=0.5,
+            )
+        )  # fmt: skip
         try:
-            cluster.start()
-            cluster.add_worker("w1", "cpu:2")
-            with Client(cluster.scheduler) as client:
+            cluster.start(timeout=120)
+            with Client(cluster.address("scheduler")) as client:
                 rescaled, parts = rescaled_run(cluster, client, args.steps)
                 assert rescaled.state == C.JOB_STATE_SUCCEEDED, rescaled.message
                 base_id = client.submit(spec("fixed", args.steps)).job_id
@@ -283,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 assert fixed.state == C.JOB_STATE_SUCCEEDED, fixed.message
                 with_rescales, without = _throughput(client, rescaled), _throughput(client, fixed)
         finally:
-            cluster.close()
+            cluster.stop()
 
     count = len(parts) // 3
     stop, spawn, first = parts[0::3], parts[1::3], parts[2::3]

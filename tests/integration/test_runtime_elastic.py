@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from gearshift.common.ports import free_port
 from gearshift.worker.runtime import checkpoint
 from gearshift.worker.runtime.digest import differences
 from tests.helpers import wait_until
@@ -170,9 +170,7 @@ def test_cnn_three_ests_started_one_process_at_a_time(tmp_path: Path) -> None:
     steps = 150
     reference = launch(tmp_path / "ref", CNN, 3, 3, steps)
     directory = tmp_path / "by-rank"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{sock.getsockname()[1]}"
+    address = f"127.0.0.1:{free_port()}"
     entry = [*command(directory, CNN, 3, 2, steps), "--mapping", "1,2", "--world-size", "2"]
     procs = [
         subprocess.Popen(

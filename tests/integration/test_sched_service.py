@@ -4,8 +4,6 @@ and heartbeat like the worker daemon will."""
 
 from __future__ import annotations
 
-import random
-import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
@@ -16,6 +14,7 @@ import pytest
 
 from gearshift.client.processes import DaemonProcess
 from gearshift.common.channel import connect
+from gearshift.common.ports import free_port_in
 from gearshift.v1 import (
     brain_pb2,
     brain_pb2_grpc,
@@ -198,19 +197,6 @@ def fresh_channel(address: str) -> grpc.Channel:
             ("grpc.max_reconnect_backoff_ms", 300),
         ],
     )
-
-
-def free_port_below_ephemeral() -> int:
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 30000)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("no free port in 20000-29999")
 
 
 def spec(name: str = "job", ests: int = 2, **kw: object) -> C.JobSpec:
@@ -421,7 +407,7 @@ def test_a_restarted_scheduler_keeps_every_job(
 ) -> None:
     # A fixed port below the ephemeral range, so that no daemon of a parallel test can be
     # given it while this one is down (gRPC servers bind with SO_REUSEPORT).
-    port = free_port_below_ephemeral()
+    port = free_port_in(20000, 30000)
     daemon = start_scheduler(daemons, postgres_db, "--listen", f"127.0.0.1:{port}")
     address = daemon.address
     workers.append(FakeWorker("w1", address, cpus(1)))
@@ -497,7 +483,7 @@ def test_max_restarts_counts_across_a_scheduler_restart(
 ) -> None:
     """A failed task resumes the job at most --max-restarts times, even when the scheduler
     restarts in between: the count is part of the stored job."""
-    port = free_port_below_ephemeral()
+    port = free_port_in(20000, 30000)
     flags = ["--listen", f"127.0.0.1:{port}", "--max-restarts", "2"]
     daemon = start_scheduler(daemons, postgres_db, *flags)
     address = daemon.address

@@ -25,7 +25,6 @@ import functools
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,18 +35,13 @@ from pathlib import Path
 
 import pytest
 
+from gearshift.common.ports import free_port
 from tests.conftest import DaemonFactory
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 # -- a private Redis -----------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -19,10 +19,11 @@ import redis
 import redis.exceptions as rex
 
 from gearshift.common.errors import UnavailableError
+from gearshift.common.ports import free_port
 from gearshift.shardmanager.model import AcquireStatus, DatasetSettings, DatasetStatus, Mode
 from gearshift.shardmanager.redis_pipe import RedisAddress, RedisPipe
 from gearshift.shardmanager.store import AsyncShardStore, ShardStore
-from tests.integration.test_shard_consumers import RedisServer, free_port, redis_servers
+from tests.integration.test_shard_consumers import RedisServer, redis_servers
 
 
 @pytest.fixture

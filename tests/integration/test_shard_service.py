@@ -16,6 +16,7 @@ import redis
 
 from gearshift.common.channel import connect
 from gearshift.common.errors import NotFoundError, PreconditionError, UnauthenticatedError
+from gearshift.common.ports import free_port
 from gearshift.common.sharding import rank_sequence, shard_indices
 from gearshift.shardmanager.store import ShardStore
 from gearshift.v1 import common_pb2, shardmanager_pb2, shardmanager_pb2_grpc
@@ -24,7 +25,6 @@ from tests.conftest import DaemonFactory
 from tests.helpers import wait_until
 from tests.integration.test_shard_consumers import (
     RedisServer,
-    free_port,
     redis_servers,
     replica_factory,
 )

@@ -15,11 +15,12 @@ import grpc
 import pytest
 
 from gearshift.common.errors import DeadlineExceededError, UnauthenticatedError
+from gearshift.common.ports import free_port
 from gearshift.common.server import AioGrpcServer, GrpcServer, ServerSettings, register
 from gearshift.v1 import shardmanager_pb2, shardmanager_pb2_grpc
 from gearshift.worker.shard_client import ShardClient, ShardStream
 from tests.conftest import DaemonFactory
-from tests.integration.test_shard_consumers import free_port, replica_factory
+from tests.integration.test_shard_consumers import replica_factory
 
 pb = shardmanager_pb2
 SERVICE = pb.DESCRIPTOR.services_by_name["ShardManager"].full_name

@@ -22,6 +22,7 @@ import pytest
 from gearshift.client.processes import DaemonProcess
 from gearshift.common.auth import BearerTokenServerInterceptor
 from gearshift.common.channel import connect
+from gearshift.common.ports import free_port
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.conftest import DaemonFactory
 from tests.helpers import wait_until
@@ -164,14 +165,6 @@ def finished(recorder: FakeScheduler, task_id: str) -> C.TaskStatus:
     status = wait_until(lambda: recorder.ended(task_id), WAIT, f"TaskFinished of {task_id}")
     assert status is not None
     return status
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def status(daemon: DaemonProcess, task_id: str) -> C.TaskStatus:
