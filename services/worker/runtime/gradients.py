@@ -77,42 +77,42 @@ class GradTaker:
     every placement alike: when the backward accumulated into a partial sum (see
     `Reducer.accumulate_into`), such a parameter gets +0.0 added, which is what
     adding a zero gradient later would have done (-0.0 + 0.0 = +0.0).
+
+    Autograd accumulates into an existing .grad in place, which bumps the tensor's
+    version counter (or, where it cannot, replaces .grad): comparing versions tells
+    which parameters were reached without a Python hook per parameter per backward.
     """
 
     def __init__(self, layout: GradLayout) -> None:
         self.layout = layout
-        self._reached: set[int] = set()
-        hook = self._mark
-        self._handles = [
-            p.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
-            for p in layout.params
-        ]
-
-    def _mark(self, param: torch.Tensor) -> None:
-        self._reached.add(id(param))
+        self._into: Grads | None = None
+        self._versions: list[int] = []
 
     def prepare(self, into: Grads | None) -> None:
         """Before a backward: start from nothing, or accumulate into `into`."""
-        self._reached.clear()
-        for i, p in enumerate(self.layout.params):
-            p.grad = None if into is None else into[i]
+        self._into = into
+        if into is None:
+            for p in self.layout.params:
+                p.grad = None
+            return
+        self._versions = [grad._version for grad in into]
+        for p, grad in zip(self.layout.params, into, strict=True):
+            p.grad = grad
 
     def take(self) -> Grads:
         """The gradients of the backward just run; the parameters are cleared."""
         out = []
-        for p in self.layout.params:
+        into = self._into
+        for i, p in enumerate(self.layout.params):
             grad = p.grad
             if grad is None:
                 grad = torch.zeros_like(p)
-            elif id(p) not in self._reached:
-                grad.add_(0.0)
+            elif into is not None and grad is into[i] and grad._version == self._versions[i]:
+                grad.add_(0.0)  # not reached: the partial sum plus a zero gradient
             out.append(grad)
             p.grad = None
+        self._into = None
         return out
-
-    def close(self) -> None:
-        for handle in self._handles:
-            handle.remove()
 
 
 def add_(left: Grads, right: Grads) -> Grads:

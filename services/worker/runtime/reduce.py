@@ -1,4 +1,4 @@
-"""Summing the ESTs' gradients of a global step into their mean.
+"""Summing the ESTs' gradients of a global step (each already scaled by 1/N: the mean).
 
 `CanonicalReducer` (D1, D2) adds in the fixed tree order of `tree.py`, whatever
 the placement, and sends about as many bytes as an all-reduce: each process
@@ -39,7 +39,7 @@ class Reducer(Protocol):
         into `accumulate_into(est)` already."""
 
     def finish(self, sends: list[Message], recvs: list[Message]) -> Grads:
-        """The mean gradient; `sends`/`recvs` ride along with the first exchange."""
+        """The sum over all ESTs; `sends`/`recvs` ride along with the first exchange."""
 
 
 def _flat_add(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
@@ -83,12 +83,9 @@ class CanonicalReducer:
                 f"rank {self.rank} holds subtrees {[n for n, _ in nodes]}, "
                 f"expected {self.covers[self.rank]}"
             )
-        n = self.tree.n
         if self.procs == 1:
             self.comm.exchange(sends, recvs)
             [(_, root)] = nodes
-            if n > 1:
-                torch._foreach_div_(root, n)
             return root
         start, end = self.bounds[self.rank]
         # Reduce-scatter: my subtrees' slice of every other chunk goes to its owner.
@@ -116,8 +113,6 @@ class CanonicalReducer:
             for i, node in enumerate(self.covers[peer]):
                 parts[node] = buffer[i * width : (i + 1) * width]
         mine = complete(self.tree, parts, _flat_add)
-        if n > 1:
-            mine.div_(n)
         # All-gather of the finished chunks, straight into one flat gradient.
         flat = torch.empty(self.layout.total, dtype=self.layout.dtype, device=self.layout.device)
         flat[start:end].copy_(mine)
@@ -136,9 +131,8 @@ class CanonicalReducer:
 class LocalSumReducer:
     """D0: a process's ESTs in a left fold, then the backend's all-reduce."""
 
-    def __init__(self, layout: GradLayout, num_ests: int, comm: Comm) -> None:
+    def __init__(self, layout: GradLayout, comm: Comm) -> None:
         self.layout = layout
-        self.num_ests = num_ests
         self.comm = comm
         self._sum: Grads | None = None
 
@@ -158,9 +152,9 @@ class LocalSumReducer:
         if self._sum is None:
             raise RuntimeError("no EST gradient this step")
         self.comm.exchange(sends, recvs)
-        flat = self.layout.pack(self._sum, 0, self.layout.total)
-        self._sum = None
+        total, self._sum = self._sum, None
+        if self.comm.world == 1:
+            return total
+        flat = self.layout.pack(total, 0, self.layout.total)
         self.comm.all_reduce_sum(flat)
-        if self.num_ests > 1:
-            flat.div_(self.num_ests)
         return self.layout.views(flat)

@@ -1,8 +1,8 @@
 """The training loop of one process: its ESTs time-sliced at mini-batch boundaries.
 
 A global step: for each EST this process holds, in EST order — take its next
-batch, run forward and backward inside its RNG context from the step's
-buffers, and put its gradient aside; then sum all N gradients in the canonical
+batch, run forward and backward (of its loss / N) inside its RNG context from
+the step's buffers, and put its gradient aside; then sum all N gradients in the canonical
 order (exchanging with the other processes), take one optimizer and LR
 scheduler step, and keep EST 0's buffers. Checkpoints are taken only at global
 step boundaries, so a restart with any placement continues the same run.
@@ -157,7 +157,7 @@ class Trainer:
         )
         self.reducer: Reducer
         if level is Determinism.D0:
-            self.reducer = LocalSumReducer(self.layout, settings.num_ests, self.comm)
+            self.reducer = LocalSumReducer(self.layout, self.comm)
         else:
             tree = ReductionTree.build(settings.num_ests, settings.tree_shape)
             self.reducer = CanonicalReducer(self.layout, tree, self.placement, self.comm)
@@ -246,6 +246,7 @@ class Trainer:
     def _local_steps(self, loader: BatchLoader, grads: GradTaker) -> dict[int, torch.Tensor]:
         """Forward and backward of each of this process's ESTs; gradients go to the reducer."""
         losses: dict[int, torch.Tensor] = {}
+        n = self.settings.num_ests
         self.reducer.begin_step()
         self.buffers.begin_step()
         for ctx in self.contexts:
@@ -255,7 +256,8 @@ class Trainer:
             grads.prepare(into)
             with self.switcher.inside(ctx):
                 loss = self.job.loss(self.model(inputs), targets)
-                loss.backward()  # type: ignore[no-untyped-call]
+                # Scaled here, the sum over ESTs is the mean: no division of the full gradient.
+                (loss / n if n > 1 else loss).backward()  # type: ignore[no-untyped-call]
             self.reducer.add(ctx.est, grads.take(), summed=into is not None)
             losses[ctx.est] = loss.detach()
             self.buffers.after_est(ctx.est)
@@ -339,6 +341,5 @@ class Trainer:
             return Outcome.COMPLETED
         finally:
             loader.close()
-            grads.close()
             if log_file is not None:
                 log_file.close()
