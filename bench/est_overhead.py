@@ -3,7 +3,9 @@
 1. 1 EST in a process (context switches, gradient bookkeeping) vs a plain PyTorch loop on
    the same batches: time per step ratio (target <= 1.02).
 2. 8 ESTs in one process vs gradient accumulation over 8 micro-batches in a plain loop:
-   throughput ratio (target >= 0.95).
+   throughput ratio (target >= 0.95), for three jobs: the MLP (the worst case: the fewest
+   FLOPs per gradient byte, so summing gradients in the canonical tree weighs most), the
+   digits CNN and the transformer language model.
 3. Peak memory (RSS) of 8 ESTs in one process vs the sum over 8 plain processes
    (target <= 0.25).
 4. Bytes each process sends per step vs the gradient's size, for several placements
@@ -26,28 +28,55 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 MLP = "gearshift.examples.mlp"
-# Wide enough that a step is compute, as on a GPU job; dropout and input noise kept.
 # CPU time of this process: with one intra-op thread every computation of a step runs here,
 # so the figure does not move with other programs' load the way wall time does.
 CLOCK = time.process_time
+# Wide enough that a step is compute, as on a GPU job; dropout and input noise kept.
 BIG = {"features": 512, "hidden": 1024, "layers": 3, "classes": 16, "samples": 8192}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A job for figure 2: 8 ESTs of `per_est` samples; `steps_share` of the timed steps
+    (a slow job's per-step ratios vary less)."""
+
+    name: str
+    module: str
+    config: dict[str, Any]
+    per_est: int
+    steps_share: float = 1.0
+
+
+EIGHT_EST_WORKLOADS = [
+    Workload("MLP", MLP, BIG, 32),
+    Workload("MLP", MLP, BIG, 64),
+    Workload("digits CNN", "gearshift.examples.digits_cnn", {"channels": 32}, 32),
+    Workload(
+        "transformer LM",
+        "gearshift.examples.tiny_lm",
+        {"vocab": 256, "seq_len": 64, "d_model": 256, "heads": 4, "text_len": 200000},
+        8,
+        steps_share=0.25,
+    ),
+]
 
 
 class PlainLoop:
     """A plain PyTorch loop over the same dataset: `micro` accumulated micro-batches per step."""
 
-    def __init__(self, config: dict[str, Any], micro: int, batch: int) -> None:
+    def __init__(self, module: str, config: dict[str, Any], micro: int, batch: int) -> None:
         from gearshift.worker.runtime.data import DataPosition, EstStream, LocalShards
         from gearshift.worker.runtime.job import load_job
         from gearshift.worker.runtime.process import seed_globals
 
         seed_globals(0)
-        self.job = load_job(MLP, config)
+        self.job = load_job(module, config)
         self.stream = EstStream(LocalShards(len(self.job.dataset), 32, 0, 1), 0, DataPosition())
         self.micro = micro
         self.batch = batch
@@ -67,7 +96,7 @@ class PlainLoop:
         job.optimizer.zero_grad(set_to_none=True)
 
 
-def interleaved(ests: int, batch: int, steps: int, workdir: Path) -> tuple[float, float, float]:
+def interleaved(job: Workload, ests: int, steps: int, workdir: Path) -> tuple[float, float, float]:
     """Runtime steps and plain-loop steps alternating one by one in this process.
 
     The plain step runs inside the runtime's progress callback (between two global
@@ -81,7 +110,8 @@ def interleaved(ests: int, batch: int, steps: int, workdir: Path) -> tuple[float
     from gearshift.worker.runtime.trainer import Trainer
 
     warm = 3
-    plain = PlainLoop(BIG, ests, batch)
+    batch = ests * job.per_est
+    plain = PlainLoop(job.module, job.config, ests, batch)
     settings = RunSettings(
         num_ests=ests, global_batch_size=batch, total_steps=steps + warm, log_every=1
     )
@@ -100,8 +130,14 @@ def interleaved(ests: int, batch: int, steps: int, workdir: Path) -> tuple[float
             theirs.append(done - entry)
         last_exit[0] = done
 
-    job = load_job(MLP, BIG)
-    Trainer(job, settings, [list(range(ests))], 0, workdir, on_progress=progress).run()
+    Trainer(
+        load_job(job.module, job.config),
+        settings,
+        [list(range(ests))],
+        0,
+        workdir,
+        on_progress=progress,
+    ).run()
     ratio = statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
     return ratio, statistics.median(ours), statistics.median(theirs)
 
@@ -110,17 +146,20 @@ def overhead_one_est(steps: int, workdir: Path) -> dict[str, float]:
     import torch
 
     torch.set_num_threads(1)
-    ratio, ours, plain = interleaved(1, 256, steps, workdir / "one")
+    ratio, ours, plain = interleaved(Workload("MLP", MLP, BIG, 256), 1, steps, workdir / "one")
     return {"runtime_s_per_step": ours, "plain_s_per_step": plain, "slowdown": ratio}
 
 
-def eight_ests_vs_accumulation(steps: int, batch: int, workdir: Path) -> dict[str, float]:
+def eight_ests_vs_accumulation(job: Workload, steps: int, workdir: Path) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    ratio, ours, plain = interleaved(8, batch, steps, workdir / f"eight-{batch}")
+    timed = max(10, round(steps * job.steps_share))
+    out = workdir / f"eight-{job.module}-{job.per_est}"
+    ratio, ours, plain = interleaved(job, 8, timed, out)
     return {
-        "per_est": batch // 8,
+        "job": job.name,
+        "per_est": job.per_est,
         "runtime_s_per_step": ours,
         "accumulation_s_per_step": plain,
         "throughput": 1 / ratio,
@@ -146,7 +185,7 @@ def _child(mode: str, steps: int, workdir: Path) -> None:
     if mode == "ests":
         _runtime_steps(8, 256, steps, workdir)
     else:
-        plain = PlainLoop(BIG, 1, 256 // 8)
+        plain = PlainLoop(MLP, BIG, 1, 256 // 8)
         for _ in range(steps):
             plain.step()
     print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
@@ -217,10 +256,8 @@ def main() -> int:
         if 1 in parts:
             _report_one(overhead_one_est(args.steps, workdir))
         if 2 in parts:
-            # An MLP does ~6 FLOPs per parameter per sample, the least of any model, so
-            # the gradient bookkeeping weighs most; shown at two micro-batch sizes.
-            for batch in (256, 512):
-                _report_eight(eight_ests_vs_accumulation(args.steps, batch, workdir))
+            for job in EIGHT_EST_WORKLOADS:
+                _report_eight(eight_ests_vs_accumulation(job, args.steps, workdir))
         if 3 in parts:
             _report_memory(memory(args.steps, workdir))
         if 4 in parts:
@@ -237,9 +274,10 @@ def _report_one(one: dict[str, float]) -> None:
     )
 
 
-def _report_eight(eight: dict[str, float]) -> None:
+def _report_eight(eight: dict[str, Any]) -> None:
     print(
-        f"2. 8 ESTs vs 8-micro-batch accumulation, {eight['per_est']:.0f} samples per EST: "
+        f"2. 8 ESTs vs 8-micro-batch accumulation, {eight['job']}, "
+        f"{eight['per_est']} samples per EST: "
         f"{eight['runtime_s_per_step'] * 1e3:.2f} vs "
         f"{eight['accumulation_s_per_step'] * 1e3:.2f} ms/step -> "
         f"{eight['throughput']:.4f}x throughput (target >= 0.95)",
