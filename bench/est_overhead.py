@@ -11,11 +11,13 @@
 4. Bytes each process sends per step vs the gradient's size, for several placements
    (target <= 2.5).
 
-Timed parts use one intra-op thread and count this process's CPU time (the machine may
-be shared); the runtime's and the plain loop's steps alternate one by one in one process,
-and the figure is the median of the per-step ratios.
+Timed parts run under D1's switches (deterministic algorithms, no autotuning) with one
+intra-op thread; the runtime's and the plain loop's steps alternate one by one in one
+process, and the figure is the median of the per-step ratios. On CPU a step's time is this
+process's CPU time (the machine may be shared); with `--device cuda` (figures 1 and 2 on
+the GPU; 3 and 4 stay on CPU) it is wall time up to the end of the step's kernels.
 
-    .venv/bin/python bench/est_overhead.py [--steps 120] [--only 1 --only 2 ...]
+    .venv/bin/python bench/est_overhead.py [--steps 120] [--only 1 --only 2 ...] [--device cuda]
 """
 
 from __future__ import annotations
@@ -28,15 +30,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 MLP = "gearshift.examples.mlp"
-# CPU time of this process: with one intra-op thread every computation of a step runs here,
-# so the figure does not move with other programs' load the way wall time does.
-CLOCK = time.process_time
 # Wide enough that a step is compute, as on a GPU job; dropout and input noise kept.
 BIG = {"features": 512, "hidden": 1024, "layers": 3, "classes": 16, "samples": 8192}
 
@@ -67,26 +67,48 @@ EIGHT_EST_WORKLOADS = [
 ]
 
 
+def step_clock(device: str) -> Callable[[], float]:
+    """CPU: this process's CPU time (with one intra-op thread every computation of a step
+    runs here, so the figure does not move with other programs' load the way wall time
+    does). GPU: wall time once the kernels queued so far have finished."""
+    if device == "cpu":
+        return time.process_time
+    import torch
+
+    def gpu_clock() -> float:
+        torch.cuda.synchronize()
+        return time.perf_counter()
+
+    return gpu_clock
+
+
 class PlainLoop:
     """A plain PyTorch loop over the same dataset: `micro` accumulated micro-batches per step."""
 
-    def __init__(self, module: str, config: dict[str, Any], micro: int, batch: int) -> None:
+    def __init__(self, job: Workload, micro: int, batch: int, device: str) -> None:
+        import torch
+
         from gearshift.worker.runtime.data import DataPosition, EstStream, LocalShards
         from gearshift.worker.runtime.job import load_job
         from gearshift.worker.runtime.process import seed_globals
 
         seed_globals(0)
-        self.job = load_job(module, config)
+        self.job = load_job(job.module, job.config)
+        self.device = torch.device(device)
+        self.job.model.to(self.device)
         self.stream = EstStream(LocalShards(len(self.job.dataset), 32, 0, 1), 0, DataPosition())
         self.micro = micro
         self.batch = batch
         self.job.model.train()
 
     def step(self) -> None:
+        from gearshift.worker.runtime.trainer import to_device
+
         job = self.job
         for _ in range(self.micro):
             indices = self.stream.take(self.batch // self.micro)
-            inputs, targets = job.collate([job.dataset[i] for i in indices])
+            batch = job.collate([job.dataset[i] for i in indices])
+            inputs, targets = to_device(batch, self.device)
             loss = job.loss(job.model(inputs), targets)
             (loss / self.micro if self.micro > 1 else loss).backward()  # type: ignore[no-untyped-call]
             loss.item()
@@ -96,13 +118,17 @@ class PlainLoop:
         job.optimizer.zero_grad(set_to_none=True)
 
 
-def interleaved(job: Workload, ests: int, steps: int, workdir: Path) -> tuple[float, float, float]:
+def interleaved(
+    job: Workload, ests: int, steps: int, workdir: Path, device: str
+) -> tuple[float, float, float]:
     """Runtime steps and plain-loop steps alternating one by one in this process.
 
     The plain step runs inside the runtime's progress callback (between two global
     steps, outside every EST context), so both see the same machine load. Returns
     (median runtime/plain time ratio, median runtime s/step, median plain s/step).
     """
+    import torch
+
     from gearshift.worker.runtime.control import Progress
     from gearshift.worker.runtime.job import load_job
     from gearshift.worker.runtime.process import seed_globals
@@ -111,7 +137,8 @@ def interleaved(job: Workload, ests: int, steps: int, workdir: Path) -> tuple[fl
 
     warm = 3
     batch = ests * job.per_est
-    plain = PlainLoop(job.module, job.config, ests, batch)
+    plain = PlainLoop(job, ests, batch, device)
+    clock = step_clock(device)
     settings = RunSettings(
         num_ests=ests, global_batch_size=batch, total_steps=steps + warm, log_every=1
     )
@@ -121,11 +148,11 @@ def interleaved(job: Workload, ests: int, steps: int, workdir: Path) -> tuple[fl
     last_exit = [0.0]
 
     def progress(p: Progress) -> None:
-        entry = CLOCK()
+        entry = clock()
         if p.step > warm:
             ours.append(entry - last_exit[0])
         plain.step()
-        done = CLOCK()
+        done = clock()
         if p.step > warm:
             theirs.append(done - entry)
         last_exit[0] = done
@@ -136,27 +163,25 @@ def interleaved(job: Workload, ests: int, steps: int, workdir: Path) -> tuple[fl
         [list(range(ests))],
         0,
         workdir,
+        device=torch.device(device),
         on_progress=progress,
     ).run()
     ratio = statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
     return ratio, statistics.median(ours), statistics.median(theirs)
 
 
-def overhead_one_est(steps: int, workdir: Path) -> dict[str, float]:
-    import torch
-
-    torch.set_num_threads(1)
-    ratio, ours, plain = interleaved(Workload("MLP", MLP, BIG, 256), 1, steps, workdir / "one")
+def overhead_one_est(steps: int, workdir: Path, device: str) -> dict[str, float]:
+    one = Workload("MLP", MLP, BIG, 256)
+    ratio, ours, plain = interleaved(one, 1, steps, workdir / "one", device)
     return {"runtime_s_per_step": ours, "plain_s_per_step": plain, "slowdown": ratio}
 
 
-def eight_ests_vs_accumulation(job: Workload, steps: int, workdir: Path) -> dict[str, Any]:
-    import torch
-
-    torch.set_num_threads(1)
+def eight_ests_vs_accumulation(
+    job: Workload, steps: int, workdir: Path, device: str
+) -> dict[str, Any]:
     timed = max(10, round(steps * job.steps_share))
     out = workdir / f"eight-{job.module}-{job.per_est}"
-    ratio, ours, plain = interleaved(job, 8, timed, out)
+    ratio, ours, plain = interleaved(job, 8, timed, out, device)
     return {
         "job": job.name,
         "per_est": job.per_est,
@@ -185,7 +210,7 @@ def _child(mode: str, steps: int, workdir: Path) -> None:
     if mode == "ests":
         _runtime_steps(8, 256, steps, workdir)
     else:
-        plain = PlainLoop(MLP, BIG, 1, 256 // 8)
+        plain = PlainLoop(Workload("MLP", MLP, BIG, 256 // 8), 1, 256 // 8, "cpu")
         for _ in range(steps):
             plain.step()
     print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
@@ -246,18 +271,30 @@ def main() -> int:
     parser.add_argument("--only", type=int, choices=[1, 2, 3, 4], action="append")
     parser.add_argument("--child", choices=["ests", "plain"])
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="where figures 1 and 2 run"
+    )
     args = parser.parse_args()
     if args.child:
         _child(args.child, args.steps, args.workdir)
         return 0
+    import torch
+
+    from gearshift.worker.runtime.determinism import apply
+    from gearshift.worker.runtime.settings import Determinism
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no GPU is visible")
+    apply(Determinism.D1, threads=1, d2_threads=1)
     parts = set(args.only or [1, 2, 3, 4])
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         if 1 in parts:
-            _report_one(overhead_one_est(args.steps, workdir))
+            _report_one(overhead_one_est(args.steps, workdir, args.device), args.device)
         if 2 in parts:
             for job in EIGHT_EST_WORKLOADS:
-                _report_eight(eight_ests_vs_accumulation(job, args.steps, workdir))
+                eight = eight_ests_vs_accumulation(job, args.steps, workdir, args.device)
+                _report_eight(eight, args.device)
         if 3 in parts:
             _report_memory(memory(args.steps, workdir))
         if 4 in parts:
@@ -265,18 +302,18 @@ def main() -> int:
     return 0
 
 
-def _report_one(one: dict[str, float]) -> None:
+def _report_one(one: dict[str, float], device: str) -> None:
     print(
-        f"1. 1 EST vs plain loop: {one['runtime_s_per_step'] * 1e3:.2f} vs "
+        f"1. 1 EST vs plain loop ({device}): {one['runtime_s_per_step'] * 1e3:.2f} vs "
         f"{one['plain_s_per_step'] * 1e3:.2f} ms/step -> {one['slowdown']:.4f}x time "
         "(target <= 1.02)",
         flush=True,
     )
 
 
-def _report_eight(eight: dict[str, Any]) -> None:
+def _report_eight(eight: dict[str, Any], device: str) -> None:
     print(
-        f"2. 8 ESTs vs 8-micro-batch accumulation, {eight['job']}, "
+        f"2. 8 ESTs vs 8-micro-batch accumulation ({device}), {eight['job']}, "
         f"{eight['per_est']} samples per EST: "
         f"{eight['runtime_s_per_step'] * 1e3:.2f} vs "
         f"{eight['accumulation_s_per_step'] * 1e3:.2f} ms/step -> "

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from gearshift.common.ports import free_port
 from gearshift.worker.runtime import checkpoint
@@ -136,6 +137,17 @@ def test_cnn_n4_is_bitwise_equal_on_every_placement_and_through_rescales(tmp_pat
     launch(staged, CNN, 4, 2, 200, "--resume")
     final = launch(staged, CNN, 4, 3, 300, "--resume", "--mapping", "2,1,1")
     assert_same(reference, final)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cnn_on_one_gpu_one_process_equals_two_processes_sharing_it(tmp_path: Path) -> None:
+    """The GPU check: (a) 1 process x 4 ESTs vs (b) 2 x 2, both on one GPU, under D1."""
+    steps = 300
+    one = launch(tmp_path / "a", CNN, 4, 1, steps, "--device", "cuda")
+    two = launch(tmp_path / "b", CNN, 4, 2, steps, "--device", "cuda")
+    assert one.final()["step"] == steps
+    assert_same(one, two)
 
 
 def test_the_checks_can_fail(tmp_path: Path) -> None:

@@ -73,13 +73,13 @@ class RunResult:
     est_losses: list[list[float]] = field(default_factory=list)  # per step run, per EST
 
 
-def _to_device(batch: Any, device: torch.device) -> Any:
+def to_device(batch: Any, device: torch.device) -> Any:
     if device.type == "cpu":
         return batch
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, list | tuple):
-        return type(batch)(_to_device(item, device) for item in batch)
+        return type(batch)(to_device(item, device) for item in batch)
     return batch
 
 
@@ -250,7 +250,7 @@ class Trainer:
         self.reducer.begin_step()
         self.buffers.begin_step()
         for ctx in self.contexts:
-            inputs, targets = _to_device(loader.next(ctx.est), self.device)
+            inputs, targets = to_device(loader.next(ctx.est), self.device)
             self.buffers.before_est()
             into = self.reducer.accumulate_into(ctx.est)
             grads.prepare(into)
