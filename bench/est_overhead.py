@@ -83,9 +83,10 @@ def step_clock(device: str) -> Callable[[], float]:
 
 
 class PlainLoop:
-    """A plain PyTorch loop over the same dataset: `micro` accumulated micro-batches per step."""
+    """A plain PyTorch loop over the same dataset: `micro` accumulated micro-batches of
+    `job.per_est` samples per step."""
 
-    def __init__(self, job: Workload, micro: int, batch: int, device: str) -> None:
+    def __init__(self, job: Workload, micro: int, device: str) -> None:
         import torch
 
         from gearshift.worker.runtime.data import DataPosition, EstStream, LocalShards
@@ -98,7 +99,7 @@ class PlainLoop:
         self.job.model.to(self.device)
         self.stream = EstStream(LocalShards(len(self.job.dataset), 32, 0, 1), 0, DataPosition())
         self.micro = micro
-        self.batch = batch
+        self.per_micro = job.per_est
         self.job.model.train()
 
     def step(self) -> None:
@@ -106,7 +107,7 @@ class PlainLoop:
 
         job = self.job
         for _ in range(self.micro):
-            indices = self.stream.take(self.batch // self.micro)
+            indices = self.stream.take(self.per_micro)
             batch = job.collate([job.dataset[i] for i in indices])
             inputs, targets = to_device(batch, self.device)
             loss = job.loss(job.model(inputs), targets)
@@ -137,7 +138,7 @@ def interleaved(
 
     warm = 3
     batch = ests * job.per_est
-    plain = PlainLoop(job, ests, batch, device)
+    plain = PlainLoop(job, ests, device)
     clock = step_clock(device)
     settings = RunSettings(
         num_ests=ests, global_batch_size=batch, total_steps=steps + warm, log_every=1
@@ -210,7 +211,7 @@ def _child(mode: str, steps: int, workdir: Path) -> None:
     if mode == "ests":
         _runtime_steps(8, 256, steps, workdir)
     else:
-        plain = PlainLoop(Workload("MLP", MLP, BIG, 256 // 8), 1, 256 // 8, "cpu")
+        plain = PlainLoop(Workload("MLP", MLP, BIG, 256 // 8), 1, "cpu")
         for _ in range(steps):
             plain.step()
     print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))

@@ -51,11 +51,11 @@ class BrainAdvisor:
     ) -> None:
         self.address = address
         self._timeout = timeout
+        self._channel: grpc.Channel | None = None
         self._stub: brain_pb2_grpc.BrainStub | None = None
         if address:
-            self._stub = brain_pb2_grpc.BrainStub(
-                connect(address, token=token, tls=tls, timeout=timeout)
-            )
+            self._channel = connect(address, token=token, tls=tls, timeout=timeout)
+            self._stub = brain_pb2_grpc.BrainStub(self._channel)
         self._warned: set[str] = set()
         self._lock = threading.Lock()
 
@@ -161,3 +161,7 @@ class BrainAdvisor:
         except grpc.RpcError as exc:
             code = rpc_code(exc)
             self._fallback("ReportJobEvent", code.name if code else rpc_details(exc))
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()

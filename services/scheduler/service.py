@@ -248,6 +248,7 @@ class Scheduler:
             self._thread.join(timeout=30)
         self._pool.shutdown(wait=True, cancel_futures=False)
         self.agents.close()
+        self.brain.close()
         self.datasets.close()
         with self._changed:
             self._changed.notify_all()
