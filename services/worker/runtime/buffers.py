@@ -44,8 +44,7 @@ class BufferKeeper:
 
     def _restore(self, values: Sequence[torch.Tensor]) -> None:
         with torch.no_grad():
-            for buffer, value in zip(self.buffers, values, strict=True):
-                buffer.copy_(value)
+            torch._foreach_copy_(self.buffers, list(values))
 
     def _groups(self) -> list[list[int]]:
         """Buffer indices grouped by dtype, so each group travels as one flat message."""

@@ -45,8 +45,10 @@ class ControlExchange:
     ) -> tuple[list[Message], list[Message]]:
         mine = torch.zeros(1 + self.num_ests, dtype=torch.float64)
         mine[0] = float(stop)
-        for est, loss in losses.items():
-            mine[1 + est] = loss.detach().to(device="cpu", dtype=torch.float64)
+        if losses:
+            # One copy for all ESTs (a GPU sync per EST otherwise).
+            values = torch.stack([loss.detach() for loss in losses.values()])
+            mine[[1 + est for est in losses]] = values.to(device="cpu", dtype=torch.float64)
         self._mine = mine
         self._theirs = {
             peer: torch.empty_like(mine) for peer in range(self.procs) if peer != self.rank
@@ -57,7 +59,7 @@ class ControlExchange:
 
     def result(self) -> tuple[bool, list[float]]:
         """(anyone asked to stop, every EST's loss) after the exchange."""
-        rows = {self.rank: self._mine, **self._theirs}
-        stop = any(bool(row[0]) for row in rows.values())
-        losses = [float(rows[self.owner[est]][1 + est]) for est in range(self.num_ests)]
+        rows = {peer: row.tolist() for peer, row in {self.rank: self._mine, **self._theirs}.items()}
+        stop = any(row[0] for row in rows.values())
+        losses = [rows[self.owner[est]][1 + est] for est in range(self.num_ests)]
         return stop, losses

@@ -97,7 +97,7 @@ class EstStream:
 
     def _load(self, epoch: int) -> list[int]:
         if epoch != self._epoch:
-            assert not isinstance(self.source, BatchFeed)
+            assert self._feed is None
             self._samples = epoch_samples(self.source, epoch, self.est)
             self._epoch = epoch
         return self._samples
