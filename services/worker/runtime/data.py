@@ -89,7 +89,12 @@ class EstStream:
     def __init__(self, source: DataSource, est: int, position: DataPosition) -> None:
         self.source = source
         # Checked once: isinstance against a runtime-checkable Protocol takes ~60 us.
-        self._feed = source if isinstance(source, BatchFeed) else None
+        self._feed: BatchFeed | None = None
+        self._shards: ShardSource | None = None
+        if isinstance(source, BatchFeed):
+            self._feed = source
+        else:
+            self._shards = source
         self.est = est
         self.position = position
         self._epoch = -1
@@ -97,8 +102,8 @@ class EstStream:
 
     def _load(self, epoch: int) -> list[int]:
         if epoch != self._epoch:
-            assert self._feed is None
-            self._samples = epoch_samples(self.source, epoch, self.est)
+            assert self._shards is not None
+            self._samples = epoch_samples(self._shards, epoch, self.est)
             self._epoch = epoch
         return self._samples
 
