@@ -8,8 +8,10 @@ policy cannot drift from the .proto files.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import cache
 from types import ModuleType
+from typing import Generic, TypeVar
 
 import grpc
 
@@ -112,3 +114,27 @@ def connect(
     """A channel to a Gearshift service; unary calls without a deadline get `timeout`."""
     channel = plain_channel(address, tls=tls, retry=retry, max_message_bytes=max_message_bytes)
     return grpc.intercept_channel(channel, ClientDefaultsInterceptor(token, timeout))
+
+
+Stub = TypeVar("Stub")
+
+
+class OptionalClient(Generic[Stub]):
+    """A stub for a service the caller can do without: no address, no channel
+    (`stub` is None and the caller falls back to local behaviour)."""
+
+    def __init__(
+        self,
+        address: str,
+        make_stub: Callable[[grpc.Channel], Stub],
+        *,
+        token: str | None = None,
+        tls: ClientTls | None = None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
+        self._channel = connect(address, token=token, tls=tls, timeout=timeout) if address else None
+        self.stub: Stub | None = None if self._channel is None else make_stub(self._channel)
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()

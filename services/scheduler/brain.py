@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import grpc
 
 from gearshift.common.auth import ClientTls
-from gearshift.common.channel import connect
+from gearshift.common.channel import OptionalClient
 from gearshift.common.errors import rpc_code, rpc_details
 from gearshift.common.estplan import plan_on
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2
@@ -51,11 +51,10 @@ class BrainAdvisor:
     ) -> None:
         self.address = address
         self._timeout = timeout
-        self._channel: grpc.Channel | None = None
-        self._stub: brain_pb2_grpc.BrainStub | None = None
-        if address:
-            self._channel = connect(address, token=token, tls=tls, timeout=timeout)
-            self._stub = brain_pb2_grpc.BrainStub(self._channel)
+        self._client = OptionalClient(
+            address, brain_pb2_grpc.BrainStub, token=token, tls=tls, timeout=timeout
+        )
+        self._stub = self._client.stub
         self._warned: set[str] = set()
         self._lock = threading.Lock()
 
@@ -163,5 +162,4 @@ class BrainAdvisor:
             self._fallback("ReportJobEvent", code.name if code else rpc_details(exc))
 
     def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
+        self._client.close()

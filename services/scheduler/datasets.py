@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import grpc
 
 from gearshift.common.auth import ClientTls
-from gearshift.common.channel import connect
+from gearshift.common.channel import OptionalClient
 from gearshift.common.errors import rpc_code, rpc_details
 from gearshift.v1 import shardmanager_pb2, shardmanager_pb2_grpc
 
@@ -41,11 +41,10 @@ class DatasetKeeper:
     ):
         self.address = address
         self._timeout = timeout
-        self._channel: grpc.Channel | None = None
-        self._stub: shardmanager_pb2_grpc.ShardManagerStub | None = None
-        if address:
-            self._channel = connect(address, token=token, tls=tls, timeout=timeout)
-            self._stub = shardmanager_pb2_grpc.ShardManagerStub(self._channel)
+        self._client = OptionalClient(
+            address, shardmanager_pb2_grpc.ShardManagerStub, token=token, tls=tls, timeout=timeout
+        )
+        self._stub = self._client.stub
 
     def delete_job(self, job_id: str) -> list[str]:
         """Drop the job's datasets; the ids deleted ([] when none or unreachable)."""
@@ -84,5 +83,4 @@ class DatasetKeeper:
         return requeued
 
     def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
+        self._client.close()

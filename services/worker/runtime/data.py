@@ -87,7 +87,6 @@ class EstStream:
     """Reads an EST's stream from a position; `take` is deterministic given the position."""
 
     def __init__(self, source: DataSource, est: int, position: DataPosition) -> None:
-        self.source = source
         # Checked once: isinstance against a runtime-checkable Protocol takes ~60 us.
         self._feed: BatchFeed | None = None
         self._shards: ShardSource | None = None
