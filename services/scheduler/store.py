@@ -49,6 +49,7 @@ class JobRecord:
     generation: int = 0
     rescale_count: int = 0
     restart_count: int = 0  # resumptions after a failed task, bounded by --max-restarts
+    locked_type: str = ""  # D0/D1: the only accelerator type the job may run on (once placed)
     message: str = ""
     final_digest: str = ""
     last_sequence: int = 0
@@ -174,6 +175,7 @@ def _job_from_row(row: models.Job) -> JobRecord:
         generation=row.generation,
         rescale_count=row.rescale_count,
         restart_count=row.restart_count,
+        locked_type=row.locked_type,
         message=row.message,
         final_digest=row.final_digest,
         last_sequence=row.last_sequence,
@@ -195,6 +197,7 @@ def _job_values(job: JobRecord) -> dict[str, object]:
         "generation": job.generation,
         "rescale_count": job.rescale_count,
         "restart_count": job.restart_count,
+        "locked_type": job.locked_type,
         "message": job.message,
         "final_digest": job.final_digest,
         "last_sequence": job.last_sequence,
