@@ -825,3 +825,75 @@ class TaskFinishedResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskFinishedResponse: _TypeAlias = TaskFinishedResponse  # noqa: Y015
+
+@_typing.final
+class StreamJobLogsRequest(_message.Message):
+    """Read a job's training-process output."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    TAIL_LINES_FIELD_NUMBER: _builtins.int
+    FOLLOW_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """Id of the job."""
+    rank: _builtins.int
+    """Only this process rank; -1 means every rank."""
+    tail_lines: _builtins.int
+    """Lines of history per rank to send first (0 means 100; at most 10000)."""
+    follow: _builtins.bool
+    """Keep the stream open and send new lines until the job ends."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        tail_lines: _builtins.int = ...,
+        follow: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["follow", b"follow", "job_id", b"job_id", "rank", b"rank", "tail_lines", b"tail_lines"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamJobLogsRequest: _TypeAlias = StreamJobLogsRequest  # noqa: Y015
+
+@_typing.final
+class LogLine(_message.Message):
+    """One line of a training process's output."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """Job the line belongs to."""
+    rank: _builtins.int
+    """Rank of the process that wrote it."""
+    time: _builtins.float
+    """When the worker read it, seconds since the Unix epoch."""
+    text: _builtins.str
+    """The line, without its newline."""
+    task_id: _builtins.str
+    """Task (the job's processes on one worker, one placement) that wrote it."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        time: _builtins.float = ...,
+        text: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "rank", b"rank", "task_id", b"task_id", "text", b"text", "time", b"time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogLine: _TypeAlias = LogLine  # noqa: Y015

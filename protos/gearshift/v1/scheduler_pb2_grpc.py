@@ -65,6 +65,11 @@ class JobServiceStub:
                 request_serializer=gearshift_dot_v1_dot_scheduler__pb2.GetClusterStateRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_scheduler__pb2.ClusterState.FromString,
                 _registered_method=True)
+        self.StreamJobLogs = channel.unary_stream(
+                '/gearshift.v1.JobService/StreamJobLogs',
+                request_serializer=gearshift_dot_v1_dot_scheduler__pb2.StreamJobLogsRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_scheduler__pb2.LogLine.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -116,6 +121,15 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamJobLogs(self, request, context):
+        """Streams a job's training-process output (stdout and stderr lines), read from
+        the workers that run or ran it: the last tail_lines lines of each selected
+        rank, then, with follow, new lines as they are written until the job ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -148,6 +162,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.GetClusterState,
                     request_deserializer=gearshift_dot_v1_dot_scheduler__pb2.GetClusterStateRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_scheduler__pb2.ClusterState.SerializeToString,
+            ),
+            'StreamJobLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamJobLogs,
+                    request_deserializer=gearshift_dot_v1_dot_scheduler__pb2.StreamJobLogsRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_scheduler__pb2.LogLine.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -313,6 +332,33 @@ class JobService:
             '/gearshift.v1.JobService/GetClusterState',
             gearshift_dot_v1_dot_scheduler__pb2.GetClusterStateRequest.SerializeToString,
             gearshift_dot_v1_dot_scheduler__pb2.ClusterState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamJobLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gearshift.v1.JobService/StreamJobLogs',
+            gearshift_dot_v1_dot_scheduler__pb2.StreamJobLogsRequest.SerializeToString,
+            gearshift_dot_v1_dot_scheduler__pb2.LogLine.FromString,
             options,
             channel_credentials,
             insecure,

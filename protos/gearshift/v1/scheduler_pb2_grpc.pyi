@@ -53,6 +53,11 @@ class JobServiceStub:
     """
     GetClusterState: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetClusterStateRequest, _scheduler_pb2.ClusterState]
     """Returns the workers, their devices, and which job runs where."""
+    StreamJobLogs: _grpc.UnaryStreamMultiCallable[_scheduler_pb2.StreamJobLogsRequest, _scheduler_pb2.LogLine]
+    """Streams a job's training-process output (stdout and stderr lines), read from
+    the workers that run or ran it: the last tail_lines lines of each selected
+    rank, then, with follow, new lines as they are written until the job ends.
+    """
 
 @_typing.type_check_only
 class JobServiceAsyncStub(JobServiceStub):
@@ -77,6 +82,11 @@ class JobServiceAsyncStub(JobServiceStub):
     """
     GetClusterState: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetClusterStateRequest, _scheduler_pb2.ClusterState]  # type: ignore[assignment]
     """Returns the workers, their devices, and which job runs where."""
+    StreamJobLogs: _aio.UnaryStreamMultiCallable[_scheduler_pb2.StreamJobLogsRequest, _scheduler_pb2.LogLine]  # type: ignore[assignment]
+    """Streams a job's training-process output (stdout and stderr lines), read from
+    the workers that run or ran it: the last tail_lines lines of each selected
+    rank, then, with follow, new lines as they are written until the job ends.
+    """
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
     """Jobs API: submit, inspect, cancel and watch jobs; see the cluster."""
@@ -134,6 +144,17 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.ClusterState, _abc.Awaitable[_scheduler_pb2.ClusterState]]:
         """Returns the workers, their devices, and which job runs where."""
+
+    @_abc_1.abstractmethod
+    def StreamJobLogs(
+        self,
+        request: _scheduler_pb2.StreamJobLogsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_scheduler_pb2.LogLine], _abc.AsyncIterator[_scheduler_pb2.LogLine]]:
+        """Streams a job's training-process output (stdout and stderr lines), read from
+        the workers that run or ran it: the last tail_lines lines of each selected
+        rank, then, with follow, new lines as they are written until the job ends.
+        """
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
