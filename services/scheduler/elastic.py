@@ -26,16 +26,29 @@ Throughput model. capability[t] is one EST's mini-batches per second on one
 device of type t (Gavel's single-device throughput of the job type). Eq. 1 gives
 N / f_overload mini-batches/s for a split; `efficiency(d)` scales it for the
 communication of d devices (from Gavel's measured multi-GPU throughputs), so N
-ESTs on N devices of one type run exactly as fast as Gavel's rigid job.
+ESTs on N devices of one type run exactly as fast as Gavel's rigid job; a job's
+`slowdown` divides it for the kernels its determinism level forces (EasyScale's
+D2 costs ~2.36x on CNNs, ~1x on transformers).
+
+Determinism decides where a job may run: D0/D1 hold bits only on one kind of
+device, so such a job uses one type per placement and, once placed, only that
+type (`types` is then the locked type alone); a D2 job (`mixing`) may span types
+in one placement. `configurations` lists what a job may run on - the device
+counts per type within its bounds that some use of its ESTs makes faster than
+any smaller configuration - with their rates: the rows every heterogeneity-aware
+objective allocates over (gearshift.scheduler.policies.configs).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from gearshift.common.estplan import DeviceOffer, EstPlan, plan_on, scale_out_proposals
+from gearshift.scheduler.policies.configs import Config, config_of
 
 Devices = dict[str, int]
 
@@ -51,6 +64,9 @@ class ElasticJob:
     capability: Mapping[str, float]
     arrival_time: float = 0.0
     efficiency: Mapping[int, float] = field(default_factory=dict)
+    mixing: bool = True  # may span several types in one placement (D2)
+    slowdown: float = 1.0  # kernel cost of its determinism level (D2 on CNNs: ~2.36)
+    type_efficiency: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
 
     @property
     def rigid(self) -> bool:
@@ -60,10 +76,41 @@ class ElasticJob:
     def types(self) -> list[str]:
         return sorted(t for t, c in self.capability.items() if c > 0)
 
-    def scaling(self, count: int) -> float:
-        """Communication efficiency on `count` devices (1.0 when unknown)."""
-        known = [d for d in self.efficiency if d <= count]
-        return self.efficiency[max(known)] if known else 1.0
+    def scaling(self, count: int, devices: Mapping[str, int] | None = None) -> float:
+        """Communication efficiency on `count` devices (1.0 when unknown): per type when
+        measured per type (weighted by each type's share of `devices`), else overall."""
+        if devices and self.type_efficiency:
+            total = sum(devices.values())
+            return sum(
+                n / total * _at(self.type_efficiency.get(t, self.efficiency), count)
+                for t, n in devices.items()
+            )
+        return _at(self.efficiency, count)
+
+    @cached_property
+    def key(self) -> Hashable:
+        """Everything that decides the job's rates (not its id), as a hashable key."""
+        return (
+            self.num_ests,
+            self.min_devices,
+            self.max_devices,
+            tuple(sorted(self.capability.items())),
+            tuple(sorted(self.efficiency.items())),
+            tuple(sorted((t, tuple(sorted(e.items()))) for t, e in self.type_efficiency.items())),
+            self.mixing,
+            self.slowdown,
+        )
+
+    @cached_property
+    def most(self) -> int:
+        """The most devices the job can use."""
+        return max(1, min(self.max_devices, self.num_ests))
+
+
+def _at(efficiency: Mapping[int, float], count: int) -> float:
+    """The efficiency measured at the largest device count <= count (1.0 when none)."""
+    known = [d for d in efficiency if d <= count]
+    return efficiency[max(known)] if known else 1.0
 
 
 def plan(job: ElasticJob, devices: Mapping[str, int]) -> EstPlan:
@@ -72,12 +119,103 @@ def plan(job: ElasticJob, devices: Mapping[str, int]) -> EstPlan:
     return plan_on(job.num_ests, used, job.capability)
 
 
+_CACHE_SIZE = 4096
+_RATES: dict[Hashable, float] = {}
+
+
 def rate(job: ElasticJob, devices: Mapping[str, int]) -> float:
-    """Predicted mini-batches/s of `job` on `devices` (0 with none)."""
-    count = sum(n for n in devices.values() if n > 0)
-    if count == 0:
+    """Predicted mini-batches/s of `job` on `devices` (0 with none). Memoized: the
+    allocators ask for the same few configurations of the same kinds of job again and
+    again."""
+    used = {t: n for t, n in devices.items() if n > 0}
+    if not used:
         return 0.0
-    return plan(job, devices).minibatches_per_second * job.scaling(count)
+    key = (job.key, config_of(used))
+    value = _RATES.get(key)
+    if value is None:
+        if len(_RATES) >= 16 * _CACHE_SIZE:
+            _RATES.clear()
+        count = sum(used.values())
+        value = _RATES[key] = (
+            plan(job, used).minibatches_per_second * job.scaling(count, used) / job.slowdown
+        )
+    return value
+
+
+# Mixed-type configurations are enumerated in full up to this many devices; larger
+# jobs mix only device counts that are worth having on one type.
+FULL_MIX_DEVICES = 16
+
+
+_CONFIGURATIONS: dict[Hashable, list[tuple[Config, float]]] = {}
+
+
+def configurations(job: ElasticJob, capacity: Mapping[str, int]) -> list[tuple[Config, float]]:
+    """The configurations `job` may run on in a cluster of `capacity`, with their rates.
+
+    A configuration is kept only when no configuration using a subset of its devices
+    is at least as fast (so a device that would not speed the job up is never asked
+    for). A rigid job has its max_devices on one type. Sorted by size, then rate.
+    Memoized: jobs of one kind share their rows, and a round asks for every job's.
+    """
+    key = (job.key, tuple(sorted(capacity.items())))
+    cached = _CONFIGURATIONS.get(key)
+    if cached is None:
+        if len(_CONFIGURATIONS) >= _CACHE_SIZE:
+            _CONFIGURATIONS.clear()
+        cached = _CONFIGURATIONS[key] = _configurations(job, capacity)
+    return list(cached)
+
+
+def _configurations(job: ElasticJob, capacity: Mapping[str, int]) -> list[tuple[Config, float]]:
+    types = [t for t in job.types() if capacity.get(t, 0) > 0]
+    if job.rigid:
+        need = job.max_devices
+        return [(((t, need),), rate(job, {t: need})) for t in types if capacity[t] >= need]
+    low, high = max(job.min_devices, 1), job.most
+    useful = _useful_counts(job.num_ests, high)
+    candidates: set[Config] = set()
+    for t in types:
+        for k in range(low, min(high, capacity[t]) + 1):
+            candidates.add(((t, k),))
+    if job.mixing and len(types) > 1:
+        for size in range(2, min(len(types), high) + 1):
+            for kinds in itertools.combinations(types, size):
+                ranges = [
+                    range(1, min(capacity[t], high) + 1)
+                    if high <= FULL_MIX_DEVICES
+                    else [k for k in useful if k <= capacity[t]]
+                    for t in kinds
+                ]
+                for counts in itertools.product(*ranges):
+                    if low <= sum(counts) <= high:
+                        candidates.add(config_of(dict(zip(kinds, counts, strict=True))))
+    rated = sorted(
+        ((c, rate(job, dict(c))) for c in candidates), key=lambda item: (_size(item[0]), -item[1])
+    )
+    kept: list[tuple[Config, float]] = []
+    for config, value in rated:
+        if value <= 0:
+            continue
+        if not any(value <= other + 1e-12 and _within(small, config) for small, other in kept):
+            kept.append((config, value))
+    return kept
+
+
+def _size(config: Config) -> int:
+    return sum(n for _, n in config)
+
+
+def _within(small: Config, big: Config) -> bool:
+    """Whether `small` uses no more devices of any type than `big`."""
+    have = dict(big)
+    return all(have.get(t, 0) >= n for t, n in small)
+
+
+def _useful_counts(num_ests: int, high: int) -> list[int]:
+    """Device counts at which N ESTs spread evenly step faster than on one device fewer."""
+    out = [k for k in range(1, high + 1) if k == 1 or -(-num_ests // k) < -(-num_ests // (k - 1))]
+    return out
 
 
 class ElasticPolicy(abc.ABC):
@@ -147,6 +285,7 @@ def proposals(
     room = min(job.max_devices, job.num_ests) - count
     if job.rigid or room <= 0 or count == 0:
         return []
+    heterogeneous = heterogeneous and job.mixing
     # Every type the job can use is offered (0 available where it may not grow), so the
     # planner knows the speed of the devices it already holds.
     offers = [
@@ -195,7 +334,7 @@ class EasyScale(ElasticPolicy):
         free = dict(capacity)
         out: dict[str, Devices] = {}
         for job in jobs:  # arrival order: everyone's minimum first
-            start = _start(job, free, self.heterogeneous)
+            start = _start(job, free, self.heterogeneous and job.mixing)
             if start is not None:
                 out[job.job_id] = start
                 _take(free, start)

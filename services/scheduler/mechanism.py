@@ -83,6 +83,15 @@ class Ledger:
             self.worker_time.setdefault(kind, 0.0)
             self.deficits.setdefault(kind, {})[combo] = 0.0
 
+    def ensure(self, combo: Combo, worker_types: Iterable[str]) -> None:
+        """Entries for types the combination has none for yet (a type that joined later)."""
+        entry = self.job_time.setdefault(combo, {})
+        for kind in worker_types:
+            if kind not in entry:
+                entry[kind] = self.round_seconds / 2.0
+                self.worker_time.setdefault(kind, 0.0)
+                self.deficits.setdefault(kind, {})[combo] = 0.0
+
     def remove_job(self, job_id: str) -> None:
         for combo in [c for c in self.job_time if job_id in c]:
             del self.job_time[combo]
@@ -330,8 +339,10 @@ class RoundScheduler:
         seed: int = 0,
         entity_weights: Mapping[str, float] | None = None,
         entity_policies: Mapping[str, EntityPolicy] | None = None,
+        costs: Mapping[str, float] | None = None,
     ) -> None:
         self.policy = policy
+        self._costs = dict(costs or {})
         self.round_seconds = round_seconds
         self.min_recompute_seconds = min_recompute_seconds
         self.ledger = Ledger(round_seconds)
@@ -355,6 +366,20 @@ class RoundScheduler:
         self.jobs[job.job_id] = job
         self.ledger.add((job.job_id,), worker_types)
         self._changed()
+
+    def update_job(self, job: JobView, worker_types: Iterable[str]) -> None:
+        """A known job with new estimates, or a cluster with new types: X is stale when
+        what the policy reads changed."""
+        old = self.jobs.get(job.job_id)
+        self.jobs[job.job_id] = job
+        for combo in [c for c in self.ledger.job_time if job.job_id in c]:
+            self.ledger.ensure(combo, worker_types)
+        if old is None or (old.throughputs, old.colocated, old.scale_factor) != (
+            job.throughputs,
+            job.colocated,
+            job.scale_factor,
+        ):
+            self._changed()
 
     def remove_job(self, job_id: str) -> None:
         """A job completed or was cancelled: X is stale."""
@@ -423,6 +448,7 @@ class RoundScheduler:
             colocated=colocated,
             previous=previous,
             seed=self._seed,
+            costs=[self._costs.get(t, 1.0) for t in types],
         )
 
     def recompute(self, capacity: Mapping[str, int], now: float) -> None:
@@ -466,12 +492,15 @@ class RoundScheduler:
         return self._speed
 
     # Steps 2-5 ---------------------------------------------------------------
-    def plan(self, capacity: Mapping[str, int], free: Iterable[Device], now: float) -> RoundPlan:
-        """The next round: recompute X if due, then score, sort, select and place."""
-        recomputed = False
+    def choose(self, capacity: Mapping[str, int], now: float) -> dict[Combo, str]:
+        """Steps 1-4 alone: the combinations that run next round and their types (the
+        pipeline's place stage does step 5)."""
         if self.allocation_due(now):
             self.recompute(capacity, now)
-            recomputed = True
+        chosen = self._select(capacity)
+        return {c: k for k, combos in chosen.items() for c in combos}
+
+    def _select(self, capacity: Mapping[str, int]) -> dict[str, list[Combo]]:
         size, runnable = self._combo_info(capacity)
         scores = priorities(self.allocation, self.ledger, runnable)
         rng = None if self.policy.heterogeneity_aware else self._type_rng
@@ -479,13 +508,22 @@ class RoundScheduler:
             [t for t in capacity if capacity[t] > 0], self._type_speed(capacity), rng
         )
         ranked = rank(scores, self.ledger, self.allocation, order)
-        chosen = select(
+        return select(
             ranked,
             capacity,
             size,
             runnable,
             skip_zero_priority=self.policy.skip_zero_priority,
         )
+
+    def plan(self, capacity: Mapping[str, int], free: Iterable[Device], now: float) -> RoundPlan:
+        """The next round: recompute X if due, then score, sort, select and place."""
+        recomputed = False
+        if self.allocation_due(now):
+            self.recompute(capacity, now)
+            recomputed = True
+        size, _ = self._combo_info(capacity)
+        chosen = self._select(capacity)
         placements = place(chosen, size, free, self.previous_placements)
         kinds = {c: k for k, combos in chosen.items() for c in combos if c in placements}
         renewed = frozenset(

@@ -1,7 +1,7 @@
 """The scheduler's tables (SQLAlchemy 2.x declarative models); every name starts with `sched_`.
 
 The schema is created only by the Alembic history (migrations/versions/
-0002_scheduler.py, 0003_job_restarts.py, 0004_job_type_lock.py); tests/integration/test_sched_storage.py checks that
+0002_scheduler.py and later); tests/integration/test_sched_storage.py checks that
 autogenerate finds no difference between these models and the migration for
 the sched_ tables. Times are seconds since the Unix epoch (float), as in the
 contracts. Protobuf messages (spec, progress, placement) are stored as their

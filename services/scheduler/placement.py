@@ -1,17 +1,91 @@
-"""From "these devices, this many ESTs on each" to the Placement a job's processes run with.
+"""The place stage, and from "these devices, this many ESTs on each" to the Placement a
+job's processes run with.
+
+`place` maps every job's target (devices per type, ESTs per device) to devices:
+largest targets first (as Gavel places decreasing scale factors); a job whose
+target is what it holds keeps its devices and ESTs (its lease is renewed, no
+restart); another takes the devices it holds that are still free, then the
+fewest workers that fit the rest (`mechanism.consolidate`). Jobs sharing devices
+(space sharing) are placed once, together.
 
 One process per device, ranks in the order given (rank 0 first, so its worker
 hosts the torch.distributed store); ESTs are numbered consecutively across
-ranks, so EST ids depend only on the per-device counts. Elastic jobs may mix
-types (EasyScale); rigid jobs get one type.
+ranks, so EST ids depend only on the per-device counts. Elastic D2 jobs may mix
+types (EasyScale); the others get one type.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from gearshift.scheduler.mechanism import Device
+from gearshift.scheduler.mechanism import Device, consolidate
+from gearshift.scheduler.policies.configs import config_of
 from gearshift.v1 import common_pb2
+
+if TYPE_CHECKING:
+    from gearshift.scheduler.pipeline import Target
+
+Assignment = list[tuple[Device, int]]
+
+
+def place(
+    targets: Mapping[str, Target],
+    devices: Iterable[Device],
+    current: Mapping[str, Sequence[tuple[Device, int]]],
+) -> dict[str, Assignment]:
+    """Devices and ESTs for every target that fits; see the module docstring."""
+    pools: dict[str, dict[str, list[Device]]] = {}
+    for device in sorted(devices):
+        pools.setdefault(device.worker_type, {}).setdefault(device.worker_id, []).append(device)
+    order = sorted(targets.values(), key=lambda t: -t.size)  # stable: the allocator's order
+    out: dict[str, Assignment] = {}
+    for target in order:  # keep: same devices per type as now, all still free
+        held = list(current.get(target.job_id, ()))
+        if (
+            held
+            and config_of(count_by_type(d for d, _ in held)) == target.devices
+            and all(d in pools.get(d.worker_type, {}).get(d.worker_id, ()) for d, _ in held)
+        ):
+            out[target.job_id] = held
+            _take(pools, [d for d, _ in held])
+    for target in order:
+        if target.job_id in out:
+            continue
+        shared = [p for p in target.partners if p in out]
+        if shared:  # space sharing: the partner's devices, this job's ESTs
+            picked = [d for d, _ in out[shared[0]]]
+        else:
+            picked = _pick(pools, target, [d for d, _ in current.get(target.job_id, ())])
+            if picked is None:
+                continue
+            _take(pools, picked)
+        out[target.job_id] = assign_ests(picked, target.ests)
+    return out
+
+
+def _pick(
+    pools: Mapping[str, Mapping[str, list[Device]]], target: Target, held: Sequence[Device]
+) -> list[Device] | None:
+    """The target's devices: those it holds that are free first, then consolidated."""
+    picked: list[Device] = []
+    for kind, count in target.devices:
+        pool = {w: list(v) for w, v in pools.get(kind, {}).items() if v}
+        mine = [d for d in held if d.worker_type == kind and d in pool.get(d.worker_id, [])]
+        take = mine[:count]
+        for d in take:
+            pool[d.worker_id].remove(d)
+        left = count - len(take)
+        rest = consolidate({w: v for w, v in pool.items() if v}, left) if left else ()
+        if rest is None:
+            return None
+        picked.extend([*take, *rest])
+    return picked
+
+
+def _take(pools: dict[str, dict[str, list[Device]]], devices: Iterable[Device]) -> None:
+    for device in devices:
+        pools[device.worker_type][device.worker_id].remove(device)
 
 
 def build_placement(assignments: Sequence[tuple[Device, int]]) -> common_pb2.Placement:

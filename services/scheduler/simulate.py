@@ -1,13 +1,16 @@
 """`python -m gearshift.scheduler.simulate` (and `gearshift simulate`): run a workload through the
-scheduler's policies and mechanism on simulated time.
+scheduler's round pipeline (the daemon's allocate and place stages) on simulated time.
 
     gearshift simulate --trace FILE --throughputs FILE --cluster v100=8,p100=16,k80=24 \\
-        --policy max_min_fairness_perf [--round 360] [--seed S] [--elastic] [--json]
+        --policy las [--elastic] [--round 360] [--seed S] [--json]
+    gearshift simulate ... --compare rigid:las,elastic:las,easyscale
 
 The workload is a Gavel trace (10 tab-separated fields per job) or, with
 --generate N, a Poisson workload generated as in Gavel's evaluation (section
-7.1), optionally saved with --write-trace. Prints average JCT, makespan,
-utilization and every job's completion time (JSON with --json).
+7.1), optionally saved with --write-trace. Prints average and p99 JCT,
+makespan, utilization, rescales, the worst finish-time-fairness ratio, cost and
+every job's completion time (JSON with --json); --compare prints one row per
+policy.
 
 Exit codes: 0 done; 1 the workload cannot finish on the cluster; 2 bad usage
 or input.
@@ -22,20 +25,36 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gearshift.common.errors import ValidationError
-from gearshift.common.gavel import load_throughputs
-from gearshift.scheduler.elastic import ELASTIC_POLICIES, make_elastic_policy
+from gearshift.common.gavel import ThroughputTable, load_throughputs
+from gearshift.scheduler.allocators import GREEDY, allocator_names, make_allocator
 from gearshift.scheduler.policies import describe, make_policy, policy_names
 from gearshift.scheduler.simulator import (
+    DETERMINISM_CHOICES,
+    GAVEL_PRICES,
     GAVEL_RECOMPUTE_SECONDS,
     SimulationError,
     SimulationResult,
-    simulate,
-    simulate_elastic,
+    simulate_pipeline,
 )
-from gearshift.scheduler.trace import generate_workload, read_trace, write_trace
+from gearshift.scheduler.trace import TraceJob, generate_workload, read_trace, write_trace
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_CLUSTER = "v100=8,p100=16,k80=24"
+
+
+def parse_prices(text: str, field: str = "--prices") -> dict[str, float]:
+    """ "v100=2.48,k80=0.45" -> dollars per device-hour of each type (others: Gavel's)."""
+    out = dict(GAVEL_PRICES)
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            price = -1.0
+        if not sep or not name or price < 0:
+            raise ValidationError(field, f"{item!r} is not TYPE=DOLLARS_PER_HOUR (>= 0)")
+        out[name.strip()] = price
+    return out
 
 
 def parse_cluster(text: str, field: str = "--cluster") -> dict[str, int]:
@@ -59,14 +78,17 @@ def parse_cluster(text: str, field: str = "--cluster") -> dict[str, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    names = [*policy_names(), *ELASTIC_POLICIES]
     parser = argparse.ArgumentParser(
         prog="gearshift simulate",
-        description="Simulate a workload with the scheduler's policies and round mechanism.",
-        epilog="Policies: "
+        description="Simulate a workload with the scheduler's round pipeline (the daemon's "
+        "allocate and place stages) on simulated time.",
+        epilog="Policies (Gavel objectives; with --elastic over elastic EST jobs): "
         + "; ".join(f"{n} ({describe(n)})" for n in policy_names())
-        + "; easyscale, easyscale_homo (elastic EST jobs, EasyScale's greedy inter-job "
-        "policy, heterogeneous or one type per job); yarn_cs (rigid FIFO gang baseline).",
+        + ". Greedy elastic allocators: easyscale, easyscale_homo (EasyScale's greedy "
+        "inter-job policy, heterogeneous or one type per job); yarn_cs (rigid FIFO gang "
+        "baseline). Determinism: none (Gavel's world: any type, any time, mixing free), "
+        "D1 (one type per job, kept for its life), D2 (mixing, at EasyScale's D2 cost per "
+        "model family), auto (D2 where it is free, D1 for convolutional models).",
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", type=Path, help="Gavel trace file (10 tab-separated fields)")
@@ -79,19 +101,33 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_CLUSTER,
         help="devices per type, TYPE=COUNT,... (or Gavel's #v100:#p100:#k80)",
     )
-    parser.add_argument(
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument(
         "--policy",
         default=None,
         metavar="NAME",
-        help=f"one of: {', '.join(sorted(names))} (default max_min_fairness_perf; "
+        help=f"one of: {', '.join(allocator_names())} (default max_min_fairness_perf; "
         "easyscale with --elastic)",
+    )
+    choice.add_argument(
+        "--compare",
+        metavar="P1,P2,...",
+        help="run several policies on the same workload and print one table; prefix an "
+        "objective with elastic: or rigid: to choose its form (default: --elastic's)",
     )
     parser.add_argument("--round", type=float, default=360.0, help="round length, seconds")
     parser.add_argument("--seed", type=int, default=0, help="random seed")
     parser.add_argument(
         "--elastic",
         action="store_true",
-        help="jobs are elastic EST jobs (N = scale factor ESTs, 1..N devices of any types)",
+        help="jobs are elastic EST jobs (N = scale factor ESTs, 1..N devices); Gavel "
+        "objectives then allocate over device configurations",
+    )
+    parser.add_argument(
+        "--determinism",
+        choices=DETERMINISM_CHOICES,
+        default="none",
+        help="what the jobs' bits must survive (see below; default none, as Gavel)",
     )
     parser.add_argument(
         "--recompute-seconds",
@@ -104,6 +140,24 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=10.0,
         help="elastic jobs: seconds without progress when a job checkpoints and restarts",
+    )
+    parser.add_argument(
+        "--rigid-rescale-seconds",
+        type=float,
+        default=0.0,
+        help="the same for rigid jobs in Gavel's rounds (Gavel's simulator charges none)",
+    )
+    parser.add_argument(
+        "--hysteresis",
+        type=float,
+        default=0.1,
+        help="elastic objectives: least relative gain for which a running job is resized",
+    )
+    parser.add_argument(
+        "--prices",
+        default="",
+        help="dollars per device-hour, TYPE=PRICE,... (default Google Cloud's on-demand "
+        "prices that Gavel used: v100=2.48,p100=1.46,k80=0.45,t4=0.35)",
     )
     parser.add_argument(
         "--jobs-per-hour", type=float, default=1.0, help="--generate: Poisson arrival rate"
@@ -119,12 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(args: argparse.Namespace) -> SimulationResult:
-    """Run the simulation the arguments describe; ValidationError on bad input."""
-    cluster = parse_cluster(args.cluster)
-    if args.round <= 0:
-        raise ValidationError("--round", f"must be > 0 (got {args.round})")
-    table = load_throughputs(args.throughputs)
+def workload_from(args: argparse.Namespace, table: ThroughputTable) -> list[TraceJob]:
     if args.trace is not None:
         workload = read_trace(args.trace)
     else:
@@ -138,35 +187,94 @@ def run(args: argparse.Namespace) -> SimulationResult:
         )
     if not workload:
         raise ValidationError("--trace", "the workload has no jobs")
-    unknown = sorted({t for t in cluster if t not in table.worker_types})
-    if unknown:
-        raise ValidationError("--cluster", f"no throughputs for types {unknown}")
-    if args.write_trace is not None:
-        write_trace(workload, args.write_trace)
-    name = args.policy or ("easyscale" if args.elastic else "max_min_fairness_perf")
-    if name in ELASTIC_POLICIES:
-        return simulate_elastic(
-            workload,
-            cluster,
-            table,
-            make_elastic_policy(name),
-            rescale_seconds=args.rescale_seconds,
-        )
-    if args.elastic:
-        raise ValidationError(
-            "--policy", f"--elastic runs one of {', '.join(ELASTIC_POLICIES)} (got {name!r})"
-        )
-    policy = make_policy(name, seed=args.seed, field="--policy")
-    return simulate(
+    return workload
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    if args.round <= 0:
+        raise ValidationError("--round", f"must be > 0 (got {args.round})")
+    for flag in ("rescale_seconds", "rigid_rescale_seconds", "hysteresis", "recompute_seconds"):
+        if getattr(args, flag) < 0:
+            raise ValidationError(f"--{flag.replace('_', '-')}", "must be >= 0")
+
+
+def entries(args: argparse.Namespace) -> list[tuple[str, bool]]:
+    """(policy name, elastic jobs) for every policy to run."""
+    if args.compare is None:
+        name = args.policy or ("easyscale" if args.elastic else "max_min_fairness_perf")
+        return [(name, args.elastic or name in GREEDY)]
+    out: list[tuple[str, bool]] = []
+    for item in filter(None, (part.strip() for part in args.compare.split(","))):
+        form, sep, name = item.partition(":")
+        if not sep:
+            form, name = "", item
+        if form not in ("", "elastic", "rigid"):
+            raise ValidationError("--compare", f"{item!r}: the prefix is elastic: or rigid:")
+        elastic = form == "elastic" or (form == "" and args.elastic) or name in GREEDY
+        out.append((name, elastic))
+    if not out:
+        raise ValidationError("--compare", "names no policy")
+    return out
+
+
+def run_one(
+    args: argparse.Namespace,
+    workload: list[TraceJob],
+    cluster: dict[str, int],
+    table: ThroughputTable,
+    *,
+    name: str,
+    elastic: bool,
+) -> SimulationResult:
+    prices = parse_prices(args.prices)
+    field = "--compare" if args.compare is not None else "--policy"
+    allocator = make_allocator(
+        name,
+        elastic=elastic and name not in GREEDY,
+        round_seconds=args.round,
+        min_recompute_seconds=args.recompute_seconds,
+        seed=args.seed,
+        hysteresis=args.hysteresis,
+        prices=prices,
+        field_name=field,
+    )
+    rigid_rounds = not allocator.replans_on_events
+    label = f"{name} (elastic)" if elastic and name not in GREEDY else name
+    return simulate_pipeline(
         workload,
         cluster,
         table,
-        policy,
+        allocator,
         round_seconds=args.round,
-        seed=args.seed,
-        min_recompute_seconds=args.recompute_seconds,
+        rescale_seconds=args.rigid_rescale_seconds if rigid_rounds else args.rescale_seconds,
+        elastic=elastic and name != "yarn_cs",
+        determinism=args.determinism,
         space_sharing=name.endswith("packed"),
+        prices=prices,
+        name=label if args.compare is not None else name,
     )
+
+
+def run(args: argparse.Namespace) -> list[SimulationResult]:
+    """Run the simulations the arguments describe; ValidationError on bad input."""
+    cluster = parse_cluster(args.cluster)
+    check_numbers(args)
+    parse_prices(args.prices)
+    table = load_throughputs(args.throughputs)
+    workload = workload_from(args, table)
+    unknown = sorted({t for t in cluster if t not in table.worker_types})
+    if unknown:
+        raise ValidationError("--cluster", f"no throughputs for types {unknown}")
+    plan = entries(args)
+    for name, _ in plan:  # every name checked before anything runs
+        if name not in GREEDY:
+            make_policy(name, field="--compare" if args.compare is not None else "--policy")
+    if args.write_trace is not None:
+        write_trace(workload, args.write_trace)
+    return [
+        run_one(args, workload, cluster, table, name=name, elastic=elastic)
+        for name, elastic in plan
+    ]
 
 
 def render(result: SimulationResult) -> str:
@@ -174,20 +282,39 @@ def render(result: SimulationResult) -> str:
         f"policy:             {result.policy}",
         f"jobs:               {len(result.jobs)}",
         f"average JCT:        {result.average_jct:,.1f} s ({result.average_jct / 3600:.2f} h)",
+        f"p99 JCT:            {result.p99_jct:,.1f} s ({result.p99_jct / 3600:.2f} h)",
         f"makespan:           {result.makespan:,.1f} s ({result.makespan / 3600:.2f} h)",
         f"utilization:        {result.utilization:.3f}",
+        f"worst FTF ratio:    {result.worst_ftf:.2f}",
+        f"cost:               ${result.cost:,.2f}",
         f"rounds:             {result.rounds}",
         f"allocations:        {result.allocations}",
+        f"rescales:           {result.rescales}",
+        f"simulated in:       {result.wall_seconds:.1f} s",
+        "",
+        f"{'JOB':>5}  {'TYPE':<34} {'GPUS':>4} {'ARRIVAL':>10} {'FINISH':>11} {'JCT':>11} "
+        f"{'FTF':>5}",
     ]
-    if result.rescales:
-        lines.append(f"rescales:           {result.rescales}")
-    lines.append(f"simulated in:       {result.wall_seconds:.1f} s")
-    lines.append("")
-    lines.append(f"{'JOB':>5}  {'TYPE':<34} {'GPUS':>4} {'ARRIVAL':>10} {'FINISH':>11} {'JCT':>11}")
     for job in result.jobs:
         lines.append(
             f"{job.job_id:>5}  {job.job_type:<34} {job.scale_factor:>4} "
-            f"{job.arrival_time:>10.0f} {job.finish_time:>11.1f} {job.jct:>11.1f}"
+            f"{job.arrival_time:>10.0f} {job.finish_time:>11.1f} {job.jct:>11.1f} {job.ftf:>5.2f}"
+        )
+    return "\n".join(lines)
+
+
+def render_comparison(results: list[SimulationResult]) -> str:
+    """One row per policy; the last column is avg JCT relative to the first row's."""
+    base = results[0].average_jct or 1.0
+    lines = [
+        f"{'POLICY':<34} {'AVG JCT h':>9} {'P99 JCT h':>9} {'MAKESPAN h':>10} {'UTIL':>5} "
+        f"{'RESCALES':>8} {'WORST FTF':>9} {'COST $':>9} {'VS FIRST':>8}"
+    ]
+    for r in results:
+        lines.append(
+            f"{r.policy:<34} {r.average_jct / 3600:>9.2f} {r.p99_jct / 3600:>9.2f} "
+            f"{r.makespan / 3600:>10.2f} {r.utilization:>5.2f} {r.rescales:>8} "
+            f"{r.worst_ftf:>9.2f} {r.cost:>9.0f} {base / (r.average_jct or 1.0):>7.2f}x"
         )
     return "\n".join(lines)
 
@@ -196,14 +323,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        result = run(args)
+        results = run(args)
     except ValidationError as exc:
         print(f"gearshift simulate: error: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
     except SimulationError as exc:
         print(f"gearshift simulate: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    print(json.dumps(result.to_json(), indent=2) if args.json else render(result))
+    if args.json:
+        payload: object = (
+            [r.to_json() for r in results] if args.compare is not None else results[0].to_json()
+        )
+        print(json.dumps(payload, indent=2))
+    elif args.compare is not None:
+        print(render_comparison(results))
+    else:
+        print(render(results[0]))
     return EXIT_OK
 
 

@@ -109,3 +109,44 @@ def test_solvers_by_problem_class() -> None:
     assert make_policy("hierarchical").problem_class == "milp"
     assert make_policy("finish_time_fairness").problem_class == "conic"
     assert make_policy("las").problem_class == "lp"
+
+
+def test_finish_time_fairness_denominator_is_the_isolated_time_accrued() -> None:
+    """Themis's rho by hand. One V100; job a (10,000 steps at 1 step/s) arrived 20,000 s ago
+    and has run nothing, job b just arrived. Isolated share: half the V100, so a's
+    isolated finish is 10,000 / 0.5 = 20,000 s and t_iso = 0 (no steps done yet):
+        rho_a = (20,000 + 10,000 / x) / 20,000 = 1 + 0.5 / x,   rho_b = 0.5 / (1 - x).
+    Equal at x^2 = 0.5: a gets 0.707 of the V100. Dividing by the elapsed time instead
+    (20,000 + 20,000) would give 2x^2 + x - 1 = 0: x = 0.5."""
+    inp = PolicyInput.create(
+        ["a", "b"],
+        ["v100"],
+        [[1.0], [1.0]],
+        [1],
+        steps_remaining=[10_000, 5_000],
+        times_since_start=[20_000, 0],
+    )
+    x = make_policy("finish_time_fairness").allocate(inp).fractions.ravel()
+    assert x[0] == pytest.approx(0.5**0.5, abs=2e-3)
+    assert x[1] == pytest.approx(1 - 0.5**0.5, abs=2e-3)
+
+
+def test_finish_time_fairness_counts_isolated_time_from_steps_done() -> None:
+    """Gavel's ledger: after a runs 4,000 steps (isolated rate 0.5 step/s), t_iso = 8,000 s.
+    Next allocation, 1,000 s later: rho_a = (21,000 + 6,000 / x) / (8,000 + 12,000)."""
+    policy = make_policy("finish_time_fairness")
+    first = dict(steps_remaining=[10_000, 5_000], times_since_start=[20_000, 0])
+    policy.allocate(PolicyInput.create(["a", "b"], ["v100"], [[1.0], [1.0]], [1], **first))
+    later = dict(steps_remaining=[6_000, 5_000], times_since_start=[21_000, 1_000])
+    x = policy.allocate(
+        PolicyInput.create(["a", "b"], ["v100"], [[1.0], [1.0]], [1], **later)
+    ).fractions.ravel()
+    assert policy.isolated_time == pytest.approx({"a": 8_000.0, "b": 0.0})
+    # rho_a = (21,000 + 6,000/x) / 20,000; rho_b = (1,000 + 5,000/(1-x)) / 10,000: equal where
+    # 20,000 (1,000 + 5,000/(1-x)) = 10,000 (21,000 + 6,000/x) -> solved numerically below.
+    from scipy.optimize import brentq
+
+    want = brentq(
+        lambda v: (21_000 + 6_000 / v) / 20_000 - (1_000 + 5_000 / (1 - v)) / 10_000, 1e-3, 0.999
+    )
+    assert x[0] == pytest.approx(want, abs=2e-3)

@@ -78,7 +78,10 @@ def test_text_report_through_the_gearshift_cli(gavel_data: Path, tmp_path: Path)
         (["--policy", "nope"], "--policy: unknown policy 'nope'"),
         (["--cluster", "a100=4"], "--cluster: no throughputs for types ['a100']"),
         (["--cluster", "v100"], "--cluster: 'v100' is not TYPE=COUNT"),
-        (["--elastic", "--policy", "max_min_fairness"], "--policy: --elastic runs one of"),
+        (["--elastic", "--policy", "fifo"], "--policy: 'fifo' has no elastic form"),
+        (["--compare", "las,nope"], "--compare: unknown policy 'nope'"),
+        (["--compare", "fast:las"], "--compare: 'fast:las': the prefix is elastic: or rigid:"),
+        (["--prices", "v100=cheap"], "--prices: 'v100=cheap' is not TYPE=DOLLARS_PER_HOUR"),
     ],
 )
 def test_bad_input_exits_2_naming_the_flag(

@@ -26,8 +26,10 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
+from gearshift.scheduler.policies.configs import Configurations, ElasticAllocation
+
 FloatArray = npt.NDArray[np.float64]
-ProblemClass = Literal["lp", "conic", "milp", "greedy"]
+ProblemClass = Literal["lp", "lp_vertex", "conic", "milp", "greedy"]
 EntityPolicy = Literal["fairness", "fifo"]
 
 
@@ -53,7 +55,12 @@ class PolicyInput:
     is an (n, 2) array of the two jobs' steps/s when they share devices of each
     type (space sharing). deadlines are seconds from now to each job's SLO
     (inf: none). previous is the allocation in force (sticky policies such as
-    Gavel's FIFO keep a job on its type).
+    Gavel's FIFO keep a job on its type). costs are dollars per device-hour of
+    each type.
+
+    Elastic problems (`configs` set; see policies.configs): throughputs[m, j] is
+    job m's rate on ONE device of type j, scale factors are 1, and the rows of
+    `configs` are what the job may run on.
     """
 
     job_ids: tuple[str, ...]
@@ -72,6 +79,8 @@ class PolicyInput:
     colocated: Mapping[tuple[int, int], FloatArray] = field(default_factory=dict)
     previous: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     seed: int = 0
+    configs: Configurations | None = None
+    max_devices: FloatArray | None = None  # elastic: each job's most devices
 
     @staticmethod
     def create(
@@ -92,6 +101,8 @@ class PolicyInput:
         colocated: Mapping[tuple[int, int], FloatArray] | None = None,
         previous: Mapping[str, Mapping[str, float]] | None = None,
         seed: int = 0,
+        configs: Configurations | None = None,
+        max_devices: Sequence[float] | FloatArray = (),
     ) -> PolicyInput:
         """Build an input with defaults: scale factor 1, weight 1, 1 step left, no SLO,
         cost 1 per device-hour, every job in one entity "default" of weight 1."""
@@ -120,11 +131,17 @@ class PolicyInput:
             colocated=dict(colocated or {}),
             previous=dict(previous or {}),
             seed=seed,
+            configs=configs,
+            max_devices=_array(max_devices, m, 1.0) if configs is not None else None,
         )
 
     @property
     def num_jobs(self) -> int:
         return len(self.job_ids)
+
+    @property
+    def elastic(self) -> bool:
+        return self.configs is not None
 
     @property
     def num_types(self) -> int:
@@ -213,10 +230,28 @@ class Policy(abc.ABC):
     problem_class: ClassVar[ProblemClass] = "lp"
     heterogeneity_aware: bool = True
     skip_zero_priority: ClassVar[bool] = False
+    has_elastic_form: ClassVar[bool] = False
 
     @abc.abstractmethod
     def solve(self, inp: PolicyInput) -> Allocation:
         """The allocation for `inp`; raises PolicyError when it cannot compute one."""
+
+    def solve_elastic(self, inp: PolicyInput) -> ElasticAllocation:
+        """Time shares of configurations for an elastic input (inp.configs is set)."""
+        raise PolicyError(f"{self.name} has no elastic form")
+
+    def allocate_elastic(self, inp: PolicyInput) -> ElasticAllocation:
+        """solve_elastic(), with the empty cases handled once for every policy."""
+        if inp.configs is None:
+            raise ValueError("allocate_elastic needs an input with configurations")
+        if (
+            inp.num_jobs == 0
+            or inp.configs.num_rows == 0
+            or float(inp.num_workers.sum()) <= 0
+            or not np.any(inp.configs.rates > 0)
+        ):
+            return ElasticAllocation.empty(inp.worker_types, inp.job_ids)
+        return self.solve_elastic(inp)
 
     def allocate(self, inp: PolicyInput) -> Allocation:
         """solve(), with the empty cases handled once for every policy."""
@@ -364,9 +399,22 @@ def scaled_throughputs(
     return matrix @ cp.vec(x, order="C")
 
 
+def agnostic_throughputs(throughputs: FloatArray) -> FloatArray:
+    """Every type a job can run on counted as fast as its mean over those types."""
+    runs = throughputs > 0
+    count = np.maximum(runs.sum(axis=1, keepdims=True), 1)
+    mean = np.where(runs, throughputs, 0.0).sum(axis=1, keepdims=True) / count
+    return np.asarray(np.where(runs, mean, 0.0), dtype=np.float64)
+
+
 def job_speed_matrix(inp: PolicyInput, heterogeneity_aware: bool) -> FloatArray:
     """The throughputs a policy reasons with: the real ones, or (heterogeneity-agnostic)
-    1 wherever the job can run, so every type looks alike (Gavel's agnostic baselines)."""
+    1 wherever the job can run, so every type looks alike (Gavel's agnostic baselines).
+
+    Elastic inputs are agnostic through their configuration rates (built with each
+    job's mean speed on every type); their one-device rates follow suit."""
     if heterogeneity_aware:
         return inp.throughputs
+    if inp.configs is not None:
+        return agnostic_throughputs(inp.throughputs)
     return (inp.throughputs > 0).astype(np.float64)

@@ -5,7 +5,9 @@ arrival order m = 0..M-1, maximize sum_m (M - m) * scale_factor_m *
 throughput(m, X) / throughput(m, X_fastest), where X_fastest puts the job on its
 fastest type. The decreasing weights make an earlier job win a device over a
 later one; the scale factor (as for LAS, section 4.1) compares jobs per device,
-so a 4-device job is not outweighed by four later 1-device jobs. LP.
+so a 4-device job is not outweighed by four later 1-device jobs. LP. Elastic
+(policies.configs): the same sum over configuration rows, each job's throughput
+divided by its fastest configuration's.
 
 `QueueFifo` is the queue Gavel's reference implementation runs under the names
 `fifo` (heterogeneity-agnostic: a random type among those with room) and
@@ -34,6 +36,7 @@ from gearshift.scheduler.policies.base import (
     scaled_throughputs,
     validity_constraints,
 )
+from gearshift.scheduler.policies.configs import ConfigProblem, ElasticAllocation
 
 
 class Fifo(Policy):
@@ -41,6 +44,7 @@ class Fifo(Policy):
 
     name: str = "fifo_lp"
     problem_class: ClassVar[ProblemClass] = "lp"
+    has_elastic_form: ClassVar[bool] = True
 
     def __init__(self, *, heterogeneity_aware: bool = True) -> None:
         self.heterogeneity_aware = heterogeneity_aware
@@ -58,6 +62,18 @@ class Fifo(Policy):
             cp.Problem(cp.Maximize(objective), validity_constraints(x, inp)), "lp", what=self.name
         )
         return Allocation.singles(inp, np.asarray(x.value, dtype=np.float64))
+
+    def solve_elastic(self, inp: PolicyInput) -> ElasticAllocation:
+        assert inp.configs is not None
+        m = inp.num_jobs
+        best = np.maximum(inp.configs.best_rates(m), 1e-12)
+        order = (m - np.arange(m)) / m
+        problem = ConfigProblem(m, inp.num_workers, inp.configs)
+        objective = cp.sum(problem.throughput(order / best))
+        solvers.solve(
+            cp.Problem(cp.Maximize(objective), problem.validity()), "lp_vertex", what=self.name
+        )
+        return problem.allocation(inp.job_ids, inp.worker_types)
 
 
 class QueueFifo(Policy):

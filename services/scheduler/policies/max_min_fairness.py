@@ -13,6 +13,14 @@ min() of linear functions is concave but not an LP objective as written; the
 solved LP is the standard epigraph form: maximize t subject to
 scaled_throughput(m, X) >= t for every m, plus the validity constraints.
 Without space sharing, interchangeable jobs share a row (base.Groups).
+
+Elastic (policies.configs): the same max-min over configuration rows, a job's
+level being throughput(m, x) / (w_m * its rate on an equal share of ONE device),
+the equal share weighting each type by its count - for a rigid job exactly
+Gavel's level. Max-min fixes only the lowest level, and a vertex may leave
+devices idle that nobody's minimum needs, so a second LP keeps every level at
+least t* and maximizes the sum of levels (every job gains where it can without
+lowering the minimum).
 """
 
 from __future__ import annotations
@@ -36,6 +44,11 @@ from gearshift.scheduler.policies.base import (
     scaled_throughputs,
     validity_constraints,
 )
+from gearshift.scheduler.policies.configs import (
+    ConfigProblem,
+    ElasticAllocation,
+    row_signatures,
+)
 
 
 def fairness_factors(inp: PolicyInput, speeds: FloatArray, weights: FloatArray) -> FloatArray:
@@ -49,10 +62,20 @@ class MaxMinFairness(Policy):
 
     name: str = "las"
     problem_class: ClassVar[ProblemClass] = "lp"
+    has_elastic_form: ClassVar[bool] = True
 
-    def __init__(self, *, heterogeneity_aware: bool = True, space_sharing: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        heterogeneity_aware: bool = True,
+        space_sharing: bool = False,
+        tiebreak: str = "sum",
+        slack: float = 1e-6,
+    ) -> None:
         self.heterogeneity_aware = heterogeneity_aware
         self.space_sharing = space_sharing
+        self.tiebreak = tiebreak
+        self.slack = slack
 
     def solve(self, inp: PolicyInput) -> Allocation:
         speeds = job_speed_matrix(inp, self.heterogeneity_aware)
@@ -90,3 +113,40 @@ class MaxMinFairness(Policy):
         solvers.solve(cp.Problem(cp.Maximize(t), constraints), "lp", what=self.name)
         value = groups.expand(np.asarray(x.value, dtype=np.float64), inp.num_jobs)
         return Allocation.singles(inp, value)
+
+    def solve_elastic(self, inp: PolicyInput) -> ElasticAllocation:
+        configs = inp.configs
+        assert configs is not None
+        speeds = job_speed_matrix(inp, self.heterogeneity_aware)
+        factor = fairness_factors(inp, speeds, inp.priority_weights)
+        signatures = row_signatures(configs, inp.num_jobs)
+        problem = ConfigProblem(
+            inp.num_jobs,
+            inp.num_workers,
+            configs,
+            group_keys=[(sig, float(f)) for sig, f in zip(signatures, factor, strict=True)],
+        )
+        level = problem.throughput(factor)
+        best = configs.best_rates(inp.num_jobs)[problem.first]
+        runnable = np.flatnonzero((best > 0) & (factor[problem.first] > 0))
+        validity = problem.validity()
+        if runnable.size == 0:
+            return ElasticAllocation.empty(inp.worker_types, inp.job_ids)
+        t = cp.Variable()
+        solvers.solve(
+            cp.Problem(cp.Maximize(t), [*validity, level[runnable] >= t]),
+            "lp_vertex",
+            what=self.name,
+        )
+        floor = float(t.value) * (1 - self.slack)
+        if self.tiebreak == "finish":
+            speed = problem.throughput(1.0 / np.maximum(inp.steps_remaining, 1e-9))
+            total = problem.counts[runnable] @ speed[runnable]
+        else:
+            total = problem.counts[runnable] @ level[runnable]
+        solvers.solve(
+            cp.Problem(cp.Maximize(total), [*validity, level[runnable] >= floor]),
+            "lp_vertex",
+            what=f"{self.name} (efficiency)",
+        )
+        return problem.allocation(inp.job_ids, inp.worker_types)

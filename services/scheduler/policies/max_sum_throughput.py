@@ -2,6 +2,7 @@
 
 Throughputs are summed as measured (steps/s), as in the paper and Gavel's
 `max_sum_throughput_perf`; jobs whose steps are cheap therefore weigh more.
+Elastic: the same sum over configuration rows (policies.configs).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gearshift.scheduler.policies.base import (
     scaled_throughputs,
     validity_constraints,
 )
+from gearshift.scheduler.policies.configs import ConfigProblem, ElasticAllocation
 
 
 class MaxSumThroughput(Policy):
@@ -27,6 +29,7 @@ class MaxSumThroughput(Policy):
 
     name: str = "max_sum_throughput"
     problem_class: ClassVar[ProblemClass] = "lp"
+    has_elastic_form: ClassVar[bool] = True
 
     def solve(self, inp: PolicyInput) -> Allocation:
         x = cp.Variable((inp.num_jobs, inp.num_types))
@@ -35,3 +38,12 @@ class MaxSumThroughput(Policy):
             cp.Problem(cp.Maximize(total), validity_constraints(x, inp)), "lp", what=self.name
         )
         return Allocation.singles(inp, np.asarray(x.value, dtype=np.float64))
+
+    def solve_elastic(self, inp: PolicyInput) -> ElasticAllocation:
+        assert inp.configs is not None
+        problem = ConfigProblem(inp.num_jobs, inp.num_workers, inp.configs)
+        total = cp.sum(problem.throughput())
+        solvers.solve(
+            cp.Problem(cp.Maximize(total), problem.validity()), "lp_vertex", what=self.name
+        )
+        return problem.allocation(inp.job_ids, inp.worker_types)

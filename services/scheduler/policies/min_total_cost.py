@@ -13,14 +13,20 @@ every constraint on X multiplied by s:
   s.t. sum cost_j sf_m Y[m, j] = 1;  0 <= Y <= s;  sum_j Y[m, j] <= s;
        sum_m sf_m Y[m, j] <= N_j s;  throughput(m, Y) >= (steps_m / deadline_m) s,
 then X = Y / s. When the SLOs cannot all be met the SLO constraints are dropped
-(logged), as Gavel does.
+(logged), as Gavel does. Costs are the input's dollars per device-hour of each
+type (`--prices`; Gavel's public cloud prices by default).
+
+Elastic (policies.configs): the same transformation over configuration rows; a
+row costs its devices times their prices, and best_m is the job's fastest
+configuration's rate.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import ClassVar
+from collections.abc import Callable
+from typing import ClassVar, TypeVar
 
 import cvxpy as cp
 import numpy as np
@@ -34,8 +40,10 @@ from gearshift.scheduler.policies.base import (
     ProblemClass,
     scaled_throughputs,
 )
+from gearshift.scheduler.policies.configs import ConfigProblem, ElasticAllocation
 
 log = logging.getLogger("gearshift.scheduler.policies")
+T = TypeVar("T")
 
 
 class MinTotalCost(Policy):
@@ -43,6 +51,7 @@ class MinTotalCost(Policy):
 
     name: str = "min_total_cost"
     problem_class: ClassVar[ProblemClass] = "lp"
+    has_elastic_form: ClassVar[bool] = True
 
     def __init__(self, *, slos: bool = False) -> None:
         self.slos = slos
@@ -65,11 +74,7 @@ class MinTotalCost(Policy):
             cost == 1,
         ]
         if with_slos:
-            for i in range(m):
-                deadline = float(inp.deadlines[i])
-                if math.isfinite(deadline):
-                    need = float(inp.steps_remaining[i]) / max(deadline, 1e-9)
-                    constraints.append(rate[i] >= need * s)
+            constraints.extend(_slo_constraints(inp, rate, s))
         objective = cp.Maximize(cp.sum(scaled_throughputs(y, inp.throughputs, 1.0 / best)))
         solvers.solve(cp.Problem(objective, constraints), "lp", what=self.name)
         scale = float(s.value) if s.value is not None else 0.0
@@ -77,11 +82,47 @@ class MinTotalCost(Policy):
             raise PolicyError(f"{self.name}: degenerate Charnes-Cooper scale {scale}")
         return Allocation.singles(inp, np.asarray(y.value, dtype=np.float64) / scale)
 
+    def _solve_elastic(self, inp: PolicyInput, with_slos: bool) -> ElasticAllocation:
+        assert inp.configs is not None
+        m = inp.num_jobs
+        best = np.maximum(inp.configs.best_rates(m), 1e-12)
+        problem = ConfigProblem(m, inp.num_workers, inp.configs)
+        s = cp.Variable(nonneg=True)
+        constraints = [*problem.validity(scale=s), problem.cost(inp.costs) == 1]
+        if with_slos:
+            constraints.extend(_slo_constraints(inp, problem.throughput(), s))
+        objective = cp.Maximize(cp.sum(problem.throughput(1.0 / best)))
+        solvers.solve(cp.Problem(objective, constraints), "lp_vertex", what=self.name)
+        scale = float(s.value) if s.value is not None else 0.0
+        if scale <= 1e-12:
+            raise PolicyError(f"{self.name}: degenerate Charnes-Cooper scale {scale}")
+        value = np.asarray(problem.x.value, dtype=np.float64) / scale
+        return ElasticAllocation.from_rows(inp.job_ids, inp.worker_types, inp.configs, value)
+
     def solve(self, inp: PolicyInput) -> Allocation:
-        if not self.slos:
-            return self._solve(inp, with_slos=False)
-        try:
-            return self._solve(inp, with_slos=True)
-        except PolicyError as exc:
-            log.warning("SLOs cannot all be met; ignoring them", extra={"error": str(exc)})
-            return self._solve(inp, with_slos=False)
+        return _with_slos_if_possible(self, lambda slos: self._solve(inp, with_slos=slos))
+
+    def solve_elastic(self, inp: PolicyInput) -> ElasticAllocation:
+        return _with_slos_if_possible(self, lambda slos: self._solve_elastic(inp, with_slos=slos))
+
+
+def _slo_constraints(inp: PolicyInput, rate: cp.Expression, s: cp.Variable) -> list[cp.Constraint]:
+    """throughput(m, Y) >= (steps_m / seconds to its deadline) * s for jobs with an SLO."""
+    out: list[cp.Constraint] = []
+    for i in range(inp.num_jobs):
+        deadline = float(inp.deadlines[i])
+        if math.isfinite(deadline):
+            need = float(inp.steps_remaining[i]) / max(deadline, 1e-9)
+            out.append(rate[i] >= need * s)
+    return out
+
+
+def _with_slos_if_possible(policy: MinTotalCost, solve: Callable[[bool], T]) -> T:
+    """With SLOs when asked and they can all be met; else without them (logged)."""
+    if not policy.slos:
+        return solve(False)
+    try:
+        return solve(True)
+    except PolicyError as exc:
+        log.warning("SLOs cannot all be met; ignoring them", extra={"error": str(exc)})
+        return solve(False)

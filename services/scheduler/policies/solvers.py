@@ -6,6 +6,10 @@
   types instead of jumping to a vertex, which is what Gavel's mechanism was
   tuned against; it is also the fastest installed LP solver at 2,048 jobs
   (bench/policies.py). HiGHS is the fallback.
+- LP over elastic configurations (lp_vertex): HiGHS first. Its simplex answers at a
+  vertex, where few configurations of a job have a positive share, so the round
+  mechanism moves jobs between configurations (each move a checkpoint and restart)
+  less often than an interior point spread over the optimal face would make it.
 - conic (inv_pos, SOC, exponential cones): CLARABEL, then SCS.
 - MILP: HiGHS (branch and bound), then SCIPY (also HiGHS underneath).
 """
@@ -13,6 +17,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from functools import cache
 from typing import Any
 
@@ -24,6 +30,7 @@ log = logging.getLogger("gearshift.scheduler.policies")
 
 ORDER: dict[ProblemClass, tuple[str, ...]] = {
     "lp": ("CLARABEL", "HIGHS", "SCS"),
+    "lp_vertex": ("HIGHS", "CLARABEL", "SCS"),
     "conic": ("CLARABEL", "SCS"),
     "milp": ("HIGHS", "SCIPY"),
     "greedy": (),
@@ -35,6 +42,27 @@ _OK = {cp.OPTIMAL, cp.OPTIMAL_INACCURATE}
 def _installed() -> frozenset[str]:
     # cvxpy probes every solver package on each call; once per process is enough.
     return frozenset(cp.installed_solvers())
+
+
+@cache
+def _quiet_highs() -> None:
+    """HiGHS prints a banner on stdout the first time a solver object is made in a process,
+    from C++: make that first one with the stdout file descriptor pointed at /dev/null, so
+    no command's output (JSON included) ever carries it."""
+    try:
+        import highspy  # noqa: PLC0415 - only when HiGHS is about to be used
+    except ImportError:
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 def solvers_for(kind: ProblemClass) -> list[str]:
@@ -50,6 +78,8 @@ def solve(problem: cp.Problem, kind: ProblemClass, *, what: str = "policy") -> s
     """
     statuses: list[str] = []
     for name in solvers_for(kind):
+        if name in ("HIGHS", "SCIPY"):
+            _quiet_highs()
         options: dict[str, Any] = {}
         if name == "SCS":
             options = {"eps_abs": 1e-7, "eps_rel": 1e-7, "max_iters": 200_000}

@@ -27,11 +27,15 @@ permutations), so they share one row of X with a multiplicity in the capacity
 constraint - as Gavel's own implementation groups jobs by type. With 26 job
 types this keeps every LP and MILP small at thousands of jobs (bench/policies.py).
 FIFO entities keep one row per job (their order breaks the symmetry).
+
+Elastic (policies.configs): the same iterations over configuration rows, a
+class's level being its throughput over configurations divided by its rate on
+an equal share of one device (exactly Gavel's level for a rigid job).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -47,6 +51,7 @@ from gearshift.scheduler.policies.base import (
     ProblemClass,
     job_speed_matrix,
 )
+from gearshift.scheduler.policies.configs import ConfigProblem, ElasticAllocation, row_signatures
 
 IMPROVEMENT = 1e-3  # delta: a job "can improve" when it can gain 0.1% more
 TOLERANCE = 1e-5  # relative slack on levels carried between solvers
@@ -65,7 +70,14 @@ class JobClasses:
     priority_weights: FloatArray
 
     @staticmethod
-    def build(inp: PolicyInput, speeds: FloatArray, policies: Mapping[str, str]) -> JobClasses:
+    def build(
+        inp: PolicyInput,
+        speeds: FloatArray,
+        policies: Mapping[str, str],
+        rows: Sequence[object] | None = None,
+    ) -> JobClasses:
+        """Classes of interchangeable jobs; `rows` (elastic) are the jobs' configuration
+        signatures, which then decide who is alike instead of the speeds."""
         groups: dict[object, list[int]] = {}
         for i in range(inp.num_jobs):
             entity = inp.entities[i]
@@ -73,7 +85,9 @@ class JobClasses:
             if policies.get(entity, "fairness") == "fifo":
                 key = ("job", i)
             else:
-                row = tuple(float(v) for v in speeds[i])
+                row = (
+                    tuple(float(v) for v in speeds[i]) if rows is None else (rows[i], speeds[i, 0])
+                )
                 key = (entity, row, float(inp.scale_factors[i]), float(inp.priority_weights[i]))
             groups.setdefault(key, []).append(i)
         members = tuple(tuple(g) for g in groups.values())
@@ -134,6 +148,7 @@ class WaterFilling(Policy):
 
     name: str = "hierarchical"
     problem_class: ClassVar[ProblemClass] = "milp"
+    has_elastic_form: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -149,10 +164,30 @@ class WaterFilling(Policy):
         speeds = job_speed_matrix(inp, self.heterogeneity_aware)
         policies = {**self.entity_policies, **inp.entity_policies}
         classes = JobClasses.build(inp, speeds, policies)
-        k, n = len(classes), inp.num_types
+        shape = _RigidClasses(classes, inp)
+        return Allocation.singles(inp, self._fill(inp, classes, policies, shape))
+
+    def solve_elastic(self, inp: PolicyInput) -> ElasticAllocation:
+        assert inp.configs is not None
+        speeds = job_speed_matrix(inp, self.heterogeneity_aware)
+        policies = {**self.entity_policies, **inp.entity_policies}
+        rows = row_signatures(inp.configs, inp.num_jobs)
+        classes = JobClasses.build(inp, speeds, policies, rows)
+        shape = _ConfigClasses(classes, inp)
+        value = self._fill(inp, classes, policies, shape)
+        return ElasticAllocation.from_rows(inp.job_ids, inp.worker_types, inp.configs, value)
+
+    def _fill(
+        self,
+        inp: PolicyInput,
+        classes: JobClasses,
+        policies: Mapping[str, str],
+        shape: _RigidClasses | _ConfigClasses,
+    ) -> FloatArray:
+        """The water-filling iterations over either shape of X; returns its value per job."""
+        k = len(classes)
         # Both problems are built once with parameters (cvxpy DPP), so every
         # iteration re-solves without compiling again.
-        x = cp.Variable((k, n))
         t = cp.Variable()
         z = cp.Variable(k, boolean=True)
         weight = cp.Parameter(k, nonneg=True)  # per-job weight; 0 for jobs not in the max-min
@@ -160,13 +195,8 @@ class WaterFilling(Policy):
         need = cp.Parameter(k, nonneg=True)  # t* x weight: what the MILP must keep
         better = cp.Parameter(k, nonneg=True)  # (1 + delta) t* x weight
         active = cp.Parameter(k, nonneg=True)  # 1 for jobs in the max-min, else 0
-        level = cp.sum(cp.multiply(classes.speeds * classes.level_factor[:, None], x), axis=1)
-        validity = [
-            x >= 0,
-            cp.sum(x, axis=1) <= 1,
-            (classes.counts * classes.scale_factors) @ x <= inp.num_workers,
-            level >= floor,
-        ]
+        level = shape.level
+        validity = [*shape.validity, level >= floor]
         lp = cp.Problem(cp.Maximize(t), [*validity, level >= cp.multiply(weight, t)])
         milp = cp.Problem(
             cp.Maximize(cp.sum(z)),
@@ -174,7 +204,7 @@ class WaterFilling(Policy):
         )
         frozen = {c for c in range(k) if classes.speeds[c].sum() <= 0}
         floors = np.zeros(k)
-        x_value = np.zeros((k, n))
+        x_value = np.zeros(shape.x.shape)
         self.iterations = []
         while len(frozen) < k and len(self.iterations) <= k:
             weights = class_weights(classes, inp, frozen, policies)
@@ -183,15 +213,15 @@ class WaterFilling(Policy):
                 break
             weight.value = np.where(on, weights, 0.0)
             floor.value = floors * (1 - TOLERANCE)
-            solvers.solve(lp, "lp", what=f"{self.name} LP")
+            solvers.solve(lp, shape.lp_class, what=f"{self.name} LP")
             t_star = float(t.value)
-            x_value = np.asarray(x.value, dtype=np.float64)
+            x_value = np.asarray(shape.x.value, dtype=np.float64)
             need.value = np.where(on, weights * t_star * (1 - TOLERANCE), 0.0)
             better.value = np.where(on, weights * t_star * (1 + IMPROVEMENT), 0.0)
             active.value = on.astype(np.float64)
             solvers.solve(milp, "milp", what=f"{self.name} bottlenecks")
             improvable = np.asarray(z.value).reshape(-1) > 0.5
-            current = (classes.speeds * x_value).sum(axis=1) * classes.level_factor
+            current = shape.levels(x_value)
             stuck = [c for c in range(k) if on[c] and not improvable[c]]
             if not stuck:  # numerically everyone improves: freeze the lowest
                 ratio = np.where(on, current / np.maximum(weights, 1e-300), np.inf)
@@ -207,13 +237,64 @@ class WaterFilling(Policy):
                 j: t_star * float(weights[c]) for c in range(k) if on[c] for j in classes.members[c]
             }
             self.iterations.append(
-                Iteration(t_star, frozen_jobs, guaranteed, self._expand(classes, x_value, inp))
+                Iteration(t_star, frozen_jobs, guaranteed, shape.expand(x_value))
             )
-        return Allocation.singles(inp, self._expand(classes, x_value, inp))
+        return shape.expand(x_value)
 
-    @staticmethod
-    def _expand(classes: JobClasses, x: FloatArray, inp: PolicyInput) -> FloatArray:
-        out = np.zeros((inp.num_jobs, inp.num_types))
-        for c, members in enumerate(classes.members):
+
+class _RigidClasses:
+    """X over (class, type): Gavel's shape."""
+
+    lp_class: ProblemClass = "lp"
+
+    def __init__(self, classes: JobClasses, inp: PolicyInput) -> None:
+        self.classes, self.inp = classes, inp
+        self.x = cp.Variable((len(classes), inp.num_types))
+        self.level = cp.sum(
+            cp.multiply(classes.speeds * classes.level_factor[:, None], self.x), axis=1
+        )
+        self.validity = [
+            self.x >= 0,
+            cp.sum(self.x, axis=1) <= 1,
+            (classes.counts * classes.scale_factors) @ self.x <= inp.num_workers,
+        ]
+
+    def levels(self, x: FloatArray) -> FloatArray:
+        out: FloatArray = (self.classes.speeds * x).sum(axis=1) * self.classes.level_factor
+        return out
+
+    def expand(self, x: FloatArray) -> FloatArray:
+        out = np.zeros((self.inp.num_jobs, self.inp.num_types))
+        for c, members in enumerate(self.classes.members):
             out[list(members)] = x[c]
         return out
+
+
+class _ConfigClasses:
+    """x over configuration rows of each class (policies.configs)."""
+
+    lp_class: ProblemClass = "lp_vertex"
+
+    def __init__(self, classes: JobClasses, inp: PolicyInput) -> None:
+        assert inp.configs is not None
+        of_job = np.zeros(inp.num_jobs, dtype=np.intp)
+        for c, members in enumerate(classes.members):
+            of_job[list(members)] = c
+        factor = np.zeros(inp.num_jobs)
+        factor[of_job >= 0] = classes.level_factor[of_job]
+        self.problem = ConfigProblem(
+            inp.num_jobs, inp.num_workers, inp.configs, group_keys=[int(c) for c in of_job]
+        )
+        self._factor = factor
+        self.x = self.problem.x
+        self.level = self.problem.throughput(factor)
+        self.validity = self.problem.validity()
+
+    def levels(self, x: FloatArray) -> FloatArray:
+        p = self.problem
+        out = np.zeros(p.num_groups)
+        np.add.at(out, p.row_group, p.rates * x * self._factor[p.first][p.row_group])
+        return out
+
+    def expand(self, x: FloatArray) -> FloatArray:
+        return self.problem.expand(x)

@@ -1,0 +1,309 @@
+"""Gavel's round mechanism for elastic jobs: from time shares of configurations to rounds.
+
+An elastic objective (policies.configs) gives x[m, c], the share of wall-clock
+time job m should spend in device configuration c. As Gavel does for rigid jobs,
+each round serves first the (job, configuration) pairs that received least of
+their share, with the same steps:
+
+1. allocate - recompute x when jobs arrived or left, when the types or a job's
+   configurations changed, or when estimates moved (`stale`), spaced by
+   `min_recompute_seconds`; the ledger starts afresh.
+2. score    - priority = x[m, c] / fraction of time received in c since then,
+   counting half a round as received (as Gavel's Ledger does). A job that never
+   ran scores 1e9 times more (Gavel's rule for new jobs: short jobs must not wait
+   a round behind long ones). A job's current configuration scores
+   (1 + hysteresis) times more: moving costs a checkpoint and a restart.
+3. select   - highest priority first, one configuration per job, while its devices
+   are free.
+4. fill     - work conservation: a running job that was not selected keeps its
+   configuration if its devices are free (no restart is cheaper than any other
+   use of them), waiting jobs start on their smallest configuration that fits,
+   then jobs grow into what is left, the largest gain per device first - a running
+   job only when the gain beats `hysteresis` and pays for its restart within a
+   round (`restart_seconds`).
+5. account  - the time each job ran in its configuration goes to the ledger
+   (the snapshot's `ran` entries).
+
+The ESTs of a chosen configuration are split by EasyScale's planner
+(gearshift.common.estplan.plan_on) with the job's measured capabilities.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from gearshift.common.estplan import plan_on
+from gearshift.scheduler.elastic import ElasticJob, configurations, rate
+from gearshift.scheduler.mechanism import NEW_JOB_PRIORITY_SCALE
+from gearshift.scheduler.pipeline import JobSnapshot, Snapshot, Target
+from gearshift.scheduler.policies.base import EntityPolicy, Policy, PolicyInput
+from gearshift.scheduler.policies.configs import Config, Configurations, ElasticAllocation
+
+Rows = list[tuple[Config, float]]
+
+
+def _signature(rows: Rows) -> tuple[tuple[Config, float], ...]:
+    """Rows with rates to two significant digits: small estimate drifts do not re-solve."""
+
+    def coarse(value: float) -> float:
+        if value <= 0:
+            return 0.0
+        return round(value, 1 - math.floor(math.log10(value)))
+
+    return tuple((c, coarse(r)) for c, r in rows)
+
+
+def fits(config: Config, free: Mapping[str, int]) -> bool:
+    return all(free.get(t, 0) >= n for t, n in config)
+
+
+def _take(free: dict[str, int], config: Config, sign: int = -1) -> None:
+    for t, n in config:
+        free[t] = free.get(t, 0) + sign * n
+
+
+def _within(small: Config, big: Config) -> bool:
+    have = dict(big)
+    return all(have.get(t, 0) >= n for t, n in small)
+
+
+def split_ests(job: ElasticJob, config: Config) -> dict[str, tuple[int, ...]]:
+    """ESTs per device of each type for `config`, by EasyScale's planner."""
+    capability = {t: job.capability.get(t, 0.0) or 1.0 for t, _ in config}
+    plan = plan_on(job.num_ests, dict(config), capability)
+    return {p.accelerator_type: p.ests_per_device for p in plan.placements}
+
+
+@dataclass
+class ElasticRounds:
+    """The allocate stage for an elastic Gavel objective; see the module docstring."""
+
+    policy: Policy
+    round_seconds: float
+    min_recompute_seconds: float = 0.0
+    hysteresis: float = 0.1
+    prices: Mapping[str, float] = field(default_factory=dict)
+    entity_weights: Mapping[str, float] = field(default_factory=dict)
+    entity_policies: Mapping[str, EntityPolicy] = field(default_factory=dict)
+    seed: int = 0
+    replans_on_events: bool = True
+    shares: dict[str, dict[Config, float]] = field(default_factory=dict)
+    received: dict[str, dict[Config, float]] = field(default_factory=dict)
+    last_reset: float = 0.0
+    stale: bool = True
+    solves: int = 0
+    _known: dict[str, object] = field(default_factory=dict)
+    _types: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    # The stage -----------------------------------------------------------------
+    def allocate(self, snapshot: Snapshot) -> dict[str, Target]:
+        capacity = snapshot.capacity
+        models = {job.job_id: self._model(job) for job in snapshot.jobs}
+        rows = {job_id: configurations(model, capacity) for job_id, model in models.items()}
+        for ran in snapshot.ran:  # step 5 of the last round
+            entry = self.received.setdefault(ran.job_id, {})
+            entry[ran.config] = entry.get(ran.config, 0.0) + ran.seconds
+        self._sync(snapshot, rows)
+        if self.stale and self._due(snapshot.now):
+            self._recompute(snapshot, models, rows)
+        chosen = self._select(snapshot, rows, capacity)
+        chosen = self._fill(snapshot, models, rows, capacity, chosen)
+        return {
+            job_id: Target(job_id, config, split_ests(models[job_id], config))
+            for job_id, config in chosen.items()
+        }
+
+    # Step 1 ----------------------------------------------------------------------
+    def _model(self, job: JobSnapshot) -> ElasticJob:
+        model = job.elastic_job()
+        if self.policy.heterogeneity_aware:
+            return model
+        speeds = [model.capability[t] for t in model.types()]
+        mean = float(np.mean(speeds)) if speeds else 0.0
+        return replace(model, capability={t: mean for t in model.types()})
+
+    def _sync(self, snapshot: Snapshot, rows: Mapping[str, Rows]) -> None:
+        ids = {job.job_id for job in snapshot.jobs}
+        for job_id in [j for j in self._known if j not in ids]:
+            del self._known[job_id]
+            self.shares.pop(job_id, None)
+            self.received.pop(job_id, None)
+            self.stale = True
+        types = tuple(snapshot.worker_types)
+        if types != self._types:
+            self._types = types
+            self.stale = True
+        for job in snapshot.jobs:
+            key = (_signature(rows[job.job_id]), job.priority_weight, job.entity)
+            if self._known.get(job.job_id) != key:
+                self._known[job.job_id] = key
+                self.stale = True
+
+    def _due(self, now: float) -> bool:
+        return self.last_reset == 0.0 or now - self.last_reset >= self.min_recompute_seconds
+
+    def _recompute(
+        self,
+        snapshot: Snapshot,
+        models: Mapping[str, ElasticJob],
+        rows: Mapping[str, Rows],
+    ) -> None:
+        jobs = [job for job in snapshot.jobs if rows[job.job_id]]
+        types = snapshot.worker_types
+        capacity = snapshot.capacity
+        now = snapshot.now
+        configs = Configurations.build(types, [rows[job.job_id] for job in jobs])
+        unit = np.array(
+            [[self._unit_rate(job, models[job.job_id], t) for t in types] for job in jobs]
+        )
+        inp = PolicyInput.create(
+            [job.job_id for job in jobs],
+            types,
+            unit.reshape(len(jobs), len(types)),
+            [capacity[t] for t in types],
+            priority_weights=[job.priority_weight for job in jobs],
+            steps_remaining=[job.steps_remaining for job in jobs],
+            times_since_start=[now - job.arrival_time for job in jobs],
+            deadlines=[job.deadline - now for job in jobs],
+            costs=[self.prices.get(t, 1.0) for t in types],
+            entities=[job.entity for job in jobs],
+            entity_weights=self.entity_weights,
+            entity_policies=self.entity_policies,
+            seed=self.seed,
+            configs=configs,
+            max_devices=[models[job.job_id].most for job in jobs],
+        )
+        result: ElasticAllocation = self.policy.allocate_elastic(inp)
+        self.shares = {job_id: dict(v) for job_id, v in result.shares.items()}
+        self.received = {}
+        self.last_reset = now
+        self.stale = False
+        self.solves += 1
+
+    @staticmethod
+    def _unit_rate(job: JobSnapshot, model: ElasticJob, kind: str) -> float:
+        """The job's rate on one device of `kind`: for a rigid job its rate on its devices
+        divided by their number (Gavel's normalization), else one device's rate."""
+        if kind not in model.types():
+            return 0.0
+        if job.rigid:
+            return rate(model, {kind: model.max_devices}) / model.max_devices
+        return model.capability[kind] * model.scaling(1) / model.slowdown
+
+    # Steps 2-3 -------------------------------------------------------------------
+    def _select(
+        self, snapshot: Snapshot, rows: Mapping[str, Rows], capacity: Mapping[str, int]
+    ) -> dict[str, Config]:
+        elapsed = max(snapshot.now - self.last_reset, 0.0)
+        half = self.round_seconds / 2.0
+        ranked: list[tuple[float, float, float, int, str, Config]] = []
+        for order, job in enumerate(snapshot.jobs):
+            allowed = {c for c, _ in rows[job.job_id]}
+            got = self.received.get(job.job_id, {})
+            for config, share in self.shares.get(job.job_id, {}).items():
+                if share <= 0 or config not in allowed:
+                    continue
+                fraction = (half + got.get(config, 0.0)) / (half + elapsed)
+                priority = share / fraction
+                if job.attained_seconds <= 0:  # never ran: first, as Gavel's new jobs
+                    priority *= NEW_JOB_PRIORITY_SCALE
+                if config == job.current:
+                    priority *= 1.0 + self.hysteresis
+                deficit = share * elapsed - got.get(config, 0.0)
+                ranked.append((priority, deficit, share, -order, job.job_id, config))
+        ranked.sort(key=lambda c: c[:4], reverse=True)
+        free = dict(capacity)
+        chosen: dict[str, Config] = {}
+        for *_, job_id, config in ranked:
+            if job_id not in chosen and fits(config, free):
+                chosen[job_id] = config
+                _take(free, config)
+        return chosen
+
+    # Step 4 ----------------------------------------------------------------------
+    def _fill(
+        self,
+        snapshot: Snapshot,
+        models: Mapping[str, ElasticJob],
+        rows: Mapping[str, Rows],
+        capacity: Mapping[str, int],
+        chosen: dict[str, Config],
+    ) -> dict[str, Config]:
+        free = dict(capacity)
+        for config in chosen.values():
+            _take(free, config)
+        rates = {job_id: dict(r) for job_id, r in rows.items()}
+        for job in snapshot.jobs:  # keep running where nothing else wants the devices
+            kept = job.job_id not in chosen and job.current in rates[job.job_id]
+            if kept and fits(job.current, free):
+                chosen[job.job_id] = job.current
+                _take(free, job.current)
+        for job in snapshot.jobs:  # start waiting jobs small
+            if job.job_id in chosen or not rows[job.job_id]:
+                continue
+            for config, _ in rows[job.job_id]:  # smallest first
+                if fits(config, free):
+                    chosen[job.job_id] = config
+                    _take(free, config)
+                    break
+        by_id = {job.job_id: job for job in snapshot.jobs}
+        while any(n > 0 for n in free.values()):
+            best: tuple[float, str, Config] | None = None
+            for job_id, config in chosen.items():
+                job = by_id[job_id]
+                now_rate = rates[job_id].get(config, 0.0)
+                unit = max(models[job_id].capability.values(), default=1.0) or 1.0
+                for bigger, bigger_rate in rates[job_id].items():
+                    if bigger == config or not _within(config, bigger):
+                        continue
+                    extra = {t: n - dict(config).get(t, 0) for t, n in bigger}
+                    if not fits(tuple(extra.items()), free):
+                        continue
+                    gain = bigger_rate - now_rate
+                    if gain <= 0:
+                        continue
+                    if (
+                        job.current
+                        and job.current == config
+                        and not self._worth(job, now_rate, bigger_rate)
+                    ):
+                        continue
+                    added = sum(extra.values())
+                    score = gain / unit / max(added, 1)
+                    if best is None or score > best[0]:
+                        best = (score, job_id, bigger)
+            if best is None:
+                break
+            _, job_id, bigger = best
+            _take(free, chosen[job_id], sign=+1)
+            chosen[job_id] = bigger
+            _take(free, bigger)
+        return chosen
+
+    def _worth(self, job: JobSnapshot, now_rate: float, new_rate: float) -> bool:
+        """Whether a running job should restart to go from now_rate to new_rate."""
+        if now_rate <= 0:
+            return True
+        if new_rate < now_rate * (1.0 + self.hysteresis):
+            return False
+        # The restart must pay for itself within a round.
+        return (new_rate - now_rate) * self.round_seconds > new_rate * job.restart_seconds
+
+
+def describe_shares(shares: Mapping[str, Mapping[Config, float]]) -> dict[str, list[str]]:
+    """Human-readable x (for logs and tests): job -> ["2xv100: 0.50", ...]."""
+    return {
+        job: [
+            "+".join(f"{n}x{t}" for t, n in config) + f": {share:.2f}"
+            for config, share in sorted(rows.items(), key=lambda item: -item[1])
+        ]
+        for job, rows in shares.items()
+    }
