@@ -5,6 +5,7 @@ daemon and rank 0 tell it (register, heartbeats, leases, progress, TaskFinished)
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -127,7 +128,10 @@ def start_worker(
             "--stop-timeout",
             "30",
         ],
-        env={"PYTHONPATH": str(REPO)},
+        # The repository first (tests.integration.worker_jobs), then what the path held.
+        env={
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        },
     )
 
 
