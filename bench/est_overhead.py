@@ -136,6 +136,39 @@ class PlainLoop:
         job.optimizer.zero_grad(set_to_none=True)
 
 
+def runtime(
+    job: Workload,
+    ests: int,
+    steps: int,
+    workdir: Path,
+    device: str,
+    *,
+    on_progress: Callable[[Any], None] | None = None,
+) -> Any:
+    """A Trainer of `ests` ESTs in this process (after the global generators are seeded
+    from the job seed, as a training process does), reporting every step."""
+    import torch
+
+    from gearshift.worker.runtime.job import load_job
+    from gearshift.worker.runtime.process import seed_globals
+    from gearshift.worker.runtime.settings import RunSettings
+    from gearshift.worker.runtime.trainer import Trainer
+
+    settings = RunSettings(
+        num_ests=ests, global_batch_size=ests * job.per_est, total_steps=steps, log_every=1
+    )
+    seed_globals(settings.seed)
+    return Trainer(
+        load_job(job.module, job.config),
+        settings,
+        [list(range(ests))],
+        0,
+        workdir,
+        device=torch.device(device),
+        on_progress=on_progress,
+    )
+
+
 def interleaved(
     job: Workload, ests: int, steps: int, workdir: Path, device: str
 ) -> tuple[float, float, float]:
@@ -145,22 +178,11 @@ def interleaved(
     steps, outside every EST context), so both see the same machine load. Returns
     (median runtime/plain time ratio, median runtime s/step, median plain s/step).
     """
-    import torch
-
     from gearshift.worker.runtime.control import Progress
-    from gearshift.worker.runtime.job import load_job
-    from gearshift.worker.runtime.process import seed_globals
-    from gearshift.worker.runtime.settings import RunSettings
-    from gearshift.worker.runtime.trainer import Trainer
 
     warm = 3
-    batch = ests * job.per_est
     plain = PlainLoop(job, ests, device)
     clock = step_clock(device)
-    settings = RunSettings(
-        num_ests=ests, global_batch_size=batch, total_steps=steps + warm, log_every=1
-    )
-    seed_globals(settings.seed)
     ours: list[float] = []
     theirs: list[float] = []
     last_exit = [0.0]
@@ -175,15 +197,7 @@ def interleaved(
             theirs.append(done - entry)
         last_exit[0] = done
 
-    Trainer(
-        load_job(job.module, job.config),
-        settings,
-        [list(range(ests))],
-        0,
-        workdir,
-        device=torch.device(device),
-        on_progress=progress,
-    ).run()
+    runtime(job, ests, steps + warm, workdir, device, on_progress=progress).run()
     ratio = statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
     return ratio, statistics.median(ours), statistics.median(theirs)
 
@@ -219,26 +233,6 @@ def eight_ests_vs_accumulation(
     }
 
 
-def _runtime_steps(job: Workload, ests: int, steps: int, workdir: Path, device: str) -> None:
-    import torch
-
-    from gearshift.worker.runtime.job import load_job
-    from gearshift.worker.runtime.process import seed_globals
-    from gearshift.worker.runtime.settings import RunSettings
-    from gearshift.worker.runtime.trainer import Trainer
-
-    settings = RunSettings(num_ests=ests, global_batch_size=ests * job.per_est, total_steps=steps)
-    seed_globals(settings.seed)
-    Trainer(
-        load_job(job.module, job.config),
-        settings,
-        [list(range(ests))],
-        0,
-        workdir,
-        device=torch.device(device),
-    ).run()
-
-
 def _child(args: argparse.Namespace) -> None:
     """Run one side of the memory comparison in this process and print its peaks; on a GPU,
     wait for stdin to close before exiting, so that the parent reads the device's memory
@@ -248,7 +242,7 @@ def _child(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     job = MEMORY_WORKLOADS[args.workload]
     if args.child == "ests":
-        _runtime_steps(job, args.count, args.steps, args.workdir, args.device)
+        runtime(job, args.count, args.steps, args.workdir, args.device).run()
     else:
         plain = PlainLoop(job, 1, args.device)
         for _ in range(args.steps):
