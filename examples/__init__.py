@@ -5,4 +5,6 @@
 - gearshift.examples.tiny_lm: small transformer language model with dropout on synthetic
   text; Adam; step LR.
 - gearshift.examples.mlp: MLP on synthetic clusters; SGD with momentum or Adam; step LR.
+- gearshift.examples.resnet: ResNet-style CNN (BatchNorm, dropout, random shifts and flips)
+  on synthetic images; SGD with momentum; step LR. Sized up, it keeps a GPU busy.
 """

@@ -19,6 +19,12 @@ from gearshift.client.processes import DaemonProcess, start_daemon
 REQUIRE_SERVICES = os.environ.get("GEARSHIFT_REQUIRE_SERVICES") == "1"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Here rather than in pyproject.toml: the marker belongs to the tests that need a GPU
+    # (`pytest -m gpu`, run by bench/gpu_checks.py on a machine that has one).
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
+
+
 def _unavailable(reason: str) -> None:
     if REQUIRE_SERVICES:
         pytest.fail(f"{reason} (GEARSHIFT_REQUIRE_SERVICES=1)")

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +43,8 @@ from gearshift.common.jobspec import validate_job_spec, with_defaults
 from gearshift.common.sharding import num_shards
 from gearshift.common.validation import check_name, require
 from gearshift.v1 import common_pb2, worker_pb2
+from gearshift.worker.gpus import VISIBLE_VARIABLE, task_gpus
+from gearshift.worker.runtime.backend import choose_backend
 
 DETERMINISM = {
     common_pb2.DETERMINISM_LEVEL_UNSPECIFIED: "D1",
@@ -78,6 +80,7 @@ class TaskPlan:
     ranks: tuple[int, ...]  # local ranks
     mapping: tuple[int, ...]  # ESTs per rank, whole placement
     device_of: dict[int, int]  # local rank -> device index on this worker
+    devices: tuple[tuple[str, int], ...]  # (worker id, device index) of every rank, in order
     total_steps: int
     checkpoint_dir: Path
     rendezvous: str
@@ -94,6 +97,20 @@ class TaskPlan:
         if self.spec.dataset.mode == common_pb2.DATA_MODE_DYNAMIC:
             return "dynamic"
         return "deterministic" if self.endpoints.shard_manager else "local"
+
+    @property
+    def backend(self) -> str:
+        """The backend of every process of the job on GPUs (see gpus.py)."""
+        return choose_backend("cuda", self.devices)
+
+    def environment(
+        self, rank: int, settings: CommandSettings, env: Mapping[str, str]
+    ) -> dict[str, str]:
+        """The environment of local rank `rank`: `env`, plus the GPUs it sees on CUDA."""
+        out = dict(env)
+        if settings.accelerator == "cuda":
+            out[VISIBLE_VARIABLE] = task_gpus(self.device_of)[rank].visible
+        return out
 
     def command(
         self, rank: int, settings: CommandSettings, task_dir: Path, config_file: Path
@@ -113,7 +130,8 @@ class TaskPlan:
             cmd += ["--master-addr", self.rendezvous]
         cmd += ["--timeout", str(settings.process_group_timeout)]
         if settings.accelerator == "cuda":
-            cmd += ["--device", "cuda"]
+            local = task_gpus(self.device_of)[rank].local_device
+            cmd += ["--device", "cuda", "--local-device", str(local), "--backend", self.backend]
         e = self.endpoints
         cmd += ["--job-id", self.job_id, "--task-id", self.task_id]
         cmd += ["--dataset-id", self.dataset_id, "--accelerator-type", self.accelerator_type]
@@ -283,6 +301,10 @@ def plan_task(
         ranks=tuple(sorted(device_of)),
         mapping=mapping,
         device_of=device_of,
+        devices=tuple(
+            (p.worker_id, p.device_index)
+            for p in sorted(request.placement.processes, key=lambda p: p.rank)
+        ),
         total_steps=total_steps(spec),
         checkpoint_dir=Path(request.checkpoint_dir).absolute(),
         rendezvous=request.rendezvous_address,

@@ -60,7 +60,11 @@ OPTIONS = [
     ),
     Option(
         "accelerator",
-        "what a device is: cpu (a CPU slot, gloo) or cuda (device i is GPU i, NCCL)",
+        "what a device is: cpu (a CPU slot; a job's processes talk over gloo) or cuda "
+        "(device i is GPU i; each process of a task sees the task's GPUs on this worker in "
+        "CUDA_VISIBLE_DEVICES and takes its own; a job's processes talk over NCCL when each "
+        "has a GPU of its own, as the scheduler's placements give, else over gloo with host "
+        "copies)",
         "cpu",
         choices=["cpu", "cuda"],
     ),

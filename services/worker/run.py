@@ -1,6 +1,7 @@
 """`python -m gearshift.worker.run`: train a job with N ESTs on P local processes, or be one.
 
-Local launcher (spawns P processes, gloo on 127.0.0.1):
+Local launcher (spawns P processes on this machine, rendezvous on 127.0.0.1; gloo on CPU,
+on GPU see --backend):
 
     python -m gearshift.worker.run --job gearshift.examples.digits_cnn --ests 4 --procs 3 \\
         --mapping 2,1,1 --steps 300 --checkpoint-dir ckpt [--resume] [--determinism D1]
@@ -36,6 +37,7 @@ from typing import Any
 from gearshift.common.errors import ValidationError
 from gearshift.common.ports import free_port
 from gearshift.worker.command import DEFAULT_CHECKPOINT_EVERY, load_spec_file, spec_args
+from gearshift.worker.runtime.backend import BACKENDS
 from gearshift.worker.runtime.determinism import environment
 from gearshift.worker.runtime.settings import (
     Determinism,
@@ -112,6 +114,20 @@ def build_parser() -> argparse.ArgumentParser:
     one.add_argument("--world-size", type=int, help="P, with --rank")
     one.add_argument("--master-addr", default="", help="HOST:PORT where rank 0 listens")
     one.add_argument("--timeout", type=float, default=600.0, help="process group timeout (s)")
+    one.add_argument(
+        "--local-device",
+        type=int,
+        help="with --device cuda: this process's GPU, an index among the visible ones "
+        "(CUDA_VISIBLE_DEVICES); default: rank mod the number visible; needs --backend",
+    )
+    one.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="the process group's backend; auto: gloo on CPU, and on CUDA nccl when the "
+        "processes, all on this machine with rank r on visible GPU r mod their number, each "
+        "get a GPU of their own, gloo (host copies) when some share one",
+    )
     svc = parser.add_argument_group(
         "services (set by a worker daemon; the token comes from GEARSHIFT_TOKEN)"
     )
@@ -296,6 +312,8 @@ def run_one(
         resume=args.resume,
         threads=threads,
         device=args.device,
+        local_device=args.local_device,
+        backend=args.backend,
         loss_log=args.loss_log,
         timeout_s=args.timeout,
     )
@@ -315,6 +333,8 @@ def run_one(
             "grad_bytes": result.grad_bytes,
             "peak_rss_bytes": result.peak_rss_bytes,
             "digest": result.digest,
+            "device": result.device,
+            "backend": result.backend,
         }
         (args.stats_dir / f"rank{rank}.json").write_text(json.dumps(stats, indent=1))
     if rank == 0:
@@ -347,6 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings, mapping, threads = resolve(args)
         config = _config(args)
         if args.rank is None:
+            if args.local_device is not None:
+                raise ValidationError("--local-device", "is for one process of a job (--rank)")
             return launch(argv, settings, mapping, threads)
         if not 0 <= args.rank < len(mapping):
             raise ValidationError("--rank", f"must be between 0 and {len(mapping) - 1}")

@@ -112,9 +112,7 @@ class Task:
         self.plan.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         try:
             for rank in self.plan.ranks:
-                child_env = dict(env)
-                if settings.accelerator == "cuda":
-                    child_env["CUDA_VISIBLE_DEVICES"] = str(self.plan.device_of[rank])
+                child_env = self.plan.environment(rank, settings, env)
                 argv = self.plan.command(rank, settings, self.task_dir, config_file)
                 # D2 pins kernels through variables torch reads at import: a fresh interpreter.
                 forkable = self.plan.spec.determinism != common_pb2.DETERMINISM_LEVEL_D2

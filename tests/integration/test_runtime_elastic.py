@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 CNN = "gearshift.examples.digits_cnn"
 LM = "gearshift.examples.tiny_lm"
 MLP = "gearshift.examples.mlp"
+RESNET = "gearshift.examples.resnet"
 TIMEOUT_S = 600
 
 
@@ -140,6 +141,7 @@ def test_cnn_n4_is_bitwise_equal_on_every_placement_and_through_rescales(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cnn_on_one_gpu_one_process_equals_two_processes_sharing_it(tmp_path: Path) -> None:
     """The GPU check: (a) 1 process x 4 ESTs vs (b) 2 x 2, both on one GPU, under D1."""
@@ -211,6 +213,13 @@ def test_language_model_with_adam(tmp_path: Path) -> None:
     staged = tmp_path / "staged"
     launch(staged, LM, 4, 1, 50)
     assert_same(reference, launch(staged, LM, 4, 2, steps, "--resume"))
+
+
+def test_resnet_is_bitwise_equal_on_one_and_two_processes(tmp_path: Path) -> None:
+    """The example the GPU benchmark sizes up: BatchNorm in every block, shifts and flips."""
+    steps = 6
+    one = launch(tmp_path / "one", RESNET, 2, 1, steps)
+    assert_same(one, launch(tmp_path / "two", RESNET, 2, 2, steps))
 
 
 def test_d2_pins_the_thread_count_whatever_processes_are_given(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ daemon and rank 0 tell it (register, heartbeats, leases, progress, TaskFinished)
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
 import subprocess
@@ -18,6 +20,7 @@ from typing import Any
 
 import grpc
 import pytest
+import torch
 
 from gearshift.client.processes import DaemonProcess
 from gearshift.common.auth import BearerTokenServerInterceptor
@@ -106,11 +109,12 @@ def fake() -> Iterator[tuple[FakeScheduler, str]]:
 
 
 def start_worker(
-    daemons: DaemonFactory, scheduler: str, tmp_path: Path, devices: str = "cpu:2"
+    daemons: DaemonFactory, scheduler: str, tmp_path: Path, devices: str = "cpu:2", *extra: str
 ) -> DaemonProcess:
     return daemons(
         "worker",
         [
+            *extra,
             "--scheduler",
             scheduler,
             "--devices",
@@ -124,7 +128,10 @@ def start_worker(
             "--stop-timeout",
             "30",
         ],
-        env={"PYTHONPATH": str(REPO)},
+        # The repository first (tests.integration.worker_jobs), then what the path held.
+        env={
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        },
     )
 
 
@@ -173,7 +180,7 @@ def status(daemon: DaemonProcess, task_id: str) -> C.TaskStatus:
         return stub.GetTaskStatus(worker_pb2.GetTaskStatusRequest(task_id=task_id))
 
 
-def local_digest(tmp_path: Path, job_spec: C.JobSpec) -> str:
+def local_digest(tmp_path: Path, job_spec: C.JobSpec, *extra: str) -> str:
     """The same job run by the runtime's launcher on one process."""
     run = subprocess.run(
         [
@@ -200,6 +207,7 @@ def local_digest(tmp_path: Path, job_spec: C.JobSpec) -> str:
             str(job_spec.dataset.size),
             "--checkpoint-dir",
             str(tmp_path / "local"),
+            *extra,
         ],
         check=True,
         capture_output=True,
@@ -310,6 +318,64 @@ def test_a_crashing_training_process_is_reported_failed_with_its_error(
     assert final.exit_code == 1
     assert "RuntimeError: boom after 7 forward passes" in final.message, final.message
     assert final.message.startswith("rank ")
+
+
+def gpu_request(tmp_path: Path, task_id: str, job_spec: C.JobSpec, devices: list[int]) -> Any:
+    """start_request with rank r on device devices[r] of worker wA (ESTs: 3 + 1, or all 4)."""
+    request = start_request(tmp_path, task_id, job_spec)
+    if len(devices) == 1:
+        del request.placement.processes[1:]
+        request.placement.processes[0].est_ids[:] = [0, 1, 2, 3]
+        del request.local_ranks[1:]
+    for process, device in zip(request.placement.processes, devices, strict=True):
+        process.device_index = device
+    return request
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="reads the error of a GPU-less machine")
+def test_cuda_processes_are_shown_their_tasks_gpus(
+    daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
+) -> None:
+    """Ranks on devices 3 and 1 both see CUDA_VISIBLE_DEVICES=1,3 (and take their own by
+    position, --local-device: see tests/unit/test_worker_gpus.py); without a GPU the
+    runtime says what it was shown and exits 2."""
+    recorder, address = fake
+    worker = start_worker(daemons, address, tmp_path, "h100:4", "--accelerator", "cuda")
+    with connect(worker.address) as channel:
+        worker_pb2_grpc.WorkerAgentStub(channel).StartTask(
+            gpu_request(tmp_path, "t-gpus", spec(5), [3, 1])
+        )
+    final = finished(recorder, "t-gpus")
+    assert final.state == C.TASK_STATE_FAILED and final.exit_code == 2, final.message
+    shown = "--device: cuda was asked for but no GPU is visible (CUDA_VISIBLE_DEVICES=1,3)"
+    assert shown in final.message, final.message
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_cuda_task_trains_on_its_gpus_with_nccl_between_them(
+    daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
+) -> None:
+    """Two processes on two GPUs talk over NCCL (one process on a one-GPU machine) and end
+    with the digest of one launcher process with 4 ESTs on the GPU."""
+    recorder, address = fake
+    gpus = torch.cuda.device_count()
+    devices = [0, 1] if gpus >= 2 else [0]
+    worker = start_worker(daemons, address, tmp_path, f"gpu:{gpus}", "--accelerator", "cuda")
+    job_spec = spec(20)
+    with connect(worker.address) as channel:
+        worker_pb2_grpc.WorkerAgentStub(channel).StartTask(
+            gpu_request(tmp_path, "t-cuda", job_spec, devices)
+        )
+    final = finished(recorder, "t-cuda")
+    assert final.state == C.TASK_STATE_COMPLETED, final.message
+    stats_dir = tmp_path / "work" / "tasks" / "t-cuda" / "stats"
+    stats = [json.loads((stats_dir / f"rank{r}.json").read_text()) for r in range(len(devices))]
+    backend = "nccl" if len(devices) > 1 else "none"
+    assert [(s["device"], s["backend"]) for s in stats] == [
+        (f"cuda:{d}", backend) for d in range(len(devices))
+    ]
+    assert final.digest == local_digest(tmp_path, job_spec, "--device", "cuda")
 
 
 def test_stop_without_checkpoint_terminates(

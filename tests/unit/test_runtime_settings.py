@@ -59,6 +59,7 @@ def test_bad_settings_name_the_flag() -> None:
         (["--procs", "3", "--threads", "1,2"], "--threads: '1,2': give one count >= 1"),
         (["--config", "[1]"], "--config: must be a JSON object"),
         (["--config", "{x"], "--config: is not valid JSON"),
+        (["--local-device", "0"], "--local-device: is for one process of a job (--rank)"),
     ],
 )
 def test_launcher_refuses_bad_input_before_starting_anything(

@@ -7,8 +7,9 @@ listens.
 
 from __future__ import annotations
 
+import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import torch.distributed as dist
 
 from gearshift.common.errors import ValidationError
 from gearshift.worker.runtime import determinism
+from gearshift.worker.runtime.backend import choose_device
 from gearshift.worker.runtime.comm import Comm
 from gearshift.worker.runtime.control import ProgressCallback
 from gearshift.worker.runtime.data import DataSource
@@ -43,6 +45,8 @@ class ProcessSpec:
     resume: bool = False
     threads: int = 1  # intra-op threads this process is given (D2 overrides)
     device: str = "cpu"
+    local_device: int | None = None  # index among the visible GPUs (default: rank mod count)
+    backend: str = "auto"  # auto, nccl or gloo (see backend.py)
     loss_log: Path | None = None
     timeout_s: float = 600.0
 
@@ -57,19 +61,26 @@ def seed_globals(seed: int) -> None:
 
 def _device(spec: ProcessSpec) -> tuple[torch.device, str, torch.device]:
     """(device, backend, device the backend sends from) for this process."""
-    if spec.device == "cpu":
-        return torch.device("cpu"), "gloo", torch.device("cpu")
-    if spec.device != "cuda":
-        raise ValidationError("--device", f"{spec.device!r} is not cpu or cuda")
-    if not torch.cuda.is_available():
-        raise ValidationError("--device", "cuda was asked for but no GPU is visible")
-    count = torch.cuda.device_count()
-    device = torch.device("cuda", spec.rank % count)
+    cuda = spec.device == "cuda"
+    visible = torch.cuda.device_count() if cuda and torch.cuda.is_available() else 0
+    if cuda and visible == 0:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+        raise ValidationError(
+            "--device", f"cuda was asked for but no GPU is visible (CUDA_VISIBLE_DEVICES={shown})"
+        )
+    choice = choose_device(
+        spec.device,
+        spec.rank,
+        len(spec.mapping),
+        visible,
+        local_device=spec.local_device,
+        backend=spec.backend,
+    )
+    if choice.gpu is None:
+        return torch.device("cpu"), choice.backend, torch.device("cpu")
+    device = torch.device("cuda", choice.gpu)
     torch.cuda.set_device(device)
-    # NCCL needs one GPU per process; several processes on one GPU use gloo via host copies.
-    if len(spec.mapping) <= count:
-        return device, "nccl", device
-    return device, "gloo", torch.device("cpu")
+    return device, choice.backend, device if choice.on_gpu_transport else torch.device("cpu")
 
 
 def run_process(
@@ -101,6 +112,8 @@ def run_process(
             rank=spec.rank,
             world_size=procs,
             timeout=timedelta(seconds=spec.timeout_s),
+            # NCCL binds its communicator to this process's GPU (barriers included).
+            device_id=device if backend == "nccl" else None,
         )
     try:
         trainer = Trainer(
@@ -119,7 +132,8 @@ def run_process(
             loss_log=spec.loss_log,
             record_losses=record_losses,
         )
-        return trainer.run()
+        result = trainer.run()
     finally:
         if procs > 1:
             dist.destroy_process_group()
+    return replace(result, device=str(device), backend=backend if procs > 1 else "none")

@@ -71,6 +71,8 @@ class RunResult:
     peak_rss_bytes: int = 0
     checkpoint: Path | None = None
     est_losses: list[list[float]] = field(default_factory=list)  # per step run, per EST
+    device: str = ""  # where the ESTs trained (cpu, cuda:I)
+    backend: str = ""  # the process group's backend (gloo, nccl; none for one process)
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
