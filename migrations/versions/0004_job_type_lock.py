@@ -22,9 +22,7 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("sched_jobs") as batch:  # batch: SQLite alters by copying
-        batch.add_column(
-            sa.Column("locked_type", sa.String(64), nullable=False, server_default="")
-        )
+        batch.add_column(sa.Column("locked_type", sa.String(64), nullable=False, server_default=""))
 
 
 def downgrade() -> None:

@@ -40,6 +40,7 @@ class GavelRounds:
     def __init__(self, mechanism: RoundScheduler) -> None:
         self.mechanism = mechanism
         self._last: dict[str, Combo] = {}
+        self._capacity: dict[str, int] = {}
 
     @property
     def name(self) -> str:
@@ -48,6 +49,10 @@ class GavelRounds:
     def allocate(self, snapshot: Snapshot) -> dict[str, Target]:
         mech = self.mechanism
         types = snapshot.worker_types
+        if snapshot.capacity != self._capacity:  # a worker joined or was lost: X now
+            if self._capacity:
+                mech.workers_changed()
+            self._capacity = snapshot.capacity
         seen: set[Combo] = set()
         for ran in snapshot.ran:  # account the last round, as Gavel: once per combination
             combo = self._last.get(ran.job_id, (ran.job_id,))

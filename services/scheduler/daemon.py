@@ -13,16 +13,16 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from gearshift.common.config import Option
+from gearshift.common.config import Option, parse_bool
 from gearshift.common.daemon import Daemon, outgoing_tls, run_daemon, server_options
 from gearshift.common.db import database_options, migrate_main, open_database
-from gearshift.common.errors import GearshiftError
+from gearshift.common.errors import GearshiftError, ValidationError
 from gearshift.common.server import GrpcServer, register
+from gearshift.scheduler.allocators import allocator_names, make_allocator
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.datasets import DatasetKeeper
-from gearshift.scheduler.elastic import ELASTIC_POLICIES
-from gearshift.scheduler.policies import policy_names
 from gearshift.scheduler.policies.base import EntityPolicy
+from gearshift.scheduler.prices import parse_prices
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.servicer import JobServicer, WorkerRegistryServicer
 from gearshift.scheduler.store import SqlStore
@@ -39,11 +39,38 @@ OPTIONS = [
     *database_options(DEFAULT_DATABASE),
     Option(
         "policy",
-        "allocation policy: elastic EST jobs (easyscale, easyscale_homo), the rigid FIFO gang "
-        "baseline (yarn_cs), or a Gavel policy run in rounds (e.g. las, max_min_fairness_perf, "
-        "fifo, finish_time_fairness, makespan, hierarchical)",
+        "allocation policy: EasyScale's greedy allocator over elastic EST jobs (easyscale, "
+        "easyscale_homo), the rigid FIFO gang baseline (yarn_cs), or a Gavel objective run in "
+        "rounds (e.g. las, finish_time_fairness, max_sum_throughput, makespan, "
+        "min_total_cost, min_total_cost_slo, hierarchical) - over rigid jobs, or with "
+        "--elastic over elastic ones",
         "easyscale",
-        choices=sorted([*policy_names(), *ELASTIC_POLICIES]),
+        choices=allocator_names(),
+    ),
+    Option(
+        "elastic",
+        "Gavel objectives: jobs are elastic (any device count within their bounds; D2 jobs "
+        "may mix types) and the objective allocates over device configurations",
+        False,
+        parse_bool,
+    ),
+    Option(
+        "hysteresis",
+        "elastic objectives: least relative gain for which a running job is resized",
+        0.1,
+        float,
+    ),
+    Option(
+        "prices",
+        "dollars per device-hour for the cost policies, TYPE=PRICE,... (default Google "
+        "Cloud's on-demand prices Gavel used: v100=2.48,p100=1.46,k80=0.45,t4=0.35)",
+        "",
+    ),
+    Option(
+        "estimate_refresh_seconds",
+        "how often a job's throughput estimates are asked of the Brain again, seconds",
+        60.0,
+        float,
     ),
     Option("round_seconds", "length of a scheduling round, seconds", 360.0, float),
     Option(
@@ -136,6 +163,15 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         raise ValueError("--heartbeat-timeout must exceed --heartbeat-interval")
     if config.max_restarts < 0:
         raise ValueError("--max-restarts must be >= 0")
+    if config.hysteresis < 0:
+        raise ValueError("--hysteresis must be >= 0")
+    if config.estimate_refresh_seconds <= 0:
+        raise ValueError("--estimate-refresh-seconds must be > 0")
+    try:
+        prices = parse_prices(config.prices)
+        make_allocator(config.policy, elastic=config.elastic, field_name="--policy")
+    except ValidationError as exc:
+        raise ValueError(exc.message) from None
     if not 1024 <= config.rendezvous_port_base <= 65000:
         raise ValueError("--rendezvous-port-base must be between 1024 and 65000")
     weights: dict[str, float] = {}
@@ -153,6 +189,10 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         policies[tenant] = "fifo" if value == "fifo" else "fairness"
     return SchedulerSettings(
         policy=config.policy,
+        elastic=config.elastic,
+        hysteresis=config.hysteresis,
+        prices=prices,
+        estimate_refresh_seconds=config.estimate_refresh_seconds,
         tenant_weights=weights,
         tenant_policies=policies,
         round_seconds=config.round_seconds,

@@ -15,13 +15,17 @@ their share, with the same steps:
    (1 + hysteresis) times more: moving costs a checkpoint and a restart.
 3. select   - highest priority first, one configuration per job, while its devices
    are free.
-4. fill     - work conservation: a running job that was not selected keeps its
+4. hold     - hysteresis: a running job is not grown or moved for a gain below
+   `hysteresis` (or one its restart would not pay for within a round); it keeps its
+   configuration if that is still free. Shrinking to make room for others is not
+   held back: that is what fairness asks.
+5. fill     - work conservation: a running job that was not selected keeps its
    configuration if its devices are free (no restart is cheaper than any other
    use of them), waiting jobs start on their smallest configuration that fits,
    then jobs grow into what is left, the largest gain per device first - a running
    job only when the gain beats `hysteresis` and pays for its restart within a
    round (`restart_seconds`).
-5. account  - the time each job ran in its configuration goes to the ledger
+6. account  - the time each job ran in its configuration goes to the ledger
    (the snapshot's `ran` entries).
 
 The ESTs of a chosen configuration are split by EasyScale's planner
@@ -115,6 +119,7 @@ class ElasticRounds:
         if self.stale and self._due(snapshot.now):
             self._recompute(snapshot, models, rows)
         chosen = self._select(snapshot, rows, capacity)
+        chosen = self._hold(snapshot, rows, capacity, chosen)
         chosen = self._fill(snapshot, models, rows, capacity, chosen)
         return {
             job_id: Target(job_id, config, split_ests(models[job_id], config))
@@ -229,6 +234,33 @@ class ElasticRounds:
         return chosen
 
     # Step 4 ----------------------------------------------------------------------
+    def _hold(
+        self,
+        snapshot: Snapshot,
+        rows: Mapping[str, Rows],
+        capacity: Mapping[str, int],
+        chosen: dict[str, Config],
+    ) -> dict[str, Config]:
+        free = dict(capacity)
+        for config in chosen.values():
+            _take(free, config)
+        for job in snapshot.jobs:
+            new = chosen.get(job.job_id)
+            old = job.current
+            if not old or new is None or new == old or (_within(new, old) and new != old):
+                continue  # not running, stopped, unchanged, or shrunk for others
+            rates = dict(rows[job.job_id])
+            if old not in rates or self._worth(job, rates[old], rates.get(new, 0.0)):
+                continue
+            _take(free, new, sign=+1)
+            if fits(old, free):
+                chosen[job.job_id] = old
+                _take(free, old)
+            else:
+                _take(free, new)
+        return chosen
+
+    # Step 5 ----------------------------------------------------------------------
     def _fill(
         self,
         snapshot: Snapshot,

@@ -142,8 +142,15 @@ class Target:
 class Allocator(Protocol):
     """The allocate stage: a policy plugin."""
 
-    name: str
-    replans_on_events: bool  # re-plan at arrivals and completions, not only at rounds
+    @property
+    def name(self) -> str:
+        """The policy's name (logs, results)."""
+        ...
+
+    @property
+    def replans_on_events(self) -> bool:
+        """Whether to re-plan at arrivals and completions, not only at rounds."""
+        ...
 
     def allocate(self, snapshot: Snapshot) -> dict[str, Target]:
         """Each job's target; jobs that get nothing are left out."""

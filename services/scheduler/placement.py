@@ -53,6 +53,7 @@ def place(
         if target.job_id in out:
             continue
         shared = [p for p in target.partners if p in out]
+        picked: list[Device] | None
         if shared:  # space sharing: the partner's devices, this job's ESTs
             picked = [d for d, _ in out[shared[0]]]
         else:

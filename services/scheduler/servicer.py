@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 import grpc
 
 from gearshift.common.config import host_port
+from gearshift.common.errors import UnimplementedError
 from gearshift.common.jobspec import validate_job_spec, with_defaults
 from gearshift.common.validation import (
     check_enum,
@@ -173,6 +174,11 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         self, request: scheduler_pb2.GetClusterStateRequest, context: grpc.ServicerContext
     ) -> scheduler_pb2.ClusterState:
         return self.scheduler.cluster_state()
+
+    def StreamJobLogs(
+        self, request: scheduler_pb2.StreamJobLogsRequest, context: grpc.ServicerContext
+    ) -> Iterator[scheduler_pb2.LogLine]:
+        raise UnimplementedError("StreamJobLogs is not implemented yet")
 
 
 class WorkerRegistryServicer(scheduler_pb2_grpc.WorkerRegistryServicer):

@@ -28,9 +28,9 @@ from gearshift.common.errors import ValidationError
 from gearshift.common.gavel import ThroughputTable, load_throughputs
 from gearshift.scheduler.allocators import GREEDY, allocator_names, make_allocator
 from gearshift.scheduler.policies import describe, make_policy, policy_names
+from gearshift.scheduler.prices import parse_prices
 from gearshift.scheduler.simulator import (
     DETERMINISM_CHOICES,
-    GAVEL_PRICES,
     GAVEL_RECOMPUTE_SECONDS,
     SimulationError,
     SimulationResult,
@@ -40,21 +40,6 @@ from gearshift.scheduler.trace import TraceJob, generate_workload, read_trace, w
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_CLUSTER = "v100=8,p100=16,k80=24"
-
-
-def parse_prices(text: str, field: str = "--prices") -> dict[str, float]:
-    """ "v100=2.48,k80=0.45" -> dollars per device-hour of each type (others: Gavel's)."""
-    out = dict(GAVEL_PRICES)
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, value = item.partition("=")
-        try:
-            price = float(value)
-        except ValueError:
-            price = -1.0
-        if not sep or not name or price < 0:
-            raise ValidationError(field, f"{item!r} is not TYPE=DOLLARS_PER_HOUR (>= 0)")
-        out[name.strip()] = price
-    return out
 
 
 def parse_cluster(text: str, field: str = "--cluster") -> dict[str, int]:

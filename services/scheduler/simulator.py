@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from gearshift.common.gavel import JobKey, ThroughputTable
@@ -57,13 +57,11 @@ from gearshift.scheduler.pipeline import Allocator, JobSnapshot, Ran, Snapshot, 
 from gearshift.scheduler.placement import Assignment, count_by_type
 from gearshift.scheduler.policies.base import Policy
 from gearshift.scheduler.policies.configs import Config, config_of, config_size
+from gearshift.scheduler.prices import GAVEL_PRICES
 from gearshift.scheduler.trace import TraceJob
 
 # Gavel's simulator spaces allocation recomputations by at least this long.
 GAVEL_RECOMPUTE_SECONDS = 1920.0
-# Dollars per device-hour: the public cloud on-demand GPU prices Gavel's evaluation uses
-# (Google Cloud: V100 $2.48, P100 $1.46, K80 $0.45, T4 $0.35).
-GAVEL_PRICES: dict[str, float] = {"v100": 2.48, "p100": 1.46, "k80": 0.45, "t4": 0.35}
 # EasyScale section 5.1.3 / Figure 12: D2 turns off vendor convolution kernels, +236% on
 # average for ResNet50, VGG19, ShuffleNetV2, YOLOv3; < 1% for NeuMF, BERT, Electra, Swin.
 # Gavel's job types by family (an LSTM language model is GEMM work like a transformer's).
@@ -309,9 +307,13 @@ def simulate_pipeline(
     space_sharing: bool = False,
     prices: Mapping[str, float] | None = None,
     name: str | None = None,
+    on_round: Callable[[float, dict[str, Config]], None] | None = None,
+    max_rounds: int | None = None,
 ) -> SimulationResult:
     """Run `workload` (arrival order) to completion through `allocator` and the place stage;
-    see the module docstring."""
+    see the module docstring. `on_round(now, configs)` sees every round's decision (the
+    devices per type of every job that got some); `max_rounds` ends the run early (the
+    result then holds only the jobs that finished)."""
     started = time.perf_counter()
     types = sorted(t for t, n in cluster.items() if n > 0)
     capacity = {t: cluster[t] for t in types}
@@ -341,7 +343,7 @@ def simulate_pipeline(
     rescales = 0
     now = jobs[0].trace.arrival_time if jobs else 0.0
     begin = now
-    while pending or active:
+    while (pending or active) and (max_rounds is None or rounds < max_rounds):
         while pending and pending[0].trace.arrival_time <= now:
             job = pending.popleft()
             active[job.job_id] = _Running(job, float(job.trace.total_steps))
@@ -360,6 +362,11 @@ def simulate_pipeline(
         ran = []
         current = {job_id: r.assignment for job_id, r in active.items() if r.assignment}
         targets, desired = plan_round(snapshot, allocator, current)
+        if on_round is not None:
+            on_round(
+                now,
+                {j: config_of(count_by_type(d for d, _ in a)) for j, a in desired.items() if a},
+            )
         for job_id, r in active.items():
             new = config_of(count_by_type(d for d, _ in desired.get(job_id, ())))
             if new != r.held:
@@ -521,7 +528,7 @@ def _result(
     usage: Sequence[tuple[float, dict[str, int]]],
 ) -> SimulationResult:
     """The metrics of a finished run; job ids are the workload's indices."""
-    ordered = tuple(results[str(i)] for i in range(len(results)))
+    ordered = tuple(results[k] for k in sorted(results, key=int))
     makespan = max((r.finish_time for r in ordered), default=begin) - begin
     total = sum(capacity.values()) * makespan
     return SimulationResult(

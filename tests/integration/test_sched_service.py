@@ -631,11 +631,11 @@ def test_gavel_rounds_time_share_one_device(
 
 
 class ScriptedBrain(brain_pb2_grpc.BrainServicer):
-    """A Brain that answers PlanEsts with an uneven split, or UNIMPLEMENTED."""
+    """A Brain whose estimates say "fast" devices are 3x "slow" ones, or UNIMPLEMENTED."""
 
     def __init__(self, implemented: bool) -> None:
         self.implemented = implemented
-        self.requests: list[brain_pb2.PlanEstsRequest] = []
+        self.requests: list[brain_pb2.EstimateThroughputRequest] = []
         self.events: list[brain_pb2.ReportJobEventRequest] = []
 
     def ReportJobEvent(
@@ -644,26 +644,23 @@ class ScriptedBrain(brain_pb2_grpc.BrainServicer):
         self.events.append(request)
         return brain_pb2.ReportJobEventResponse(recorded=True)
 
-    def PlanEsts(
-        self, request: brain_pb2.PlanEstsRequest, context: grpc.ServicerContext
-    ) -> brain_pb2.EstPlan:
+    def EstimateThroughput(
+        self, request: brain_pb2.EstimateThroughputRequest, context: grpc.ServicerContext
+    ) -> brain_pb2.ThroughputEstimate:
         self.requests.append(request)
         if not self.implemented:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "not yet")
-        kind = request.devices[0].accelerator_type
-        return brain_pb2.EstPlan(
-            assignments=[
-                brain_pb2.EstDeviceAssignment(
-                    accelerator_type=kind, device_count=2, ests_per_device=[3, 1]
-                )
-            ]
-        )
+        speed = 3.0 if request.accelerator_type == "fast" else 1.0
+        return brain_pb2.ThroughputEstimate(steps_per_second=speed * request.device_count)
 
 
 @pytest.mark.parametrize("implemented", [True, False])
-def test_est_split_from_the_brain_or_local(
+def test_est_split_from_the_brains_estimates_or_even(
     daemons: DaemonFactory, postgres_db: str, workers: list[FakeWorker], implemented: bool
 ) -> None:
+    """One planner (EasyScale's Eq. 1) in the scheduler, fed by the Brain's estimates: a D2
+    job of 4 ESTs on one fast and one slow device puts 3 ESTs on the fast one; without
+    estimates every device counts alike and the split is even."""
     brain = ScriptedBrain(implemented)  # type: ignore[abstract]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     brain_pb2_grpc.add_BrainServicer_to_server(brain, server)
@@ -671,15 +668,21 @@ def test_est_split_from_the_brain_or_local(
     server.start()
     try:
         address = scheduler(daemons, postgres_db, "--brain-address", f"127.0.0.1:{port}")
-        workers.append(FakeWorker("w1", address, cpus(2)))
+        devices = [
+            C.DeviceGroup(accelerator_type="fast", count=1),
+            C.DeviceGroup(accelerator_type="slow", count=1),
+        ]
+        workers.append(FakeWorker("w1", address, devices))
         with connect(address) as channel:
             jobs = scheduler_pb2_grpc.JobServiceStub(channel)
-            job_id = jobs.SubmitJob(S.SubmitJobRequest(spec=spec("planned", 4))).job.job_id
+            mixed = spec("planned", 4)
+            mixed.determinism = C.DETERMINISM_LEVEL_D2
+            job_id = jobs.SubmitJob(S.SubmitJobRequest(spec=mixed)).job.job_id
             wait_until(lambda: job_state(jobs, job_id) == C.JOB_STATE_RUNNING, WAIT, "runs")
             placement = jobs.GetJob(S.GetJobRequest(job_id=job_id)).placement
-        counts = sorted(len(p.est_ids) for p in placement.processes)
-        assert brain.requests and brain.requests[0].num_ests == 4
-        assert counts == ([1, 3] if implemented else [2, 2])
+        split = {p.accelerator_type: len(p.est_ids) for p in placement.processes}
+        assert brain.requests and brain.requests[0].job_id == job_id
+        assert split == ({"fast": 3, "slow": 1} if implemented else {"fast": 2, "slow": 2})
         # The Brain hears of the job's life (its histories begin with SUBMITTED and the spec).
         wait_until(lambda: len(brain.events) >= 2, WAIT, "lifecycle events reach the Brain")
         submitted = brain.events[0]
@@ -705,7 +708,7 @@ def test_with_the_real_brain_on_the_same_database(
     daemons: DaemonFactory, postgres_db: str, workers: list[FakeWorker]
 ) -> None:
     """Both daemons migrate the one Alembic history of the shared database; the scheduler's
-    EST plans come from the Brain's PlanEsts and the Brain records the job."""
+    estimates come from the Brain and the Brain records the job."""
     brain = daemons("brain", ["--database-url", postgres_db])
     address = scheduler(daemons, postgres_db, "--brain-address", brain.address)
     workers.append(FakeWorker("w1", address, cpus(2)))

@@ -134,18 +134,33 @@ def test_finish_time_fairness_denominator_is_the_isolated_time_accrued() -> None
 def test_finish_time_fairness_counts_isolated_time_from_steps_done() -> None:
     """Gavel's ledger: after a runs 4,000 steps (isolated rate 0.5 step/s), t_iso = 8,000 s.
     Next allocation, 1,000 s later: rho_a = (21,000 + 6,000 / x) / (8,000 + 12,000)."""
-    policy = make_policy("finish_time_fairness")
-    first = dict(steps_remaining=[10_000, 5_000], times_since_start=[20_000, 0])
-    policy.allocate(PolicyInput.create(["a", "b"], ["v100"], [[1.0], [1.0]], [1], **first))
-    later = dict(steps_remaining=[6_000, 5_000], times_since_start=[21_000, 1_000])
-    x = policy.allocate(
-        PolicyInput.create(["a", "b"], ["v100"], [[1.0], [1.0]], [1], **later)
-    ).fractions.ravel()
-    assert policy.isolated_time == pytest.approx({"a": 8_000.0, "b": 0.0})
-    # rho_a = (21,000 + 6,000/x) / 20,000; rho_b = (1,000 + 5,000/(1-x)) / 10,000: equal where
-    # 20,000 (1,000 + 5,000/(1-x)) = 10,000 (21,000 + 6,000/x) -> solved numerically below.
     from scipy.optimize import brentq
 
+    from gearshift.scheduler.policies.finish_time_fairness import FinishTimeFairness
+
+    policy = FinishTimeFairness()
+    policy.allocate(
+        PolicyInput.create(
+            ["a", "b"],
+            ["v100"],
+            [[1.0], [1.0]],
+            [1],
+            steps_remaining=[10_000, 5_000],
+            times_since_start=[20_000, 0],
+        )
+    )
+    later = PolicyInput.create(
+        ["a", "b"],
+        ["v100"],
+        [[1.0], [1.0]],
+        [1],
+        steps_remaining=[6_000, 5_000],
+        times_since_start=[21_000, 1_000],
+    )
+    x = policy.allocate(later).fractions.ravel()
+    assert policy.isolated_time == pytest.approx({"a": 8_000.0, "b": 0.0})
+    # rho_a = (21,000 + 6,000/x) / 20,000 and rho_b = (1,000 + 5,000/(1-x)) / 10,000 meet at
+    # the optimum; its root, found numerically from that hand-written equation:
     want = brentq(
         lambda v: (21_000 + 6_000 / v) / 20_000 - (1_000 + 5_000 / (1 - v)) / 10_000, 1e-3, 0.999
     )

@@ -33,7 +33,10 @@ def test_defaults_and_flags() -> None:
     assert custom.policy == "hierarchical" and custom.round_seconds == 2.0
     assert custom.tenant_weights == {"research": 1.0, "product": 2.0}
     assert custom.tenant_policies == {"research": "fifo"}
-    assert not custom.elastic and default.elastic
+    assert not custom.elastic and not default.elastic
+    assert default.prices["v100"] == 2.48  # Gavel's public cloud prices
+    elastic = settings("--policy", "las", "--elastic", "--prices", "v100=3", "--hysteresis", "0.3")
+    assert elastic.elastic and elastic.hysteresis == 0.3 and elastic.prices["v100"] == 3.0
 
 
 def test_environment_fallback() -> None:
@@ -50,6 +53,9 @@ def test_environment_fallback() -> None:
         (["--tenant-weights", "a=-1"], "--tenant-weights: weight of 'a' must be > 0"),
         (["--tenant-policies", "a=lifo"], "--tenant-policies: 'lifo' is not fairness or fifo"),
         (["--rendezvous-port-base", "80"], "--rendezvous-port-base must be between"),
+        (["--policy", "fifo", "--elastic"], "--policy: 'fifo' has no elastic form"),
+        (["--prices", "v100=free"], "--prices: 'v100=free' is not TYPE=DOLLARS_PER_HOUR"),
+        (["--hysteresis", "-1"], "--hysteresis must be >= 0"),
     ],
 )
 def test_bad_settings_name_the_flag(argv: list[str], message: str) -> None:

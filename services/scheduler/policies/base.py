@@ -29,6 +29,7 @@ import scipy.sparse as sp
 from gearshift.scheduler.policies.configs import Configurations, ElasticAllocation
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.intp]
 ProblemClass = Literal["lp", "lp_vertex", "conic", "milp", "greedy"]
 EntityPolicy = Literal["fairness", "fifo"]
 
@@ -254,8 +255,15 @@ class Policy(abc.ABC):
         return self.solve_elastic(inp)
 
     def allocate(self, inp: PolicyInput) -> Allocation:
-        """solve(), with the empty cases handled once for every policy."""
-        if inp.num_jobs == 0 or inp.num_types == 0 or float(inp.num_workers.sum()) <= 0:
+        """solve(), with the empty cases handled once for every policy: no job, no device, or
+        no job that can run on the types present (an LP would be unbounded there)."""
+        runnable = inp.throughputs * (inp.num_workers > 0)[None, :] > 0
+        if (
+            inp.num_jobs == 0
+            or inp.num_types == 0
+            or float(inp.num_workers.sum()) <= 0
+            or not runnable.any()
+        ):
             return Allocation(
                 inp.worker_types,
                 tuple((j,) for j in inp.job_ids),

@@ -210,13 +210,12 @@ class ConfigProblem:
         """Per-group row values back to one value per row of `configs` (every member)."""
         out = np.zeros(self.configs.num_rows)
         by_config: dict[tuple[int, object], float] = {}
-        for value_r, r in zip(value, self.rows, strict=True):
-            by_config[(int(self.configs.job[r]), self.configs.configs[r])] = float(value_r)
+        for value_r, row in zip(value, self.rows, strict=True):
+            by_config[(int(self.configs.job[row]), self.configs.configs[row])] = float(value_r)
         group_of_job = {m: g for g, members in enumerate(self.members) for m in members}
         for r in range(self.configs.num_rows):
-            m = int(self.configs.job[r])
-            first = int(self.first[group_of_job[m]])
-            out[r] = by_config.get((first, self.configs.configs[r]), 0.0)
+            lead = int(self.first[group_of_job[int(self.configs.job[r])]])
+            out[r] = by_config.get((lead, self.configs.configs[r]), 0.0)
         return out
 
     def allocation(self, job_ids: Sequence[str], worker_types: Sequence[str]) -> ElasticAllocation:

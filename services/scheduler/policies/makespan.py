@@ -19,6 +19,7 @@ from gearshift.scheduler.policies import solvers
 from gearshift.scheduler.policies.base import (
     Allocation,
     FloatArray,
+    IntArray,
     Policy,
     PolicyInput,
     ProblemClass,
@@ -36,7 +37,7 @@ class Makespan(Policy):
     has_elastic_form: ClassVar[bool] = True
 
     @staticmethod
-    def _factor(inp: PolicyInput, best: FloatArray) -> tuple[FloatArray, FloatArray]:
+    def _factor(inp: PolicyInput, best: FloatArray) -> tuple[FloatArray, IntArray]:
         """(scale / steps per job, runnable job indices)."""
         steps = np.maximum(inp.steps_remaining, 1e-9)
         runnable = best > 0

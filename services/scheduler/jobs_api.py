@@ -1,0 +1,155 @@
+"""The jobs API's domain: submit, get, list, cancel and watch jobs; the cluster's state."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+
+from gearshift.common.errors import NotFoundError, PreconditionError
+from gearshift.scheduler.state import RUNNING_STATES, SchedulerState, new_job_id, total_steps
+from gearshift.scheduler.store import EventRecord, JobRecord
+from gearshift.scheduler.task_control import TaskControl
+from gearshift.v1 import common_pb2, scheduler_pb2
+
+log = logging.getLogger("gearshift.scheduler")
+S = common_pb2
+E = scheduler_pb2
+
+
+class JobsApi:
+    """Jobs as users see them."""
+
+    def __init__(
+        self,
+        state: SchedulerState,
+        control: TaskControl,
+        wake: Callable[[], None],
+        round_number: Callable[[], int],
+        stopped: Callable[[], bool],
+    ) -> None:
+        self.state = state
+        self.control = control
+        self.wake = wake
+        self.round_number = round_number
+        self.stopped = stopped
+
+    def submit(self, spec: common_pb2.JobSpec, key: str) -> tuple[JobRecord, bool]:
+        """Create a job (spec already validated and defaulted); same key -> same job."""
+        state = self.state
+        with state.lock:
+            if key:
+                existing = state.store.find_job_by_key(key)
+                if existing is not None:
+                    return existing, False
+            now = state.clock()
+            job = JobRecord(
+                job_id=new_job_id(),
+                spec=spec,
+                state=S.JOB_STATE_QUEUED,
+                submitted_at=now,
+                idempotency_key=key or None,
+                last_sequence=1,
+            )
+            job.progress.total_steps = total_steps(spec)
+            event = EventRecord(job.job_id, 1, now, E.JOB_EVENT_TYPE_SUBMITTED, job.state, "")
+            try:
+                state.store.create_job(job, event)
+            except Exception:
+                if key:
+                    existing = state.store.find_job_by_key(key)
+                    if existing is not None:  # a concurrent call with the same key won
+                        return existing, False
+                raise
+            state.jobs[job.job_id] = job
+            state.changed.notify_all()
+            state.tell_brain(event, job)
+        log.info("job submitted", extra={"job_id": job.job_id, "job_name": spec.name})
+        self.wake()
+        return job, True
+
+    def get(self, job_id: str) -> JobRecord:
+        with self.state.lock:
+            job = self.state.jobs.get(job_id)
+            if job is not None:
+                return job
+        stored = self.state.store.get_job(job_id)
+        if stored is None:
+            raise NotFoundError("job", job_id)
+        return stored
+
+    def list_jobs(
+        self,
+        *,
+        tenant: str,
+        states: Sequence[int],
+        name_prefix: str,
+        limit: int,
+        after: tuple[float, str] | None,
+    ) -> list[JobRecord]:
+        return self.state.store.list_jobs(
+            tenant=tenant, states=states, name_prefix=name_prefix, limit=limit, after=after
+        )
+
+    def cancel(self, job_id: str, reason: str) -> JobRecord:
+        state = self.state
+        with state.lock:
+            job = state.jobs.get(job_id)
+            if job is None:
+                stored = state.store.get_job(job_id)
+                if stored is None:
+                    raise NotFoundError("job", job_id)
+                raise PreconditionError(
+                    f"job {job_id!r} already ended ({S.JobState.Name(stored.state)})"  # type: ignore[arg-type]
+                )
+            tasks = state.open_tasks(job_id)
+            message = reason or "cancelled by a user"
+            state.finish(job, S.JOB_STATE_CANCELLED, E.JOB_EVENT_TYPE_CANCELLED, message)
+        self.control.kill(tasks, "job cancelled")
+        self.wake()
+        return job
+
+    def watch(self, job_id: str, after: int, active: Callable[[], bool]) -> Iterator[EventRecord]:
+        """Events after `after` until the job ends (and its last event is sent)."""
+        self.get(job_id)  # NotFoundError for an unknown job
+        state = self.state
+        sequence = after
+        while active() and not self.stopped():
+            events = state.store.events_after(job_id, sequence)
+            for event in events:
+                sequence = event.sequence
+                yield event
+            if events:
+                continue
+            with state.changed:
+                job = state.jobs.get(job_id)
+                if job is None:  # ended: everything was committed before it left memory
+                    final = state.store.get_job(job_id)
+                    if final is None or final.last_sequence <= sequence:
+                        return
+                    continue
+                if job.last_sequence <= sequence:
+                    state.changed.wait(timeout=1.0)
+
+    def cluster_state(self) -> E.ClusterState:
+        state = self.state
+        with state.lock:
+            out = E.ClusterState(
+                round=self.round_number(),
+                round_seconds=state.settings.round_seconds,
+                policy=state.settings.policy + (" (elastic)" if state.settings.elastic else ""),
+            )
+            for worker in sorted(state.workers.values(), key=lambda w: w.worker_id):
+                out.workers.add(
+                    worker_id=worker.worker_id,
+                    address=worker.address,
+                    hostname=worker.hostname,
+                    devices=worker.devices,
+                    alive=worker.alive,
+                    last_heartbeat_at=worker.last_heartbeat_at,
+                )
+            for job in sorted(state.jobs.values(), key=lambda j: j.submitted_at):
+                if job.state in RUNNING_STATES and job.placement.processes:
+                    out.allocations.add(
+                        job_id=job.job_id, job_name=job.spec.name, placement=job.placement
+                    )
+            return out

@@ -1,0 +1,125 @@
+"""The scheduler's Store in memory: the same interface as SqlStore, for a scheduler that need
+not survive its process (the daemon's wiring driven on simulated time, and tests of the
+domain code without a database).
+
+Records are copied in and out, as a database would, so the caller's objects are
+never shared with the store.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterable, Sequence
+
+from gearshift.common.errors import ConflictError
+from gearshift.scheduler.store import (
+    TERMINAL_STATES,
+    EventRecord,
+    JobRecord,
+    TaskRecord,
+    WorkerRecord,
+)
+
+
+class MemoryStore:
+    """Store in dictionaries; every call is atomic under one lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[str, JobRecord] = {}
+        self._events: dict[str, list[EventRecord]] = {}
+        self._workers: dict[str, WorkerRecord] = {}
+        self._tasks: dict[str, TaskRecord] = {}
+        self._state: dict[str, str] = {}
+
+    def close(self) -> None:
+        return None
+
+    def create_job(self, job: JobRecord, event: EventRecord) -> JobRecord:
+        with self._lock:
+            taken = job.idempotency_key and any(
+                j.idempotency_key == job.idempotency_key for j in self._jobs.values()
+            )
+            if job.job_id in self._jobs or taken:
+                raise ConflictError(f"job {job.job_id!r} or its idempotency key exists")
+            self._jobs[job.job_id] = copy.deepcopy(job)
+            self._events[job.job_id] = [copy.deepcopy(event)]
+        return job
+
+    def find_job_by_key(self, key: str) -> JobRecord | None:
+        with self._lock:
+            for job in self._jobs.values():
+                if job.idempotency_key == key:
+                    return copy.deepcopy(job)
+            return None
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return copy.deepcopy(job) if job is not None else None
+
+    def save_job(self, job: JobRecord, events: Sequence[EventRecord] = ()) -> None:
+        with self._lock:
+            if job.job_id in self._jobs:
+                self._jobs[job.job_id] = copy.deepcopy(job)
+            self._events.setdefault(job.job_id, []).extend(copy.deepcopy(list(events)))
+
+    def list_jobs(
+        self,
+        *,
+        tenant: str,
+        states: Sequence[int],
+        name_prefix: str,
+        limit: int,
+        after: tuple[float, str] | None,
+    ) -> list[JobRecord]:
+        with self._lock:
+            jobs = [
+                j
+                for j in self._jobs.values()
+                if (not tenant or j.spec.tenant == tenant)
+                and (not states or j.state in states)
+                and j.spec.name.startswith(name_prefix)
+                and (after is None or (j.submitted_at, j.job_id) < after)
+            ]
+            jobs.sort(key=lambda j: (j.submitted_at, j.job_id), reverse=True)
+            return [copy.deepcopy(j) for j in jobs[:limit]]
+
+    def active_jobs(self) -> list[JobRecord]:
+        with self._lock:
+            jobs = [j for j in self._jobs.values() if j.state not in TERMINAL_STATES]
+            jobs.sort(key=lambda j: (j.submitted_at, j.job_id))
+            return [copy.deepcopy(j) for j in jobs]
+
+    def events_after(self, job_id: str, sequence: int, limit: int = 1000) -> list[EventRecord]:
+        with self._lock:
+            events = [e for e in self._events.get(job_id, []) if e.sequence > sequence]
+            return [copy.deepcopy(e) for e in sorted(events, key=lambda e: e.sequence)[:limit]]
+
+    def save_worker(self, worker: WorkerRecord) -> None:
+        with self._lock:
+            self._workers[worker.worker_id] = copy.deepcopy(worker)
+
+    def workers(self) -> list[WorkerRecord]:
+        with self._lock:
+            return [copy.deepcopy(self._workers[w]) for w in sorted(self._workers)]
+
+    def save_tasks(self, tasks: Iterable[TaskRecord]) -> None:
+        with self._lock:
+            for task in tasks:
+                self._tasks[task.task_id] = copy.deepcopy(task)
+
+    def open_tasks(self) -> list[TaskRecord]:
+        with self._lock:
+            tasks = [t for t in self._tasks.values() if not t.ended]
+            tasks.sort(key=lambda t: (t.created_at, t.task_id))
+            return [copy.deepcopy(t) for t in tasks]
+
+    def get_state(self, key: str) -> str | None:
+        with self._lock:
+            return self._state.get(key)
+
+    def set_state(self, key: str, value: str) -> None:
+        with self._lock:
+            self._state[key] = value

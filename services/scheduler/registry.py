@@ -1,0 +1,254 @@
+"""The workers API's domain: worker daemons register and heartbeat, training processes report
+progress, tasks end; workers that fall silent are lost.
+
+What a worker says of its tasks is applied here: a completed task completes the
+job, a failed one queues it again from its last checkpoint (a bounded number of
+times) or fails it, a task that checkpointed on its own queues the job. Measured
+progress feeds the throughput estimates (gearshift.scheduler.estimates).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+
+from gearshift.common.errors import NotFoundError
+from gearshift.scheduler.estimates import Estimates
+from gearshift.scheduler.state import (
+    ENDED_TASK_STATES,
+    RUNNING_STATES,
+    SchedulerState,
+)
+from gearshift.scheduler.store import JobRecord, TaskRecord, WorkerRecord
+from gearshift.scheduler.task_control import TaskControl
+from gearshift.v1 import common_pb2, scheduler_pb2
+
+log = logging.getLogger("gearshift.scheduler")
+S = common_pb2
+E = scheduler_pb2
+# A training process's exit code for bad input (the runtime's launcher): no restart can help.
+EXIT_BAD_INPUT = 2
+
+
+class WorkerRegistry:
+    """Registration, heartbeats, leases, progress and task reports."""
+
+    def __init__(
+        self,
+        state: SchedulerState,
+        control: TaskControl,
+        estimates: Estimates,
+        wake: Callable[[], None],
+    ) -> None:
+        self.state = state
+        self.control = control
+        self.estimates = estimates
+        self.wake = wake
+        self.workers_changed: list[Callable[[], None]] = []
+
+    def register_worker(
+        self,
+        worker_id: str,
+        address: str,
+        hostname: str,
+        devices: Sequence[common_pb2.DeviceGroup],
+        tasks: Sequence[common_pb2.TaskStatus],
+    ) -> WorkerRecord:
+        state = self.state
+        now = state.clock()
+        with state.lock:
+            worker = WorkerRecord(
+                worker_id=worker_id or "worker-" + uuid.uuid4().hex[:8],
+                address=address,
+                hostname=hostname,
+                devices=list(devices),
+                alive=True,
+                registered_at=now,
+                last_heartbeat_at=now,
+            )
+            previous = state.workers.get(worker.worker_id)
+            if previous is not None:
+                worker.registered_at = previous.registered_at
+            state.workers[worker.worker_id] = worker
+            state.store.save_worker(worker)
+            for listener in self.workers_changed:
+                listener()
+        log.info(
+            "worker registered",
+            extra={"worker_id": worker.worker_id, "address": address, "devices": len(devices)},
+        )
+        self.task_reports(worker.worker_id, tasks)
+        self.wake()
+        return worker
+
+    def heartbeat(self, worker_id: str, tasks: Sequence[common_pb2.TaskStatus]) -> bool:
+        """Record liveness; True when the worker must register again."""
+        with self.state.lock:
+            worker = self.state.workers.get(worker_id)
+            if worker is None or not worker.alive:
+                return True
+            worker.last_heartbeat_at = self.state.clock()
+        self.task_reports(worker_id, tasks)
+        return False
+
+    def renew_lease(self, worker_id: str, task_id: str) -> tuple[bool, common_pb2.Lease]:
+        state = self.state
+        with state.lock:
+            task = state.tasks.get(task_id)
+            if task is None or task.worker_id != worker_id:
+                return False, common_pb2.Lease(task_id=task_id)
+            job = state.jobs.get(task.job_id)
+            renewed = (
+                job is not None
+                and job.state == S.JOB_STATE_RUNNING
+                and task_id not in state.stopping
+            )
+            if renewed:
+                task.lease_expires_at = state.clock() + state.settings.lease_seconds
+            return renewed, common_pb2.Lease(task_id=task_id, expires_at=task.lease_expires_at)
+
+    def report_progress(self, job_id: str, task_id: str, progress: common_pb2.JobProgress) -> bool:
+        """Record progress; True when the job must checkpoint and stop (rescale/preemption)."""
+        state = self.state
+        with state.lock:
+            job = state.jobs.get(job_id)
+            if job is None:
+                if state.store.get_job(job_id) is None:
+                    raise NotFoundError("job", job_id)
+                return True  # ended: stop
+            job.progress.CopyFrom(progress)
+            now = state.clock()
+            task = state.tasks.get(task_id)
+            if task is not None and job.state == S.JOB_STATE_RUNNING and job.placement.processes:
+                self.estimates.observe(job, task.generation, progress, now)
+            last = state.last_progress_event.get(job_id, 0.0)
+            if now - last >= state.settings.progress_event_seconds:
+                state.last_progress_event[job_id] = now
+                state.record(job, E.JOB_EVENT_TYPE_PROGRESS, "")
+            return task_id in state.stopping
+
+    def task_finished(self, worker_id: str, status: common_pb2.TaskStatus) -> None:
+        self.task_reports(worker_id, [status])
+
+    # Lost workers -----------------------------------------------------------------------
+    def detect_lost(self, now: float) -> list[str]:
+        """Workers silent for the heartbeat timeout are lost (under the lock)."""
+        timeout = self.state.settings.heartbeat_timeout
+        lost = [
+            w.worker_id
+            for w in self.state.workers.values()
+            if w.alive and now - w.last_heartbeat_at > timeout
+        ]
+        if lost:
+            self.lose(lost, now, "missed heartbeats")
+        return lost
+
+    def lose(self, lost: Sequence[str], now: float, why: str) -> None:
+        """Declare workers lost: their tasks fail, their jobs go back to the queue."""
+        state = self.state
+        for worker_id in lost:
+            worker = state.workers[worker_id]
+            worker.alive = False
+            state.store.save_worker(worker)
+            log.warning("worker lost", extra={"worker_id": worker_id, "why": why})
+        for listener in self.workers_changed:
+            listener()
+        for job in list(state.jobs.values()):
+            tasks = state.open_tasks(job.job_id)
+            dead = [t for t in tasks if t.worker_id in lost]
+            if not dead:
+                continue
+            for task in dead:
+                task.state = S.TASK_STATE_FAILED
+                task.ended_at = now
+                task.message = "worker lost"
+                state.tasks.pop(task.task_id, None)
+            state.store.save_tasks(dead)
+            survivors = [t for t in tasks if t.worker_id not in lost]
+            state.release_holders(job, "a worker of the job was lost")
+            state.requeue(
+                job,
+                E.JOB_EVENT_TYPE_WORKER_LOST,
+                f"worker {', '.join(sorted({t.worker_id for t in dead}))} lost ({why}); "
+                "rescheduling",
+            )
+            self.control.kill(survivors, "a worker of the job was lost")
+
+    # Task reports -----------------------------------------------------------------------
+    def task_reports(self, worker_id: str, statuses: Sequence[common_pb2.TaskStatus]) -> None:
+        """Apply what a worker says of its tasks; an ended task frees devices (wake a round)."""
+        state = self.state
+        kill: list[TaskRecord] = []
+        ended = False
+        with state.lock:
+            for status in statuses:
+                task = state.tasks.get(status.task_id)
+                if task is None or task.worker_id != worker_id:
+                    continue
+                job = state.jobs.get(task.job_id)
+                if (
+                    job is not None
+                    and status.HasField("progress")
+                    and status.progress.step >= max(job.progress.step, 1)
+                ):
+                    job.progress.CopyFrom(status.progress)
+                if status.state in (S.TASK_STATE_STARTING, S.TASK_STATE_RUNNING):
+                    task.state = status.state
+                    continue
+                if status.state not in ENDED_TASK_STATES or task.task_id in state.stopping:
+                    continue  # a stop we asked for is finished by the stopping thread
+                ended = True
+                task.state = status.state
+                task.ended_at = state.clock()
+                task.message = status.message
+                if status.checkpoint_path:
+                    task.checkpoint_path = status.checkpoint_path
+                state.tasks.pop(task.task_id, None)
+                state.store.save_tasks([task])
+                if job is not None:
+                    kill.extend(self._task_ended(job, task, worker_id, status))
+        self.control.kill(kill, "a task of the job failed")
+        if ended:
+            self.wake()
+
+    def _task_ended(
+        self, job: JobRecord, task: TaskRecord, worker_id: str, status: common_pb2.TaskStatus
+    ) -> list[TaskRecord]:
+        """What one ended task means for its job; returns the peers to kill."""
+        state = self.state
+        others = state.open_tasks(job.job_id)
+        if status.state == S.TASK_STATE_COMPLETED:
+            job.final_digest = status.digest
+            if job.progress.total_steps:
+                job.progress.step = max(job.progress.step, job.progress.total_steps)
+            for other in others:  # its peers finish the same step; close them
+                other.state = S.TASK_STATE_COMPLETED
+                other.ended_at = state.clock()
+                state.tasks.pop(other.task_id, None)
+            state.store.save_tasks(others)
+            state.finish(job, S.JOB_STATE_SUCCEEDED, E.JOB_EVENT_TYPE_SUCCEEDED, "done")
+            return []
+        if status.state == S.TASK_STATE_FAILED:
+            detail = status.message or f"exit code {status.exit_code}"
+            state.release_holders(job, f"task {task.task_id} failed")
+            restarts = job.restart_count
+            limit = state.settings.max_restarts
+            what = f"task {task.task_id} on {worker_id} failed: {detail}"
+            if status.exit_code == EXIT_BAD_INPUT or restarts >= limit:
+                state.finish(job, S.JOB_STATE_FAILED, E.JOB_EVENT_TYPE_FAILED, what)
+            else:
+                # A peer that died (a lost node) fails the others' collectives before its
+                # worker is declared lost; and a crash may be transient. Resume from the
+                # last checkpoint, a bounded number of times.
+                job.restart_count = restarts + 1  # saved with the event below
+                state.requeue(
+                    job,
+                    E.JOB_EVENT_TYPE_PREEMPTED,
+                    f"{what}; restarting from the last checkpoint "
+                    f"(restart {restarts + 1} of {limit})",
+                )
+            return others
+        if not others and job.state in RUNNING_STATES:
+            state.requeue(job, E.JOB_EVENT_TYPE_CHECKPOINTED, "stopped after a checkpoint")
+        return []

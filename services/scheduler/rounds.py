@@ -1,0 +1,409 @@
+"""The daemon's scheduling round: the pipeline of gearshift.scheduler.pipeline, wired to the live
+cluster. Read this file to know what a round does.
+
+    with the lock:     lost workers  ->  snapshot (jobs, live devices, estimates)
+    without the lock:  Brain estimates refreshed  ->  allocate -> collocate -> place
+    with the lock:     reconcile: diff desired against actual, record RESCALING
+    without the lock:  stop every moving job's tasks (checkpoint), then start the new ones
+
+A round runs every `round_seconds`, and at once after an arrival, a completion
+or a worker change when the allocator re-plans on events (elastic policies) or
+when nothing runs. No RPC is made under the lock, so a slow Brain or worker
+never stalls the jobs API; a round never kills the loop (an error is logged and
+the next round tries again).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from gearshift.scheduler.estimates import EstimateRequest, Estimates
+from gearshift.scheduler.mechanism import Device
+from gearshift.scheduler.pipeline import Allocator, JobSnapshot, Ran, Snapshot, plan_round
+from gearshift.scheduler.placement import (
+    Assignment,
+    count_by_type,
+    placement_devices,
+    workers_of,
+)
+from gearshift.scheduler.policies.configs import config_of
+from gearshift.scheduler.reconcile import Change, diff
+from gearshift.scheduler.registry import WorkerRegistry
+from gearshift.scheduler.state import (
+    ONE_TYPE_LEVELS,
+    RUNNING_STATES,
+    SchedulerState,
+)
+from gearshift.scheduler.store import JobRecord, TaskRecord
+from gearshift.scheduler.task_control import TaskControl
+from gearshift.v1 import common_pb2, scheduler_pb2
+
+log = logging.getLogger("gearshift.scheduler")
+S = common_pb2
+E = scheduler_pb2
+
+
+@dataclass
+class RoundReport:
+    """What one round did (for logs and tests)."""
+
+    round: int
+    started: list[str] = field(default_factory=list)
+    rescaled: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    renewed: list[str] = field(default_factory=list)
+    lost_workers: list[str] = field(default_factory=list)
+    desired: dict[str, Assignment] = field(default_factory=dict)
+
+
+@dataclass
+class _Move:
+    """A change being applied: the tasks to stop, then maybe a new placement."""
+
+    change: Change
+    stop: list[TaskRecord]
+
+
+def live_devices(state: SchedulerState) -> list[Device]:
+    """Every device of every live worker; indexes count across a worker's groups."""
+    out: list[Device] = []
+    for worker in sorted(state.workers.values(), key=lambda w: w.worker_id):
+        if not worker.alive:
+            continue
+        index = 0
+        for group in worker.devices:
+            for _ in range(group.count):
+                out.append(Device(worker.worker_id, index, group.accelerator_type))
+                index += 1
+    return out
+
+
+def current_assignment(job: JobRecord) -> Assignment:
+    """Where a running job's processes are, in rank order, with their EST counts."""
+    processes = sorted(job.placement.processes, key=lambda p: p.rank)
+    return [
+        (d, len(p.est_ids))
+        for d, p in zip(placement_devices(job.placement), processes, strict=True)
+    ]
+
+
+class Rounds:
+    """The round loop and one round; see the module docstring."""
+
+    def __init__(
+        self,
+        state: SchedulerState,
+        control: TaskControl,
+        registry: WorkerRegistry,
+        estimates: Estimates,
+        allocator: Allocator,
+        *,
+        observers: list[Callable[[RoundReport, float], None]] | None = None,
+    ) -> None:
+        self.state = state
+        self.control = control
+        self.registry = registry
+        self.estimates = estimates
+        self.allocator = allocator
+        self.observers = list(observers or [])
+        self.round = 0
+        self.last_round_at = 0.0
+        self._round_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._attained: dict[str, float] = {}
+
+    # The loop -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="sched-rounds", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def wake(self) -> None:
+        """Ask for a round soon (an arrival, completion or worker change)."""
+        self._wake.set()
+
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def _loop(self) -> None:
+        settings = self.state.settings
+        while not self._stop.is_set():
+            due = self.last_round_at + settings.round_seconds
+            timeout = max(0.0, due - self.state.clock())
+            woken = self._wake.wait(timeout=min(timeout, settings.heartbeat_interval))
+            if self._stop.is_set():
+                return
+            self._wake.clear()
+            now = self.state.clock()
+            try:
+                if now >= due or (woken and self._early_round_allowed()):
+                    self.run_round()
+                else:
+                    with self.state.lock:
+                        lost = self.registry.detect_lost(now)
+                    if lost:
+                        self.run_round()
+            except Exception:  # a round must never kill the loop
+                log.exception("round failed")
+
+    def _early_round_allowed(self) -> bool:
+        """Allocators that re-plan on events run at once; Gavel's rounds wait for the boundary
+        unless nothing runs (then a new job need not wait for the round to end)."""
+        if self.allocator.replans_on_events:
+            return True
+        with self.state.lock:
+            return not any(j.state in RUNNING_STATES for j in self.state.jobs.values())
+
+    # One round ------------------------------------------------------------------------------
+    def run_round(self) -> RoundReport:
+        """Lost workers, snapshot, pipeline, reconcile, apply; see the module docstring."""
+        state = self.state
+        with self._round_lock:
+            started = state.clock()
+            with state.lock:
+                now = state.clock()
+                self.round += 1
+                report = RoundReport(self.round)
+                report.lost_workers = self.registry.detect_lost(now)
+                jobs = [j for j in state.jobs.values() if not j.terminal]
+                types = state.types()
+                asks = [EstimateRequest(j.job_id, j.spec.model_type, _most(j.spec)) for j in jobs]
+            self.estimates.refresh(self.estimates.due(asks, types, now), types, now)
+            with state.lock:
+                snapshot, current = self._snapshot(now)
+            _, desired = plan_round(snapshot, self.allocator, current)
+            with state.lock:
+                report.desired = desired
+                moves = self._reconcile(desired, current, report)
+                state.store.set_state("round", str(self.round))
+                self.last_round_at = now
+            going = [m for m, ok in zip(moves, self._stop_all(moves), strict=True) if ok]
+            for future in [state.pool.submit(self._apply_start, move) for move in going]:
+                future.result()
+            if report.started or report.rescaled or report.preempted:
+                log.info(
+                    "round",
+                    extra={
+                        "round": report.round,
+                        "started": report.started,
+                        "rescaled": report.rescaled,
+                        "preempted": report.preempted,
+                        "renewed": len(report.renewed),
+                    },
+                )
+            for observer in self.observers:
+                observer(report, state.clock() - started)
+            return report
+
+    def _snapshot(self, now: float) -> tuple[Snapshot, dict[str, Assignment]]:
+        """What the allocator sees (under the lock)."""
+        state = self.state
+        devices = live_devices(state)
+        alive = set(devices)
+        types = sorted({d.worker_type for d in devices})
+        elapsed = min(now - self.last_round_at, state.settings.round_seconds)
+        ran: list[Ran] = []
+        jobs: list[JobSnapshot] = []
+        current: dict[str, Assignment] = {}
+        for job in sorted(state.jobs.values(), key=lambda j: (j.submitted_at, j.job_id)):
+            if job.terminal:
+                continue
+            held = current_assignment(job) if job.state in RUNNING_STATES else []
+            if held and all(d in alive for d, _ in held):
+                current[job.job_id] = held
+                config = config_of(count_by_type(d for d, _ in held))
+                if self.last_round_at > 0 and elapsed > 0:
+                    ran.append(Ran(job.job_id, config, elapsed))
+                    self._attained[job.job_id] = self._attained.get(job.job_id, 0.0) + elapsed
+            jobs.append(self._job(job, types, current.get(job.job_id, [])))
+        return Snapshot(now, tuple(devices), tuple(jobs), tuple(ran)), current
+
+    def _job(self, job: JobRecord, types: list[str], held: Assignment) -> JobSnapshot:
+        spec = job.spec
+        n = spec.num_ests
+        most = _most(spec)
+        allowed = [t for t in types if not spec.accelerator_types or t in spec.accelerator_types]
+        if job.locked_type:
+            allowed = [t for t in allowed if t == job.locked_type]
+        left = max(job.progress.total_steps - job.progress.step, 1)
+        return JobSnapshot(
+            job_id=job.job_id,
+            num_ests=n,
+            min_devices=min(max(spec.elastic.min_devices, 1), most),
+            max_devices=most,
+            types=tuple(allowed),
+            capability=self.estimates.capability(job, types),
+            throughputs=self.estimates.throughputs(job, types, most),
+            steps_remaining=float(left * n),
+            arrival_time=job.submitted_at,
+            mixing=spec.determinism not in ONE_TYPE_LEVELS,
+            priority_weight=spec.priority_weight or 1.0,
+            deadline=job.submitted_at + spec.slo.deadline_seconds
+            if spec.HasField("slo")
+            else float("inf"),
+            entity=spec.tenant,
+            current=config_of(count_by_type(d for d, _ in held)),
+            attained_seconds=self._attained.get(job.job_id, 0.0),
+            restart_seconds=self.estimates.restart_seconds(job.job_id),
+        )
+
+    def _reconcile(
+        self,
+        desired: Mapping[str, Assignment],
+        current: Mapping[str, Assignment],
+        report: RoundReport,
+    ) -> list[_Move]:
+        """Diff desired against actual; renew leases, mark moves (under the lock)."""
+        state = self.state
+        now = state.clock()
+        moves: list[_Move] = []
+        running = {
+            job_id: current.get(job_id, [])
+            for job_id, job in state.jobs.items()
+            if job.state in RUNNING_STATES and not job.terminal
+        }
+        for change in diff(desired, running):
+            job = state.jobs.get(change.job_id)
+            if job is None or job.terminal:
+                continue
+            if change.kind == "renew":
+                report.renewed.append(job.job_id)
+                for task in state.open_tasks(job.job_id):
+                    task.lease_expires_at = now + state.settings.lease_seconds
+                continue
+            stop = state.open_tasks(job.job_id) if change.kind != "start" else []
+            state.stopping.update(t.task_id for t in stop)
+            if stop:
+                self.estimates.stopping(job.job_id, now)
+            if change.kind == "rescale":
+                job.state = S.JOB_STATE_RESCALING
+                state.record(job, E.JOB_EVENT_TYPE_RESCALING, "moving to a new placement")
+                report.rescaled.append(job.job_id)
+            elif change.kind == "preempt":
+                report.preempted.append(job.job_id)
+            else:
+                report.started.append(job.job_id)
+            moves.append(_Move(change, stop))
+        return moves
+
+    # Applying changes (outside the lock; one thread per job) -------------------------------
+    def _stop_all(self, moves: list[_Move]) -> list[bool]:
+        """Every stop before any start: a job must not be started on devices that another
+        job's processes still hold (they leave only once they have checkpointed)."""
+        futures = [self.state.pool.submit(self._apply_stop, move) for move in moves]
+        return [f.result() for f in futures]
+
+    def _apply_stop(self, move: _Move) -> bool:
+        """Stop the job's tasks with a checkpoint; True when a start is to follow."""
+        state = self.state
+        change = move.change
+        try:
+            self.control.stop_tasks(move.stop, checkpoint=True, reason=change.kind)
+            with state.lock:
+                job = state.jobs.get(change.job_id)
+                if job is None or job.terminal:
+                    return False
+                if move.stop:
+                    paths = sorted({t.checkpoint_path for t in move.stop if t.checkpoint_path})
+                    state.record(
+                        job,
+                        E.JOB_EVENT_TYPE_CHECKPOINTED,
+                        f"checkpoint at step {job.progress.step}"
+                        + (f" in {paths[0]}" if paths else ""),
+                    )
+                if change.kind == "preempt":
+                    state.requeue(job, E.JOB_EVENT_TYPE_PREEMPTED, "devices given to other jobs")
+                    return False
+            return True
+        except Exception:
+            log.exception("stopping a job's tasks failed", extra={"job_id": change.job_id})
+            self._abandon(change.job_id)
+            return False
+
+    def _apply_start(self, move: _Move) -> None:
+        """Start the job's new placement."""
+        state = self.state
+        change = move.change
+        try:
+            with state.lock:
+                job = state.jobs.get(change.job_id)
+                if job is None or job.terminal:
+                    return
+                placement, tasks, requests = self.control.prepare_start(job, change.assignment)
+            failures, unreachable = self.control.start_tasks(requests)
+            with state.lock:
+                job = state.jobs.get(change.job_id)
+                if job is None or job.terminal:
+                    self.control.kill(tasks, "job ended while starting")
+                    return
+                if failures:
+                    self._start_failed(job, tasks, failures, unreachable)
+                else:
+                    self._started(job, placement, rescaled=change.kind == "rescale")
+            if failures:
+                self.control.kill(tasks, "start failed")
+                self.wake()
+        except Exception:
+            log.exception("starting a job failed", extra={"job_id": change.job_id})
+            self._abandon(change.job_id)
+
+    def _started(self, job: JobRecord, placement: common_pb2.Placement, *, rescaled: bool) -> None:
+        state = self.state
+        job.placement.CopyFrom(placement)  # published once its tasks run
+        job.state = S.JOB_STATE_RUNNING
+        if not job.started_at:
+            job.started_at = state.clock()
+        if job.spec.determinism in ONE_TYPE_LEVELS and not job.locked_type:
+            job.locked_type = placement.processes[0].accelerator_type  # saved with the event
+        if rescaled:
+            job.rescale_count += 1
+        count = len(job.placement.processes)
+        state.record(
+            job,
+            E.JOB_EVENT_TYPE_RESCALED if rescaled else E.JOB_EVENT_TYPE_STARTED,
+            f"{count} process{'' if count == 1 else 'es'} on {', '.join(workers_of(placement))}",
+            placement=True,
+        )
+
+    def _start_failed(
+        self, job: JobRecord, tasks: list[TaskRecord], failures: list[str], unreachable: set[str]
+    ) -> None:
+        state = self.state
+        for task in tasks:
+            task.state = S.TASK_STATE_FAILED
+            task.ended_at = state.clock()
+            state.tasks.pop(task.task_id, None)
+        state.store.save_tasks(tasks)
+        state.requeue(job, E.JOB_EVENT_TYPE_PREEMPTED, "could not start: " + "; ".join(failures))
+        # A worker that cannot be reached is as good as lost: waiting for its heartbeats to
+        # time out would only retry the same placement. If it is alive after all, its next
+        # heartbeat makes it register again.
+        gone = [w.worker_id for w in state.workers.values() if w.alive and w.address in unreachable]
+        if gone:
+            self.registry.lose(gone, state.clock(), "unreachable")
+
+    def _abandon(self, job_id: str) -> None:
+        """A change that broke half-way: a moving job goes back to the queue."""
+        with self.state.lock:
+            job = self.state.jobs.get(job_id)
+            if job is not None and not job.terminal and job.state == S.JOB_STATE_RESCALING:
+                self.state.requeue(job, E.JOB_EVENT_TYPE_PREEMPTED, "rescale failed")
+
+    def forget(self, job_id: str) -> None:
+        self._attained.pop(job_id, None)
+
+
+def _most(spec: common_pb2.JobSpec) -> int:
+    """The most devices a job can use: its max_devices (0: num_ests), at most num_ests."""
+    most = spec.elastic.max_devices or spec.num_ests
+    return max(1, min(most, max(spec.num_ests, 1)))

@@ -1,0 +1,202 @@
+"""The scheduler's live records and the bookkeeping every part of it shares.
+
+Jobs not yet ended, workers and open tasks live in memory (the Store has them
+all, so a restarted scheduler reloads them); every change of a job is one
+event, saved with the job in one transaction (`record`). Everything here runs
+under `lock`; nothing here calls another process except through the thread
+pool (the Brain's histories and the shard manager are told best effort).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from google.protobuf.message import Message
+
+from gearshift.scheduler.brain import BrainAdvisor
+from gearshift.scheduler.datasets import DatasetKeeper
+from gearshift.scheduler.policies.base import EntityPolicy
+from gearshift.scheduler.store import EventRecord, JobRecord, Store, TaskRecord, WorkerRecord
+from gearshift.v1 import brain_pb2, common_pb2, scheduler_pb2
+
+M = TypeVar("M", bound=Message)
+S = common_pb2
+E = scheduler_pb2
+# Job events the Brain records (JobEventType -> brain JobEventKind).
+BRAIN_EVENTS: dict[int, int] = {
+    E.JOB_EVENT_TYPE_SUBMITTED: brain_pb2.JOB_EVENT_KIND_SUBMITTED,
+    E.JOB_EVENT_TYPE_STARTED: brain_pb2.JOB_EVENT_KIND_STARTED,
+    E.JOB_EVENT_TYPE_SUCCEEDED: brain_pb2.JOB_EVENT_KIND_SUCCEEDED,
+    E.JOB_EVENT_TYPE_FAILED: brain_pb2.JOB_EVENT_KIND_FAILED,
+    E.JOB_EVENT_TYPE_CANCELLED: brain_pb2.JOB_EVENT_KIND_CANCELLED,
+}
+ENDED_TASK_STATES = (S.TASK_STATE_CHECKPOINTED, S.TASK_STATE_COMPLETED, S.TASK_STATE_FAILED)
+RUNNING_STATES = (S.JOB_STATE_RUNNING, S.JOB_STATE_RESCALING)
+# Determinism levels that keep bits on one kind of device only: such a job keeps the
+# accelerator type of its first placement for its whole life.
+ONE_TYPE_LEVELS = (
+    S.DETERMINISM_LEVEL_UNSPECIFIED,
+    S.DETERMINISM_LEVEL_D0,
+    S.DETERMINISM_LEVEL_D1,
+)
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """How the scheduler behaves (daemon flags)."""
+
+    policy: str = "easyscale"
+    elastic: bool = False  # a Gavel objective over elastic configurations
+    round_seconds: float = 360.0
+    heartbeat_interval: float = 5.0
+    heartbeat_timeout: float = 30.0
+    min_recompute_seconds: float = 0.0
+    checkpoint_root: str = ".gearshift/checkpoints"
+    advertise_address: str = ""
+    brain_address: str = ""
+    shard_manager_address: str = ""
+    stop_timeout_seconds: float = 60.0
+    rendezvous_port_base: int = 29500
+    seed: int = 0
+    progress_event_seconds: float = 10.0
+    max_restarts: int = 3
+    hysteresis: float = 0.1
+    estimate_refresh_seconds: float = 60.0
+    restart_seconds: float = 10.0  # a rescale's cost until one is measured
+    prices: dict[str, float] = field(default_factory=dict)
+    tenant_weights: dict[str, float] = field(default_factory=dict)
+    tenant_policies: dict[str, EntityPolicy] = field(default_factory=dict)
+
+    @property
+    def lease_seconds(self) -> float:
+        return max(2 * self.round_seconds, 10.0)
+
+
+def total_steps(spec: common_pb2.JobSpec) -> int:
+    """Global steps the job will run: total_steps, or epochs x steps per epoch."""
+    if spec.HasField("total_steps"):
+        return spec.total_steps
+    per_epoch = math.ceil(spec.dataset.size / max(spec.global_batch_size, 1))
+    return spec.epochs * max(per_epoch, 1)
+
+
+def new_job_id() -> str:
+    return "job-" + uuid.uuid4().hex[:12]
+
+
+def copy_message(message: M) -> M:
+    out = type(message)()
+    out.CopyFrom(message)
+    return out
+
+
+class SchedulerState:
+    """Jobs, workers and tasks in memory, and the changes that every part makes to them."""
+
+    def __init__(
+        self,
+        store: Store,
+        settings: SchedulerSettings,
+        *,
+        brain: BrainAdvisor,
+        datasets: DatasetKeeper,
+        clock: Callable[[], float],
+        pool: ThreadPoolExecutor,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.brain = brain
+        self.datasets = datasets
+        self.clock = clock
+        self.pool = pool
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.jobs: dict[str, JobRecord] = {}
+        self.workers: dict[str, WorkerRecord] = {}
+        self.tasks: dict[str, TaskRecord] = {}
+        self.stopping: set[str] = set()
+        self.last_progress_event: dict[str, float] = {}
+        self.ended_listeners: list[Callable[[str], None]] = []
+
+    def open_tasks(self, job_id: str) -> list[TaskRecord]:
+        return [t for t in self.tasks.values() if t.job_id == job_id]
+
+    def record(self, job: JobRecord, kind: int, message: str, *, placement: bool = False) -> None:
+        """Append an event and save the job with it (one transaction); wake watchers."""
+        job.last_sequence += 1
+        event = EventRecord(
+            job_id=job.job_id,
+            sequence=job.last_sequence,
+            time=self.clock(),
+            type=kind,
+            state=job.state,
+            message=message,
+            progress=copy_message(job.progress),
+            placement=copy_message(job.placement) if placement else None,
+        )
+        if kind != E.JOB_EVENT_TYPE_PROGRESS:
+            job.message = message
+        self.store.save_job(job, [event])
+        self.changed.notify_all()
+        self.tell_brain(event, job)
+
+    def tell_brain(self, event: EventRecord, job: JobRecord) -> None:
+        kind = BRAIN_EVENTS.get(event.type)
+        if kind is None or not self.brain.address:
+            return
+        if kind == brain_pb2.JOB_EVENT_KIND_STARTED and job.generation > 1:
+            return  # a restart after a move, not the job's start
+        with contextlib.suppress(RuntimeError):  # shutting down
+            self.pool.submit(
+                self.brain.report_event,
+                f"{job.job_id}:{event.sequence}",
+                job.job_id,
+                kind,
+                event.time,
+                spec=job.spec if kind == brain_pb2.JOB_EVENT_KIND_SUBMITTED else None,
+                exit_reason=event.message
+                if event.type != E.JOB_EVENT_TYPE_SUCCEEDED
+                else "completed",
+            )
+
+    def finish(self, job: JobRecord, state: int, kind: int, message: str) -> None:
+        """The job ended: its last event, it leaves memory, its datasets are dropped."""
+        job.state = state
+        job.finished_at = self.clock()
+        job.placement.Clear()
+        self.record(job, kind, message)
+        self.jobs.pop(job.job_id, None)
+        self.last_progress_event.pop(job.job_id, None)
+        if self.datasets.address:
+            with contextlib.suppress(RuntimeError):  # shutting down
+                self.pool.submit(self.datasets.delete_job, job.job_id)
+        for listener in self.ended_listeners:
+            listener(job.job_id)
+
+    def requeue(self, job: JobRecord, kind: int, message: str) -> None:
+        """Back to the queue (its processes are gone or going): no placement."""
+        job.state = S.JOB_STATE_QUEUED
+        job.placement.Clear()
+        self.record(job, kind, message)
+
+    def release_holders(self, job: JobRecord, reason: str) -> None:
+        """Dynamic-mode jobs: give the ESTs' held shards back now (their processes are gone)."""
+        if job.spec.dataset.mode != S.DATA_MODE_DYNAMIC or not self.datasets.address:
+            return
+        with contextlib.suppress(RuntimeError):  # shutting down
+            self.pool.submit(
+                self.datasets.release, job.job_id, job.job_id, range(job.spec.num_ests), reason
+            )
+
+    def types(self) -> list[str]:
+        """Accelerator types of the live workers."""
+        return sorted(
+            {g.accelerator_type for w in self.workers.values() if w.alive for g in w.devices}
+        )

@@ -1,0 +1,199 @@
+"""Starting and stopping a job's tasks on the worker daemons (StartTask / StopTask).
+
+A placement becomes one task per worker (the job's processes there), saved
+before any StartTask is sent; stops checkpoint (rescale, preemption) or kill
+(cancel, failure). Calls go out in parallel, outside the scheduler's lock; the
+records they change are updated under it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import grpc
+
+from gearshift.common.errors import rpc_code, rpc_details
+from gearshift.scheduler.mechanism import Device
+from gearshift.scheduler.placement import build_placement, local_ranks, workers_of
+from gearshift.scheduler.state import ENDED_TASK_STATES, SchedulerState
+from gearshift.scheduler.store import JobRecord, TaskRecord
+from gearshift.scheduler.workers import WorkerAgents
+from gearshift.v1 import common_pb2, worker_pb2
+
+log = logging.getLogger("gearshift.scheduler")
+T = TypeVar("T")
+S = common_pb2
+# Rendezvous ports handed out per worker, from --rendezvous-port-base on, in turn.
+RENDEZVOUS_PORTS = 100
+# StartTask errors that mean the worker is gone (or unreachable) rather than the request bad.
+UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+StartRequests = list[tuple[str, worker_pb2.StartTaskRequest]]
+
+
+class TaskControl:
+    """StartTask and StopTask for the scheduler's jobs."""
+
+    def __init__(self, state: SchedulerState, agents: WorkerAgents) -> None:
+        self.state = state
+        self.agents = agents
+        self._last_port: dict[str, int] = {}  # worker -> last rendezvous port handed out
+
+    # Starting ---------------------------------------------------------------------
+    def prepare_start(
+        self, job: JobRecord, assignments: Sequence[tuple[Device, int]]
+    ) -> tuple[common_pb2.Placement, list[TaskRecord], StartRequests]:
+        """Tasks and StartTask requests of a new placement, saved before any is sent
+        (under the lock)."""
+        state = self.state
+        settings = state.settings
+        resume = job.generation > 0
+        job.generation += 1
+        placement = build_placement(assignments)
+        now = state.clock()
+        rank0 = state.workers[placement.processes[0].worker_id]
+        host = rank0.address.rpartition(":")[0] or "127.0.0.1"
+        rendezvous = f"{host}:{self._free_port(rank0.worker_id)}"
+        checkpoint_dir = os.path.join(settings.checkpoint_root, job.job_id)
+        tasks: list[TaskRecord] = []
+        requests: StartRequests = []
+        for worker_id in workers_of(placement):
+            task_id = f"{job.job_id}.g{job.generation}.{worker_id}"
+            ranks = local_ranks(placement, worker_id)
+            task = TaskRecord(
+                task_id=task_id,
+                job_id=job.job_id,
+                worker_id=worker_id,
+                generation=job.generation,
+                state=S.TASK_STATE_STARTING,
+                local_ranks=tuple(ranks),
+                rendezvous_address=rendezvous,
+                lease_expires_at=now + settings.lease_seconds,
+                created_at=now,
+                checkpoint_path=checkpoint_dir,
+            )
+            tasks.append(task)
+            state.tasks[task_id] = task
+            request = worker_pb2.StartTaskRequest(
+                task_id=task_id,
+                job_id=job.job_id,
+                spec=job.spec,
+                placement=placement,
+                local_ranks=ranks,
+                rendezvous_address=rendezvous,
+                checkpoint_dir=checkpoint_dir,
+                resume=resume,
+                lease=common_pb2.Lease(task_id=task_id, expires_at=task.lease_expires_at),
+                endpoints=worker_pb2.ServiceEndpoints(
+                    scheduler=settings.advertise_address,
+                    brain=settings.brain_address,
+                    shard_manager=settings.shard_manager_address,
+                ),
+                dataset_id=job.job_id,
+            )
+            requests.append((state.workers[worker_id].address, request))
+        state.store.save_tasks(tasks)
+        state.store.save_job(job)
+        return placement, tasks, requests
+
+    def _free_port(self, worker_id: str) -> int:
+        """A rendezvous port on the worker: not held by an open task there, and not the one
+        handed out last (a port some other program holds fails the start; the restart then
+        tries the next one instead of failing again)."""
+        used = {
+            int(t.rendezvous_address.rpartition(":")[2])
+            for t in self.state.tasks.values()
+            if t.rendezvous_address
+            and t.local_ranks
+            and 0 in t.local_ranks
+            and t.worker_id == worker_id
+        }
+        base = self.state.settings.rendezvous_port_base
+        span = RENDEZVOUS_PORTS
+        start = self._last_port.get(worker_id, base - 1) + 1 - base
+        for offset in range(span):
+            port = base + (start + offset) % span
+            if port not in used:
+                self._last_port[worker_id] = port
+                return port
+        raise RuntimeError(f"no free rendezvous port on {worker_id} in {base}-{base + span - 1}")
+
+    def start_tasks(self, requests: StartRequests) -> tuple[list[str], set[str]]:
+        """Send the StartTask calls: (failures, addresses of workers that could not be
+        reached)."""
+        unreachable: set[str] = set()
+
+        def call(item: tuple[str, worker_pb2.StartTaskRequest]) -> str:
+            address, request = item
+            try:
+                self.agents.start(address, request)
+            except grpc.RpcError as exc:
+                if rpc_code(exc) in UNREACHABLE:
+                    unreachable.add(address)
+                return f"{request.task_id} on {address}: {rpc_details(exc)}"
+            return ""
+
+        return [r for r in pool_map(call, requests) if r], unreachable
+
+    # Stopping ---------------------------------------------------------------------
+    def stop_tasks(self, tasks: Sequence[TaskRecord], *, checkpoint: bool, reason: str) -> None:
+        """StopTask every task (with a checkpoint, or not) and close their records."""
+        state = self.state
+
+        def call(task: TaskRecord) -> str:
+            with state.lock:
+                worker = state.workers.get(task.worker_id)
+            status: common_pb2.TaskStatus | None = None
+            if worker is not None and worker.alive:
+                try:
+                    status = self.agents.stop(
+                        worker.address,
+                        task.task_id,
+                        checkpoint=checkpoint,
+                        reason=reason,
+                        timeout=state.settings.stop_timeout_seconds,
+                    )
+                except grpc.RpcError as exc:
+                    log.warning(
+                        "StopTask failed",
+                        extra={"task_id": task.task_id, "error": rpc_details(exc)},
+                    )
+            with state.lock:
+                task.state = (
+                    status.state
+                    if status is not None and status.state in ENDED_TASK_STATES
+                    else S.TASK_STATE_CHECKPOINTED
+                    if checkpoint
+                    else S.TASK_STATE_FAILED
+                )
+                if status is not None and status.checkpoint_path:
+                    task.checkpoint_path = status.checkpoint_path
+                task.ended_at = state.clock()
+                state.tasks.pop(task.task_id, None)
+                state.stopping.discard(task.task_id)
+                state.store.save_tasks([task])
+            return ""
+
+        pool_map(call, list(tasks))
+
+    def kill(self, tasks: Sequence[TaskRecord], reason: str) -> None:
+        """Stop tasks without a checkpoint, in the background."""
+        if not tasks:
+            return
+        with self.state.lock:
+            self.state.stopping.update(t.task_id for t in tasks)
+        with contextlib.suppress(RuntimeError):  # the pool is shut down: the process is leaving
+            self.state.pool.submit(self.stop_tasks, list(tasks), checkpoint=False, reason=reason)
+
+
+def pool_map(fn: Callable[[T], str], items: Sequence[T]) -> list[str]:
+    """fn over items, in parallel when there are several (each a call to another daemon)."""
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
+        return list(pool.map(fn, items))

@@ -1,0 +1,206 @@
+"""The daemon's round on its own wiring (in-memory store, simulated workers, a manual clock):
+it never dies, sees types that join late, keeps D1 jobs on one type, and reasons with
+estimates that measurements and the Brain keep fresh."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from gearshift.scheduler.allocators import make_allocator
+from gearshift.scheduler.pipeline import Snapshot, Target
+from gearshift.scheduler.service import SchedulerSettings
+from gearshift.v1 import common_pb2, scheduler_pb2
+from tests.helpers import wait_until
+from tests.sched_harness import Clock, TableBrain, job_spec, make_scheduler, register
+
+S = common_pb2
+
+
+def settings(policy: str = "las", **fields: object) -> SchedulerSettings:
+    base: dict[str, object] = {
+        "policy": policy,
+        "round_seconds": 60.0,
+        "heartbeat_interval": 1.0,
+        "heartbeat_timeout": 5.0,
+    }
+    base.update(fields)
+    return SchedulerSettings(**base)  # type: ignore[arg-type]
+
+
+def placement_types(scheduler: object, job_id: str) -> list[str]:
+    job = scheduler.get(job_id)  # type: ignore[attr-defined]
+    return [p.accelerator_type for p in job.placement.processes]
+
+
+@pytest.mark.parametrize("elastic", [False, True])
+def test_a_lost_gpu_worker_does_not_kill_the_rounds(elastic: bool) -> None:
+    """A job limited to `gpu`, workers of types gpu and cpu, the gpu worker goes silent: the
+    round that declares it lost has nothing the job can run on, and answers nothing to run
+    (Gavel's LP there would be unbounded)."""
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings(elastic=elastic), clock=clock)
+    try:
+        register(scheduler, "gpu-box", {"gpu": 1})
+        register(scheduler, "cpu-box", {"cpu": 2})
+        job, _ = scheduler.submit(job_spec("train", 1, accelerator_types=["gpu"]), "")
+        scheduler.run_round()
+        assert placement_types(scheduler, job.job_id) == ["gpu"]
+        clock.now += 10.0
+        scheduler.heartbeat("cpu-box", [])
+        report = scheduler.run_round()  # declares gpu-box lost, then allocates
+        assert report.lost_workers == ["gpu-box"]
+        assert scheduler.get(job.job_id).state == S.JOB_STATE_QUEUED
+        clock.now += 60.0
+        scheduler.heartbeat("cpu-box", [])
+        assert scheduler.run_round().started == []
+        register(scheduler, "gpu-box", {"gpu": 1})  # back: the job runs again
+        assert scheduler.run_round().started == [job.job_id]
+    finally:
+        scheduler.stop()
+
+
+class FlakyAllocator:
+    """Raises on its first call, then allocates nothing."""
+
+    name = "flaky"
+    replans_on_events = True
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def allocate(self, snapshot: Snapshot) -> dict[str, Target]:
+        with self.lock:
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("a policy that breaks once")
+        return {}
+
+
+def test_a_round_that_raises_does_not_stop_the_loop() -> None:
+    flaky = FlakyAllocator()
+    scheduler, _ = make_scheduler(settings(round_seconds=0.05), clock=Clock(), allocator=flaky)
+    real_clock = __import__("time").monotonic
+    scheduler.state.clock = real_clock  # the loop waits on real time
+    try:
+        scheduler.start()
+        scheduler.wake()
+        wait_until(lambda: flaky.calls >= 2, 10.0, "a second round after the one that raised")
+    finally:
+        scheduler.stop()
+
+
+@pytest.mark.parametrize(
+    ("policy", "elastic"), [("las", False), ("las", True), ("easyscale", False)]
+)
+def test_a_job_submitted_before_any_worker_runs_when_one_joins(policy: str, elastic: bool) -> None:
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings(policy, elastic=elastic), clock=clock)
+    try:
+        early, _ = scheduler.submit(job_spec("early", 2), "")
+        assert scheduler.run_round().started == []  # no worker, no type
+        register(scheduler, "late", {"t4": 2})
+        clock.now += 1.0
+        assert scheduler.run_round().started == [early.job_id]
+        assert placement_types(scheduler, early.job_id)[0] == "t4"
+    finally:
+        scheduler.stop()
+
+
+def test_a_d1_job_keeps_its_first_type_and_a_d2_job_may_mix() -> None:
+    """D1 keeps bits on one kind of device only: once placed on v100 a D1 job never runs on
+    t4, even when only t4 devices are free; a D2 job of 3 ESTs spreads over all three."""
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings("easyscale"), clock=clock)
+    try:
+        register(scheduler, "a", {"v100": 1})
+        d1, _ = scheduler.submit(job_spec("d1", 2, determinism=S.DETERMINISM_LEVEL_D1), "")
+        scheduler.run_round()
+        assert placement_types(scheduler, d1.job_id) == ["v100"]
+        assert scheduler.get(d1.job_id).locked_type == "v100"
+        register(scheduler, "b", {"t4": 2})
+        clock.now += 1.0
+        scheduler.run_round()
+        assert set(placement_types(scheduler, d1.job_id)) == {"v100"}
+        d2, _ = scheduler.submit(job_spec("d2", 3, determinism=S.DETERMINISM_LEVEL_D2), "")
+        scheduler.cancel(d1.job_id, "make room")
+        clock.now += 1.0
+        scheduler.run_round()
+        assert set(placement_types(scheduler, d2.job_id)) == {"v100", "t4"}
+    finally:
+        scheduler.stop()
+
+
+def test_measured_throughput_feeds_the_est_planner() -> None:
+    """Without a Brain every type looks alike. The job (D2, 4 ESTs) runs on the slow device
+    alone (0.25 global steps/s: 1 EST-step/s per device), then on the fast one alone (0.75:
+    3); back on both, the planner gives the fast device 3 ESTs and the slow one 1."""
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings("easyscale"), clock=clock)
+
+    def report(steps_per_second: float) -> None:
+        (task,) = list(scheduler.state.tasks)
+        progress = S.JobProgress(step=10, samples_per_second=steps_per_second * 32)
+        scheduler.report_progress(job.job_id, task, progress)
+
+    try:
+        register(scheduler, "slow-box", {"slow": 1})
+        job, _ = scheduler.submit(job_spec("mix", 4, determinism=S.DETERMINISM_LEVEL_D2), "")
+        scheduler.run_round()
+        report(0.25)
+        clock.now += 10.0  # slow-box falls silent; fast-box joins
+        register(scheduler, "fast-box", {"fast": 1})
+        scheduler.run_round()
+        assert placement_types(scheduler, job.job_id) == ["fast"]
+        report(0.75)
+        record = scheduler.get(job.job_id)
+        assert scheduler.estimates.capability(record, ["fast", "slow"]) == {
+            "fast": pytest.approx(3.0),
+            "slow": pytest.approx(1.0),
+        }
+        register(scheduler, "slow-box", {"slow": 1})
+        clock.now += 1.0
+        scheduler.run_round()
+        placement = scheduler.get(job.job_id).placement
+        split = {p.accelerator_type: len(p.est_ids) for p in placement.processes}
+        assert split == {"fast": 3, "slow": 1}
+    finally:
+        scheduler.stop()
+
+
+def test_the_brains_estimates_are_asked_again_after_the_refresh_period() -> None:
+    speeds = {"v100": 1.0}
+    clock = Clock()
+    brain = TableBrain(lambda job_id, kind, count: speeds[kind] * count)
+    scheduler, _ = make_scheduler(
+        settings("easyscale", estimate_refresh_seconds=30.0), clock=clock, brain=brain
+    )
+    try:
+        register(scheduler, "a", {"v100": 1})
+        job, _ = scheduler.submit(job_spec("j", 2), "")
+        scheduler.run_round()
+        asked = brain.asked
+        assert asked > 0
+        record = scheduler.get(job.job_id)
+        assert scheduler.estimates.capability(record, ["v100"]) == {"v100": 2.0}
+        clock.now += 4.0
+        scheduler.heartbeat("a", [])
+        scheduler.run_round()
+        assert brain.asked == asked  # fresh enough
+        speeds["v100"] = 2.0  # the Brain learned more
+        for _ in range(8):  # 32 s more, heartbeating
+            clock.now += 4.0
+            scheduler.heartbeat("a", [])
+        scheduler.run_round()
+        assert brain.asked > asked
+        assert scheduler.estimates.capability(record, ["v100"]) == {"v100": 4.0}
+    finally:
+        scheduler.stop()
+
+
+def test_the_allocator_names() -> None:
+    assert make_allocator("las", elastic=True).replans_on_events
+    assert not make_allocator("las").replans_on_events
+    assert scheduler_pb2.JobEventType.Name(scheduler_pb2.JOB_EVENT_TYPE_RESCALED)
