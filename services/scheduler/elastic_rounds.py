@@ -16,15 +16,15 @@ their share, with the same steps:
 3. select   - highest priority first, one configuration per job, while its devices
    are free.
 4. hold     - hysteresis: a running job is not grown or moved for a gain below
-   `hysteresis` (or one its restart would not pay for within a round); it keeps its
+   `hysteresis` (or one its restart would not pay for); it keeps its
    configuration if that is still free. Shrinking to make room for others is not
    held back: that is what fairness asks.
 5. fill     - work conservation: a running job that was not selected keeps its
    configuration if its devices are free (no restart is cheaper than any other
    use of them), waiting jobs start on their smallest configuration that fits,
    then jobs grow into what is left, the largest gain per device first - a running
-   job only when the gain beats `hysteresis` and pays for its restart within a
-   round (`restart_seconds`).
+   job only when the gain beats `hysteresis` and the time it saves over the job's
+   remaining work pays for its restart (`restart_seconds`).
 6. account  - the time each job ran in its configuration goes to the ledger
    (the snapshot's `ran` entries).
 
@@ -97,7 +97,7 @@ class ElasticRounds:
     replans_on_events: bool = True
     shares: dict[str, dict[Config, float]] = field(default_factory=dict)
     received: dict[str, dict[Config, float]] = field(default_factory=dict)
-    last_reset: float = 0.0
+    last_reset: float | None = None  # when x was last computed (None: never)
     stale: bool = True
     solves: int = 0
     _known: dict[str, object] = field(default_factory=dict)
@@ -153,7 +153,7 @@ class ElasticRounds:
                 self.stale = True
 
     def _due(self, now: float) -> bool:
-        return self.last_reset == 0.0 or now - self.last_reset >= self.min_recompute_seconds
+        return self.last_reset is None or now - self.last_reset >= self.min_recompute_seconds
 
     def _recompute(
         self,
@@ -207,7 +207,7 @@ class ElasticRounds:
     def _select(
         self, snapshot: Snapshot, rows: Mapping[str, Rows], capacity: Mapping[str, int]
     ) -> dict[str, Config]:
-        elapsed = max(snapshot.now - self.last_reset, 0.0)
+        elapsed = max(snapshot.now - (self.last_reset or snapshot.now), 0.0)
         half = self.round_seconds / 2.0
         ranked: list[tuple[float, float, float, int, str, Config]] = []
         for order, job in enumerate(snapshot.jobs):
@@ -326,8 +326,9 @@ class ElasticRounds:
             return True
         if new_rate < now_rate * (1.0 + self.hysteresis):
             return False
-        # The restart must pay for itself within a round.
-        return (new_rate - now_rate) * self.round_seconds > new_rate * job.restart_seconds
+        # The restart must pay for itself over the work the job has left.
+        left = job.steps_remaining
+        return left / now_rate - left / new_rate > job.restart_seconds
 
 
 def describe_shares(shares: Mapping[str, Mapping[Config, float]]) -> dict[str, list[str]]:

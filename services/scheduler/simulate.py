@@ -34,6 +34,7 @@ from gearshift.scheduler.simulator import (
     GAVEL_RECOMPUTE_SECONDS,
     SimulationError,
     SimulationResult,
+    isolated_reference,
     simulate_pipeline,
 )
 from gearshift.scheduler.trace import TraceJob, generate_workload, read_trace, write_trace
@@ -256,8 +257,11 @@ def run(args: argparse.Namespace) -> list[SimulationResult]:
             make_policy(name, field="--compare" if args.compare is not None else "--policy")
     if args.write_trace is not None:
         write_trace(workload, args.write_trace)
+    isolated = isolated_reference(
+        workload, cluster, table, round_seconds=args.round, seed=args.seed
+    )
     return [
-        run_one(args, workload, cluster, table, name=name, elastic=elastic)
+        run_one(args, workload, cluster, table, name=name, elastic=elastic).with_isolated(isolated)
         for name, elastic in plan
     ]
 
@@ -270,7 +274,7 @@ def render(result: SimulationResult) -> str:
         f"p99 JCT:            {result.p99_jct:,.1f} s ({result.p99_jct / 3600:.2f} h)",
         f"makespan:           {result.makespan:,.1f} s ({result.makespan / 3600:.2f} h)",
         f"utilization:        {result.utilization:.3f}",
-        f"worst FTF ratio:    {result.worst_ftf:.2f}",
+        f"worst FTF ratio:    {result.worst_ftf:.2f} (JCT / JCT under the isolated policy)",
         f"cost:               ${result.cost:,.2f}",
         f"rounds:             {result.rounds}",
         f"allocations:        {result.allocations}",

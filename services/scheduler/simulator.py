@@ -35,10 +35,10 @@ LSTMs, recommendation models), D1 for convolutional models.
 
 Metrics: average and 99th-percentile JCT, makespan, utilization (busy
 device-seconds over capacity x makespan), rescales, cost (device-hours in use x
-`prices`), and each job's finish-time-fairness ratio rho = JCT / T_iso, T_iso
-being its work at the throughput of 1/n of every type's devices (at most its
-scale factor of them), n the time-average number of jobs present during its life
-(Themis's isolated share, with the contention the job actually saw).
+`prices`), and - once `with_isolated` has seen a run of the same workload under
+Gavel's `isolated` policy (every job 1/N of the cluster) - each job's
+finish-time-fairness ratio rho = JCT / its JCT there, as Gavel's evaluation
+measures Themis's metric: one yardstick for every policy.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from gearshift.common.gavel import JobKey, ThroughputTable
 from gearshift.scheduler.allocators import GavelRounds, Greedy
@@ -90,7 +90,7 @@ class JobResult:
     arrival_time: float
     start_time: float
     finish_time: float
-    isolated_seconds: float = 0.0  # T_iso (see the module docstring)
+    isolated_seconds: float = 0.0  # its JCT under the isolated policy (see with_isolated)
     rescales: int = 0
 
     @property
@@ -133,6 +133,17 @@ class SimulationResult:
     @property
     def worst_ftf(self) -> float:
         return max((j.ftf for j in self.jobs), default=0.0)
+
+    def with_isolated(self, isolated: SimulationResult) -> SimulationResult:
+        """This result with each job's finish-time-fairness yardstick: its JCT in `isolated`
+        (the same workload under the `isolated` policy)."""
+        if len(isolated.jobs) != len(self.jobs):
+            raise ValueError("the isolated run is of another workload")
+        jobs = tuple(
+            replace(job, isolated_seconds=ref.jct)
+            for job, ref in zip(self.jobs, isolated.jobs, strict=True)
+        )
+        return replace(self, jobs=jobs)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -262,7 +273,6 @@ class _Running:
     resume_at: float = 0.0
     rescales: int = 0
     attained: float = 0.0
-    crowd: float = 0.0  # integral of the number of jobs present over the job's life
 
 
 def _snapshot(
@@ -430,14 +440,11 @@ def simulate_pipeline(
             longest = max(took.get(j, 0.0) for j in group)
             busy += longest * config_size(r.held)
             spent += longest * sum(price[t] * n for t, n in r.held) / 3600.0
-        for r in active.values():
-            r.crowd += len(active) * (end - now)
         for r in running:
             if r.remaining <= 0:
                 job_id = r.job.job_id
                 finish = now + took[job_id]
                 first = r.first_run if r.first_run is not None else now
-                life = max(finish - r.job.trace.arrival_time, 1e-9)
                 results[job_id] = JobResult(
                     job_id,
                     r.job.trace.job_type,
@@ -445,8 +452,7 @@ def simulate_pipeline(
                     r.job.trace.arrival_time,
                     first,
                     finish,
-                    _isolated_seconds(r.job, capacity, r.crowd / life),
-                    r.rescales,
+                    rescales=r.rescales,
                 )
                 del active[job_id]
         now = end
@@ -501,16 +507,6 @@ def _colocated(
                     rates[(other_id, t)] = mine
         out[job_id] = rates
     return out
-
-
-def _isolated_seconds(job: SimJob, capacity: Mapping[str, int], crowd: float) -> float:
-    """T_iso: the job's work at the throughput of 1/crowd of every type's devices."""
-    share = {t: capacity[t] / max(crowd, 1.0) for t in job.types if job.throughputs.get(t, 0) > 0}
-    total = sum(share.values())
-    if total > job.max_devices:
-        share = {t: v * job.max_devices / total for t, v in share.items()}
-    speed = sum(v * job.throughputs[t] / job.max_devices for t, v in share.items())
-    return job.trace.total_steps / speed if speed > 0 else 0.0
 
 
 def _result(
@@ -609,4 +605,26 @@ def simulate_elastic(
         rescale_seconds=rescale_seconds,
         elastic=policy.name != "yarn_cs",
         determinism=determinism,
+    )
+
+
+def isolated_reference(
+    workload: Sequence[TraceJob],
+    cluster: Mapping[str, int],
+    table: ThroughputTable,
+    *,
+    round_seconds: float = 360.0,
+    seed: int = 0,
+) -> SimulationResult:
+    """The workload under Gavel's `isolated` policy (every job 1/N of the cluster, in
+    Gavel's rounds): the finish-time-fairness yardstick of `with_isolated`."""
+    from gearshift.scheduler.policies import make_policy  # noqa: PLC0415 - avoids a cycle
+
+    return simulate(
+        workload,
+        cluster,
+        table,
+        make_policy("isolated", seed=seed),
+        round_seconds=round_seconds,
+        seed=seed,
     )

@@ -55,8 +55,10 @@ def digits_spec(name: str, steps: int, *, ests: int = ESTS, min_devices: int = 1
     )
 
 
-def reference_command(directory: Path, steps: int) -> list[str]:
-    """`python -m gearshift.worker.run` on a fixed 4 processes, with the spec's settings."""
+def reference_command(
+    directory: Path, steps: int, *, ests: int = ESTS, determinism: str = "D1"
+) -> list[str]:
+    """`python -m gearshift.worker.run` on a fixed N processes, with the spec's settings."""
     return [
         sys.executable,
         "-m",
@@ -66,13 +68,15 @@ def reference_command(directory: Path, steps: int) -> list[str]:
         "--config",
         CONFIG,
         "--ests",
-        str(ESTS),
+        str(ests),
         "--procs",
-        "4",
+        str(ests),
         "--steps",
         str(steps),
         "--batch-size",
-        str(BATCH),
+        str(BATCH // ESTS * ests),
+        "--determinism",
+        determinism,
         "--seed",
         str(SEED),
         "--shard-size",
@@ -96,17 +100,22 @@ class Reference:
     losses: dict[int, list[str]]  # step -> every EST's loss bits
 
 
-def reference(shared_dir: Path, steps: int) -> Reference:
+def reference(
+    shared_dir: Path, steps: int, *, ests: int = ESTS, determinism: str = "D1"
+) -> Reference:
     """The fixed-placement run's digest and losses, computed once per session (file lock)."""
-    directory = shared_dir / f"reference-{steps}"
+    name = f"reference-{steps}" + (
+        "" if (ests, determinism) == (ESTS, "D1") else f"-{ests}-{determinism}"
+    )
+    directory = shared_dir / name
     result = directory / "result.json"
     shared_dir.mkdir(parents=True, exist_ok=True)
-    with (shared_dir / f"reference-{steps}.lock").open("w") as lock:
+    with (shared_dir / f"{name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not result.exists():
             directory.mkdir(parents=True, exist_ok=True)
             run = subprocess.run(
-                reference_command(directory, steps),
+                reference_command(directory, steps, ests=ests, determinism=determinism),
                 check=False,
                 capture_output=True,
                 text=True,

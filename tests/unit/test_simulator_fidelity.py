@@ -99,3 +99,31 @@ def test_elastic_restarts_cost_time(table: ThroughputTable) -> None:
     )
     assert slow.rescales > 0
     assert slow.average_jct > fast.average_jct
+
+
+def test_elastic_las_beats_rigid_las_and_easyscale_on_gavels_trace(
+    gavel_data: Path, table: ThroughputTable
+) -> None:
+    """Every job of max_min_fairness.trace elastic (N = its scale factor ESTs, 1..N devices):
+    heterogeneity-aware LAS over configurations finishes jobs sooner on average than rigid
+    LAS and than EasyScale's greedy allocator, and its worst finish-time-fairness ratio
+    (JCT over the JCT under the isolated policy) is no worse than rigid LAS's."""
+    from gearshift.scheduler.allocators import make_allocator
+    from gearshift.scheduler.simulator import isolated_reference, simulate_pipeline
+
+    jobs = read_trace(gavel_data / "max_min_fairness.trace")
+    iso = isolated_reference(jobs, CLUSTER, table)
+    rigid = simulate(jobs, CLUSTER, table, make_policy("max_min_fairness_perf")).with_isolated(iso)
+    elastic = simulate_pipeline(
+        jobs,
+        CLUSTER,
+        table,
+        make_allocator("las", elastic=True, min_recompute_seconds=1920.0),
+        rescale_seconds=10.0,
+        elastic=True,
+    ).with_isolated(iso)
+    greedy = simulate_elastic(jobs, CLUSTER, table, make_elastic_policy("easyscale"))
+    assert elastic.average_jct < rigid.average_jct
+    assert elastic.average_jct < greedy.average_jct
+    assert elastic.worst_ftf <= rigid.worst_ftf
+    assert elastic.rescales > 0
