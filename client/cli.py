@@ -10,28 +10,31 @@ import argparse
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gearshift import __version__
 from gearshift.client import commands
 from gearshift.client.commands import EXIT_FAILED, EXIT_OK, EXIT_USAGE, run_command
+from gearshift.client.dashboard.options import add_options as add_dashboard_options
 from gearshift.client.devcluster import (
+    DEFAULT_DASHBOARD,
     DEFAULT_WORKERS,
     ClusterConfig,
     DevCluster,
+    dashboard_installed,
     environment_hint,
     parse_workers,
 )
-from gearshift.client.processes import DaemonError
-from gearshift.client.render import table
+from gearshift.client.options import add_scheduler_options
+from gearshift.client.processes import DaemonError, http_status
+from gearshift.client.render import parse_states, table
 from gearshift.common.errors import ValidationError
 from gearshift.common.health import health_status
 from gearshift.common.signals import wait_for_signal
 from gearshift.v1 import common_pb2
 
 SIMULATOR_MODULE = "gearshift.scheduler.simulate"
-DEFAULT_SCHEDULER = "127.0.0.1:50051"
 
 
 def cmd_simulate(argv: Sequence[str]) -> int:
@@ -56,21 +59,31 @@ def cmd_up(args: argparse.Namespace) -> int:
         policy=args.policy,
         round_seconds=args.round_seconds,
         token=args.token,
+        dashboard=args.dashboard if dashboard_installed() else "",
     )
     cluster = DevCluster(config)
+    if args.dashboard and not config.dashboard:
+        print("gearshift up: no dashboard: pip install 'gearshift[dashboard]' for it", flush=True)
     print(f"gearshift up: starting the dev cluster (logs in {cluster.logs}/)", flush=True)
     try:
         cluster.start(timeout=args.timeout)
     except (DaemonError, TimeoutError) as exc:
         print(f"gearshift up: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    health: dict[str, Callable[[str], str]] = {
+        "redis": lambda _: "-",
+        "dashboard": lambda url: http_status(url + "healthz"),
+    }
     rows = [
-        (name, address, "-" if name == "redis" else health_status(address), log)
-        for name, address, log in cluster.rows()
+        (r.name, r.address, health.get(r.name, health_status)(r.address), r.metrics, r.log)
+        for r in cluster.rows()
     ]
-    print(table(rows, ("SERVICE", "ADDRESS", "HEALTH", "LOG")))
+    print(table(rows, ("SERVICE", "ADDRESS", "HEALTH", "METRICS", "LOG")))
     healthy = all(row[2] in ("SERVING", "-") for row in rows)
-    print(f"{sum(r[2] == 'SERVING' for r in rows)}/{len(cluster.daemons)} daemons healthy.")
+    daemons = [row for row in rows if row[0] in cluster.daemons]
+    print(f"{sum(r[2] == 'SERVING' for r in daemons)}/{len(cluster.daemons)} daemons healthy.")
+    if cluster.dashboard_url:
+        print(f"Dashboard: {cluster.dashboard_url}")
     hint = environment_hint(cluster.address("scheduler"))
     if hint:
         print(f"For the other commands: {hint}")
@@ -90,34 +103,17 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _states(text: str) -> list[common_pb2.JobState.ValueType]:
     """ "running,queued" -> the JobState values; argparse reports an unknown name."""
-    known: list[str] = list(common_pb2.JobState.keys())  # an EnumTypeWrapper, not a dict
-    states = []
-    for name in (part.strip() for part in text.split(",") if part.strip()):
-        full = "JOB_STATE_" + name.upper()
-        if full not in known or full.endswith("UNSPECIFIED"):
-            choices = ", ".join(k.removeprefix("JOB_STATE_").lower() for k in known[1:])
-            raise argparse.ArgumentTypeError(f"unknown state {name!r} (choose from {choices})")
-        states.append(common_pb2.JobState.Value(full))
-    return states
+    try:
+        return parse_states(text)
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(exc.problem) from None
 
 
 def _job_options() -> argparse.ArgumentParser:
     """Options every job command takes (given after the command: `gearshift jobs --json`)."""
     shared = argparse.ArgumentParser(add_help=False)
-    shared.add_argument(
-        "--address",
-        default=os.environ.get("GEARSHIFT_SCHEDULER", DEFAULT_SCHEDULER),
-        help="scheduler host:port [env GEARSHIFT_SCHEDULER] (default %(default)s)",
-    )
-    shared.add_argument(
-        "--token",
-        default=os.environ.get("GEARSHIFT_TOKEN", ""),
-        help="bearer token [env GEARSHIFT_TOKEN]",
-    )
+    add_scheduler_options(shared)
     shared.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    shared.add_argument(
-        "--rpc-timeout", type=float, default=30.0, help="seconds per call (default %(default)s)"
-    )
     return shared
 
 
@@ -153,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     job = sub.add_parser("job", parents=[shared], help="show one job")
     job.add_argument("job_id", metavar="ID")
+    job.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="write the job's devices by type over time and its loss curve as a PNG",
+    )
     job.set_defaults(func=commands.cmd_job)
 
     watch = sub.add_parser(
@@ -204,11 +205,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("GEARSHIFT_TOKEN", ""),
         help="bearer token for every daemon [env GEARSHIFT_TOKEN]",
     )
+    up.add_argument(
+        "--dashboard",
+        default=DEFAULT_DASHBOARD,
+        metavar="HOST:PORT",
+        help="where the web dashboard listens (default %(default)s; any free port with "
+        "--base-port 0; empty: no dashboard)",
+    )
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each daemon")
     up.add_argument(
         "--check", action="store_true", help="start, print health, stop (exit 0 if all healthy)"
     )
     up.set_defaults(func=cmd_up)
+
+    dashboard = sub.add_parser(
+        "dashboard",
+        help="serve web pages of the jobs and the cluster",
+        description="A web dashboard over the scheduler's API: jobs (filter, sort), each job's "
+        "devices and ESTs over time, loss and samples/s curves, events, log tail and cancel "
+        "button, and the cluster; pages refresh every few seconds. Ctrl-C stops it.",
+    )
+    add_dashboard_options(dashboard)
+    dashboard.set_defaults(func=commands.cmd_dashboard)
 
     health = sub.add_parser(
         "health",

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 from gearshift.client import render
-from gearshift.client.sdk import TERMINAL_STATES, Client
+from gearshift.client.sdk import TERMINAL_STATES, Client, JobEvent
 from gearshift.client.spec import load_spec
 from gearshift.common.errors import (
     DeadlineExceededError,
@@ -26,7 +28,7 @@ from gearshift.common.errors import (
     ValidationError,
 )
 from gearshift.common.health import health_status
-from gearshift.v1 import common_pb2
+from gearshift.v1 import common_pb2, scheduler_pb2
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -89,10 +91,24 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def cmd_job(args: argparse.Namespace) -> int:
     with _client(args) as client:
         job = client.get(args.job_id)
+        if args.plot:
+            return _plot_job(args, job, client.events(job.job_id))
     if args.json:
         render.print_json(render.as_dict(job))
     else:
         print(render.job_details(job))
+    return EXIT_OK
+
+
+def _plot_job(args: argparse.Namespace, job: scheduler_pb2.Job, events: list[JobEvent]) -> int:
+    try:
+        from gearshift.client.jobplot import write_job_plot  # noqa: PLC0415 - an extra
+    except ImportError:
+        print("gearshift job --plot: needs matplotlib: pip install 'gearshift[plots]'",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    path = write_job_plot(job, events, time.time(), Path(args.plot))
+    print(f"{job.job_id} {render.state_name(job.state)}: plot written to {path}")
     return EXIT_OK
 
 
@@ -131,6 +147,17 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     else:
         print(render.cluster_text(state))
     return EXIT_OK
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Serve the web dashboard until Ctrl-C."""
+    try:
+        from gearshift.client.dashboard.server import serve  # noqa: PLC0415 - an extra
+    except ImportError:
+        print("gearshift dashboard: needs the dashboard extra: pip install 'gearshift[dashboard]'",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    return serve(args)
 
 
 def cmd_health(args: argparse.Namespace) -> int:

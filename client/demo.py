@@ -138,8 +138,8 @@ def run(run_dir: Path, steps: int, timeout: float) -> int:
     )  # fmt: skip
     say("[1/5] starting the dev cluster: Redis, Brain, shard manager, scheduler, 2 workers")
     with DevCluster(config) as cluster, Client(cluster.address("scheduler")) as client:
-        for name, address, _log in cluster.rows():
-            say(f"    {name:<13} {address}")
+        for row in cluster.rows():
+            say(f"    {row.name:<13} {row.address}")
         spec = cnn_spec(steps)
         job = client.submit(spec)
         say(

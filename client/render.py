@@ -12,6 +12,7 @@ from typing import Any, TextIO
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from gearshift.common.errors import ValidationError
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 
@@ -34,6 +35,19 @@ def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
 
 def state_name(state: int) -> str:
     return common_pb2.JobState.Name(state).removeprefix("JOB_STATE_").lower()  # type: ignore[arg-type]
+
+
+def parse_states(text: str) -> list[common_pb2.JobState.ValueType]:
+    """ "running,queued" -> the JobState values; ValidationError names an unknown one."""
+    known: list[str] = list(common_pb2.JobState.keys())  # an EnumTypeWrapper, not a dict
+    states = []
+    for name in (part.strip() for part in text.split(",") if part.strip()):
+        full = "JOB_STATE_" + name.upper()
+        if full not in known or full.endswith("UNSPECIFIED"):
+            choices = ", ".join(k.removeprefix("JOB_STATE_").lower() for k in known[1:])
+            raise ValidationError("state", f"unknown state {name!r} (choose from {choices})")
+        states.append(common_pb2.JobState.Value(full))
+    return states
 
 
 def event_name(kind: int) -> str:

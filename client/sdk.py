@@ -6,11 +6,12 @@ Errors come back as the typed GearshiftError subclasses of gearshift.common.erro
 
 from __future__ import annotations
 
+import builtins
 import functools
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import grpc
 
@@ -55,6 +56,7 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
         self.address = address
+        self.timeout = timeout
         self._channel = connect(address, token=token, tls=tls, timeout=timeout)
         self._jobs = scheduler_pb2_grpc.JobServiceStub(self._channel)
 
@@ -108,6 +110,28 @@ class Client:
             )
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
+
+    def events(self, job_id: str, after_sequence: int = 0) -> builtins.list[JobEvent]:
+        """The job's events so far (those after `after_sequence`), without waiting for more.
+
+        Reads the job's event stream up to the latest event GetJob reports, then closes it.
+        """
+        last = self.get(job_id).last_sequence
+        if last <= after_sequence:
+            return []
+        request = scheduler_pb2.WatchJobRequest(job_id=job_id, after_sequence=after_sequence)
+        call: Any = self._jobs.WatchJob(request, timeout=self.timeout)  # also a grpc.Call
+        out: builtins.list[JobEvent] = []
+        try:
+            for event in call:
+                out.append(event)
+                if event.sequence >= last:
+                    break
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        finally:
+            call.cancel()
+        return out
 
     def wait(self, job_id: str, timeout: float | None = None) -> Job:
         """Block until the job ends (succeeded, failed or cancelled) and return it.

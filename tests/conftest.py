@@ -103,6 +103,27 @@ def gavel_data() -> Path:
     return path
 
 
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's headless-capable Chromium (installed by .ci/run), for browser tests."""
+    if not os.access(CHROMIUM, os.X_OK):
+        _unavailable(f"{CHROMIUM} is not installed (apt-get install chromium)")
+    return CHROMIUM
+
+
+@pytest.fixture
+def screenshots(tmp_path: Path) -> Path:
+    """Where a browser test saves its screenshots: $GEARSHIFT_SCREENSHOTS, else the test's
+    temporary folder. The folder is printed (pytest -s, or the report of a failure)."""
+    folder = Path(os.environ.get("GEARSHIFT_SCREENSHOTS") or tmp_path / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"screenshots in {folder}")
+    return folder
+
+
 @pytest.fixture
 def pki(tmp_path: Path) -> dict[str, Path]:
     """Files of a throwaway PKI (tests/pki.py): ca, server_cert/key, client_cert/key."""

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from gearshift.brain import dlrover, estimator
+from gearshift.brain import dlrover, estimator, metrics
 from gearshift.brain.estimator import Column, LowRankModel
 from gearshift.brain.records import (
     Cursor,
@@ -212,7 +212,9 @@ class BrainService:
     def report_event(self, event: JobEvent) -> bool:
         if event.time == 0:
             event = replace(event, time=self.clock())
-        return self.store.record_event(event)
+        new = self.store.record_event(event)
+        metrics.event_recorded(new)
+        return new
 
     def report_samples(self, batch_id: str, job_id: str, samples: Sequence[Sample]) -> int:
         job = self.store.job(job_id)
@@ -223,7 +225,9 @@ class BrainService:
                     f"sums to {sum(sample.ests_per_device)}, but job {job_id!r} has "
                     f"{job.num_ests} ESTs",
                 )
-        return self.store.add_samples(batch_id, job_id, samples, self.clock())
+        committed = self.store.add_samples(batch_id, job_id, samples, self.clock())
+        metrics.samples_ingested(committed)
+        return committed
 
     def history(self, job_id: str, since_step: int, max_samples: int) -> History:
         return self.store.history(job_id, since_step, max_samples)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import grpc
 
-from gearshift.brain import convert
+from gearshift.brain import convert, metrics
 from gearshift.brain.service import BrainService
 from gearshift.common.validation import page_size
 from gearshift.v1 import brain_pb2, brain_pb2_grpc
@@ -55,7 +55,9 @@ class BrainServicer(brain_pb2_grpc.BrainServicer):
         self, request: brain_pb2.EstimateThroughputRequest, context: grpc.ServicerContext
     ) -> brain_pb2.ThroughputEstimate:
         job_id, model_type, kind, count = convert.estimate_request(request)
-        return convert.estimate_message(self.service.estimate(job_id, model_type, kind, count))
+        result = self.service.estimate(job_id, model_type, kind, count)
+        metrics.estimate_answered(result.source)
+        return convert.estimate_message(result)
 
     def PlanResources(
         self, request: brain_pb2.PlanResourcesRequest, context: grpc.ServicerContext

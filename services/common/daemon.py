@@ -19,6 +19,7 @@ from pathlib import Path
 from gearshift.common.auth import ClientTls, ServerTls
 from gearshift.common.config import Option, parse_config
 from gearshift.common.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
+from gearshift.common.metrics import METRICS_OPTION, MetricsEndpoint, serve_metrics
 from gearshift.common.server import (
     MB,
     AioGrpcServer,
@@ -56,7 +57,12 @@ def server_options(default_port: int) -> list[Option]:
         Option("grace_seconds", "on SIGTERM, how long in-flight calls may finish", 10.0, float),
         Option("log_level", "log level", "info", choices=LOG_LEVELS),
         Option("log_format", "log line format", "json", choices=LOG_FORMATS),
-        Option("ready_file", "write {address, pid} as JSON here once serving (for launchers)", ""),
+        Option(
+            "ready_file",
+            "write {address, pid, metrics} as JSON here once serving (for launchers)",
+            "",
+        ),
+        METRICS_OPTION,
     ]
 
 
@@ -95,6 +101,7 @@ def server_settings(config: argparse.Namespace) -> ServerSettings:
         tls=tls,
         max_message_bytes=config.max_message_mb * MB,
         grace_seconds=config.grace_seconds,
+        rpc_metrics=bool(config.metrics_listen),
     )
 
 
@@ -109,10 +116,10 @@ def outgoing_tls(config: argparse.Namespace) -> ClientTls | None:
     )
 
 
-def _write_ready_file(path: str, address: str) -> None:
+def _write_ready_file(path: str, address: str, metrics: str) -> None:
     target = Path(path)
     tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
+    tmp.write_text(json.dumps({"address": address, "pid": os.getpid(), "metrics": metrics}))
     tmp.replace(target)
 
 
@@ -136,6 +143,10 @@ def run_daemon(
             server = AioGrpcServer(daemon.services, settings)
         else:
             server = GrpcServer(daemon.services, settings)
+        endpoint: MetricsEndpoint | None = None
+        if config.metrics_listen:
+            endpoint = serve_metrics(config.metrics_listen)
+            daemon.on_stop.append(endpoint.close)
         server.start()
     except (OSError, RuntimeError, ValueError) as exc:
         log.error("cannot start", extra={"service": prog, "error": str(exc)})
@@ -144,9 +155,10 @@ def run_daemon(
     if daemon.on_start is not None:
         assert isinstance(server, GrpcServer)
         daemon.on_start(server)
+    metrics = endpoint.address if endpoint is not None else ""
     if config.ready_file:
-        _write_ready_file(config.ready_file, server.address)
-    log.info("ready", extra={"service": prog, "address": server.address})
+        _write_ready_file(config.ready_file, server.address, metrics)
+    log.info("ready", extra={"service": prog, "address": server.address, "metrics": metrics})
 
     def stop_hooks() -> None:
         for hook in daemon.on_stop:

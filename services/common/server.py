@@ -24,7 +24,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -33,13 +33,14 @@ from grpc_reflection.v1alpha import reflection
 
 from gearshift.common.auth import BearerTokenServerInterceptor, ServerTls
 from gearshift.common.errors import GearshiftError
+from gearshift.common.handlers import Handler, rewrapped
+from gearshift.common.metrics import AioRpcMetricsInterceptor, RpcMetricsInterceptor
 from gearshift.common.signals import wait_for_signal
 
 log = logging.getLogger("gearshift.server")
 
 MB = 1024 * 1024
 T = TypeVar("T")
-_Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class ServerSettings:
     grace_seconds: float = 10.0
     max_workers: int = 32  # GrpcServer: calls at once; AioGrpcServer: threads for sync handlers
     keepalive_seconds: float = 60.0
+    rpc_metrics: bool = False  # count and time every call (gearshift.common.metrics)
 
     def grpc_options(self) -> list[tuple[str, Any]]:
         keepalive_ms = int(self.keepalive_seconds * 1000)
@@ -80,26 +82,6 @@ class ServerSettings:
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
             ("grpc.http2.max_pings_without_data", 0),
         ]
-
-
-def _rewrapped(
-    handler: _Handler,
-    unary: Callable[[Any], Any],
-    streaming: Callable[[Any], Any],
-) -> _Handler:
-    """The same RPC with its behavior wrapped: `unary` for single responses, `streaming` else."""
-    kwargs = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kwargs)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), **kwargs)
-    if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), **kwargs)
-    assert handler.stream_stream is not None
-    return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), **kwargs)
 
 
 def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMethodHandler[Any, Any]:
@@ -142,7 +124,7 @@ def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMeth
 
         return call
 
-    return _rewrapped(handler, unary, streaming)
+    return rewrapped(handler, unary, streaming)
 
 
 class ErrorMappingInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
@@ -169,6 +151,8 @@ class GrpcServer:
 
     def __post_init__(self) -> None:
         interceptors: list[grpc.ServerInterceptor[Any, Any]] = []
+        if self.settings.rpc_metrics:
+            interceptors.append(RpcMetricsInterceptor())
         if self.settings.token:
             interceptors.append(BearerTokenServerInterceptor(self.settings.token))
         interceptors.append(ErrorMappingInterceptor())
@@ -356,7 +340,7 @@ def _wrap_aio(
     )
     if not any(inspect.iscoroutinefunction(b) or inspect.isasyncgenfunction(b) for b in behaviors):
         return _wrap(handler, method)  # a plain function, run in the thread pool
-    return _rewrapped(handler, unary, streaming)
+    return rewrapped(handler, unary, streaming)
 
 
 class AioErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
@@ -409,7 +393,7 @@ class AioBearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[typ
     ) -> grpc.RpcMethodHandler[Any, Any]:
         handler = await continuation(handler_call_details)
         checked = self._check.intercept_service(lambda _: handler, handler_call_details)
-        return cast("_Handler", checked)
+        return cast("Handler", checked)
 
 
 class AioGrpcServer:
@@ -453,6 +437,8 @@ class AioGrpcServer:
 
     async def _build(self) -> None:
         interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = []
+        if self.settings.rpc_metrics:
+            interceptors.append(AioRpcMetricsInterceptor())
         if self.settings.token:
             interceptors.append(AioBearerTokenInterceptor(self.settings.token))
         interceptors.append(self._errors)

@@ -18,6 +18,7 @@ from gearshift.common.daemon import Daemon, outgoing_tls, run_daemon, server_opt
 from gearshift.common.db import database_options, migrate_main, open_database
 from gearshift.common.errors import GearshiftError, ValidationError
 from gearshift.common.server import GrpcServer, register
+from gearshift.scheduler import metrics
 from gearshift.scheduler.allocators import allocator_names, make_allocator
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.datasets import DatasetKeeper
@@ -229,6 +230,7 @@ def build(config: argparse.Namespace) -> Daemon:
         datasets=DatasetKeeper(settings.shard_manager_address, token=token, tls=tls),
     )
     scheduler.recover()
+    metrics.watch(scheduler.cluster_state, store.job_counts)
 
     def on_start(server: GrpcServer) -> None:
         if not settings.advertise_address:

@@ -86,6 +86,13 @@ class MemoryStore:
             jobs.sort(key=lambda j: (j.submitted_at, j.job_id), reverse=True)
             return [copy.deepcopy(j) for j in jobs[:limit]]
 
+    def job_counts(self) -> dict[int, int]:
+        with self._lock:
+            out: dict[int, int] = {}
+            for job in self._jobs.values():
+                out[job.state] = out.get(job.state, 0) + 1
+            return out
+
     def active_jobs(self) -> list[JobRecord]:
         with self._lock:
             jobs = [j for j in self._jobs.values() if j.state not in TERMINAL_STATES]

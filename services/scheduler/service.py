@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from gearshift.scheduler import metrics
 from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.datasets import DatasetKeeper
@@ -102,6 +103,7 @@ class Scheduler:
             self.registry,
             self.estimates,
             allocator or allocator_for(settings),
+            observers=[metrics.round_finished],
         )
         self.jobs = JobsApi(
             self.state,

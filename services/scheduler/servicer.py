@@ -48,6 +48,7 @@ def job_message(job: JobRecord) -> scheduler_pb2.Job:
         rescale_count=job.rescale_count,
         message=job.message,
         final_digest=job.final_digest,
+        last_sequence=job.last_sequence,
     )
 
 

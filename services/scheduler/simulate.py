@@ -27,6 +27,7 @@ from pathlib import Path
 from gearshift.common.errors import ValidationError
 from gearshift.common.gavel import ThroughputTable, load_throughputs
 from gearshift.scheduler.allocators import GREEDY, allocator_names, make_allocator
+from gearshift.scheduler.plots import write_plots
 from gearshift.scheduler.policies import describe, make_policy, policy_names
 from gearshift.scheduler.prices import parse_prices
 from gearshift.scheduler.simulator import (
@@ -156,6 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--write-trace", type=Path, help="save the workload as a Gavel trace")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        metavar="DIR",
+        help="also write PNG figures there (every --compare policy together): JCT CDF, "
+        "devices in use by type over time, per-job slowdown",
+    )
     return parser
 
 
@@ -328,6 +336,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(render_comparison(results))
     else:
         print(render(results[0]))
+    if args.plot is not None:
+        written = write_plots(results, args.plot)
+        print(
+            "plots: " + ", ".join(map(str, written)), file=sys.stderr if args.json else sys.stdout
+        )
     return EXIT_OK
 
 

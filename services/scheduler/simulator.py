@@ -106,7 +106,8 @@ class JobResult:
 @dataclass(frozen=True)
 class SimulationResult:
     """Metrics of a simulation; `jobs` in arrival order; `usage` is (time, devices in use
-    by type) at every round."""
+    by type) at every round, each holding until the next point (the last one, empty, at
+    the end)."""
 
     policy: str
     jobs: tuple[JobResult, ...]
@@ -358,6 +359,7 @@ def simulate_pipeline(
             job = pending.popleft()
             active[job.job_id] = _Running(job, float(job.trace.total_steps))
         if not active:
+            usage.append((now, {}))  # idle until the next arrival
             now = pending[0].trace.arrival_time
             continue
         pairs = _colocated(table, active, types) if space_sharing else {}
@@ -396,6 +398,7 @@ def simulate_pipeline(
         if not running:
             if not pending:
                 raise SimulationError(f"no job can run at t={now:.0f}s and none will arrive")
+            usage.append((now, {}))  # idle until the next arrival
             now = pending[0].trace.arrival_time
             continue
         rounds += 1
@@ -456,6 +459,7 @@ def simulate_pipeline(
                 )
                 del active[job_id]
         now = end
+    usage.append((now, {}))
     solves = getattr(allocator, "solves", None)
     if isinstance(allocator, GavelRounds):
         solves = allocator.mechanism.solves

@@ -136,6 +136,9 @@ class Store(Protocol):
     ) -> list[JobRecord]:
         """Jobs newest first, strictly after the (submitted_at, job_id) cursor."""
 
+    def job_counts(self) -> dict[int, int]:
+        """Jobs in each JobState (states without a job are left out)."""
+
     def active_jobs(self) -> list[JobRecord]:
         """Jobs not yet ended, oldest first."""
 
@@ -365,6 +368,11 @@ class SqlStore:
         query = query.order_by(models.Job.submitted_at.desc(), models.Job.job_id.desc())
         with self._session() as session:
             return [_job_from_row(r) for r in session.scalars(query.limit(limit))]
+
+    def job_counts(self) -> dict[int, int]:
+        query = sa.select(models.Job.state, sa.func.count()).group_by(models.Job.state)
+        with self._session() as session:
+            return {int(state): int(count) for state, count in session.execute(query)}
 
     def active_jobs(self) -> list[JobRecord]:
         query = (

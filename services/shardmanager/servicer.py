@@ -21,6 +21,7 @@ import grpc
 
 from gearshift.common.errors import GearshiftError
 from gearshift.common.validation import check_name, require
+from gearshift.shardmanager import metrics
 from gearshift.shardmanager.model import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_MAX_ATTEMPTS,
@@ -226,6 +227,7 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
         require(request.HasField("config"), "config", "is required")
         settings = settings_from_request(request.config)
         status = await self.store.create(request.dataset_id, settings)
+        metrics.transition("created")
         return dataset_message(status)
 
     async def DescribeDataset(
@@ -239,6 +241,7 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
     ) -> shardmanager_pb2.DeleteDatasetResponse:
         check_name(request.dataset_id, "dataset_id")
         deleted = await self.store.delete(request.dataset_id)
+        metrics.transition("deleted", int(deleted))
         if deleted:
             log.info("dataset deleted", extra={"dataset_id": request.dataset_id})
         return shardmanager_pb2.DeleteDatasetResponse(deleted=deleted)
@@ -248,6 +251,7 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
     ) -> shardmanager_pb2.DeleteJobDatasetsResponse:
         check_name(request.job_id, "job_id")
         deleted = await self.store.delete_job(request.job_id)
+        metrics.transition("deleted", len(deleted))
         if deleted:
             log.info("job datasets deleted", extra={"job_id": request.job_id, "datasets": deleted})
         return shardmanager_pb2.DeleteJobDatasetsResponse(dataset_ids=deleted)
@@ -295,6 +299,8 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
         result = await self.store.acquire(
             request.dataset_id, request.holder_id, request.request_id, ack
         )
+        metrics.transition("acked", int(bool(result.acked)))
+        metrics.transition("acquired", int(result.shard is not None))
         return shardmanager_pb2.AcquireShardResponse(
             status=_ACQUIRE_STATUS[result.status],
             shard=None if result.shard is None else shard_message(result.shard),
@@ -312,6 +318,7 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
         acked = await self.store.ack(
             request.dataset_id, request.holder_id, request.epoch, request.shard_id
         )
+        metrics.transition("acked", int(acked))
         return shardmanager_pb2.AckShardResponse(acknowledged=acked)
 
     async def RenewLeases(
@@ -342,6 +349,8 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
         check_name(request.dataset_id, "dataset_id")
         check_holder(request.holder_id)
         result = await self.store.release(request.dataset_id, request.holder_id)
+        metrics.transition("requeued", len(result.requeued))
+        metrics.transition("failed", len(result.failed))
         if result.requeued or result.failed:
             log.info(
                 "holder released",
@@ -376,6 +385,7 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
         found = await self.store.shards_at(
             request.dataset_id, request.rank, request.epoch, request.position, request.count or 1
         )
+        metrics.deterministic_read(len(found.shards))
         return shardmanager_pb2.GetShardsAtResponse(
             shards=[shard_message(s) for s in found.shards],
             sequence_length=found.sequence_length,
@@ -387,6 +397,7 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
         check_name(request.dataset_id, "dataset_id")
         check_name(request.checkpoint_id, "checkpoint_id")
         status = await self.store.checkpoint(request.dataset_id, request.checkpoint_id)
+        metrics.transition("checkpointed")
         return shardmanager_pb2.CheckpointDatasetResponse(
             checkpoint_id=request.checkpoint_id, dataset=dataset_message(status)
         )
@@ -399,6 +410,7 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
         status = await self.store.restore(
             request.dataset_id, request.checkpoint_id, force=request.force
         )
+        metrics.transition("restored")
         log.info(
             "dataset restored",
             extra={

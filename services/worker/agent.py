@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gearshift.common.errors import NotFoundError, PreconditionError
 from gearshift.v1 import common_pb2, worker_pb2
+from gearshift.worker import metrics
 from gearshift.worker.command import CommandSettings, plan_task
 from gearshift.worker.devices import device_types
 from gearshift.worker.spawner import Spawner
@@ -101,6 +102,7 @@ class Agent:
             },
         )
         task.start(self.spawner, self.settings, self.env)
+        metrics.task_started()
         return task.status()
 
     def stop(
@@ -151,6 +153,7 @@ class Agent:
             self._reported.add(task_id)
 
     def _ended(self, task: Task) -> None:
+        metrics.task_ended(task.state)
         self.on_task_end(task)
 
     def _forget_old(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +33,12 @@ def test_up_check_starts_the_whole_dev_cluster(tmp_path: Path) -> None:
     for name in ("brain", "shardmanager", "scheduler", "worker-1", "worker-2"):
         row = next(line for line in lines if line.startswith(name))
         assert "SERVING" in row, row
+        assert re.search(r"http://127\.0\.0\.1:\d+/metrics", row), f"no metrics URL: {row}"
         assert f"{name} (exit 0)" in result.stdout
+    dashboard = next(line for line in lines if line.startswith("dashboard"))
+    assert "SERVING" in dashboard and "http://127.0.0.1:" in dashboard, dashboard
+    assert re.search(r"^Dashboard: http://127\.0\.0\.1:\d+/$", result.stdout, re.MULTILINE)
+    assert "dashboard (exit 0)" in result.stdout
     assert any(line.startswith("redis") and "unix://" in line for line in lines)
     assert "redis (exit 0)" in result.stdout
     assert "5/5 daemons healthy." in result.stdout

@@ -1,9 +1,17 @@
-"""docker-compose.yml, checked statically (no Docker engine here): services, health checks,
-dependencies, and that every GEARSHIFT_* variable is one the daemon actually reads."""
+"""docker-compose.yml: rendered by the compose tool when one is installed, validated against
+the Compose specification's schema, and checked statically: services, health checks,
+dependencies, every GEARSHIFT_* variable read by its daemon, Prometheus scraping every
+daemon, the Grafana dashboard's queries naming metrics that exist."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import json
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +95,117 @@ def test_gpu_worker_is_documented_with_a_device_reservation() -> None:
     assert "# worker-gpu:" in text
     assert "#           - driver: nvidia" in text
     assert "50051" in text.split("services:")[0], "ports documented in the header"
+
+
+def _compose_tool() -> list[str] | None:
+    """`docker compose` (the v2 plugin) or `docker-compose`, whichever is installed."""
+    if shutil.which("docker"):
+        probe = subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, text=True, check=False
+        )
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    return None
+
+
+def test_the_compose_tool_renders_it() -> None:
+    tool = _compose_tool()
+    if tool is None:
+        pytest.skip("no compose tool on PATH (docker compose, docker-compose)")
+    result = subprocess.run(
+        [*tool, "--file", str(COMPOSE), "--profile", "grafana", "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_valid_against_the_compose_specification() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec",
+         str(COMPOSE)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _metrics_port(service: dict[str, Any]) -> str:
+    return str(service["environment"]["GEARSHIFT_METRICS_LISTEN"]).rpartition(":")[2]
+
+
+def test_prometheus_scrapes_every_daemon(services: dict[str, Any]) -> None:
+    daemons = {n: s for n, s in services.items() if _daemon(s) in DAEMONS and n != "migrate"}
+    expected = {f"{name}:{_metrics_port(s)}" for name, s in daemons.items()}
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in services["prometheus"]["volumes"]}
+    config = yaml.safe_load((ROOT / mounts["/etc/prometheus/prometheus.yml"]).read_text())
+    targets = {
+        target
+        for job in config["scrape_configs"]
+        for static in job["static_configs"]
+        for target in static["targets"]
+    }
+    assert targets == expected
+
+
+def test_mounted_files_exist(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        for mount in service.get("volumes", []):
+            source = mount.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name} mounts {source}, which is missing"
+
+
+def test_dashboard_service_reads_its_variables(
+    services: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gearshift.client.dashboard.options import add_options
+
+    service = services["dashboard"]
+    assert service["command"][:2] == ["gearshift", "dashboard"]
+    for key, value in service["environment"].items():
+        monkeypatch.setenv(key, value)
+    parser = argparse.ArgumentParser()
+    add_options(parser)
+    args = parser.parse_args(service["command"][2:])
+    assert args.address == service["environment"]["GEARSHIFT_SCHEDULER"]
+    assert args.brain == service["environment"]["GEARSHIFT_BRAIN"]
+    assert args.listen.endswith(":" + service["ports"][0].split(":")[1])
+
+
+def _known_metrics() -> set[str]:
+    """Every metric family Gearshift's daemons serve (the scrape-time ones included)."""
+    from prometheus_client import REGISTRY
+
+    import gearshift.brain.metrics
+    import gearshift.common.metrics
+    import gearshift.shardmanager.metrics
+    import gearshift.worker.metrics  # noqa: F401 - registers its metrics
+    from gearshift.scheduler.metrics import cluster_metrics
+    from gearshift.v1 import scheduler_pb2
+
+    names = {m.name for m in REGISTRY.collect()}
+    names |= {m.name for m in cluster_metrics(scheduler_pb2.ClusterState(), {})}
+    return {n for n in names if n.startswith("gearshift_")}
+
+
+def test_grafana_queries_name_metrics_that_exist() -> None:
+    dashboard = json.loads((ROOT / "deploy/grafana/gearshift-dashboard.json").read_text())
+    known = _known_metrics()
+    used: set[str] = set()
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            for name in re.findall(r"gearshift_[a-z_]+", target["expr"]):
+                used.add(re.sub(r"_(total|bucket|count|sum)$", "", name))
+    assert used, "the dashboard queries no Gearshift metric"
+    assert used <= known, f"unknown metrics: {sorted(used - known)}"
+    for name in (
+        "gearshift_rpc_handled", "gearshift_rpc_duration_seconds", "gearshift_jobs",
+        "gearshift_devices_allocated", "gearshift_scheduler_round_duration_seconds",
+        "gearshift_scheduler_rescales", "gearshift_shard_transitions",
+        "gearshift_brain_samples_ingested",
+    ):  # fmt: skip
+        assert name in used, f"no panel shows {name}"

@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("torch", "cvxpy", "sqlalchemy", "redis", "numpy", "scipy", "alembic")
+HEAVY = (
+    "torch", "cvxpy", "sqlalchemy", "redis", "numpy", "scipy", "alembic",
+    "matplotlib", "starlette", "uvicorn", "prometheus_client",
+)  # fmt: skip
 CLIENT_PROBE = f"""
 import importlib.util, json, sys
 import gearshift.client, gearshift.client.cli, gearshift.client.processes

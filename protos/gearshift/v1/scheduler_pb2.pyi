@@ -99,6 +99,7 @@ class Job(_message.Message):
     RESCALE_COUNT_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     FINAL_DIGEST_FIELD_NUMBER: _builtins.int
+    LAST_SEQUENCE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Server-assigned id, e.g. "job-7f3a2c"."""
     state: _common_pb2.JobState.ValueType
@@ -118,6 +119,10 @@ class Job(_message.Message):
     final_digest: _builtins.str
     """SHA-256 of the final parameters, optimizer state and buffers, once the
     job succeeded.
+    """
+    last_sequence: _builtins.int
+    """Sequence number of the job's latest event: WatchJob from 0 has sent every
+    event so far once it sent this one.
     """
     @_builtins.property
     def spec(self) -> _common_pb2.JobSpec:
@@ -145,10 +150,11 @@ class Job(_message.Message):
         rescale_count: _builtins.int = ...,
         message: _builtins.str = ...,
         final_digest: _builtins.str = ...,
+        last_sequence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["placement", b"placement", "progress", b"progress", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["final_digest", b"final_digest", "finished_at", b"finished_at", "job_id", b"job_id", "message", b"message", "placement", b"placement", "progress", b"progress", "rescale_count", b"rescale_count", "spec", b"spec", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["final_digest", b"final_digest", "finished_at", b"finished_at", "job_id", b"job_id", "last_sequence", b"last_sequence", "message", b"message", "placement", b"placement", "progress", b"progress", "rescale_count", b"rescale_count", "spec", b"spec", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
