@@ -38,7 +38,10 @@ CNN_CONFIG = {"lr": 0.05, "holdout": 297, "lr_step": 1000}
 
 
 def cnn_spec(steps: int) -> C.JobSpec:
-    """The digits CNN: 4 ESTs, 1,500 training digits (297 held out), elastic on 1..4 devices."""
+    """The digits CNN: 4 ESTs, 1,500 training digits (297 held out), elastic on 1..4 devices.
+
+    D2 because its devices are of two types (v100 and t4 labels): D1 would hold it to the
+    type it first ran on, and only D2 keeps the bits across types (EasyScale section 4)."""
     return C.JobSpec(
         name="digits-cnn",
         entrypoint=C.Entrypoint(
@@ -49,6 +52,7 @@ def cnn_spec(steps: int) -> C.JobSpec:
         total_steps=steps,
         dataset=C.DatasetSpec(name="digits", size=1500, shard_size=25, seed=7),
         elastic=C.ElasticBounds(min_devices=1, max_devices=4),
+        determinism=C.DETERMINISM_LEVEL_D2,
         checkpoint_every_steps=50,
     )
 

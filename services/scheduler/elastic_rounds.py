@@ -70,6 +70,14 @@ def _take(free: dict[str, int], config: Config, sign: int = -1) -> None:
         free[t] = free.get(t, 0) + sign * n
 
 
+def _left(capacity: Mapping[str, int], chosen: Mapping[str, Config]) -> dict[str, int]:
+    """Devices of each type that the chosen configurations leave free."""
+    free = dict(capacity)
+    for config in chosen.values():
+        _take(free, config)
+    return free
+
+
 def _within(small: Config, big: Config) -> bool:
     have = dict(big)
     return all(have.get(t, 0) >= n for t, n in small)
@@ -241,9 +249,7 @@ class ElasticRounds:
         capacity: Mapping[str, int],
         chosen: dict[str, Config],
     ) -> dict[str, Config]:
-        free = dict(capacity)
-        for config in chosen.values():
-            _take(free, config)
+        free = _left(capacity, chosen)
         for job in snapshot.jobs:
             new = chosen.get(job.job_id)
             old = job.current
@@ -269,9 +275,7 @@ class ElasticRounds:
         capacity: Mapping[str, int],
         chosen: dict[str, Config],
     ) -> dict[str, Config]:
-        free = dict(capacity)
-        for config in chosen.values():
-            _take(free, config)
+        free = _left(capacity, chosen)
         rates = {job_id: dict(r) for job_id, r in rows.items()}
         for job in snapshot.jobs:  # keep running where nothing else wants the devices
             kept = job.job_id not in chosen and job.current in rates[job.job_id]
