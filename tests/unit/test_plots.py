@@ -15,7 +15,12 @@ from gearshift.common.gavel import load_throughputs
 from gearshift.scheduler.elastic import make_elastic_policy
 from gearshift.scheduler.plots import FILES, usage_figure, write_plots
 from gearshift.scheduler.policies import make_policy
-from gearshift.scheduler.simulator import SimulationResult, simulate, simulate_elastic
+from gearshift.scheduler.simulator import (
+    SimulationResult,
+    isolated_reference,
+    simulate,
+    simulate_elastic,
+)
 from gearshift.scheduler.trace import generate_workload
 
 CLUSTER = {"v100": 8, "k80": 8}
@@ -37,7 +42,8 @@ def results(gavel_data: Path) -> list[SimulationResult]:
     workload = generate_workload(table, 12, 4.0, seed=3)
     rigid = simulate(workload, CLUSTER, table, make_policy("max_min_fairness_perf", seed=0))
     elastic = simulate_elastic(workload, CLUSTER, table, make_elastic_policy("easyscale"))
-    return [rigid, elastic]
+    isolated = isolated_reference(workload, CLUSTER, table)
+    return [rigid.with_isolated(isolated), elastic.with_isolated(isolated)]
 
 
 def _integral(result: SimulationResult) -> float:
