@@ -139,6 +139,32 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--timeout", type=float, help="with --wait: give up after these seconds")
     submit.set_defaults(func=commands.cmd_submit)
 
+    run = sub.add_parser(
+        "run",
+        parents=[shared],
+        help="submit a job of your own one-file code, no YAML needed",
+        description="Package FILE (it defines build(config) -> gearshift.worker.runtime.Job), "
+        "upload it unless the scheduler has it, submit the job, print its id.",
+    )
+    run.add_argument("file", metavar="FILE", help="the training script, e.g. train.py")
+    run.add_argument("--ests", type=int, required=True, help="N, the job's ESTs")
+    run.add_argument("--steps", type=int, required=True, help="global steps to train")
+    run.add_argument(
+        "--data-size", type=int, default=0, help="samples (default: DATASET_SIZE in FILE)"
+    )
+    run.add_argument("--batch-size", type=int, default=0, help="global batch (default 8 x ESTs)")
+    run.add_argument("--min-devices", type=int, default=1, help="elastic lower bound")
+    run.add_argument("--max-devices", type=int, default=0, help="elastic upper bound (ESTs)")
+    run.add_argument("--name", default="", help="job name (default: the file's name)")
+    run.add_argument("--config", default="{}", help="JSON object passed to build(config)")
+    run.add_argument("--determinism", default="D1", choices=["D0", "D1", "D2"])
+    run.add_argument("--types", default="", help="accelerator types allowed, e.g. v100,t4")
+    run.add_argument("--seed", type=int, default=0, help="the job's one seed")
+    run.add_argument("--key", help="idempotency key: resubmitting with it returns the same job")
+    run.add_argument("--wait", action="store_true", help="wait until the job ends")
+    run.add_argument("--timeout", type=float, help="with --wait: give up after these seconds")
+    run.set_defaults(func=commands.cmd_run)
+
     jobs = sub.add_parser("jobs", parents=[shared], help="list jobs, newest first")
     jobs.add_argument("--tenant", default="", help="only this tenant's jobs")
     jobs.add_argument("--state", type=_states, default=[], help="e.g. running,queued")
@@ -165,6 +191,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     watch.add_argument("job_id", metavar="ID")
     watch.set_defaults(func=commands.cmd_watch)
+
+    logs = sub.add_parser(
+        "logs",
+        parents=[shared],
+        help="print a job's training-process output",
+        description="The last lines of each rank's output, read from the workers through the "
+        "scheduler; with --follow, new lines as they are written until the job ends.",
+    )
+    logs.add_argument("job_id", metavar="ID")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")
+    logs.add_argument("--rank", type=int, default=-1, help="only this process rank")
+    logs.add_argument("--tail", type=int, default=100, help="lines of history per rank")
+    logs.set_defaults(func=commands.cmd_logs)
 
     cancel = sub.add_parser("cancel", parents=[shared], help="cancel a job")
     cancel.add_argument("job_id", metavar="ID")

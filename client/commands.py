@@ -1,4 +1,5 @@
-"""The job commands of the `gearshift` CLI: submit, jobs, job, watch, cancel, cluster, health.
+"""The job commands of the `gearshift` CLI: submit, run, jobs, job, watch, logs, cancel,
+cluster, health.
 
 Exit codes scripts can rely on:
   0 success (for `watch`/`submit --wait`: the job succeeded)
@@ -18,8 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gearshift.client import render
+from gearshift.client.run_spec import RunOptions, run_job
 from gearshift.client.sdk import TERMINAL_STATES, Client, JobEvent
-from gearshift.client.spec import load_spec
+from gearshift.client.spec import JobFile, load_job
 from gearshift.common.errors import (
     DeadlineExceededError,
     GearshiftError,
@@ -58,16 +60,60 @@ def _client(args: argparse.Namespace) -> Client:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    spec = load_spec(args.file)  # a bad file raises before anything is sent
+    return _submit(args, load_job(args.file))  # a bad file raises before anything is sent
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """A one-file job from the command line (see gearshift.client.run_spec)."""
+    options = RunOptions(
+        file=Path(args.file),
+        ests=args.ests,
+        steps=args.steps,
+        data_size=args.data_size,
+        batch_size=args.batch_size,
+        min_devices=args.min_devices,
+        max_devices=args.max_devices,
+        name=args.name,
+        config=args.config,
+        determinism=args.determinism,
+        types=tuple(t for t in args.types.split(",") if t),
+        seed=args.seed,
+    )
+    return _submit(args, run_job(options))
+
+
+def _submit(args: argparse.Namespace, job_file: JobFile) -> int:
     with _client(args) as client:
-        job = client.submit(spec, idempotency_key=args.key)
+        working_dir = None
+        if job_file.code is not None:
+            upload = client.upload_code(job_file.code)
+            what = "uploaded" if upload.uploaded else "already on the scheduler, nothing uploaded"
+            print(
+                f"code {upload.sha256[:12]} ({upload.files} files, {upload.size} bytes): {what}",
+                file=sys.stderr,
+            )
+            working_dir = job_file.code
+        job = client.submit(job_file.spec, idempotency_key=args.key, working_dir=working_dir)
         if args.wait:
             job = client.wait(job.job_id, timeout=args.timeout)
     if args.json:
         render.print_json(render.as_dict(job))
     else:
         print(job.job_id if not args.wait else f"{job.job_id} {render.state_name(job.state)}")
+        if args.wait and job.state != common_pb2.JOB_STATE_SUCCEEDED and job.message:
+            print(job.message, file=sys.stderr)
     return _outcome(job.state) if args.wait else EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Print a job's training-process output; with --follow, until the job ends."""
+    with _client(args) as client:
+        for line in client.logs(args.job_id, args.rank, args.tail, args.follow):
+            if args.json:
+                render.print_json(render.as_dict(line))
+            else:
+                print(f"[rank {line.rank}] {line.text}", flush=True)
+    return EXIT_OK
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:

@@ -11,10 +11,13 @@ import functools
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import grpc
 
+from gearshift.common import codepkg
 from gearshift.common.auth import ClientTls
 from gearshift.common.channel import DEFAULT_TIMEOUT_SECONDS, connect
 from gearshift.common.errors import DeadlineExceededError, error_from_rpc, rpc_code
@@ -28,9 +31,18 @@ TERMINAL_STATES = frozenset(
 )
 _RETRY_WATCH = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
+UPLOAD_TIMEOUT_SECONDS = 300.0
 Job = scheduler_pb2.Job
 JobEvent = scheduler_pb2.JobEvent
 JobSpec = common_pb2.JobSpec
+
+
+@dataclass(frozen=True)
+class CodeUpload:
+    sha256: str
+    uploaded: bool  # False: the scheduler had it already, nothing was sent
+    size: int  # bytes of the package
+    files: int
 
 
 def _typed_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -70,11 +82,49 @@ class Client:
         self.close()
 
     @_typed_errors
-    def submit(self, spec: JobSpec, idempotency_key: str | None = None) -> Job:
-        """Submit a job; retries are safe because every call carries an idempotency key."""
+    def submit(
+        self,
+        spec: JobSpec,
+        idempotency_key: str | None = None,
+        *,
+        working_dir: str | Path | None = None,
+    ) -> Job:
+        """Submit a job; retries are safe because every call carries an idempotency key.
+
+        With `working_dir` (a folder, or one .py file), the job runs the user's own code:
+        it is packaged and uploaded first (only if the scheduler lacks it) and
+        `spec.entrypoint.module` is imported from it on the workers."""
+        if working_dir is not None:
+            upload = self.upload_code(working_dir)
+            spec = JobSpec.FromString(spec.SerializeToString())
+            spec.entrypoint.code_sha256 = upload.sha256
         key = idempotency_key or uuid.uuid4().hex
         reply = self._jobs.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec, idempotency_key=key))
         return reply.job
+
+    @_typed_errors
+    def upload_code(self, path: str | Path) -> CodeUpload:
+        """Package a folder (or one file) and upload it unless the scheduler has it."""
+        package = codepkg.package(Path(path))
+        present = self._jobs.HasCode(scheduler_pb2.HasCodeRequest(sha256=package.sha256)).present
+        if not present:
+            self._jobs.UploadCode(
+                codepkg.chunks(package.sha256, package.data), timeout=UPLOAD_TIMEOUT_SECONDS
+            )
+        return CodeUpload(package.sha256, not present, len(package.data), len(package.files))
+
+    def logs(
+        self, job_id: str, rank: int = -1, tail_lines: int = 0, follow: bool = False
+    ) -> Iterator[common_pb2.LogLine]:
+        """The job's training-process output: the last lines of each rank (or of `rank`),
+        then with `follow` new lines as they are written, until the job ends."""
+        request = scheduler_pb2.StreamJobLogsRequest(
+            job_id=job_id, rank=rank, tail_lines=tail_lines, follow=follow
+        )
+        try:
+            yield from self._jobs.StreamJobLogs(request, timeout=None if follow else self.timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
 
     @_typed_errors
     def get(self, job_id: str) -> Job:

@@ -15,12 +15,18 @@ ValidationError naming the field, raised before anything is sent.
     dataset: {name: digits, size: 1797, shard_size: 32, seed: 1}
     elastic: {min_devices: 1, max_devices: 4}
     accelerator_types: [v100, t4]
+
+Your own code: `entrypoint: {path: ./train.py}` (one file; the module is its name) or
+`working_dir: .` with `entrypoint: {module: train}` (a folder, packaged whole but for
+what its .gitignore says). Paths are relative to the YAML file. The client packages
+and uploads the code (once per content) and sets `entrypoint.code_sha256`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +80,60 @@ def _normalize(data: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class JobFile:
+    """A job file: its spec and, for a job of the user's own code, what to package."""
+
+    spec: common_pb2.JobSpec
+    code: Path | None = None  # a file or folder
+
+
+def _code_location(data: Mapping[str, Any], base: Path) -> tuple[dict[str, Any], Path | None]:
+    """Take `working_dir` and `entrypoint.path` out of the data: where the code is."""
+    out = dict(data)
+    working_dir = out.pop("working_dir", None)
+    entry = out.get("entrypoint")
+    path = None
+    if isinstance(entry, Mapping) and "path" in entry:
+        entry = dict(entry)
+        path = entry.pop("path")
+        out["entrypoint"] = entry
+    if working_dir is not None and path is not None:
+        raise ValidationError("spec.working_dir", "give working_dir or entrypoint.path, not both")
+    for field, value in (("spec.working_dir", working_dir), ("spec.entrypoint.path", path)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ValidationError(field, "must be a path (relative to the job file)")
+    if working_dir is not None:
+        folder = (base / working_dir).resolve()
+        if not folder.is_dir():
+            raise ValidationError("spec.working_dir", f"{folder} is not a folder")
+        return out, folder
+    if path is None:
+        return out, None
+    code = (base / path).resolve()
+    entry = out["entrypoint"]
+    if code.is_file():
+        if code.suffix != ".py":
+            raise ValidationError("spec.entrypoint.path", f"{code} is not a .py file")
+        entry.setdefault("module", code.stem)
+    elif code.is_dir():
+        if "module" not in entry:
+            raise ValidationError(
+                "spec.entrypoint.module", "is required when entrypoint.path is a folder"
+            )
+    else:
+        raise ValidationError("spec.entrypoint.path", f"{code} does not exist")
+    return out, code
+
+
+def job_from_dict(data: Any, base: Path) -> JobFile:
+    """A validated job from a mapping whose paths are relative to `base`."""
+    if not isinstance(data, Mapping):
+        raise ValidationError("spec", f"must be a mapping of fields, got {type(data).__name__}")
+    rest, code = _code_location(data, base)
+    return JobFile(spec_from_dict(rest), code)
+
+
 def spec_from_dict(data: Any) -> common_pb2.JobSpec:
     """A validated JobSpec from a mapping; ValidationError names the first bad field."""
     if not isinstance(data, Mapping):
@@ -88,6 +148,14 @@ def spec_from_dict(data: Any) -> common_pb2.JobSpec:
 
 
 def load_spec(path: str | Path) -> common_pb2.JobSpec:
+    """A job YAML file's spec (see load_job for one that ships its own code)."""
+    job = load_job(path)
+    if job.code is not None:
+        raise ValidationError(str(path), "ships its own code: load it with load_job")
+    return job.spec
+
+
+def load_job(path: str | Path) -> JobFile:
     """Read a job YAML file; ValidationError names the file and line of a syntax error."""
     source = Path(path)
     try:
@@ -101,7 +169,7 @@ def load_spec(path: str | Path) -> common_pb2.JobSpec:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ValidationError(str(source), f"malformed YAML: {where}{problem}") from None
-    return spec_from_dict(data)
+    return job_from_dict(data, source.resolve().parent)
 
 
 def spec_to_dict(spec: common_pb2.JobSpec) -> dict[str, Any]:

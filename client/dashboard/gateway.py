@@ -163,7 +163,7 @@ class Gateway:
     def cluster(self, token: str) -> scheduler_pb2.ClusterState:
         return self.session(token).client.cluster()
 
-    def logs(self, token: str, job_id: str, lines: int) -> list[scheduler_pb2.LogLine]:
+    def logs(self, token: str, job_id: str, lines: int) -> list[common_pb2.LogLine]:
         """The last `lines` lines of every rank (StreamJobLogs without follow)."""
         stub = self.session(token).jobs_stub
         request = scheduler_pb2.StreamJobLogsRequest(

@@ -189,7 +189,7 @@ def cluster(state: scheduler_pb2.ClusterState) -> Json:
     }
 
 
-def log_lines(lines: Sequence[scheduler_pb2.LogLine]) -> Json:
+def log_lines(lines: Sequence[common_pb2.LogLine]) -> Json:
     return {
         "available": True,
         "lines": [{"rank": x.rank, "time": x.time, "text": x.text} for x in lines],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+from gearshift.common.codepkg import check_sha256
 from gearshift.common.errors import ValidationError
 from gearshift.common.validation import (
     check_enum,
@@ -49,6 +50,8 @@ def validate_job_spec(spec: common_pb2.JobSpec, prefix: str = "spec") -> None:
                 f("entrypoint.config_json"), f"is not valid JSON: {exc}"
             ) from None
         require(isinstance(config, dict), f("entrypoint.config_json"), "must be a JSON object")
+    if spec.entrypoint.code_sha256:
+        check_sha256(spec.entrypoint.code_sha256, f("entrypoint.code_sha256"))
 
     require(
         1 <= spec.num_ests <= MAX_ESTS,

@@ -18,6 +18,8 @@ from gearshift.common.errors import ValidationError
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
+DEFAULT_TAIL_LINES = 100  # log lines per rank a log request gets first (tail_lines 0)
+MAX_TAIL_LINES = 10_000
 
 
 def require(condition: bool, field: str, problem: str) -> None:
@@ -53,6 +55,13 @@ def check_enum(value: int, valid: Iterable[int], field: str, *, allow_unspecifie
     if not allow_unspecified:
         allowed.discard(0)
     require(value in allowed, field, f"unknown or unset value {value}")
+
+
+def tail_lines(rank: int, requested: int) -> int:
+    """The lines of history a log request (StreamJobLogs, StreamTaskLogs) asks for."""
+    require(rank >= -1, "rank", "must be a process rank, or -1 for every rank")
+    require(0 <= requested <= MAX_TAIL_LINES, "tail_lines", f"must be 0..{MAX_TAIL_LINES}")
+    return requested or DEFAULT_TAIL_LINES
 
 
 def page_size(requested: int, field: str = "page.page_size") -> int:

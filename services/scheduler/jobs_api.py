@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
+from gearshift.common.codepkg import assemble
 from gearshift.common.errors import NotFoundError, PreconditionError
 from gearshift.scheduler.state import RUNNING_STATES, SchedulerState, new_job_id, total_steps
 from gearshift.scheduler.store import EventRecord, JobRecord
@@ -36,6 +37,12 @@ class JobsApi:
     def submit(self, spec: common_pb2.JobSpec, key: str) -> tuple[JobRecord, bool]:
         """Create a job (spec already validated and defaulted); same key -> same job."""
         state = self.state
+        code = spec.entrypoint.code_sha256
+        if code and not state.store.has_code(code):
+            raise PreconditionError(
+                f"spec.entrypoint.code_sha256: no code package {code[:12]}... on this scheduler; "
+                "upload it first (UploadCode; the SDK and CLI do it for you)"
+            )
         with state.lock:
             if key:
                 existing = state.store.find_job_by_key(key)
@@ -66,6 +73,23 @@ class JobsApi:
         log.info("job submitted", extra={"job_id": job.job_id, "job_name": spec.name})
         self.wake()
         return job, True
+
+    # Code packages ------------------------------------------------------------------------
+    def has_code(self, sha256: str) -> bool:
+        return self.state.store.has_code(sha256)
+
+    def upload_code(self, chunks: Iterable[common_pb2.CodeChunk]) -> tuple[str, bool]:
+        """Store a package once: (its hash, whether it was stored now)."""
+        sha256, data = assemble(chunks)
+        stored = self.state.store.put_code(sha256, data)
+        log.info("code package", extra={"sha256": sha256, "size": len(data), "stored": stored})
+        return sha256, stored
+
+    def code(self, sha256: str) -> bytes:
+        data = self.state.store.get_code(sha256)
+        if data is None:
+            raise NotFoundError("code package", sha256)
+        return data
 
     def get(self, job_id: str) -> JobRecord:
         with self.state.lock:

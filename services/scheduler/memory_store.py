@@ -32,6 +32,7 @@ class MemoryStore:
         self._workers: dict[str, WorkerRecord] = {}
         self._tasks: dict[str, TaskRecord] = {}
         self._state: dict[str, str] = {}
+        self._code: dict[str, bytes] = {}
 
     def close(self) -> None:
         return None
@@ -122,6 +123,27 @@ class MemoryStore:
             tasks = [t for t in self._tasks.values() if not t.ended]
             tasks.sort(key=lambda t: (t.created_at, t.task_id))
             return [copy.deepcopy(t) for t in tasks]
+
+    def job_tasks(self, job_id: str) -> list[TaskRecord]:
+        with self._lock:
+            tasks = [t for t in self._tasks.values() if t.job_id == job_id]
+            tasks.sort(key=lambda t: (t.created_at, t.task_id))
+            return [copy.deepcopy(t) for t in tasks]
+
+    def has_code(self, sha256: str) -> bool:
+        with self._lock:
+            return sha256 in self._code
+
+    def put_code(self, sha256: str, data: bytes) -> bool:
+        with self._lock:
+            if sha256 in self._code:
+                return False
+            self._code[sha256] = bytes(data)
+            return True
+
+    def get_code(self, sha256: str) -> bytes | None:
+        with self._lock:
+            return self._code.get(sha256)
 
     def get_state(self, key: str) -> str | None:
         with self._lock:

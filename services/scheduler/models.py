@@ -107,6 +107,17 @@ class Task(Base):
     message: Mapped[str] = mapped_column(sa.Text, default="")
 
 
+class CodeBlob(Base):
+    """A user's code package (a zip archive), stored once by the SHA-256 of its bytes."""
+
+    __tablename__ = "sched_code_blobs"
+
+    sha256: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(sa.BigInteger)
+    data: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    created_at: Mapped[float] = mapped_column(sa.Float)
+
+
 class State(Base):
     """Small scheduler-wide values that must survive a restart (e.g. the round number)."""
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from gearshift.scheduler import metrics
@@ -38,12 +38,13 @@ from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.datasets import DatasetKeeper
 from gearshift.scheduler.estimates import Estimates
+from gearshift.scheduler.job_logs import LogSources, TaskSource, job_log_lines
 from gearshift.scheduler.jobs_api import JobsApi
 from gearshift.scheduler.pipeline import Allocator
 from gearshift.scheduler.registry import WorkerRegistry
 from gearshift.scheduler.rounds import RoundReport, Rounds
 from gearshift.scheduler.state import SchedulerSettings, SchedulerState
-from gearshift.scheduler.store import EventRecord, JobRecord, Store, WorkerRecord
+from gearshift.scheduler.store import TERMINAL_STATES, EventRecord, JobRecord, Store, WorkerRecord
 from gearshift.scheduler.task_control import TaskControl
 from gearshift.scheduler.workers import WorkerAgents
 from gearshift.v1 import common_pb2, scheduler_pb2
@@ -200,6 +201,39 @@ class Scheduler:
 
     def cluster_state(self) -> scheduler_pb2.ClusterState:
         return self.jobs.cluster_state()
+
+    def has_code(self, sha256: str) -> bool:
+        return self.jobs.has_code(sha256)
+
+    def upload_code(self, chunks: Iterable[common_pb2.CodeChunk]) -> tuple[str, bool]:
+        return self.jobs.upload_code(chunks)
+
+    def code(self, sha256: str) -> bytes:
+        return self.jobs.code(sha256)
+
+    def job_logs(
+        self, job_id: str, rank: int, tail_lines: int, follow: bool, active: Callable[[], bool]
+    ) -> Iterator[common_pb2.LogLine]:
+        """The job's training-process output, from the workers (see job_logs)."""
+        self.jobs.get(job_id)  # NOT_FOUND before any stream opens
+        state = self.state
+
+        def tasks() -> list[TaskSource]:
+            known = {t.task_id: t for t in state.store.job_tasks(job_id)}
+            with state.lock:
+                known.update({t.task_id: t for t in state.open_tasks(job_id)})
+                addresses = {w: r.address for w, r in state.workers.items()}
+            ordered = sorted(known.values(), key=lambda t: (t.created_at, t.task_id))
+            return [
+                TaskSource(t.task_id, addresses.get(t.worker_id, ""), t.local_ranks, t.ended)
+                for t in ordered
+            ]
+
+        def ended() -> bool:
+            return self.jobs.get(job_id).state in TERMINAL_STATES
+
+        sources = LogSources(tasks, ended, self.agents.logs, active)
+        return job_log_lines(job_id, rank, tail_lines, follow, sources)
 
     # Workers API -------------------------------------------------------------------------------
     def register_worker(

@@ -12,8 +12,8 @@ from collections.abc import Iterator, Sequence
 
 import grpc
 
+from gearshift.common.codepkg import check_sha256, chunks
 from gearshift.common.config import host_port
-from gearshift.common.errors import UnimplementedError
 from gearshift.common.jobspec import validate_job_spec, with_defaults
 from gearshift.common.validation import (
     check_enum,
@@ -22,6 +22,7 @@ from gearshift.common.validation import (
     encode_page_token,
     page_size,
     require,
+    tail_lines,
 )
 from gearshift.scheduler.service import Scheduler
 from gearshift.scheduler.store import EventRecord, JobRecord
@@ -178,8 +179,28 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
 
     def StreamJobLogs(
         self, request: scheduler_pb2.StreamJobLogsRequest, context: grpc.ServicerContext
-    ) -> Iterator[scheduler_pb2.LogLine]:
-        raise UnimplementedError("StreamJobLogs is not implemented yet")
+    ) -> Iterator[common_pb2.LogLine]:
+        check_job_id(request.job_id)
+        tail = tail_lines(request.rank, request.tail_lines)
+        yield from self.scheduler.job_logs(
+            request.job_id,
+            request.rank,
+            tail,
+            request.follow,
+            context.is_active,
+        )
+
+    def HasCode(
+        self, request: scheduler_pb2.HasCodeRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.HasCodeResponse:
+        check_sha256(request.sha256, "sha256")
+        return scheduler_pb2.HasCodeResponse(present=self.scheduler.has_code(request.sha256))
+
+    def UploadCode(
+        self, request_iterator: Iterator[common_pb2.CodeChunk], context: grpc.ServicerContext
+    ) -> scheduler_pb2.UploadCodeResponse:
+        sha256, stored = self.scheduler.upload_code(request_iterator)
+        return scheduler_pb2.UploadCodeResponse(sha256=sha256, stored=stored)
 
 
 class WorkerRegistryServicer(scheduler_pb2_grpc.WorkerRegistryServicer):
@@ -251,3 +272,9 @@ class WorkerRegistryServicer(scheduler_pb2_grpc.WorkerRegistryServicer):
         )
         self.scheduler.task_finished(request.worker_id, request.status)
         return scheduler_pb2.TaskFinishedResponse()
+
+    def FetchCode(
+        self, request: scheduler_pb2.FetchCodeRequest, context: grpc.ServicerContext
+    ) -> Iterator[common_pb2.CodeChunk]:
+        check_sha256(request.sha256, "sha256")
+        yield from chunks(request.sha256, self.scheduler.code(request.sha256))

@@ -10,6 +10,7 @@ finds each job in the state its last event says.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -152,6 +153,16 @@ class Store(Protocol):
 
     def open_tasks(self) -> list[TaskRecord]:
         """Tasks not yet ended."""
+
+    def job_tasks(self, job_id: str) -> list[TaskRecord]:
+        """Every task of a job, ended ones too, oldest first (where its logs are)."""
+
+    def has_code(self, sha256: str) -> bool: ...
+
+    def put_code(self, sha256: str, data: bytes) -> bool:
+        """Store a code package; False (and nothing written) when it is there already."""
+
+    def get_code(self, sha256: str) -> bytes | None: ...
 
     def get_state(self, key: str) -> str | None: ...
 
@@ -441,6 +452,40 @@ class SqlStore:
         )
         with self._session() as session:
             return [_task_from_row(r) for r in session.scalars(query)]
+
+    def job_tasks(self, job_id: str) -> list[TaskRecord]:
+        query = (
+            sa.select(models.Task)
+            .where(models.Task.job_id == job_id)
+            .order_by(models.Task.created_at, models.Task.task_id)
+        )
+        with self._session() as session:
+            return [_task_from_row(r) for r in session.scalars(query)]
+
+    # Code packages --------------------------------------------------------------
+    def has_code(self, sha256: str) -> bool:
+        query = sa.select(models.CodeBlob.sha256).where(models.CodeBlob.sha256 == sha256)
+        with self._session() as session:
+            return session.scalar(query) is not None
+
+    def put_code(self, sha256: str, data: bytes) -> bool:
+        try:
+            with self._session() as session, session.begin():
+                if session.get(models.CodeBlob, sha256) is not None:
+                    return False
+                session.add(
+                    models.CodeBlob(
+                        sha256=sha256, size=len(data), data=data, created_at=time.time()
+                    )
+                )
+        except IntegrityError:  # a concurrent upload of the same package stored it first
+            return False
+        return True
+
+    def get_code(self, sha256: str) -> bytes | None:
+        with self._session() as session:
+            row = session.get(models.CodeBlob, sha256)
+            return bytes(row.data) if row is not None else None
 
     # Scheduler-wide values ------------------------------------------------------
     def get_state(self, key: str) -> str | None:

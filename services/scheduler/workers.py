@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import grpc
 
@@ -33,6 +34,12 @@ class WorkerAgents:
                 stub = worker_pb2_grpc.WorkerAgentStub(channel)
                 self._stubs[address] = stub
             return stub
+
+    def logs(self, address: str, request: worker_pb2.StreamTaskLogsRequest) -> Any:
+        """A task's log stream (a grpc call: iterate it, cancel it); a follower has no
+        deadline, a one-off read the usual one."""
+        timeout = None if request.follow else self._timeout
+        return self._stub(address).StreamTaskLogs(request, timeout=timeout)
 
     def start(self, address: str, request: worker_pb2.StartTaskRequest) -> common_pb2.TaskStatus:
         return self._stub(address).StartTask(request, timeout=self._timeout)

@@ -12,13 +12,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from gearshift.common.codepkg import unpack
 from gearshift.common.errors import NotFoundError, PreconditionError
 from gearshift.v1 import common_pb2, worker_pb2
-from gearshift.worker import metrics
+from gearshift.worker import metrics, task_logs
 from gearshift.worker.command import CommandSettings, plan_task
 from gearshift.worker.devices import device_types
 from gearshift.worker.spawner import Spawner
@@ -59,6 +60,9 @@ class Agent:
         )
         self.keep_seconds = keep_seconds
         self.on_task_end: Callable[[Task], None] = lambda task: None
+        # Set by the scheduler link: a code package's bytes by hash (FetchCode).
+        self.fetch_code: Callable[[str], bytes] | None = None
+        self._code_lock = threading.Lock()
         self._tasks: dict[str, Task] = {}
         self._reported: set[str] = set()  # ended tasks whose end the scheduler acknowledged
         self._lock = threading.Lock()
@@ -101,9 +105,37 @@ class Agent:
                 "resume": plan.resume,
             },
         )
-        task.start(self.spawner, self.settings, self.env)
+        task.start(self.spawner, self.settings, self.env, self.code_dir)
         metrics.task_started()
         return task.status()
+
+    def code_dir(self, sha256: str) -> Path:
+        """A code package's folder in this worker's cache, fetched and unpacked once."""
+        cache = self.work_dir / "code"
+        with self._code_lock:  # one fetch per package, however many tasks start at once
+            if (cache / sha256).is_dir():
+                return cache / sha256
+            if self.fetch_code is None:
+                raise PreconditionError(f"worker {self.worker_id!r} has no scheduler to fetch from")
+            data = self.fetch_code(sha256)
+            log.info("code package fetched", extra={"sha256": sha256, "size": len(data)})
+            return unpack(data, cache, sha256)
+
+    def logs(
+        self, task_id: str, rank: int, tail_lines: int, follow: bool, active: Callable[[], bool]
+    ) -> Iterator[common_pb2.LogLine]:
+        """A task's output lines, by rank (-1: every rank of it here)."""
+        task = self._task(task_id)
+        ranks = task.plan.ranks if rank < 0 else [rank]
+        if rank >= 0 and rank not in task.plan.ranks:
+            raise NotFoundError(f"rank {rank} of task", task_id)
+        paths = {r: task.log_path(r) for r in ranks}
+        for r, text in task_logs.follow(
+            paths, tail_lines, keep_following=follow, done=task.ended.is_set, active=active
+        ):
+            yield common_pb2.LogLine(
+                job_id=task.job_id, rank=r, time=time.time(), text=text, task_id=task_id
+            )
 
     def stop(
         self, task_id: str, *, checkpoint: bool, reason: str, timeout: float

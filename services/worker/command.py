@@ -7,6 +7,7 @@ JobSpec mapped onto the runtime's flags:
 | JobSpec / request                      | runtime flag                               |
 |----------------------------------------|--------------------------------------------|
 | entrypoint.module / config_json        | --job / --config-file (written beside)     |
+| entrypoint.code_sha256                 | --code-dir (the package, fetched, cached)  |
 | num_ests, global_batch_size            | --ests, --batch-size                       |
 | total_steps, or epochs x ceil(size/B)  | --steps                                    |
 | dataset.seed, shard_size, size         | --seed, --shard-size, --data-size          |
@@ -113,11 +114,18 @@ class TaskPlan:
         return out
 
     def command(
-        self, rank: int, settings: CommandSettings, task_dir: Path, config_file: Path
+        self,
+        rank: int,
+        settings: CommandSettings,
+        task_dir: Path,
+        config_file: Path,
+        code_dir: Path | None = None,
     ) -> list[str]:
-        """The argv of local rank `rank`."""
+        """The argv of local rank `rank` (`code_dir`: the job's own code, unpacked)."""
         cmd = [settings.python, "-m", "gearshift.worker.run"]
         cmd += spec_args(self.spec, settings.checkpoint_every, config_file)
+        if code_dir is not None:
+            cmd += ["--code-dir", str(code_dir)]
         cmd += ["--data-mode", self.data_mode, "--checkpoint-dir", str(self.checkpoint_dir)]
         if self.resume:
             cmd.append("--resume")

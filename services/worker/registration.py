@@ -33,7 +33,8 @@ import grpc
 
 from gearshift.common.auth import ClientTls
 from gearshift.common.channel import connect
-from gearshift.common.errors import rpc_code, rpc_details
+from gearshift.common.codepkg import assemble
+from gearshift.common.errors import error_from_rpc, rpc_code, rpc_details
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from gearshift.worker.agent import Agent
 from gearshift.worker.tasks import ENDED, Task
@@ -43,6 +44,7 @@ log = logging.getLogger("gearshift.worker.registration")
 CALL_TIMEOUT_S = 5.0
 FIRST_INTERVAL_S = 1.0
 MAX_RETRY_S = 5.0
+FETCH_TIMEOUT_S = 120.0  # a code package is at most 32 MiB
 
 
 class SchedulerLink:
@@ -76,6 +78,15 @@ class SchedulerLink:
         self._renewed_at: dict[str, float] = {}
         self._failures = 0
         agent.on_task_end = self._task_ended
+        agent.fetch_code = self.fetch_code
+
+    def fetch_code(self, sha256: str) -> bytes:
+        """A code package from the scheduler, its size and hash checked."""
+        request = scheduler_pb2.FetchCodeRequest(sha256=sha256)
+        try:
+            return assemble(self._stub.FetchCode(request, timeout=FETCH_TIMEOUT_S))[1]
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="scheduler-link", daemon=True)

@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--shard-size, --data-size, --determinism, --checkpoint-every as the worker daemon would",
     )
     job.add_argument("--job", required=True, help="module defining build(config) -> Job")
+    job.add_argument(
+        "--code-dir",
+        type=Path,
+        help="folder put first on the import path (a user's code package, unpacked)",
+    )
     job.add_argument("--config", default="{}", help="job config as a JSON object")
     job.add_argument("--config-file", type=Path, help="job config from a JSON file")
     job.add_argument("--ests", type=int, required=True, help="N, the number of ESTs")
@@ -364,6 +369,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     args = build_parser().parse_args(argv)
     try:
+        if args.code_dir is not None:
+            if not args.code_dir.is_dir():
+                raise ValidationError("--code-dir", f"{args.code_dir} is not a folder")
+            sys.path.insert(0, str(args.code_dir.resolve()))
         settings, mapping, threads = resolve(args)
         config = _config(args)
         if args.rank is None:

@@ -7,10 +7,11 @@ status codes in the server's interceptor.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import grpc
 
-from gearshift.common.validation import require
+from gearshift.common.validation import require, tail_lines
 from gearshift.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from gearshift.worker.agent import Agent
 
@@ -48,6 +49,15 @@ class WorkerAgentServicer(worker_pb2_grpc.WorkerAgentServicer):
     ) -> common_pb2.TaskStatus:
         require(bool(request.task_id), "task_id", "is required")
         return self.agent.status(request.task_id)
+
+    def StreamTaskLogs(
+        self, request: worker_pb2.StreamTaskLogsRequest, context: grpc.ServicerContext
+    ) -> Iterator[common_pb2.LogLine]:
+        require(bool(request.task_id), "task_id", "is required")
+        tail = tail_lines(request.rank, request.tail_lines)
+        yield from self.agent.logs(
+            request.task_id, request.rank, tail, request.follow, context.is_active
+        )
 
     def DescribeWorker(
         self, request: worker_pb2.DescribeWorkerRequest, context: grpc.ServicerContext

@@ -30,15 +30,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gearshift.common.errors import PreconditionError
 from gearshift.v1 import common_pb2
 from gearshift.worker.command import CommandSettings, TaskPlan, config_text
 from gearshift.worker.runtime.stop import EXIT_STOPPED
 from gearshift.worker.spawner import Child, Spawner, SpawnRequest
+from gearshift.worker.task_logs import cap_log
 
 log = logging.getLogger("gearshift.worker.tasks")
 
 EXIT_BAD_INPUT = 2
 POLL_S = 0.05
+CAP_CHECK_S = 1.0
 TAIL_BYTES = 4000
 ENDED = (
     common_pb2.TASK_STATE_CHECKPOINTED,
@@ -104,16 +107,29 @@ class Task:
 
     # -- start -----------------------------------------------------------------------
 
-    def start(self, spawner: Spawner, settings: CommandSettings, env: Mapping[str, str]) -> None:
-        """Spawn every local rank and the watcher; a spawn failure fails the task."""
+    def start(
+        self,
+        spawner: Spawner,
+        settings: CommandSettings,
+        env: Mapping[str, str],
+        code: Callable[[str], Path] | None = None,
+    ) -> None:
+        """Spawn every local rank and the watcher; a spawn failure fails the task. `code`
+        gives the folder of a code package by hash (fetched and unpacked if need be)."""
         self.task_dir.mkdir(parents=True, exist_ok=True)
         config_file = self.task_dir / "config.json"
         config_file.write_text(config_text(self.plan.spec))
         self.plan.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         try:
+            sha256 = self.plan.spec.entrypoint.code_sha256
+            code_dir = None
+            if sha256:
+                if code is None:
+                    raise PreconditionError("this worker cannot fetch code packages")
+                code_dir = code(sha256)
             for rank in self.plan.ranks:
                 child_env = self.plan.environment(rank, settings, env)
-                argv = self.plan.command(rank, settings, self.task_dir, config_file)
+                argv = self.plan.command(rank, settings, self.task_dir, config_file, code_dir)
                 # D2 pins kernels through variables torch reads at import: a fresh interpreter.
                 forkable = self.plan.spec.determinism != common_pb2.DETERMINISM_LEVEL_D2
                 process = spawner.spawn(
@@ -190,11 +206,16 @@ class Task:
     # -- watching ----------------------------------------------------------------------
 
     def _watch(self) -> None:
+        next_cap = time.monotonic()
         while True:
             with self.lock:
                 pending = {r: p for r, p in self.processes.items() if r not in self.codes}
             if not pending:
                 break
+            if time.monotonic() >= next_cap:  # the logs' history stays within its cap
+                next_cap += CAP_CHECK_S
+                for rank in pending:
+                    cap_log(self.log_path(rank))
             for rank, process in pending.items():
                 code = process.poll()
                 if code is None:

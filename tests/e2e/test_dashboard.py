@@ -142,9 +142,13 @@ def check_api(base: str, job_id: str) -> None:
     assert view["segments"] and view["segments"][0]["slots"], view["segments"]
     assert view["events"][0]["type"] == "submitted"
     assert view["brain"] is not None and "error" not in view["brain"], view["brain"]
-    status, logs = http(base, f"/api/jobs/{job_id}/logs?lines=20")
-    assert status == 200
-    assert logs["available"] or logs["message"].startswith("logs not available"), logs
+
+    def step_lines() -> list[str]:
+        status, logs = http(base, f"/api/jobs/{job_id}/logs?lines=20")
+        assert status == 200 and logs["available"], logs
+        return [line["text"] for line in logs["lines"] if line["text"].startswith("step ")]
+
+    wait_until(step_lines, 60, "the job's step lines in its log tail")
     status, state = http(base, "/api/cluster")
     assert status == 200 and len(state["workers"]) == 2
     assert [a["job"] for a in state["allocations"]] == [job_id]

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from gearshift.client.processes import DaemonProcess
+from gearshift.common import codepkg
 from gearshift.common.channel import connect
 from gearshift.common.ports import free_port_in
 from gearshift.v1 import (
@@ -732,3 +733,43 @@ def _history(stub: brain_pb2_grpc.BrainStub, job_id: str) -> brain_pb2.JobHistor
     except grpc.RpcError:
         return None
     return reply if reply.job.status == "running" else None
+
+
+def test_code_packages_upload_once_and_bad_uploads_change_nothing(
+    daemons: DaemonFactory, postgres_db: str
+) -> None:
+    address = scheduler(daemons, postgres_db)
+    data = bytes(range(256)) * 5000  # 1.28 MB: two chunks
+    sha = codepkg.sha256_of(data)
+    with connect(address) as channel:
+        jobs = scheduler_pb2_grpc.JobServiceStub(channel)
+        workers = scheduler_pb2_grpc.WorkerRegistryStub(channel)
+        unknown = spec("own-code")
+        unknown.entrypoint.code_sha256 = sha
+        with pytest.raises(grpc.RpcError) as info:
+            jobs.SubmitJob(S.SubmitJobRequest(spec=unknown))
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "upload it first" in (info.value.details() or "")
+        lie = [C.CodeChunk(sha256=sha, size=len(data), data=data[:-1] + b"x")]
+        with pytest.raises(grpc.RpcError) as info:
+            jobs.UploadCode(iter(lie))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "hash to" in (info.value.details() or "")
+        assert not jobs.HasCode(S.HasCodeRequest(sha256=sha)).present  # nothing stored
+        with pytest.raises(grpc.RpcError) as info:
+            jobs.HasCode(S.HasCodeRequest(sha256="not-a-hash"))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+        first = jobs.UploadCode(codepkg.chunks(sha, data))
+        again = jobs.UploadCode(codepkg.chunks(sha, data))
+        assert (first.sha256, first.stored, again.stored) == (sha, True, False)
+        assert jobs.HasCode(S.HasCodeRequest(sha256=sha)).present
+        fetched = codepkg.assemble(workers.FetchCode(S.FetchCodeRequest(sha256=sha)))
+        assert fetched == (sha, data)
+        assert jobs.SubmitJob(S.SubmitJobRequest(spec=unknown)).created
+        with pytest.raises(grpc.RpcError) as info:
+            list(workers.FetchCode(S.FetchCodeRequest(sha256="0" * 64)))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as info:
+            list(jobs.StreamJobLogs(S.StreamJobLogsRequest(job_id="job-nope")))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND

@@ -11,10 +11,19 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
+from gearshift.common import codepkg
 from gearshift.common.db import create_engine, downgrade, migrate
 from gearshift.common.errors import ConflictError
 from gearshift.scheduler import models
-from gearshift.scheduler.store import EventRecord, JobRecord, SqlStore, TaskRecord, WorkerRecord
+from gearshift.scheduler.memory_store import MemoryStore
+from gearshift.scheduler.store import (
+    EventRecord,
+    JobRecord,
+    SqlStore,
+    Store,
+    TaskRecord,
+    WorkerRecord,
+)
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 C = common_pb2
@@ -184,3 +193,40 @@ def test_workers_tasks_and_state(store: SqlStore) -> None:
     store.set_state("round", "7")
     store.set_state("round", "8")
     assert store.get_state("round") == "8"
+
+
+@pytest.fixture(params=["sqlite", "postgres", "memory"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """Every backend of the Store interface: SQLite, PostgreSQL and the in-memory one."""
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    url = (
+        f"sqlite:///{tmp_path / 'any.db'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("postgres_db")
+    )
+    migrate(url)
+    out = SqlStore(url)
+    yield out
+    out.close()
+
+
+def test_code_packages_are_stored_once_by_hash(any_store: Store) -> None:
+    data = b"PK\x03\x04" + bytes(range(256)) * 10
+    sha = codepkg.sha256_of(data)
+    assert not any_store.has_code(sha) and any_store.get_code(sha) is None
+    assert any_store.put_code(sha, data) is True
+    assert any_store.put_code(sha, data) is False  # the second upload stores nothing
+    assert any_store.has_code(sha) and any_store.get_code(sha) == data
+
+
+def test_a_jobs_tasks_ended_ones_too(any_store: Store) -> None:
+    any_store.create_job(_job("j1", 1.0), _event("j1", 1))
+    any_store.create_job(_job("j2", 2.0), _event("j2", 1))
+    first = TaskRecord("t1", "j1", "w1", 1, C.TASK_STATE_CHECKPOINTED, (0,), "h:1", 9.0, 1.0)
+    second = TaskRecord("t2", "j1", "w2", 2, C.TASK_STATE_RUNNING, (0, 1), "h:2", 9.0, 2.0)
+    other = TaskRecord("t3", "j2", "w2", 1, C.TASK_STATE_RUNNING, (0,), "h:2", 9.0, 3.0)
+    any_store.save_tasks([second, other, first])
+    assert [t.task_id for t in any_store.job_tasks("j1")] == ["t1", "t2"]
+    assert any_store.job_tasks("nope") == []

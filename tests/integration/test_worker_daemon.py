@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from gearshift.client.processes import DaemonProcess
+from gearshift.common import codepkg
 from gearshift.common.auth import BearerTokenServerInterceptor
 from gearshift.common.channel import connect
 from gearshift.common.ports import free_port
@@ -49,6 +50,7 @@ class FakeScheduler(scheduler_pb2_grpc.WorkerRegistryServicer):
     renewals: list[S.RenewLeaseRequest] = field(default_factory=list)
     reregister: threading.Event = field(default_factory=threading.Event)
     stop_tasks: set[str] = field(default_factory=set)
+    code: dict[str, bytes] = field(default_factory=dict)  # FetchCode serves these
 
     def RegisterWorker(
         self, request: S.RegisterWorkerRequest, context: grpc.ServicerContext
@@ -84,6 +86,14 @@ class FakeScheduler(scheduler_pb2_grpc.WorkerRegistryServicer):
     ) -> S.TaskFinishedResponse:
         self.finished.append(request.status)
         return S.TaskFinishedResponse()
+
+    def FetchCode(
+        self, request: S.FetchCodeRequest, context: grpc.ServicerContext
+    ) -> Iterator[C.CodeChunk]:
+        data = self.code.get(request.sha256)
+        if data is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"code package {request.sha256!r} not found")
+        yield from codepkg.chunks(request.sha256, data)
 
     def ended(self, task_id: str) -> C.TaskStatus | None:
         return next((s for s in self.finished if s.task_id == task_id), None)
@@ -552,3 +562,46 @@ def test_the_token_goes_with_every_call(daemons: DaemonFactory, tmp_path: Path) 
         assert recorder.progress and recorder.progress[-1].progress.step == 5
     finally:
         server.stop(0)
+
+
+def test_a_task_runs_a_code_package_fetched_once_and_its_logs_stream(
+    daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
+) -> None:
+    recorder, address = fake
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "my_mlp.py").write_text("from gearshift.examples.mlp import build  # noqa\n")
+    package = codepkg.package(project)
+    recorder.code[package.sha256] = package.data
+    job_spec = spec(6, module="my_mlp")
+    job_spec.entrypoint.code_sha256 = package.sha256
+    worker = start_worker(daemons, address, tmp_path)
+    with connect(worker.address) as channel:
+        stub = worker_pb2_grpc.WorkerAgentStub(channel)
+        stub.StartTask(start_request(tmp_path, "t-own", job_spec))
+        final = finished(recorder, "t-own")
+        assert final.state == C.TASK_STATE_COMPLETED, final.message
+        request = worker_pb2.StreamTaskLogsRequest(task_id="t-own", rank=0, tail_lines=3)
+        lines = [line.text for line in stub.StreamTaskLogs(request, timeout=10)]
+        assert lines[0].startswith("step 6/6") and lines[-1].startswith("digest sha256:"), lines
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.StreamTaskLogs(worker_pb2.StreamTaskLogsRequest(task_id="t-own", rank=5)))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    cached = list((tmp_path / "work" / "code").iterdir())
+    assert [p.name for p in cached] == [package.sha256]
+
+
+def test_a_task_whose_code_package_is_missing_fails_saying_so(
+    daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
+) -> None:
+    recorder, address = fake
+    job_spec = spec(6)
+    job_spec.entrypoint.code_sha256 = "ab" * 32
+    worker = start_worker(daemons, address, tmp_path)
+    with connect(worker.address) as channel:
+        worker_pb2_grpc.WorkerAgentStub(channel).StartTask(
+            start_request(tmp_path, "t-nocode", job_spec)
+        )
+    final = finished(recorder, "t-nocode")
+    assert final.state == C.TASK_STATE_FAILED
+    assert "could not start" in final.message and "abab" in final.message, final.message

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.client.spec import load_spec, spec_from_dict, spec_to_dict
+from gearshift.client.run_spec import RunOptions, run_job
+from gearshift.client.spec import load_job, load_spec, spec_from_dict, spec_to_dict
 from gearshift.common.errors import ValidationError
 from gearshift.v1 import common_pb2
 
@@ -84,3 +85,59 @@ def test_the_readme_example_job_file_loads() -> None:
     assert spec.entrypoint.module == "gearshift.examples.digits_cnn"
     assert spec.determinism == common_pb2.DETERMINISM_LEVEL_D2  # it mixes v100 and t4
     assert spec.service_class == common_pb2.SERVICE_CLASS_BEST_EFFORT
+
+
+def test_own_code_by_path_or_working_dir(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("DATASET_SIZE = 10\n")
+    (tmp_path / "pkg").mkdir()
+    by_path = tmp_path / "a.yaml"
+    by_path.write_text(GOOD.replace("module: gearshift.examples.digits_cnn", "path: ./train.py"))
+    job = load_job(by_path)
+    assert job.code == tmp_path / "train.py" and job.spec.entrypoint.module == "train"
+    by_dir = tmp_path / "b.yaml"
+    by_dir.write_text("working_dir: pkg\n" + GOOD.replace("digits_cnn", "x"))
+    job = load_job(by_dir)
+    assert job.code == tmp_path / "pkg" and job.spec.entrypoint.module == "gearshift.examples.x"
+    with pytest.raises(ValidationError, match="ships its own code"):
+        load_spec(by_dir)
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (("module: gearshift.examples.digits_cnn", "path: ./nope.py"), "does not exist"),
+        (("module: gearshift.examples.digits_cnn", "path: ./pkg"), "is required when"),
+        (("name: digits-cnn", "name: digits-cnn\nworking_dir: ./nope"), "is not a folder"),
+        (
+            ("module: gearshift.examples.digits_cnn", "path: ./t.py\n  module: t"),
+            "not both",
+        ),
+    ],
+)
+def test_own_code_mistakes_are_named(tmp_path: Path, change: tuple[str, str], problem: str) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "t.py").write_text("")
+    text = GOOD.replace(*change)
+    if "not both" in problem:
+        text = "working_dir: pkg\n" + text
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    with pytest.raises(ValidationError, match=problem):
+        load_job(path)
+
+
+def test_run_builds_a_one_file_job(tmp_path: Path) -> None:
+    script = tmp_path / "my_train.py"
+    script.write_text("import torch\nDATASET_SIZE = 512\n\ndef build(config): ...\n")
+    job = run_job(RunOptions(file=script, ests=4, steps=200))
+    assert job.code == script
+    spec = job.spec
+    assert (spec.name, spec.entrypoint.module, spec.dataset.size) == ("my-train", "my_train", 512)
+    assert (spec.num_ests, spec.global_batch_size, spec.elastic.max_devices) == (4, 32, 4)
+    script.write_text("def build(config): ...\n")
+    with pytest.raises(ValidationError, match="DATASET_SIZE = N") as info:
+        run_job(RunOptions(file=script, ests=4, steps=200))
+    assert info.value.field == "--data-size"
+    assert run_job(RunOptions(file=script, ests=2, steps=5, data_size=64)).spec.dataset.size == 64
+    with pytest.raises(ValidationError, match="is not JSON"):
+        run_job(RunOptions(file=script, ests=2, steps=5, data_size=64, config="{"))

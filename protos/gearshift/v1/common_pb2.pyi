@@ -208,6 +208,7 @@ class Entrypoint(_message.Message):
 
     MODULE_FIELD_NUMBER: _builtins.int
     CONFIG_JSON_FIELD_NUMBER: _builtins.int
+    CODE_SHA256_FIELD_NUMBER: _builtins.int
     module: _builtins.str
     """Importable module name that defines `build(config)`, e.g.
     "gearshift.examples.digits_cnn".
@@ -216,15 +217,21 @@ class Entrypoint(_message.Message):
     """Configuration passed to the module, as a JSON object. JSON rather than
     google.protobuf.Struct so integers stay integers.
     """
+    code_sha256: _builtins.str
+    """The user's own code: the SHA-256 (hex) of a code package uploaded with
+    JobService.UploadCode. Workers fetch it by hash, cache it, and import
+    `module` from it. Empty: `module` is importable on every worker already.
+    """
     def __init__(
         self,
         *,
         module: _builtins.str = ...,
         config_json: _builtins.str = ...,
+        code_sha256: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "module", b"module"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code_sha256", b"code_sha256", "config_json", b"config_json", "module", b"module"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -722,6 +729,76 @@ class Lease(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Lease: _TypeAlias = Lease  # noqa: Y015
+
+@_typing.final
+class LogLine(_message.Message):
+    """One line of a training process's output."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """Job the line belongs to."""
+    rank: _builtins.int
+    """Rank of the process that wrote it."""
+    time: _builtins.float
+    """When the worker read it, seconds since the Unix epoch."""
+    text: _builtins.str
+    """The line, without its newline."""
+    task_id: _builtins.str
+    """Task (the job's processes on one worker, one placement) that wrote it."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        time: _builtins.float = ...,
+        text: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "rank", b"rank", "task_id", b"task_id", "text", b"text", "time", b"time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogLine: _TypeAlias = LogLine  # noqa: Y015
+
+@_typing.final
+class CodeChunk(_message.Message):
+    """A piece of a code package (a zip archive) on its way to or from the
+    scheduler, in order; the first chunk of an upload names the package.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHA256_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    sha256: _builtins.str
+    """SHA-256 (hex) of the whole package; set on the first chunk."""
+    size: _builtins.int
+    """Size of the whole package in bytes; set on the first chunk."""
+    data: _builtins.bytes
+    """The next bytes of the package (at most 1 MiB per chunk)."""
+    def __init__(
+        self,
+        *,
+        sha256: _builtins.str = ...,
+        size: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "sha256", b"sha256", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CodeChunk: _TypeAlias = CodeChunk  # noqa: Y015
 
 IDEMPOTENT_FIELD_NUMBER: _builtins.int
 idempotent: _extension_dict._ExtensionFieldDescriptor[_descriptor_pb2.MethodOptions, _builtins.bool]

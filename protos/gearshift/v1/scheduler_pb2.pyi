@@ -867,39 +867,84 @@ class StreamJobLogsRequest(_message.Message):
 Global___StreamJobLogsRequest: _TypeAlias = StreamJobLogsRequest  # noqa: Y015
 
 @_typing.final
-class LogLine(_message.Message):
-    """One line of a training process's output."""
-
+class HasCodeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    JOB_ID_FIELD_NUMBER: _builtins.int
-    RANK_FIELD_NUMBER: _builtins.int
-    TIME_FIELD_NUMBER: _builtins.int
-    TEXT_FIELD_NUMBER: _builtins.int
-    TASK_ID_FIELD_NUMBER: _builtins.int
-    job_id: _builtins.str
-    """Job the line belongs to."""
-    rank: _builtins.int
-    """Rank of the process that wrote it."""
-    time: _builtins.float
-    """When the worker read it, seconds since the Unix epoch."""
-    text: _builtins.str
-    """The line, without its newline."""
-    task_id: _builtins.str
-    """Task (the job's processes on one worker, one placement) that wrote it."""
+    SHA256_FIELD_NUMBER: _builtins.int
+    sha256: _builtins.str
+    """SHA-256 (hex) of the package."""
     def __init__(
         self,
         *,
-        job_id: _builtins.str = ...,
-        rank: _builtins.int = ...,
-        time: _builtins.float = ...,
-        text: _builtins.str = ...,
-        task_id: _builtins.str = ...,
+        sha256: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "rank", b"rank", "task_id", b"task_id", "text", b"text", "time", b"time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sha256", b"sha256"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___LogLine: _TypeAlias = LogLine  # noqa: Y015
+Global___HasCodeRequest: _TypeAlias = HasCodeRequest  # noqa: Y015
+
+@_typing.final
+class HasCodeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRESENT_FIELD_NUMBER: _builtins.int
+    present: _builtins.bool
+    def __init__(
+        self,
+        *,
+        present: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["present", b"present"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HasCodeResponse: _TypeAlias = HasCodeResponse  # noqa: Y015
+
+@_typing.final
+class UploadCodeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHA256_FIELD_NUMBER: _builtins.int
+    STORED_FIELD_NUMBER: _builtins.int
+    sha256: _builtins.str
+    """SHA-256 (hex) of the stored package."""
+    stored: _builtins.bool
+    """False when the scheduler held it already and stored nothing."""
+    def __init__(
+        self,
+        *,
+        sha256: _builtins.str = ...,
+        stored: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sha256", b"sha256", "stored", b"stored"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UploadCodeResponse: _TypeAlias = UploadCodeResponse  # noqa: Y015
+
+@_typing.final
+class FetchCodeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHA256_FIELD_NUMBER: _builtins.int
+    sha256: _builtins.str
+    """SHA-256 (hex) of the package."""
+    def __init__(
+        self,
+        *,
+        sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sha256", b"sha256"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FetchCodeRequest: _TypeAlias = FetchCodeRequest  # noqa: Y015

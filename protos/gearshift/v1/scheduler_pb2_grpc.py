@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from gearshift.v1 import common_pb2 as gearshift_dot_v1_dot_common__pb2
 from gearshift.v1 import scheduler_pb2 as gearshift_dot_v1_dot_scheduler__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -68,7 +69,17 @@ class JobServiceStub:
         self.StreamJobLogs = channel.unary_stream(
                 '/gearshift.v1.JobService/StreamJobLogs',
                 request_serializer=gearshift_dot_v1_dot_scheduler__pb2.StreamJobLogsRequest.SerializeToString,
-                response_deserializer=gearshift_dot_v1_dot_scheduler__pb2.LogLine.FromString,
+                response_deserializer=gearshift_dot_v1_dot_common__pb2.LogLine.FromString,
+                _registered_method=True)
+        self.HasCode = channel.unary_unary(
+                '/gearshift.v1.JobService/HasCode',
+                request_serializer=gearshift_dot_v1_dot_scheduler__pb2.HasCodeRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_scheduler__pb2.HasCodeResponse.FromString,
+                _registered_method=True)
+        self.UploadCode = channel.stream_unary(
+                '/gearshift.v1.JobService/UploadCode',
+                request_serializer=gearshift_dot_v1_dot_common__pb2.CodeChunk.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_scheduler__pb2.UploadCodeResponse.FromString,
                 _registered_method=True)
 
 
@@ -130,6 +141,22 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HasCode(self, request, context):
+        """Whether the scheduler holds a code package: a client uploads only what
+        it lacks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UploadCode(self, request_iterator, context):
+        """Uploads a code package in chunks; the scheduler checks its size and
+        hash and stores it once (an upload of a package it holds stores nothing).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -166,7 +193,17 @@ def add_JobServiceServicer_to_server(servicer, server):
             'StreamJobLogs': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamJobLogs,
                     request_deserializer=gearshift_dot_v1_dot_scheduler__pb2.StreamJobLogsRequest.FromString,
-                    response_serializer=gearshift_dot_v1_dot_scheduler__pb2.LogLine.SerializeToString,
+                    response_serializer=gearshift_dot_v1_dot_common__pb2.LogLine.SerializeToString,
+            ),
+            'HasCode': grpc.unary_unary_rpc_method_handler(
+                    servicer.HasCode,
+                    request_deserializer=gearshift_dot_v1_dot_scheduler__pb2.HasCodeRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_scheduler__pb2.HasCodeResponse.SerializeToString,
+            ),
+            'UploadCode': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadCode,
+                    request_deserializer=gearshift_dot_v1_dot_common__pb2.CodeChunk.FromString,
+                    response_serializer=gearshift_dot_v1_dot_scheduler__pb2.UploadCodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -358,7 +395,61 @@ class JobService:
             target,
             '/gearshift.v1.JobService/StreamJobLogs',
             gearshift_dot_v1_dot_scheduler__pb2.StreamJobLogsRequest.SerializeToString,
-            gearshift_dot_v1_dot_scheduler__pb2.LogLine.FromString,
+            gearshift_dot_v1_dot_common__pb2.LogLine.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HasCode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.JobService/HasCode',
+            gearshift_dot_v1_dot_scheduler__pb2.HasCodeRequest.SerializeToString,
+            gearshift_dot_v1_dot_scheduler__pb2.HasCodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadCode(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/gearshift.v1.JobService/UploadCode',
+            gearshift_dot_v1_dot_common__pb2.CodeChunk.SerializeToString,
+            gearshift_dot_v1_dot_scheduler__pb2.UploadCodeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -406,6 +497,11 @@ class WorkerRegistryStub:
                 request_serializer=gearshift_dot_v1_dot_scheduler__pb2.TaskFinishedRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_scheduler__pb2.TaskFinishedResponse.FromString,
                 _registered_method=True)
+        self.FetchCode = channel.unary_stream(
+                '/gearshift.v1.WorkerRegistry/FetchCode',
+                request_serializer=gearshift_dot_v1_dot_scheduler__pb2.FetchCodeRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_common__pb2.CodeChunk.FromString,
+                _registered_method=True)
 
 
 class WorkerRegistryServicer:
@@ -452,6 +548,14 @@ class WorkerRegistryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchCode(self, request, context):
+        """Streams a code package to a worker that is about to run a job of it
+        (NOT_FOUND when the scheduler does not hold it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerRegistryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -479,6 +583,11 @@ def add_WorkerRegistryServicer_to_server(servicer, server):
                     servicer.TaskFinished,
                     request_deserializer=gearshift_dot_v1_dot_scheduler__pb2.TaskFinishedRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_scheduler__pb2.TaskFinishedResponse.SerializeToString,
+            ),
+            'FetchCode': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchCode,
+                    request_deserializer=gearshift_dot_v1_dot_scheduler__pb2.FetchCodeRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_common__pb2.CodeChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -618,6 +727,33 @@ class WorkerRegistry:
             '/gearshift.v1.WorkerRegistry/TaskFinished',
             gearshift_dot_v1_dot_scheduler__pb2.TaskFinishedRequest.SerializeToString,
             gearshift_dot_v1_dot_scheduler__pb2.TaskFinishedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchCode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gearshift.v1.WorkerRegistry/FetchCode',
+            gearshift_dot_v1_dot_scheduler__pb2.FetchCodeRequest.SerializeToString,
+            gearshift_dot_v1_dot_common__pb2.CodeChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,6 +6,7 @@ used by worker daemons and training processes.
 """
 
 from collections import abc as _abc
+from gearshift.v1 import common_pb2 as _common_pb2
 from gearshift.v1 import scheduler_pb2 as _scheduler_pb2
 from grpc import aio as _aio
 import abc as _abc_1
@@ -53,10 +54,18 @@ class JobServiceStub:
     """
     GetClusterState: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetClusterStateRequest, _scheduler_pb2.ClusterState]
     """Returns the workers, their devices, and which job runs where."""
-    StreamJobLogs: _grpc.UnaryStreamMultiCallable[_scheduler_pb2.StreamJobLogsRequest, _scheduler_pb2.LogLine]
+    StreamJobLogs: _grpc.UnaryStreamMultiCallable[_scheduler_pb2.StreamJobLogsRequest, _common_pb2.LogLine]
     """Streams a job's training-process output (stdout and stderr lines), read from
     the workers that run or ran it: the last tail_lines lines of each selected
     rank, then, with follow, new lines as they are written until the job ends.
+    """
+    HasCode: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.HasCodeRequest, _scheduler_pb2.HasCodeResponse]
+    """Whether the scheduler holds a code package: a client uploads only what
+    it lacks.
+    """
+    UploadCode: _grpc.StreamUnaryMultiCallable[_common_pb2.CodeChunk, _scheduler_pb2.UploadCodeResponse]
+    """Uploads a code package in chunks; the scheduler checks its size and
+    hash and stores it once (an upload of a package it holds stores nothing).
     """
 
 @_typing.type_check_only
@@ -82,10 +91,18 @@ class JobServiceAsyncStub(JobServiceStub):
     """
     GetClusterState: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetClusterStateRequest, _scheduler_pb2.ClusterState]  # type: ignore[assignment]
     """Returns the workers, their devices, and which job runs where."""
-    StreamJobLogs: _aio.UnaryStreamMultiCallable[_scheduler_pb2.StreamJobLogsRequest, _scheduler_pb2.LogLine]  # type: ignore[assignment]
+    StreamJobLogs: _aio.UnaryStreamMultiCallable[_scheduler_pb2.StreamJobLogsRequest, _common_pb2.LogLine]  # type: ignore[assignment]
     """Streams a job's training-process output (stdout and stderr lines), read from
     the workers that run or ran it: the last tail_lines lines of each selected
     rank, then, with follow, new lines as they are written until the job ends.
+    """
+    HasCode: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.HasCodeRequest, _scheduler_pb2.HasCodeResponse]  # type: ignore[assignment]
+    """Whether the scheduler holds a code package: a client uploads only what
+    it lacks.
+    """
+    UploadCode: _aio.StreamUnaryMultiCallable[_common_pb2.CodeChunk, _scheduler_pb2.UploadCodeResponse]  # type: ignore[assignment]
+    """Uploads a code package in chunks; the scheduler checks its size and
+    hash and stores it once (an upload of a package it holds stores nothing).
     """
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -150,10 +167,30 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _scheduler_pb2.StreamJobLogsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_scheduler_pb2.LogLine], _abc.AsyncIterator[_scheduler_pb2.LogLine]]:
+    ) -> _typing.Union[_abc.Iterator[_common_pb2.LogLine], _abc.AsyncIterator[_common_pb2.LogLine]]:
         """Streams a job's training-process output (stdout and stderr lines), read from
         the workers that run or ran it: the last tail_lines lines of each selected
         rank, then, with follow, new lines as they are written until the job ends.
+        """
+
+    @_abc_1.abstractmethod
+    def HasCode(
+        self,
+        request: _scheduler_pb2.HasCodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.HasCodeResponse, _abc.Awaitable[_scheduler_pb2.HasCodeResponse]]:
+        """Whether the scheduler holds a code package: a client uploads only what
+        it lacks.
+        """
+
+    @_abc_1.abstractmethod
+    def UploadCode(
+        self,
+        request_iterator: _MaybeAsyncIterator[_common_pb2.CodeChunk],
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.UploadCodeResponse, _abc.Awaitable[_scheduler_pb2.UploadCodeResponse]]:
+        """Uploads a code package in chunks; the scheduler checks its size and
+        hash and stores it once (an upload of a package it holds stores nothing).
         """
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
@@ -184,6 +221,10 @@ class WorkerRegistryStub:
     """Training progress of a job (step, loss, throughput)."""
     TaskFinished: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.TaskFinishedRequest, _scheduler_pb2.TaskFinishedResponse]
     """A task ended: completed, checkpointed for a rescale, or failed."""
+    FetchCode: _grpc.UnaryStreamMultiCallable[_scheduler_pb2.FetchCodeRequest, _common_pb2.CodeChunk]
+    """Streams a code package to a worker that is about to run a job of it
+    (NOT_FOUND when the scheduler does not hold it).
+    """
 
 @_typing.type_check_only
 class WorkerRegistryAsyncStub(WorkerRegistryStub):
@@ -209,6 +250,10 @@ class WorkerRegistryAsyncStub(WorkerRegistryStub):
     """Training progress of a job (step, loss, throughput)."""
     TaskFinished: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.TaskFinishedRequest, _scheduler_pb2.TaskFinishedResponse]  # type: ignore[assignment]
     """A task ended: completed, checkpointed for a rescale, or failed."""
+    FetchCode: _aio.UnaryStreamMultiCallable[_scheduler_pb2.FetchCodeRequest, _common_pb2.CodeChunk]  # type: ignore[assignment]
+    """Streams a code package to a worker that is about to run a job of it
+    (NOT_FOUND when the scheduler does not hold it).
+    """
 
 class WorkerRegistryServicer(metaclass=_abc_1.ABCMeta):
     """Workers API: worker daemons register and heartbeat; training processes
@@ -261,5 +306,15 @@ class WorkerRegistryServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.TaskFinishedResponse, _abc.Awaitable[_scheduler_pb2.TaskFinishedResponse]]:
         """A task ended: completed, checkpointed for a rescale, or failed."""
+
+    @_abc_1.abstractmethod
+    def FetchCode(
+        self,
+        request: _scheduler_pb2.FetchCodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_common_pb2.CodeChunk], _abc.AsyncIterator[_common_pb2.CodeChunk]]:
+        """Streams a code package to a worker that is about to run a job of it
+        (NOT_FOUND when the scheduler does not hold it).
+        """
 
 def add_WorkerRegistryServicer_to_server(servicer: WorkerRegistryServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

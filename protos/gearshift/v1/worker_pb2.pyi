@@ -231,3 +231,35 @@ class WorkerDescription(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkerDescription: _TypeAlias = WorkerDescription  # noqa: Y015
+
+@_typing.final
+class StreamTaskLogsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    TAIL_LINES_FIELD_NUMBER: _builtins.int
+    FOLLOW_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Id of the task."""
+    rank: _builtins.int
+    """Only this process rank; -1 means every rank of the task."""
+    tail_lines: _builtins.int
+    """Lines of history per rank to send first (0 means 100; at most 10000)."""
+    follow: _builtins.bool
+    """Keep the stream open and send new lines until the task ends."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        tail_lines: _builtins.int = ...,
+        follow: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["follow", b"follow", "rank", b"rank", "tail_lines", b"tail_lines", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamTaskLogsRequest: _TypeAlias = StreamTaskLogsRequest  # noqa: Y015

@@ -56,6 +56,11 @@ class WorkerAgentStub:
                 request_serializer=gearshift_dot_v1_dot_worker__pb2.DescribeWorkerRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_worker__pb2.WorkerDescription.FromString,
                 _registered_method=True)
+        self.StreamTaskLogs = channel.unary_stream(
+                '/gearshift.v1.WorkerAgent/StreamTaskLogs',
+                request_serializer=gearshift_dot_v1_dot_worker__pb2.StreamTaskLogsRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_common__pb2.LogLine.FromString,
+                _registered_method=True)
 
 
 class WorkerAgentServicer:
@@ -93,6 +98,15 @@ class WorkerAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamTaskLogs(self, request, context):
+        """A task's training-process output: the last tail_lines lines of each
+        selected rank kept on this worker (within its size cap), then, with
+        follow, new lines until the task ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -115,6 +129,11 @@ def add_WorkerAgentServicer_to_server(servicer, server):
                     servicer.DescribeWorker,
                     request_deserializer=gearshift_dot_v1_dot_worker__pb2.DescribeWorkerRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_worker__pb2.WorkerDescription.SerializeToString,
+            ),
+            'StreamTaskLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamTaskLogs,
+                    request_deserializer=gearshift_dot_v1_dot_worker__pb2.StreamTaskLogsRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_common__pb2.LogLine.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -226,6 +245,33 @@ class WorkerAgent:
             '/gearshift.v1.WorkerAgent/DescribeWorker',
             gearshift_dot_v1_dot_worker__pb2.DescribeWorkerRequest.SerializeToString,
             gearshift_dot_v1_dot_worker__pb2.WorkerDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamTaskLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gearshift.v1.WorkerAgent/StreamTaskLogs',
+            gearshift_dot_v1_dot_worker__pb2.StreamTaskLogsRequest.SerializeToString,
+            gearshift_dot_v1_dot_common__pb2.LogLine.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,6 +49,11 @@ class WorkerAgentStub:
     """Status of one task."""
     DescribeWorker: _grpc.UnaryUnaryMultiCallable[_worker_pb2.DescribeWorkerRequest, _worker_pb2.WorkerDescription]
     """The worker's devices and tasks."""
+    StreamTaskLogs: _grpc.UnaryStreamMultiCallable[_worker_pb2.StreamTaskLogsRequest, _common_pb2.LogLine]
+    """A task's training-process output: the last tail_lines lines of each
+    selected rank kept on this worker (within its size cap), then, with
+    follow, new lines until the task ends.
+    """
 
 @_typing.type_check_only
 class WorkerAgentAsyncStub(WorkerAgentStub):
@@ -68,6 +73,11 @@ class WorkerAgentAsyncStub(WorkerAgentStub):
     """Status of one task."""
     DescribeWorker: _aio.UnaryUnaryMultiCallable[_worker_pb2.DescribeWorkerRequest, _worker_pb2.WorkerDescription]  # type: ignore[assignment]
     """The worker's devices and tasks."""
+    StreamTaskLogs: _aio.UnaryStreamMultiCallable[_worker_pb2.StreamTaskLogsRequest, _common_pb2.LogLine]  # type: ignore[assignment]
+    """A task's training-process output: the last tail_lines lines of each
+    selected rank kept on this worker (within its size cap), then, with
+    follow, new lines until the task ends.
+    """
 
 class WorkerAgentServicer(metaclass=_abc_1.ABCMeta):
     """Called by the scheduler to start and stop tasks on one worker."""
@@ -108,5 +118,16 @@ class WorkerAgentServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_worker_pb2.WorkerDescription, _abc.Awaitable[_worker_pb2.WorkerDescription]]:
         """The worker's devices and tasks."""
+
+    @_abc_1.abstractmethod
+    def StreamTaskLogs(
+        self,
+        request: _worker_pb2.StreamTaskLogsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_common_pb2.LogLine], _abc.AsyncIterator[_common_pb2.LogLine]]:
+        """A task's training-process output: the last tail_lines lines of each
+        selected rank kept on this worker (within its size cap), then, with
+        follow, new lines until the task ends.
+        """
 
 def add_WorkerAgentServicer_to_server(servicer: WorkerAgentServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -53,8 +53,10 @@ def load_job(module: str, config: dict[str, Any]) -> Job:
     """Import `module` and call its `build(config)`; errors name what is wrong."""
     try:
         mod = importlib.import_module(module)
-    except ImportError as exc:
-        raise ValidationError("--job", f"cannot import module {module!r}: {exc}") from None
+    except Exception as exc:  # a user's module may fail at import in any way: bad input
+        raise ValidationError(
+            "--job", f"cannot import module {module!r}: {type(exc).__name__}: {exc}"
+        ) from None
     build = getattr(mod, "build", None)
     if not callable(build):
         raise ValidationError("--job", f"module {module!r} has no build(config) function")
