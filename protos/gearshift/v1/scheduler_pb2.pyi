@@ -868,6 +868,8 @@ Global___StreamJobLogsRequest: _TypeAlias = StreamJobLogsRequest  # noqa: Y015
 
 @_typing.final
 class HasCodeRequest(_message.Message):
+    """Asks whether the scheduler holds a code package."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SHA256_FIELD_NUMBER: _builtins.int
@@ -888,10 +890,13 @@ Global___HasCodeRequest: _TypeAlias = HasCodeRequest  # noqa: Y015
 
 @_typing.final
 class HasCodeResponse(_message.Message):
+    """Whether the package is there."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PRESENT_FIELD_NUMBER: _builtins.int
     present: _builtins.bool
+    """True when the scheduler holds the package: no upload needed."""
     def __init__(
         self,
         *,
@@ -907,6 +912,8 @@ Global___HasCodeResponse: _TypeAlias = HasCodeResponse  # noqa: Y015
 
 @_typing.final
 class UploadCodeResponse(_message.Message):
+    """The outcome of an upload."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SHA256_FIELD_NUMBER: _builtins.int
@@ -931,6 +938,8 @@ Global___UploadCodeResponse: _TypeAlias = UploadCodeResponse  # noqa: Y015
 
 @_typing.final
 class FetchCodeRequest(_message.Message):
+    """Asks for a code package's bytes."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SHA256_FIELD_NUMBER: _builtins.int

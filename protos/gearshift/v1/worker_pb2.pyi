@@ -234,6 +234,8 @@ Global___WorkerDescription: _TypeAlias = WorkerDescription  # noqa: Y015
 
 @_typing.final
 class StreamTaskLogsRequest(_message.Message):
+    """Asks for a task's training-process output."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
