@@ -277,6 +277,25 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--json", action="store_true", help="print JSON")
     health.set_defaults(func=commands.cmd_health)
 
+    token = sub.add_parser(
+        "token",
+        help="make a bearer token for an identity",
+        description="`gearshift token create --role tenant:alice --file tokens` prints a new "
+        "token once and appends its SHA-256 with the role to the tokens file that daemons read "
+        "with --tokens-file (send them SIGHUP to reload it).",
+    )
+    token_sub = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    create = token_sub.add_parser("create", help="print a new token, record its hash")
+    create.add_argument(
+        "--role", required=True, help="admin, service, tenant:NAME or worker:WORKER_ID"
+    )
+    create.add_argument(
+        "--file",
+        default=os.environ.get("GEARSHIFT_TOKENS_FILE", "tokens"),
+        help="the tokens file (created 0600 if missing) [env GEARSHIFT_TOKENS_FILE]",
+    )
+    create.set_defaults(func=commands.cmd_token_create)
+
     sub.add_parser(
         "simulate",
         help="simulate a workload with the scheduler's policies (see `gearshift simulate -h`)",

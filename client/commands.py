@@ -26,10 +26,12 @@ from gearshift.common.errors import (
     DeadlineExceededError,
     GearshiftError,
     NotFoundError,
+    PermissionDeniedError,
     UnavailableError,
     ValidationError,
 )
 from gearshift.common.health import health_status
+from gearshift.common.identity import create_token
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 EXIT_OK = 0
@@ -42,6 +44,7 @@ EXIT_TIMEOUT = 5
 _EXIT_FOR_ERROR: list[tuple[type[GearshiftError], int]] = [
     (ValidationError, EXIT_USAGE),
     (NotFoundError, EXIT_NOT_FOUND),
+    (PermissionDeniedError, EXIT_FAILED),
     (UnavailableError, EXIT_UNAVAILABLE),
     (DeadlineExceededError, EXIT_TIMEOUT),
 ]
@@ -204,6 +207,14 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
     return serve(args)
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    """A new token on stdout (shown once); its hash and role appended to the tokens file."""
+    token = create_token(Path(args.file), args.role)
+    print(token)
+    print(f"{args.role} added to {args.file}; reload daemons with SIGHUP", file=sys.stderr)
+    return EXIT_OK
 
 
 def cmd_health(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,8 +19,11 @@ from pathlib import Path
 
 from gearshift.common.auth import ClientTls, ServerTls
 from gearshift.common.config import Option, parse_config
+from gearshift.common.errors import ValidationError
+from gearshift.common.identity import Identity, TokenTable, hash_token
 from gearshift.common.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from gearshift.common.metrics import METRICS_OPTION, MetricsEndpoint, serve_metrics
+from gearshift.common.rpc_roles import Scopes
 from gearshift.common.server import (
     MB,
     AioGrpcServer,
@@ -41,6 +45,13 @@ def server_options(default_port: int) -> list[Option]:
         ),
         Option(
             "token", "bearer token that every call must carry (empty: no check)", "", secret=True
+        ),
+        Option(
+            "tokens_file",
+            "identities and roles: a file of token hashes (gearshift token create); every call "
+            "is then checked against the RPC's roles, and --token counts as a service. SIGHUP "
+            "reloads it (empty: the single --token, if any, opens everything)",
+            "",
         ),
         Option("tls_cert", "PEM certificate file; with --tls-key enables TLS", ""),
         Option("tls_key", "PEM private key file of --tls-cert", ""),
@@ -76,6 +87,8 @@ class Daemon:
 
     services: Sequence[ServiceRegistration]
     on_start: Callable[[GrpcServer], None] | None = None
+    # Who owns the service's objects (jobs, tasks), for the tenant and worker checks.
+    scopes: Callable[[], Scopes | None] = lambda: None
     on_stop: list[Callable[[], None]] = field(default_factory=list)
     aio: bool = False
 
@@ -95,14 +108,36 @@ def server_settings(config: argparse.Namespace) -> ServerSettings:
         raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
     if config.max_message_mb <= 0:
         raise ValueError("--max-message-mb must be > 0")
+    tokens = None
+    if config.tokens_file:
+        own = {hash_token(config.token): Identity("service")} if config.token else {}
+        try:
+            tokens = TokenTable(Path(config.tokens_file), extra=own)
+        except ValidationError as exc:
+            raise ValueError(f"--tokens-file: {exc.field}: {exc.problem}") from None
     return ServerSettings(
         listen=config.listen,
         token=config.token or None,
+        tokens=tokens,
         tls=tls,
         max_message_bytes=config.max_message_mb * MB,
         grace_seconds=config.grace_seconds,
         rpc_metrics=bool(config.metrics_listen),
     )
+
+
+def _reload_on_sighup(tokens: TokenTable) -> None:
+    """SIGHUP re-reads the tokens file; a bad file is logged and the old table kept."""
+
+    def reload(signum: int, frame: object) -> None:
+        try:
+            count = tokens.reload()
+        except ValidationError as exc:
+            log.error("tokens file refused; the old one stays", extra={"error": exc.message})
+            return
+        log.info("tokens file reloaded", extra={"identities": count})
+
+    signal.signal(signal.SIGHUP, reload)
 
 
 def outgoing_tls(config: argparse.Namespace) -> ClientTls | None:
@@ -142,7 +177,7 @@ def run_daemon(
                 raise ValueError("on_start takes a GrpcServer; an aio daemon has none")
             server = AioGrpcServer(daemon.services, settings)
         else:
-            server = GrpcServer(daemon.services, settings)
+            server = GrpcServer(daemon.services, settings, scopes=daemon.scopes)
         endpoint: MetricsEndpoint | None = None
         if config.metrics_listen:
             endpoint = serve_metrics(config.metrics_listen)
@@ -164,5 +199,7 @@ def run_daemon(
         for hook in daemon.on_stop:
             hook()
 
+    if settings.tokens is not None:
+        _reload_on_sighup(settings.tokens)
     server.serve_until_signal(on_stop=stop_hooks)
     return 0

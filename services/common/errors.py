@@ -82,6 +82,18 @@ class UnauthenticatedError(GearshiftError):
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
+class PermissionDeniedError(GearshiftError):
+    """The caller is known but may not do this (its role, or another's object)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class ResourceExhaustedError(GearshiftError):
+    """A limit (queued jobs, submissions per second, streams, sizes) would be passed."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class UnimplementedError(GearshiftError):
     """The server does not implement this call (yet)."""
 
@@ -109,6 +121,8 @@ _BY_CODE: dict[grpc.StatusCode, type[GearshiftError]] = {
         PreconditionError,
         UnavailableError,
         UnauthenticatedError,
+        PermissionDeniedError,
+        ResourceExhaustedError,
         UnimplementedError,
         DeadlineExceededError,
         InternalError,

@@ -32,9 +32,12 @@ from grpc_health.v1._async import HealthServicer as AioHealthServicer  # health.
 from grpc_reflection.v1alpha import reflection
 
 from gearshift.common.auth import BearerTokenServerInterceptor, ServerTls
+from gearshift.common.authz import AioAuthorizationInterceptor, AuthorizationInterceptor
 from gearshift.common.errors import GearshiftError
 from gearshift.common.handlers import Handler, rewrapped
+from gearshift.common.identity import TokenTable
 from gearshift.common.metrics import AioRpcMetricsInterceptor, RpcMetricsInterceptor
+from gearshift.common.rpc_roles import Scopes
 from gearshift.common.signals import wait_for_signal
 
 log = logging.getLogger("gearshift.server")
@@ -70,6 +73,7 @@ class ServerSettings:
     max_workers: int = 32  # GrpcServer: calls at once; AioGrpcServer: threads for sync handlers
     keepalive_seconds: float = 60.0
     rpc_metrics: bool = False  # count and time every call (gearshift.common.metrics)
+    tokens: TokenTable | None = None  # identities and roles (replaces the one-token check)
 
     def grpc_options(self) -> list[tuple[str, Any]]:
         keepalive_ms = int(self.keepalive_seconds * 1000)
@@ -148,12 +152,15 @@ class GrpcServer:
     services: Sequence[ServiceRegistration]
     settings: ServerSettings = field(default_factory=ServerSettings)
     extra_handlers: Sequence[grpc.GenericRpcHandler[Any, Any]] = ()
+    scopes: Callable[[], Scopes | None] = lambda: None  # owners of objects, for tenant checks
 
     def __post_init__(self) -> None:
         interceptors: list[grpc.ServerInterceptor[Any, Any]] = []
         if self.settings.rpc_metrics:
             interceptors.append(RpcMetricsInterceptor())
-        if self.settings.token:
+        if self.settings.tokens is not None:
+            interceptors.append(AuthorizationInterceptor(self.settings.tokens, self.scopes))
+        elif self.settings.token:
             interceptors.append(BearerTokenServerInterceptor(self.settings.token))
         interceptors.append(ErrorMappingInterceptor())
         self._server = grpc.server(
@@ -439,7 +446,9 @@ class AioGrpcServer:
         interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = []
         if self.settings.rpc_metrics:
             interceptors.append(AioRpcMetricsInterceptor())
-        if self.settings.token:
+        if self.settings.tokens is not None:
+            interceptors.append(AioAuthorizationInterceptor(self.settings.tokens))
+        elif self.settings.token:
             interceptors.append(AioBearerTokenInterceptor(self.settings.token))
         interceptors.append(self._errors)
         self._server = grpc.aio.server(

@@ -255,6 +255,7 @@ def build(config: argparse.Namespace) -> Daemon:
         ],
         on_start=on_start,
         on_stop=[scheduler.stop, store.close],
+        scopes=lambda: scheduler,
     )
 
 

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from gearshift.common.errors import NotFoundError
 from gearshift.scheduler import metrics
 from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.brain import BrainAdvisor
@@ -201,6 +202,18 @@ class Scheduler:
 
     def cluster_state(self) -> scheduler_pb2.ClusterState:
         return self.jobs.cluster_state()
+
+    # Owners, for the authorization checks (gearshift.common.rpc_roles.Scopes) ------------
+    def job_tenant(self, job_id: str) -> str | None:
+        try:
+            return self.jobs.get(job_id).spec.tenant
+        except NotFoundError:
+            return None
+
+    def task_worker(self, task_id: str) -> str | None:
+        with self.state.lock:
+            task = self.state.tasks.get(task_id)
+            return task.worker_id if task is not None else None
 
     def has_code(self, sha256: str) -> bool:
         return self.jobs.has_code(sha256)

@@ -1,0 +1,166 @@
+"""Authorization in one place for every servicer: who calls (their token's identity), whether
+their role may call the method, whether the object is theirs, and an audit line per
+mutating call. Servicers never check roles themselves.
+
+Installed instead of the single-token check when a daemon has `--tokens-file`
+(gearshift.common.identity): UNAUTHENTICATED for no or an unknown token,
+PERMISSION_DENIED naming the identity and the object for a call its role or scope does
+not allow. Health checks stay open.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from gearshift.common.auth import AUTH_HEADER
+from gearshift.common.errors import GearshiftError
+from gearshift.common.handlers import rewrapped
+from gearshift.common.identity import Identity, TokenTable
+from gearshift.common.rpc_roles import Rule, Scopes, check_request, filter_response, rule_for
+
+audit = logging.getLogger("gearshift.audit")
+_OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+def _bearer(details: grpc.HandlerCallDetails) -> str | None:
+    metadata = dict(details.invocation_metadata or ())
+    value = metadata.get(AUTH_HEADER)
+    if value is None:
+        return None
+    text = value.decode() if isinstance(value, bytes) else str(value)
+    return text.removeprefix("Bearer ").strip() if text.startswith("Bearer ") else None
+
+
+@dataclass(frozen=True)
+class Admitted:
+    identity: Identity
+    rule: Rule
+
+
+def decide(
+    tokens: TokenTable, details: grpc.HandlerCallDetails
+) -> Admitted | grpc.RpcMethodHandler[Any, Any]:
+    """The caller and the method's rule, or a handler that refuses the call."""
+    method: str = details.method
+    token = _bearer(details)
+    if token is None:
+        message = f"{method}: missing bearer token (metadata '{AUTH_HEADER}')"
+        return _refuse(grpc.StatusCode.UNAUTHENTICATED, message)
+    identity = tokens.identify(token)
+    if identity is None:
+        return _refuse(grpc.StatusCode.UNAUTHENTICATED, f"{method}: invalid bearer token")
+    try:
+        return Admitted(identity, rule_for(identity, method))
+    except GearshiftError as exc:
+        _audit(identity, method, exc.code.name)
+        return _refuse(exc.code, exc.message)
+
+
+def _refuse(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler[Any, Any]:
+    def abort(request: Any, context: grpc.ServicerContext) -> None:
+        context.abort(code, message)
+
+    return grpc.unary_unary_rpc_method_handler(abort)
+
+
+class AuthorizationInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
+    """Identity, role and scope checks (gearshift.common.rpc_roles) for a sync server."""
+
+    def __init__(self, tokens: TokenTable, scopes: Callable[[], Scopes | None]) -> None:
+        self.tokens = tokens
+        self.scopes = scopes  # late: the service that knows its objects starts after the server
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        method: str = handler_call_details.method
+        if method.startswith(_OPEN_PREFIXES):
+            return continuation(handler_call_details)
+        decided = decide(self.tokens, handler_call_details)
+        if not isinstance(decided, Admitted):
+            return decided
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        return self._guarded(handler, decided.identity, method, decided.rule)
+
+    def _guarded(
+        self,
+        handler: grpc.RpcMethodHandler[Any, Any],
+        identity: Identity,
+        method: str,
+        rule: Rule,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        request_streaming = bool(handler.request_streaming)
+
+        def admit(request: Any, context: grpc.ServicerContext) -> None:
+            if request_streaming:
+                return  # a client stream's rule has no scope (checked in RULES' test)
+            try:
+                check_request(identity, method, rule, request, self.scopes())
+            except GearshiftError as exc:
+                _audit(identity, method, exc.code.name)
+                context.abort(exc.code, exc.message)
+
+        def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
+            def call(request: Any, context: grpc.ServicerContext) -> Any:
+                admit(request, context)
+                try:
+                    reply = behavior(request, context)
+                except BaseException:
+                    _audit_outcome(rule, identity, method, context, failed=True)
+                    raise
+                _audit_outcome(rule, identity, method, context, failed=False)
+                return filter_response(identity, rule, reply, self.scopes())
+
+            return call
+
+        def streaming(behavior: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+            def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                admit(request, context)
+                yield from behavior(request, context)
+
+            return call
+
+        return rewrapped(handler, unary, streaming)
+
+
+def _audit(identity: Identity, method: str, result: str) -> None:
+    audit.info("call", extra={"who": str(identity), "what": method, "result": result})
+
+
+def _audit_outcome(
+    rule: Rule, identity: Identity, method: str, context: grpc.ServicerContext, *, failed: bool
+) -> None:
+    if not rule.mutates:
+        return
+    code = getattr(context, "code", lambda: None)()
+    result = code.name if code is not None else ("ERROR" if failed else "OK")
+    _audit(identity, method, result)
+
+
+class AioAuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Identity and role checks on grpc.aio (the shard manager, whose rules have no scope)."""
+
+    def __init__(self, tokens: TokenTable) -> None:
+        self.tokens = tokens
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(handler_call_details)
+        if handler_call_details.method.startswith(_OPEN_PREFIXES):
+            return handler
+        decided = decide(self.tokens, handler_call_details)
+        return handler if isinstance(decided, Admitted) else decided

@@ -1,0 +1,134 @@
+"""The RPC-roles table covers every RPC of every service, and its checks, by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gearshift.common.errors import NotFoundError, PermissionDeniedError, ValidationError
+from gearshift.common.identity import Identity, TokenTable, create_token, parse_role, parse_tokens
+from gearshift.common.rpc_roles import RULES, check_request, filter_response, rule_for
+from gearshift.v1 import (
+    brain_pb2,
+    common_pb2,
+    scheduler_pb2,
+    shardmanager_pb2,
+    worker_pb2,
+)
+
+FILES = (brain_pb2, scheduler_pb2, shardmanager_pb2, worker_pb2)
+S = scheduler_pb2
+
+
+def every_rpc() -> dict[str, bool]:
+    """'/package.Service/Method' -> whether its requests are a client stream."""
+    return {
+        f"/{service.full_name}/{method.name}": method.client_streaming
+        for module in FILES
+        for service in module.DESCRIPTOR.services_by_name.values()
+        for method in service.methods
+    }
+
+
+def test_every_rpc_declares_its_roles_and_nothing_else_is_declared() -> None:
+    rpcs = every_rpc()
+    assert sorted(set(rpcs) - set(RULES)) == [], "RPCs without roles in rpc_roles.RULES"
+    assert sorted(set(RULES) - set(rpcs)) == [], "roles for RPCs that do not exist"
+    for method, streaming in rpcs.items():
+        rule = RULES[method]
+        assert "admin" in rule.roles, method
+        if streaming or "ShardManager" in method:  # no request to check / an aio server
+            assert not rule.scope, f"{method}: a scope needs a unary request on a sync server"
+
+
+def test_roles_and_scopes() -> None:
+    alice, bob = Identity("tenant", "alice"), Identity("tenant", "bob")
+    owners = {"job-a": "alice", "job-b": "bob"}
+
+    class Owners:
+        def job_tenant(self, job_id: str) -> str | None:
+            return owners.get(job_id)
+
+        def task_worker(self, task_id: str) -> str | None:
+            return {"t1": "w1"}.get(task_id)
+
+    get = "/gearshift.v1.JobService/GetJob"
+    rule = rule_for(alice, get)
+    check_request(alice, get, rule, S.GetJobRequest(job_id="job-a"), Owners())
+    with pytest.raises(PermissionDeniedError, match="tenant:alice may not see or change job job-b"):
+        check_request(alice, get, rule, S.GetJobRequest(job_id="job-b"), Owners())
+    with pytest.raises(NotFoundError):
+        check_request(alice, get, rule, S.GetJobRequest(job_id="job-x"), Owners())
+    with pytest.raises(PermissionDeniedError, match="tenant:alice may not call"):
+        rule_for(alice, "/gearshift.v1.WorkerRegistry/RegisterWorker")
+    with pytest.raises(PermissionDeniedError, match="no roles are declared"):
+        rule_for(Identity("admin"), "/gearshift.v1.JobService/Nope")
+
+    submit = "/gearshift.v1.JobService/SubmitJob"
+    request = S.SubmitJobRequest(spec=common_pb2.JobSpec(name="x"))
+    check_request(bob, submit, rule_for(bob, submit), request, Owners())
+    assert request.spec.tenant == "bob"  # filled in
+    request.spec.tenant = "alice"
+    with pytest.raises(PermissionDeniedError, match="may not submit as tenant 'alice'"):
+        check_request(bob, submit, rule_for(bob, submit), request, Owners())
+
+    listing = S.ListJobsRequest()
+    check_request(
+        bob,
+        "/gearshift.v1.JobService/ListJobs",
+        RULES["/gearshift.v1.JobService/ListJobs"],
+        listing,
+        None,
+    )
+    assert listing.tenant == "bob"
+
+    w1 = Identity("worker", "w1")
+    beat = "/gearshift.v1.WorkerRegistry/Heartbeat"
+    check_request(w1, beat, rule_for(w1, beat), S.HeartbeatRequest(worker_id="w1"), None)
+    with pytest.raises(PermissionDeniedError, match="worker:w1 may not speak for worker 'w2'"):
+        check_request(w1, beat, rule_for(w1, beat), S.HeartbeatRequest(worker_id="w2"), None)
+    progress = "/gearshift.v1.WorkerRegistry/ReportProgress"
+    check_request(
+        w1, progress, rule_for(w1, progress), S.ReportProgressRequest(task_id="t1"), Owners()
+    )
+    with pytest.raises(PermissionDeniedError):
+        check_request(
+            w1, progress, rule_for(w1, progress), S.ReportProgressRequest(task_id="t2"), Owners()
+        )
+
+    state = S.ClusterState(
+        allocations=[
+            S.Allocation(job_id="job-a", job_name="a"),
+            S.Allocation(job_id="job-b", job_name="b"),
+        ]
+    )
+    cluster = RULES["/gearshift.v1.JobService/GetClusterState"]
+    shown = filter_response(alice, cluster, state, Owners())
+    assert [(a.job_id, a.job_name) for a in shown.allocations] == [("job-a", "a"), ("", "")]
+
+
+def test_tokens_file_parsing_creation_and_reload(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    alice = create_token(path, "tenant:alice")
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert alice not in path.read_text()  # only its hash is kept
+    table = TokenTable(path)
+    assert table.identify(alice) == Identity("tenant", "alice")
+    assert table.identify("guess") is None
+    admin = create_token(path, "admin")
+    assert table.identify(admin) is None  # not before a reload
+    assert table.reload() == 2 and table.identify(admin) == Identity("admin")
+    path.write_text(path.read_text() + "not-a-hash admin\n")
+    with pytest.raises(ValidationError, match=r"tokens:3: expected"):
+        table.reload()
+    assert table.identify(admin) == Identity("admin")  # the old table stays
+    for bad, problem in [
+        ("tenant", "needs a name"),
+        ("admin:x", "takes no name"),
+        ("root", "the role is one of"),
+    ]:
+        with pytest.raises(ValidationError, match=problem):
+            parse_role(bad)
+    with pytest.raises(ValidationError, match="listed twice"):
+        parse_tokens(f"{'a' * 64} admin\n{'a' * 64} service\n", "f")
