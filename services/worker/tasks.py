@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -41,6 +42,12 @@ log = logging.getLogger("gearshift.worker.tasks")
 
 EXIT_BAD_INPUT = 2
 POLL_S = 0.05
+# How a process reports that a peer went away (gloo, NCCL, the store), not a fault of its own.
+_PEER_FAILURE = re.compile(
+    r"gloo|nccl|Connection (closed|reset)|pair\.cc|DistBackendError|DistNetworkError|"
+    r"Broken pipe|ProcessGroup|remote worker",
+    re.IGNORECASE,
+)
 CAP_CHECK_S = 1.0
 TAIL_BYTES = 4000
 ENDED = (
@@ -264,7 +271,7 @@ class Task:
     def _describe_failure(self) -> None:
         """Exit code and message of a failed task (under the lock)."""
         if self._first_failure is not None:
-            rank, code = self._first_failure
+            rank, code = self._root_cause(self._first_failure)
             self.exit_code = code if code > 0 else 128 - code
             tail = log_tail(self.log_path(rank))
             error = tail.splitlines()[-1] if tail else ""
@@ -279,6 +286,16 @@ class Task:
             if self.exit_code < 0:
                 self.exit_code = 128 - self.exit_code
             self.message = self._killed_reason or "no process ran"
+
+    def _root_cause(self, first: tuple[int, int]) -> tuple[int, int]:
+        """The failed rank whose error is its own: when one process crashes, its peers fail
+        too, with a communication error, and either may be seen first."""
+        failed = [(r, c) for r, c in sorted(self.codes.items()) if c not in (0, EXIT_STOPPED)]
+        for rank, code in [first, *failed]:
+            last = (log_tail(self.log_path(rank)).splitlines() or [""])[-1]
+            if code > 0 and not _PEER_FAILURE.search(last):
+                return rank, code
+        return first
 
     def _read_digest(self) -> str:
         for rank in self.plan.ranks:
