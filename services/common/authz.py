@@ -61,6 +61,17 @@ def decide(
         return _refuse(exc.code, exc.message)
 
 
+def caller_of(tokens: TokenTable | None) -> Callable[[grpc.HandlerCallDetails], str]:
+    """Who a call is from, for per-caller limits: its identity, or "" without a tokens file."""
+
+    def caller(details: grpc.HandlerCallDetails) -> str:
+        token = _bearer(details) if tokens is not None else None
+        identity = tokens.identify(token) if tokens is not None and token else None
+        return str(identity) if identity is not None else ""
+
+    return caller
+
+
 def _refuse(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler[Any, Any]:
     def abort(request: Any, context: grpc.ServicerContext) -> None:
         context.abort(code, message)

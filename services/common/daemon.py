@@ -21,6 +21,7 @@ from gearshift.common.auth import ClientTls, ServerTls
 from gearshift.common.config import Option, parse_config
 from gearshift.common.errors import ValidationError
 from gearshift.common.identity import Identity, TokenTable, hash_token
+from gearshift.common.limits import Limits
 from gearshift.common.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from gearshift.common.metrics import METRICS_OPTION, MetricsEndpoint, serve_metrics
 from gearshift.common.rpc_roles import Scopes
@@ -65,6 +66,14 @@ def server_options(default_port: int) -> list[Option]:
             "",
         ),
         Option("max_message_mb", "largest request or response, MiB", 64, int),
+        Option("max_spec_kb", "largest job spec a caller may submit, KiB", 1024, int),
+        Option(
+            "max_submits_per_second",
+            "job submissions a second per caller (tenant or token identity), burst twice that",
+            20.0,
+            float,
+        ),
+        Option("max_streams", "open streaming calls (watch, logs) per caller", 64, int),
         Option("grace_seconds", "on SIGTERM, how long in-flight calls may finish", 10.0, float),
         Option("log_level", "log level", "info", choices=LOG_LEVELS),
         Option("log_format", "log line format", "json", choices=LOG_FORMATS),
@@ -115,10 +124,21 @@ def server_settings(config: argparse.Namespace) -> ServerSettings:
             tokens = TokenTable(Path(config.tokens_file), extra=own)
         except ValidationError as exc:
             raise ValueError(f"--tokens-file: {exc.field}: {exc.problem}") from None
+    if config.max_spec_kb <= 0 or config.max_streams <= 0:
+        raise ValueError("--max-spec-kb and --max-streams must be > 0")
+    if config.max_submits_per_second <= 0:
+        raise ValueError("--max-submits-per-second must be > 0")
+    limits = Limits(
+        submits_per_second=config.max_submits_per_second,
+        submit_burst=max(1, int(2 * config.max_submits_per_second)),
+        streams=config.max_streams,
+        spec_bytes=config.max_spec_kb * 1024,
+    )
     return ServerSettings(
         listen=config.listen,
         token=config.token or None,
         tokens=tokens,
+        limits=limits,
         tls=tls,
         max_message_bytes=config.max_message_mb * MB,
         grace_seconds=config.grace_seconds,

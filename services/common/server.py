@@ -32,10 +32,11 @@ from grpc_health.v1._async import HealthServicer as AioHealthServicer  # health.
 from grpc_reflection.v1alpha import reflection
 
 from gearshift.common.auth import BearerTokenServerInterceptor, ServerTls
-from gearshift.common.authz import AioAuthorizationInterceptor, AuthorizationInterceptor
+from gearshift.common.authz import AioAuthorizationInterceptor, AuthorizationInterceptor, caller_of
 from gearshift.common.errors import GearshiftError
 from gearshift.common.handlers import Handler, rewrapped
 from gearshift.common.identity import TokenTable
+from gearshift.common.limits import CallerLimits, Limits, LimitsInterceptor
 from gearshift.common.metrics import AioRpcMetricsInterceptor, RpcMetricsInterceptor
 from gearshift.common.rpc_roles import Scopes
 from gearshift.common.signals import wait_for_signal
@@ -74,6 +75,7 @@ class ServerSettings:
     keepalive_seconds: float = 60.0
     rpc_metrics: bool = False  # count and time every call (gearshift.common.metrics)
     tokens: TokenTable | None = None  # identities and roles (replaces the one-token check)
+    limits: Limits | None = None  # per-caller submissions, streams, request size
 
     def grpc_options(self) -> list[tuple[str, Any]]:
         keepalive_ms = int(self.keepalive_seconds * 1000)
@@ -162,6 +164,9 @@ class GrpcServer:
             interceptors.append(AuthorizationInterceptor(self.settings.tokens, self.scopes))
         elif self.settings.token:
             interceptors.append(BearerTokenServerInterceptor(self.settings.token))
+        if self.settings.limits is not None:
+            counters = CallerLimits(self.settings.limits)
+            interceptors.append(LimitsInterceptor(counters, caller_of(self.settings.tokens)))
         interceptors.append(ErrorMappingInterceptor())
         self._server = grpc.server(
             futures.ThreadPoolExecutor(

@@ -119,6 +119,12 @@ OPTIONS = [
     ),
     Option("seed", "random seed of the policies (Gavel's type shuffle, FIFO draws)", 0, int),
     Option(
+        "max_queued_jobs",
+        "queued jobs a tenant may have at once; a submission past it is refused",
+        1000,
+        int,
+    ),
+    Option(
         "max_restarts",
         "times a job whose task failed is resumed from its last checkpoint before it fails "
         "(a failure for bad input fails it at once)",
@@ -162,6 +168,8 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         raise ValueError("--min-recompute-seconds must be >= 0")
     if config.heartbeat_timeout <= config.heartbeat_interval:
         raise ValueError("--heartbeat-timeout must exceed --heartbeat-interval")
+    if config.max_queued_jobs <= 0:
+        raise ValueError("--max-queued-jobs must be > 0")
     if config.max_restarts < 0:
         raise ValueError("--max-restarts must be >= 0")
     if config.hysteresis < 0:
@@ -208,6 +216,7 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         rendezvous_port_base=config.rendezvous_port_base,
         seed=config.seed,
         max_restarts=config.max_restarts,
+        max_queued_jobs=config.max_queued_jobs,
     )
 
 

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from gearshift.common.codepkg import assemble
-from gearshift.common.errors import NotFoundError, PreconditionError
+from gearshift.common.errors import NotFoundError, PreconditionError, ResourceExhaustedError
 from gearshift.scheduler.state import RUNNING_STATES, SchedulerState, new_job_id, total_steps
 from gearshift.scheduler.store import EventRecord, JobRecord
 from gearshift.scheduler.task_control import TaskControl
@@ -48,6 +48,7 @@ class JobsApi:
                 existing = state.store.find_job_by_key(key)
                 if existing is not None:
                     return existing, False
+            self._check_queue(spec.tenant)
             now = state.clock()
             job = JobRecord(
                 job_id=new_job_id(),
@@ -73,6 +74,20 @@ class JobsApi:
         log.info("job submitted", extra={"job_id": job.job_id, "job_name": spec.name})
         self.wake()
         return job, True
+
+    def _check_queue(self, tenant: str) -> None:
+        """A tenant's queued jobs stay under --max-queued-jobs (under the lock)."""
+        limit = self.state.settings.max_queued_jobs
+        queued = sum(
+            1
+            for job in self.state.jobs.values()
+            if job.state == S.JOB_STATE_QUEUED and job.spec.tenant == tenant
+        )
+        if queued >= limit:
+            raise ResourceExhaustedError(
+                f"tenant {tenant!r} has {queued} queued jobs, the limit (--max-queued-jobs); "
+                "wait for some to start or cancel some"
+            )
 
     # Code packages ------------------------------------------------------------------------
     def has_code(self, sha256: str) -> bool:

@@ -67,6 +67,7 @@ class SchedulerSettings:
     seed: int = 0
     progress_event_seconds: float = 10.0
     max_restarts: int = 3
+    max_queued_jobs: int = 1000  # per tenant
     hysteresis: float = 0.1
     estimate_refresh_seconds: float = 60.0
     restart_seconds: float = 10.0  # a rescale's cost until one is measured

@@ -1,0 +1,146 @@
+"""Per-caller limits, enforced in one interceptor: submissions per second, open streams,
+the size of a job's spec. Each refusal is RESOURCE_EXHAUSTED naming the limit and its flag, and
+happens before the servicer runs, so nothing changes.
+
+The caller is the identity of its token (gearshift.common.identity) when the daemon has
+a tokens file, else the job's tenant for submissions and the peer's address for streams. The
+queued-jobs limit needs the scheduler's jobs and lives there (jobs_api).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from gearshift.common.errors import GearshiftError, ResourceExhaustedError
+from gearshift.common.handlers import rewrapped
+
+SUBMIT = "/gearshift.v1.JobService/SubmitJob"
+
+
+@dataclass(frozen=True)
+class Limits:
+    submits_per_second: float = 20.0  # per caller, with a burst of `submit_burst`
+    submit_burst: int = 40
+    streams: int = 64  # open streaming calls (watch, logs, shards) per caller
+    spec_bytes: int = 1024 * 1024  # a submitted job's spec
+
+
+class TokenBucket:
+    """`rate` tokens a second up to `burst`; `take()` is False when none is left."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic):
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.level = float(burst)
+        self.at = clock()
+
+    def take(self) -> bool:
+        now = self.clock()
+        self.level = min(self.burst, self.level + (now - self.at) * self.rate)
+        self.at = now
+        if self.level < 1:
+            return False
+        self.level -= 1
+        return True
+
+
+class CallerLimits:
+    """The counters of every caller; thread-safe."""
+
+    def __init__(self, limits: Limits, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._buckets: dict[str, TokenBucket] = {}
+        self._streams: dict[str, int] = {}
+
+    def submit(self, caller: str) -> None:
+        with self._lock:
+            bucket = self._buckets.get(caller)
+            if bucket is None:
+                bucket = TokenBucket(
+                    self.limits.submits_per_second, self.limits.submit_burst, self.clock
+                )
+                self._buckets[caller] = bucket
+            if not bucket.take():
+                raise ResourceExhaustedError(
+                    f"{caller}: more than {self.limits.submits_per_second:g} submissions a "
+                    f"second (burst {self.limits.submit_burst}; --max-submits-per-second); "
+                    "retry later"
+                )
+
+    def open_stream(self, caller: str) -> None:
+        with self._lock:
+            count = self._streams.get(caller, 0)
+            if count >= self.limits.streams:
+                raise ResourceExhaustedError(
+                    f"{caller}: {count} streams open, the limit (--max-streams); close one first"
+                )
+            self._streams[caller] = count + 1
+
+    def close_stream(self, caller: str) -> None:
+        with self._lock:
+            self._streams[caller] = max(0, self._streams.get(caller, 1) - 1)
+
+    def check_spec(self, spec: Any) -> None:
+        size = spec.ByteSize()
+        if size > self.limits.spec_bytes:
+            raise ResourceExhaustedError(
+                f"spec: {size} bytes, over the limit of {self.limits.spec_bytes} (--max-spec-kb)"
+            )
+
+
+class LimitsInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
+    """CallerLimits around every call of a sync server."""
+
+    def __init__(self, limits: CallerLimits, caller: Callable[[grpc.HandlerCallDetails], str]):
+        self.limits = limits
+        self.caller = caller
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method: str = handler_call_details.method
+        who = self.caller(handler_call_details)
+        limits = self.limits
+
+        def refuse(exc: GearshiftError, context: grpc.ServicerContext) -> None:
+            context.abort(exc.code, exc.message)
+
+        def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
+            def call(request: Any, context: grpc.ServicerContext) -> Any:
+                if method == SUBMIT:
+                    try:
+                        limits.check_spec(request.spec)
+                        limits.submit(who if who else f"tenant:{request.spec.tenant}")
+                    except ResourceExhaustedError as exc:
+                        refuse(exc, context)
+                return behavior(request, context)
+
+            return call
+
+        def streaming(behavior: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+            def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                key = who or context.peer()
+                try:
+                    limits.open_stream(key)
+                except ResourceExhaustedError as exc:
+                    refuse(exc, context)
+                try:
+                    yield from behavior(request, context)
+                finally:
+                    limits.close_stream(key)
+
+            return call
+
+        return rewrapped(handler, unary, streaming)

@@ -1,0 +1,109 @@
+"""Per-caller limits on a real scheduler process: a spec too large, too many queued jobs,
+too many submissions a second, too many open streams - each RESOURCE_EXHAUSTED naming the
+limit, and nothing changed by a refused call."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from gearshift.common.channel import connect
+from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from tests.conftest import DaemonFactory
+from tests.helpers import wait_until
+
+C = common_pb2
+S = scheduler_pb2
+
+
+def spec(name: str, tenant: str = "t", config: str = "{}") -> C.JobSpec:
+    return C.JobSpec(
+        name=name,
+        tenant=tenant,
+        entrypoint=C.Entrypoint(module="gearshift.examples.mlp", config_json=config),
+        num_ests=2,
+        global_batch_size=8,
+        total_steps=5,
+        dataset=C.DatasetSpec(size=64, shard_size=8),
+    )
+
+
+def exhausted(call: object) -> str:
+    with pytest.raises(grpc.RpcError) as info:
+        result = call()  # type: ignore[operator]
+        if hasattr(result, "__next__"):
+            next(result)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+    return info.value.details() or ""
+
+
+def passes(call: object) -> bool:
+    """True once `call` goes through; False while it is refused for a limit."""
+    try:
+        result = call()  # type: ignore[operator]
+        if hasattr(result, "__next__"):
+            next(result)
+    except grpc.RpcError as exc:
+        assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc.details()
+        return False
+    return True
+
+
+def scheduler(
+    daemons: DaemonFactory, tmp_path: Path, *flags: str
+) -> scheduler_pb2_grpc.JobServiceStub:
+    database = f"sqlite:///{tmp_path / 'scheduler.db'}"
+    daemon = daemons("scheduler", ["--database-url", database, "--round-seconds", "60", *flags])
+    return scheduler_pb2_grpc.JobServiceStub(connect(daemon.address))
+
+
+def count(jobs: scheduler_pb2_grpc.JobServiceStub) -> int:
+    return len(jobs.ListJobs(S.ListJobsRequest()).jobs)
+
+
+def test_spec_size_queue_and_stream_limits(daemons: DaemonFactory, tmp_path: Path) -> None:
+    jobs = scheduler(
+        daemons, tmp_path, "--max-spec-kb", "1", "--max-queued-jobs", "2", "--max-streams", "1"
+    )
+    big = spec("big", config=json.dumps({"pad": "x" * 2000}))
+    assert "over the limit of 1024 (--max-spec-kb)" in exhausted(
+        lambda: jobs.SubmitJob(S.SubmitJobRequest(spec=big))
+    )
+    assert count(jobs) == 0
+    first = jobs.SubmitJob(S.SubmitJobRequest(spec=spec("a"))).job
+    jobs.SubmitJob(S.SubmitJobRequest(spec=spec("b")))
+    details = exhausted(lambda: jobs.SubmitJob(S.SubmitJobRequest(spec=spec("c"))))
+    assert "tenant 't' has 2 queued jobs" in details and "--max-queued-jobs" in details
+    assert count(jobs) == 2
+    jobs.SubmitJob(S.SubmitJobRequest(spec=spec("other", tenant="u")))  # another tenant's queue
+
+    watch: Any = jobs.WatchJob(S.WatchJobRequest(job_id=first.job_id))  # also a grpc.Call
+    assert next(watch).type == S.JOB_EVENT_TYPE_SUBMITTED  # the stream is open
+    assert "streams open, the limit (--max-streams)" in exhausted(
+        lambda: jobs.WatchJob(S.WatchJobRequest(job_id=first.job_id))
+    )
+    watch.cancel()
+    wait_until(
+        lambda: passes(lambda: jobs.WatchJob(S.WatchJobRequest(job_id=first.job_id))),
+        10,
+        "a stream may open again once the first closed",
+    )
+
+
+def test_submissions_per_second(daemons: DaemonFactory, tmp_path: Path) -> None:
+    jobs = scheduler(daemons, tmp_path, "--max-submits-per-second", "1")
+    for name in ("a", "b"):  # the burst: twice the rate
+        jobs.SubmitJob(S.SubmitJobRequest(spec=spec(name)))
+    assert "more than 1 submissions a second" in exhausted(
+        lambda: jobs.SubmitJob(S.SubmitJobRequest(spec=spec("c")))
+    )
+    assert count(jobs) == 2
+    wait_until(
+        lambda: passes(lambda: jobs.SubmitJob(S.SubmitJobRequest(spec=spec("c")))),
+        10,
+        "a submission passes once the bucket refills",
+    )
