@@ -61,3 +61,24 @@ def test_a_bad_spec_file_is_named(tmp_path: Path) -> None:
     invalid.write_text(json_format.MessageToJson(spec))
     result = run("--spec", str(invalid), "--checkpoint-dir", str(tmp_path / "d"))
     assert result.returncode == 2 and "spec.num_ests" in result.stderr
+
+
+def test_a_resume_never_restarts_from_scratch_silently(tmp_path: Path) -> None:
+    spec_file = tmp_path / "job.json"
+    spec_file.write_text(json_format.MessageToJson(SPEC))
+    ckpt = tmp_path / "ckpt"
+    fresh = run("--spec", str(spec_file), "--procs", "1", "--checkpoint-dir", str(ckpt), "--resume")
+    assert "the job never checkpointed, starting at step 0" in fresh.stdout, fresh.stderr
+    full = digest(fresh)
+    resumed = run(
+        "--spec", str(spec_file), "--procs", "1", "--checkpoint-dir", str(ckpt), "--resume"
+    )
+    assert digest(resumed) == full and "never checkpointed" not in resumed.stdout
+    for path in ckpt.glob("ckpt-*.pt"):
+        path.unlink()  # lost: a moved folder, a wiped disk
+    lost = run("--spec", str(spec_file), "--procs", "1", "--checkpoint-dir", str(ckpt), "--resume")
+    assert lost.returncode == 2, lost.stdout + lost.stderr
+    assert "the checkpoint of step 12 was written to" in lost.stderr
+    assert (
+        str(ckpt / "ckpt-00000012.pt") in lost.stderr and "refusing to start again" in lost.stderr
+    )

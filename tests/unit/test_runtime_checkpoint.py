@@ -45,7 +45,8 @@ def test_a_crash_mid_write_keeps_the_last_good_checkpoint(
     assert latest is not None
     assert latest.name == "ckpt-00000005.pt"
     assert checkpoint.load(latest)["step"] == 5
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000005.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints.log", "ckpt-00000005.pt"]
+    assert checkpoint.recorded(tmp_path) == (5, tmp_path / "ckpt-00000005.pt")  # not 10
 
 
 def test_a_killed_writer_leaves_only_a_temporary_file_that_is_ignored(tmp_path: Path) -> None:
@@ -55,7 +56,11 @@ def test_a_killed_writer_leaves_only_a_temporary_file_that_is_ignored(tmp_path: 
     assert latest is not None
     assert latest.name == "ckpt-00000005.pt"
     checkpoint.save(tmp_path, 10, payload(10))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000005.pt", "ckpt-00000010.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoints.log",
+        "ckpt-00000005.pt",
+        "ckpt-00000010.pt",
+    ]
 
 
 def test_a_foreign_file_is_not_loaded_as_a_checkpoint(tmp_path: Path) -> None:

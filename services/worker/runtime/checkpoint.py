@@ -4,6 +4,11 @@ A checkpoint is `ckpt-<step>.pt` in the checkpoint directory. It is written to a
 temporary name, flushed to disk, then renamed (atomic on POSIX) and the
 directory synced; readers only look at final names, so a half-written file is
 never read. The newest `keep` checkpoints are kept.
+
+Every checkpoint written is also recorded in `checkpoints.log` in the same folder, so a
+resume that finds no checkpoint can tell a job that never checkpointed (it starts at
+step 0, and says so) from one whose checkpoints are gone (an error naming the path:
+never a silent restart from scratch).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 import torch
 
 _FINAL = re.compile(r"^ckpt-(\d{8,})\.pt$")
+RECORD = "checkpoints.log"
 
 
 def _name(step: int) -> str:
@@ -37,6 +43,17 @@ def checkpoints(directory: Path) -> list[tuple[int, Path]]:
 def latest(directory: Path) -> Path | None:
     found = checkpoints(directory)
     return found[-1][1] if found else None
+
+
+def recorded(directory: Path) -> tuple[int, Path] | None:
+    """(step, path) of the last checkpoint ever written here, whether or not it is still there."""
+    try:
+        lines = (directory / RECORD).read_text().split()
+    except FileNotFoundError:
+        return None
+    if len(lines) < 2 or not lines[-2].isdigit():
+        return None
+    return int(lines[-2]), directory / lines[-1]
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -63,6 +80,10 @@ def save(directory: Path, step: int, payload: dict[str, Any], keep: int = 2) -> 
     finally:
         tmp.unlink(missing_ok=True)
     _fsync_dir(directory)
+    with (directory / RECORD).open("a") as record:
+        record.write(f"{step} {final.name}\n")
+        record.flush()
+        os.fsync(record.fileno())
     for _, old in checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return final

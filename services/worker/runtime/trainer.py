@@ -136,7 +136,7 @@ class Trainer:
             self.contexts = self._restore(path)
         else:
             if resume:
-                log.info("no checkpoint in %s: starting at step 0", checkpoint_dir)
+                _no_checkpoint(checkpoint_dir)
             self._check_same_start()
             self.contexts = [
                 fresh_context(est, settings.seed, settings.loader_workers, cuda=self.cuda)
@@ -345,3 +345,19 @@ class Trainer:
             loader.close()
             if log_file is not None:
                 log_file.close()
+
+
+def _no_checkpoint(directory: Path) -> None:
+    """A resume that found no checkpoint: an error when one was written (never a silent
+    start from scratch), else the job never checkpointed and starts at step 0, saying so."""
+    last = checkpoint.recorded(directory)
+    if last is not None:
+        step, path = last
+        raise ValidationError(
+            "--resume",
+            f"the checkpoint of step {step} was written to {path} but no checkpoint is in "
+            f"{directory} any more: refusing to start again at step 0",
+        )
+    message = f"no checkpoint in {directory}: the job never checkpointed, starting at step 0"
+    log.warning(message)
+    print(message, flush=True)
