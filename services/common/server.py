@@ -33,6 +33,7 @@ from grpc_reflection.v1alpha import reflection
 
 from gearshift.common.auth import BearerTokenServerInterceptor, ServerTls
 from gearshift.common.authz import AioAuthorizationInterceptor, AuthorizationInterceptor, caller_of
+from gearshift.common.decoding import AioDecodingInterceptor, DecodingInterceptor
 from gearshift.common.errors import GearshiftError
 from gearshift.common.handlers import Handler, rewrapped
 from gearshift.common.identity import TokenTable
@@ -160,6 +161,7 @@ class GrpcServer:
         interceptors: list[grpc.ServerInterceptor[Any, Any]] = []
         if self.settings.rpc_metrics:
             interceptors.append(RpcMetricsInterceptor())
+        interceptors.append(DecodingInterceptor())
         if self.settings.tokens is not None:
             interceptors.append(AuthorizationInterceptor(self.settings.tokens, self.scopes))
         elif self.settings.token:
@@ -451,6 +453,7 @@ class AioGrpcServer:
         interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = []
         if self.settings.rpc_metrics:
             interceptors.append(AioRpcMetricsInterceptor())
+        interceptors.append(AioDecodingInterceptor())
         if self.settings.tokens is not None:
             interceptors.append(AioAuthorizationInterceptor(self.settings.tokens))
         elif self.settings.token:
