@@ -67,7 +67,12 @@ def _normalize(data: Mapping[str, Any]) -> dict[str, Any]:
         config = entry.pop("config")
         if not isinstance(config, Mapping):
             raise ValidationError("spec.entrypoint.config", "must be a mapping")
-        entry["config_json"] = json.dumps(config, sort_keys=True)
+        try:
+            entry["config_json"] = json.dumps(config, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as exc:  # a YAML date, NaN, a non-string key...
+            raise ValidationError(
+                "spec.entrypoint.config", f"must be plain JSON data: {exc}"
+            ) from None
         out["entrypoint"] = entry
     for path in _ENUMS:
         head, _, tail = path.partition(".")

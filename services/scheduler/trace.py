@@ -90,8 +90,10 @@ def parse_trace_lines(lines: Iterable[str], source: str = "trace") -> list[Trace
             raise ValidationError(f"{where} scale_factor", f"must be >= 1 (got {scale})")
         if not math.isfinite(arrival) or arrival < 0:
             raise ValidationError(f"{where} arrival_time", f"must be >= 0 (got {arrival})")
-        if weight <= 0:
+        if not math.isfinite(weight) or weight <= 0:
             raise ValidationError(f"{where} priority_weight", f"must be > 0 (got {weight})")
+        if not math.isfinite(slo):
+            raise ValidationError(f"{where} SLO", f"must be a number, -1 for none (got {slo})")
         jobs.append(
             TraceJob(
                 job_type=parts[0],

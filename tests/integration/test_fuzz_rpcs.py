@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 import pytest
+import redis
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message_factory import GetMessageClass
 from hypothesis import HealthCheck, given, settings
@@ -34,6 +35,8 @@ class Target:
     daemon: DaemonProcess
     channel: grpc.Channel
     database: Path | None  # SQLite file whose rows a rejected call must not change
+    redis: redis.Redis | None = None  # and the Redis keys under `prefix`
+    prefix: str = ""
 
 
 def _methods() -> list[tuple[str, MethodDescriptor]]:
@@ -76,19 +79,31 @@ def targets(
             daemon = start_daemon(name, flags, run_dir=run / name)
             daemon.wait_ready(60)
             out[name] = Target(daemon, connect(daemon.address), databases.get(name))
+        out["shardmanager"].redis = redis.Redis.from_url(redis_url)
+        out["shardmanager"].prefix = prefix
         yield out
     finally:
         for target in out.values():
             target.channel.close()
             target.daemon.stop()
+            if target.redis is not None:
+                for key in target.redis.scan_iter(match=f"{target.prefix}*"):
+                    target.redis.delete(key)
+                target.redis.close()
 
 
-def _rows(database: Path | None) -> dict[str, int]:
-    if database is None or not database.exists():
-        return {}
-    with sqlite3.connect(database) as db:
-        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        return {t: db.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables}
+def _state(target: Target) -> dict[str, Any]:
+    """What a rejected call must leave as it was: row counts per table, Redis keys' values."""
+    state: dict[str, Any] = {}
+    if target.database is not None and target.database.exists():
+        with sqlite3.connect(target.database) as db:
+            tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+            for t in tables:
+                state[t] = db.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
+    if target.redis is not None:
+        for key in target.redis.scan_iter(match=f"{target.prefix}*"):
+            state[f"redis:{key!r}"] = target.redis.dump(key)
+    return state
 
 
 def _call(channel: grpc.Channel, method: MethodDescriptor, request: Any) -> grpc.StatusCode:
@@ -130,7 +145,7 @@ def test_random_messages_never_crash_and_never_write_half(
     )
     @given(request=messages(method.input_type))
     def one(request: Any) -> None:
-        before = _rows(target.database)
+        before = _state(target)
         code = _call(target.channel, method, request)
         assert code not in FORBIDDEN, f"{method.full_name}({request}) -> {code}"
         if code not in (
@@ -138,7 +153,7 @@ def test_random_messages_never_crash_and_never_write_half(
             grpc.StatusCode.DEADLINE_EXCEEDED,
             grpc.StatusCode.CANCELLED,
         ):
-            assert _rows(target.database) == before, f"{method.full_name} rejected but wrote rows"
+            assert _state(target) == before, f"{method.full_name} rejected but wrote"
         assert target.daemon.process.poll() is None, target.daemon.log_tail()
 
     one()
