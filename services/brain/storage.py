@@ -39,11 +39,11 @@ from gearshift.brain.records import (
     Sample,
 )
 from gearshift.brain.references import ReferenceThroughput
+from gearshift.common.db import outages
 from gearshift.common.errors import (
     ConflictError,
     NotFoundError,
     PreconditionError,
-    UnavailableError,
 )
 
 #: Samples per (type, count) that summarize an ended job's throughput.
@@ -121,12 +121,6 @@ class BrainStore(Protocol):
         ...
 
 
-def _unavailable(exc: Exception) -> UnavailableError:
-    orig = getattr(exc, "orig", None) or exc
-    text = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
-    return UnavailableError(f"database unavailable: {text}")
-
-
 class SqlBrainStore:
     """BrainStore over SQLAlchemy Core: PostgreSQL (psycopg2) or SQLite, schema from Alembic."""
 
@@ -139,15 +133,8 @@ class SqlBrainStore:
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
         """One transaction; connection-level failures become UnavailableError."""
-        try:
-            with self.engine.begin() as conn:
-                yield conn
-        except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError) as exc:
-            raise _unavailable(exc) from exc
-        except sa.exc.DBAPIError as exc:
-            if exc.connection_invalidated:
-                raise _unavailable(exc) from exc
-            raise
+        with outages(), self.engine.begin() as conn:
+            yield conn
 
     def _upsert(self, table: sa.Table) -> Any:
         return (postgresql if self._dialect == "postgresql" else sqlite).insert(table)

@@ -21,7 +21,7 @@ from sqlalchemy.engine import URL, Engine
 
 import gearshift.migrations
 from gearshift.common.config import Option, build_parser, parse_bool
-from gearshift.common.errors import ValidationError
+from gearshift.common.errors import UnavailableError, ValidationError
 from gearshift.common.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 
 #: A 64-bit auto-increment key; SQLite only auto-increments INTEGER PRIMARY KEY.
@@ -38,6 +38,31 @@ NAMING = {
 }
 
 _DRIVERS = {"postgresql": "postgresql+psycopg2", "postgres": "postgresql+psycopg2"}
+
+
+def unavailable(exc: Exception) -> UnavailableError:
+    """The database outage behind `exc`, worded for a client (first line of the driver's)."""
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    return UnavailableError(f"database unavailable: {text}")
+
+
+@contextmanager
+def outages() -> Iterator[None]:
+    """A database that cannot be reached (down, restarting, a connection cut) is
+    UnavailableError, which clients retry, not a bug answered INTERNAL."""
+    try:
+        yield
+    except (
+        sqlalchemy.exc.OperationalError,
+        sqlalchemy.exc.InterfaceError,
+        sqlalchemy.exc.TimeoutError,
+    ) as exc:
+        raise unavailable(exc) from exc
+    except sqlalchemy.exc.DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise unavailable(exc) from exc
+        raise
 
 
 def database_url(url: str | URL, field: str = "database_url") -> URL:

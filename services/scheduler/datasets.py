@@ -80,6 +80,7 @@ class DatasetKeeper:
                     )
                 continue
             requeued += reply.requeued
+        log.info("holders released", extra={"job_id": job_id, "requeued": requeued})
         return requeued
 
     def close(self) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -20,7 +21,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gearshift.common.db import create_engine
+from gearshift.common.db import create_engine, outages
 from gearshift.common.errors import ConflictError, UnavailableError
 from gearshift.scheduler import models
 from gearshift.v1 import common_pb2
@@ -305,8 +306,10 @@ class SqlStore:
     def close(self) -> None:
         self.engine.dispose()
 
-    def _session(self) -> Session:
-        return self._sessions()
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
+        with outages(), self._sessions() as session:
+            yield session
 
     def check(self) -> None:
         """Fail with UnavailableError when the schema is missing (not migrated)."""

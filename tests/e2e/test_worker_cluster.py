@@ -37,6 +37,7 @@ from tests.e2e.worker_cluster import (
     running_on,
     step_log,
     step_sequence,
+    training_processes,
 )
 from tests.helpers import wait_until
 
@@ -89,20 +90,6 @@ def job_when(client: Client, job_id: str, ready: Callable[[S.Job], bool], what: 
 
     found = wait_until(check, WAIT, f"job {job_id}: {what}")
     assert found is not None
-    return found
-
-
-def training_processes(cluster: Cluster, worker_id: str, task_id: str = "*") -> list[int]:
-    """Pids of a worker's training processes that still run (the daemon writes rank<R>.pid)."""
-    found = []
-    for path in (cluster.root / "work" / worker_id / "tasks").glob(f"{task_id}/rank*.pid"):
-        pid = int(path.read_text())
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if stat.rpartition(")")[2].split()[0] != "Z":  # a zombie has exited
-            found.append(pid)
     return found
 
 

@@ -177,6 +177,7 @@ class Cluster:
     workers: dict[str, DaemonProcess] = field(default_factory=dict)
     scheduler_port: int = 0
     shards_port: int = 0
+    brain_port: int = 0
     _count: int = 0
 
     @property
@@ -200,10 +201,11 @@ class Cluster:
 
     def start(self, workers: Iterable[tuple[str, str]] = (("w1", "cpu:2"), ("w2", "cpu:2"))):
         """Brain and shard manager, then the scheduler, then the workers (each ready)."""
-        self.brain = self._start("brain", ["--database-url", self.database])
+        self.brain_port = free_port_in(20000, 30000)
+        self.start_brain()
         self.shards_port = free_port_in(20000, 30000)
         self.start_shard_manager()
-        assert self.shards is not None
+        assert self.shards is not None and self.brain is not None
         ready([self.brain, self.shards])
         self.scheduler_port = free_port_in(20000, 30000)
         self.start_scheduler()
@@ -211,6 +213,12 @@ class Cluster:
         ready([self.scheduler])
         ready([self.add_worker(wid, devices, wait=False) for wid, devices in workers])
         return self
+
+    def start_brain(self) -> DaemonProcess:
+        self.brain = self._start(
+            "brain", ["--database-url", self.database], listen=f"127.0.0.1:{self.brain_port}"
+        )
+        return self.brain
 
     def start_shard_manager(self) -> DaemonProcess:
         self.shards = self._start(
@@ -229,7 +237,7 @@ class Cluster:
                 "--database-url",
                 self.database,
                 "--brain-address",
-                self.brain.address,
+                f"127.0.0.1:{self.brain_port}",
                 "--shard-manager-address",
                 f"127.0.0.1:{self.shards_port}",
                 "--checkpoint-root",
@@ -302,3 +310,18 @@ def running_on(job: S.Job) -> dict[str, int]:
     for process in job.placement.processes:
         out[process.worker_id] = out.get(process.worker_id, 0) + 1
     return out
+
+
+def training_processes(cluster: Cluster, worker_id: str = "*", task_id: str = "*") -> list[int]:
+    """Pids of a worker's training processes that still run (the daemon writes rank<R>.pid);
+    `*` for every worker or task."""
+    found = []
+    for path in (cluster.root / "work").glob(f"{worker_id}/tasks/{task_id}/rank*.pid"):
+        pid = int(path.read_text())
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rpartition(")")[2].split()[0] != "Z":  # a zombie has exited
+            found.append(pid)
+    return found

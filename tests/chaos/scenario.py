@@ -1,0 +1,103 @@
+"""One wave of the chaos run: four deterministic EST jobs and a dynamic-mode job submitted
+together and followed to their ends while the driver strikes, then everything that must
+hold of them, as a list of problems (empty: the wave held). The CI test runs one wave; the
+soak runs waves until its time is up."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from gearshift.v1 import common_pb2, scheduler_pb2
+from tests.chaos.driver import TERMINAL, Chaos, ShardLedger, job_states, submit
+from tests.e2e.worker_cluster import Cluster, Reference, digits_spec, step_log
+from tests.helpers import wait_until
+
+EST_JOBS = 4
+
+
+@dataclass
+class Wave:
+    """A wave's jobs and what was seen of them."""
+
+    est_jobs: list[str]
+    dynamic_job: str
+    ledger: ShardLedger
+    final: dict[str, scheduler_pb2.Job] = field(default_factory=dict)
+
+    @property
+    def jobs(self) -> list[str]:
+        return [*self.est_jobs, self.dynamic_job]
+
+
+def released(cluster: Cluster, job_id: str) -> int:
+    """Shards the schedulers (every incarnation) put back from the job's dead holders."""
+    pattern = re.compile(rf"holders released job_id={job_id} requeued=(\d+)")
+    return sum(
+        int(found)
+        for log in (cluster.root / "run").glob("*-scheduler/scheduler.log")
+        for found in pattern.findall(log.read_text())
+    )
+
+
+def run_wave(
+    chaos: Chaos, steps: int, dynamic_steps: int, budget: float, name: str = "chaos"
+) -> Wave:
+    """Submit the wave, aim the driver's training kills at its dynamic job, wait for its end."""
+    cluster = chaos.site.cluster
+    est_jobs = [submit(cluster, digits_spec(f"{name}-{i}", steps)) for i in range(EST_JOBS)]
+    spec = digits_spec(f"{name}-dynamic", dynamic_steps)
+    spec.dataset.mode = common_pb2.DATA_MODE_DYNAMIC
+    dynamic_job = submit(cluster, spec)
+    wave = Wave(est_jobs, dynamic_job, ShardLedger(cluster, dynamic_job))
+    chaos.focus = dynamic_job
+
+    def ended() -> bool:
+        wave.ledger.poll()
+        if chaos.error is not None:
+            raise AssertionError(f"the chaos driver failed: {chaos.error!r}")
+        states = job_states(cluster, wave.jobs)
+        if states is not None:
+            wave.final.update(states)
+        return states is not None and all(j.state in TERMINAL for j in states.values())
+
+    wait_until(ended, budget, f"every job of {name} ends", interval=0.25)
+    return wave
+
+
+def problems(wave: Wave, cluster: Cluster, ref: Reference, dynamic_steps: int) -> list[str]:
+    """What went wrong with the wave's jobs: nothing, when they held up."""
+    found = []
+    for job_id in wave.jobs:
+        job = wave.final[job_id]
+        if job.state != common_pb2.JOB_STATE_SUCCEEDED:
+            found.append(f"{job_id} ended {common_pb2.JobState.Name(job.state)}: {job.message}")
+    for job_id in wave.est_jobs:
+        if wave.final[job_id].final_digest != ref.digest:
+            found.append(f"{job_id}: digest {wave.final[job_id].final_digest} != {ref.digest}")
+        if step_log(cluster.checkpoint_root / job_id / "steps.jsonl") != ref.losses:
+            found.append(f"{job_id}: its steps' loss bits differ from the fixed run's")
+    if wave.final[wave.dynamic_job].progress.step != dynamic_steps:
+        found.append(f"{wave.dynamic_job} ran {wave.final[wave.dynamic_job].progress.step} steps")
+    ledger = wave.ledger
+    closed = ledger.closed_epochs()
+    if len(closed) < 2:
+        found.append(f"the ledger saw {len(closed)} closed epochs: {ledger.epochs}")
+    for epoch in closed:
+        if (epoch.samples_done, epoch.shards_done, epoch.samples_failed) != (
+            ledger.size,
+            ledger.num_shards,
+            0,
+        ):
+            found.append(f"epoch {epoch.epoch} not read exactly once: {epoch}")
+    # What the killed holders held came back, once: the scheduler logs each release.
+    if redelivered(wave) != released(cluster, wave.dynamic_job):
+        found.append(
+            f"{redelivered(wave)} shards redelivered, "
+            f"{released(cluster, wave.dynamic_job)} released from dead holders"
+        )
+    return found
+
+
+def redelivered(wave: Wave) -> int:
+    return sum(e.shards_redelivered for e in wave.ledger.epochs.values())
