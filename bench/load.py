@@ -1,0 +1,740 @@
+"""Load test of the scheduler daemon: simulated workers, submissions and watchers on Postgres.
+
+    python -m bench.load [--workers 1000] [--submits-per-second 100] [--queued 2000]
+                         [--seconds 30] [--processes 4] [--sweep [100,250,500,1000,2000]]
+                         [--database-url postgresql://postgres@127.0.0.1:5432/test]
+                         [--unplaceable] [--json FILE]
+
+One trial: a fresh database on the Postgres server (created, then dropped), a real
+`gearshift-scheduler` process on it with elastic LAS (--policy las --elastic), short
+rounds and its Prometheus endpoint; --queued EST jobs submitted first; then
+--processes OS processes drive --workers simulated workers with the real workers API
+(RegisterWorker once, Heartbeat every second, register again when told to; no
+WorkerAgent server: they give an address where nothing listens, so a placement on them
+fails to start and the scheduler declares them lost), while one more process submits
+--submits-per-second jobs (open loop), runs a few WatchJob watchers (time to the first
+event) and GetClusterState / ListJobs callers, each once a second. Every latency is
+measured in the client; during the --seconds window it prints p50 / p99 / count /
+errors per RPC, the round duration (mean from the histogram's sum and count, p50 and
+max as the histogram's bucket bounds), the queued job count, and what the scheduler's
+log and counters say it did (starts, workers lost, failed rounds).
+
+With --unplaceable the jobs ask for an accelerator type no simulated worker has: they
+stay queued and the scheduler never calls a worker. --sweep runs one trial per worker
+count and reports the knee: the first count at which some RPC's p99 in the window passes
+100 ms ("RegisterWorker (startup)", every worker registering at once before the window,
+is shown but not counted; "RegisterWorker" is the re-registrations in the window).
+Targets (issue 16): 1,000 workers + 100 submissions/s + 2,000 queued jobs with every
+p99 < 100 ms and a round under 1 s. Load generator and scheduler share the machine's
+CPUs: figures are what one run measured there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import grpc
+
+from gearshift.client.processes import DaemonError, DaemonProcess, start_daemon
+from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+C = common_pb2
+S = scheduler_pb2
+DEFAULT_DATABASE = (
+    os.environ.get("GEARSHIFT_TEST_POSTGRES_URL") or "postgresql://postgres@127.0.0.1:5432/test"
+)
+DEFAULT_SWEEP = (100, 250, 500, 1000, 2000)
+TARGET_P99 = 0.100  # seconds, per RPC
+TARGET_ROUND = 1.0  # seconds
+CALL_TIMEOUT = 10.0
+HEARTBEAT_SECONDS = 1.0
+TYPES = ("v100", "p100", "k80")  # what the simulated workers offer, in turn
+DEVICES_PER_WORKER = 4
+NOWHERE = "127.0.0.1:9"  # a worker address where nothing listens (discard port)
+TENANTS = 4
+STARTUP = "RegisterWorker (startup)"  # the first registrations, all at once: not in the knee
+LOG_EVENTS = {  # scheduler log lines worth counting, by a pattern in the line
+    "round failed": "round failed",
+    "worker lost": "worker lost",
+    "start failed": "could not start",
+    "StopTask failed": "StopTask failed",
+    "exceptions": "Traceback",
+}
+_LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class LoadError(RuntimeError):
+    """The trial could not run (Postgres unreachable, scheduler did not start, ...)."""
+
+
+@dataclass
+class Config:
+    workers: int = 1000
+    submits_per_second: float = 100.0
+    queued: int = 2000
+    seconds: float = 30.0
+    processes: int = 4
+    watchers: int = 4
+    readers: int = 2  # GetClusterState callers, and as many ListJobs callers
+    round_seconds: float = 5.0
+    unplaceable: bool = False
+    database_url: str = DEFAULT_DATABASE
+    run_dir: str = ""  # where the scheduler's log stays (empty: a temporary folder)
+
+
+@dataclass
+class RpcStats:
+    count: int
+    errors: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    error_codes: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    config: dict[str, Any]
+    rpcs: dict[str, RpcStats]
+    rounds: dict[str, float]
+    queued_jobs: int
+    running_jobs: int
+    counters: dict[str, float]
+    log_events: dict[str, int]
+    reregistrations: int
+    preload_seconds: float
+    registration_seconds: float
+
+    def worst_p99_ms(self) -> float:
+        """The highest p99 in the window (the startup registration burst aside)."""
+        return max(
+            (s.p99_ms for name, s in self.rpcs.items() if s.count and name != STARTUP),
+            default=0.0,
+        )
+
+    def errors(self) -> int:
+        return sum(s.errors for s in self.rpcs.values())
+
+
+# The job and the workers --------------------------------------------------------------------
+def job_spec(index: int, unplaceable: bool) -> common_pb2.JobSpec:
+    """A small elastic EST job (examples/digits-cnn.yaml as a proto)."""
+    return C.JobSpec(
+        name=f"load-{index}",
+        tenant=f"load{index % TENANTS}",
+        entrypoint=C.Entrypoint(module="gearshift.examples.digits_cnn", config_json='{"lr":0.05}'),
+        num_ests=4,
+        global_batch_size=64,
+        total_steps=200,
+        dataset=C.DatasetSpec(name="digits", size=1797, shard_size=32, seed=1),
+        determinism=C.DETERMINISM_LEVEL_D2,
+        elastic=C.ElasticBounds(min_devices=1, max_devices=4),
+        accelerator_types=["h100"] if unplaceable else [],
+        priority_weight=1.0,
+    )
+
+
+def register_request(worker_id: str, index: int) -> scheduler_pb2.RegisterWorkerRequest:
+    kind = TYPES[index % len(TYPES)]
+    return S.RegisterWorkerRequest(
+        worker_id=worker_id,
+        address=NOWHERE,
+        hostname=f"sim-{index}",
+        devices=[C.DeviceGroup(accelerator_type=kind, count=DEVICES_PER_WORKER)],
+    )
+
+
+# Measuring ---------------------------------------------------------------------------------
+class Recorder:
+    """Latencies and error codes per RPC, kept only inside the measurement window."""
+
+    def __init__(self, window: Any) -> None:
+        self.window = window  # shared array: [start, end] wall-clock times (0: not yet)
+        self.latencies: dict[str, list[float]] = {}
+        self.errors: dict[str, Counter[str]] = {}
+        self.reregistrations = 0
+
+    def measuring(self) -> bool:
+        start, end = float(self.window[0]), float(self.window[1])
+        return start > 0 and start <= time.time() < end
+
+    def over(self) -> bool:
+        end = float(self.window[1])
+        return end > 0 and time.time() >= end
+
+    async def call(self, name: str, call: Awaitable[Any], always: bool = False) -> Any:
+        """Await the call and record how long it took; None when it failed."""
+        record = always or self.measuring()
+        began = time.perf_counter()
+        try:
+            result = await call
+        except grpc.RpcError as exc:
+            if record:
+                code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else "ERROR"
+                self.errors.setdefault(name, Counter())[code] += 1
+                self.latencies.setdefault(name, [])
+            return None
+        if record:
+            self.latencies.setdefault(name, []).append(time.perf_counter() - began)
+        return result
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "latencies": self.latencies,
+            "errors": {k: dict(v) for k, v in self.errors.items()},
+            "reregistrations": self.reregistrations,
+        }
+
+
+def _channel(address: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address, options=[("grpc.enable_retries", 0)])
+
+
+async def _until(when: float) -> None:
+    await asyncio.sleep(max(0.0, when - time.time()))
+
+
+async def _workers(address: str, first: int, count: int, window: Any, ready: Any) -> dict[str, Any]:
+    """Register `count` workers, then heartbeat each every second until the window ends."""
+    recorder = Recorder(window)
+    async with _channel(address) as channel:
+        stub = scheduler_pb2_grpc.WorkerRegistryStub(channel)
+        gate = asyncio.Semaphore(32)
+
+        async def register(index: int) -> bool:
+            request = register_request(f"sim-{index:05d}", index)
+            async with gate:
+                reply = await recorder.call(
+                    STARTUP, stub.RegisterWorker(request, timeout=CALL_TIMEOUT), True
+                )
+            return reply is not None
+
+        async def worker(index: int) -> None:
+            worker_id = f"sim-{index:05d}"
+            tick = time.time() + random.uniform(0, HEARTBEAT_SECONDS)
+            while not recorder.over():
+                await _until(tick)
+                request = S.HeartbeatRequest(worker_id=worker_id)
+                reply = await recorder.call(
+                    "Heartbeat", stub.Heartbeat(request, timeout=CALL_TIMEOUT)
+                )
+                if reply is not None and reply.reregister:
+                    recorder.reregistrations += 1
+                    await recorder.call(
+                        "RegisterWorker",
+                        stub.RegisterWorker(
+                            register_request(worker_id, index), timeout=CALL_TIMEOUT
+                        ),
+                    )
+                now = time.time()
+                tick += HEARTBEAT_SECONDS * max(1, int((now - tick) // HEARTBEAT_SECONDS) + 1)
+
+        indexes = range(first, first + count)
+        registered = await asyncio.gather(*(register(i) for i in indexes))
+        ready.put(("ready", sum(registered)))
+        await asyncio.gather(*(worker(i) for i in indexes))
+    return recorder.result()
+
+
+async def _clients(address: str, config: Config, first_job: int, window: Any, ready: Any) -> Any:
+    """Submissions at the configured rate, watchers and readers, inside the window."""
+    recorder = Recorder(window)
+    job_ids: list[str] = []
+    async with _channel(address) as channel:
+        jobs = scheduler_pb2_grpc.JobServiceStub(channel)
+        ready.put(("ready", 0))
+        while window[0] <= 0:
+            await asyncio.sleep(0.01)
+        start = window[0]
+        in_flight: set[asyncio.Task[None]] = set()
+
+        async def submit(index: int) -> None:
+            request = S.SubmitJobRequest(spec=job_spec(index, config.unplaceable))
+            reply = await recorder.call("SubmitJob", jobs.SubmitJob(request, timeout=CALL_TIMEOUT))
+            if reply is not None:
+                job_ids.append(reply.job.job_id)
+
+        async def submitter() -> None:
+            if config.submits_per_second <= 0:
+                return
+            k = 0
+            while True:
+                when = start + k / config.submits_per_second
+                if when >= window[1]:
+                    return
+                await _until(when)
+                if len(in_flight) < 1000:  # bounded: a stalled scheduler cannot pile up tasks
+                    task = asyncio.create_task(submit(first_job + k))
+                    in_flight.add(task)
+                    task.add_done_callback(in_flight.discard)
+                k += 1
+
+        async def every_second(make: Callable[[], Awaitable[Any]], name: str = "") -> None:
+            """Call `make()` once a second (recorded under `name` when given)."""
+            tick = start + random.uniform(0, 1)
+            while not recorder.over():
+                await _until(tick)
+                if recorder.over():
+                    return
+                await (recorder.call(name, make()) if name else make())
+                tick = max(tick + 1, time.time())
+
+        async def watch_once() -> None:
+            if not job_ids:
+                return
+            call = jobs.WatchJob(
+                S.WatchJobRequest(job_id=random.choice(job_ids)), timeout=CALL_TIMEOUT
+            )
+
+            async def first_event() -> Any:
+                return await call.read()
+
+            try:
+                await recorder.call("WatchJob (first event)", first_event())
+            finally:
+                call.cancel()
+
+        loops = [submitter(), *(every_second(watch_once) for _ in range(config.watchers))]
+        for _ in range(config.readers):
+            loops.append(
+                every_second(
+                    lambda: jobs.GetClusterState(S.GetClusterStateRequest(), timeout=CALL_TIMEOUT),
+                    "GetClusterState",
+                )
+            )
+            loops.append(
+                every_second(
+                    lambda: jobs.ListJobs(
+                        S.ListJobsRequest(
+                            states=[C.JOB_STATE_QUEUED], page=C.PageRequest(page_size=50)
+                        ),
+                        timeout=CALL_TIMEOUT,
+                    ),
+                    "ListJobs",
+                )
+            )
+        await asyncio.gather(*loops)
+        if in_flight:
+            await asyncio.wait(in_flight, timeout=CALL_TIMEOUT + 1)
+    return recorder.result()
+
+
+def _worker_process(address: str, first: int, count: int, window: Any, out: Any) -> None:
+    try:
+        out.put(("result", asyncio.run(_workers(address, first, count, window, out))))
+    except BaseException as exc:  # the parent waits for a message: always send one
+        out.put(("failed", f"workers {first}..{first + count - 1}: {exc!r}"))
+
+
+def _client_process(address: str, config: Config, first_job: int, window: Any, out: Any) -> None:
+    try:
+        out.put(("result", asyncio.run(_clients(address, config, first_job, window, out))))
+    except BaseException as exc:
+        out.put(("failed", f"clients: {exc!r}"))
+
+
+async def _preload(address: str, count: int, unplaceable: bool) -> None:
+    """Submit `count` jobs, 32 at a time; LoadError on the first refusal."""
+    async with _channel(address) as channel:
+        jobs = scheduler_pb2_grpc.JobServiceStub(channel)
+        gate = asyncio.Semaphore(32)
+
+        async def one(index: int) -> None:
+            async with gate:
+                try:
+                    await jobs.SubmitJob(
+                        S.SubmitJobRequest(spec=job_spec(index, unplaceable)),
+                        timeout=CALL_TIMEOUT * 3,
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    raise LoadError(
+                        f"pre-submitting job {index}: {exc.code().name}: {exc.details()}"
+                    ) from None
+
+        await asyncio.gather(*(one(i) for i in range(count)))
+
+
+# Postgres and the daemon ----------------------------------------------------------------------
+@contextlib.contextmanager
+def fresh_database(url: str) -> Iterator[str]:
+    """A new, empty database on the server of `url` (as tests/conftest.py's postgres_db),
+    dropped afterwards; LoadError when the server cannot be reached."""
+    import sqlalchemy
+
+    from gearshift.common.db import database_url
+
+    try:
+        server = database_url(url)
+    except Exception as exc:
+        raise LoadError(f"--database-url {url!r}: {exc}") from None
+    if server.get_backend_name() != "postgresql":
+        raise LoadError(f"--database-url {url!r}: a PostgreSQL URL is needed")
+    name = f"gs_load_{uuid.uuid4().hex[:12]}"
+    admin = sqlalchemy.create_engine(
+        server, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5}
+    )
+    try:
+        with admin.connect() as conn:
+            conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
+    except sqlalchemy.exc.OperationalError as exc:
+        admin.dispose()
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise LoadError(
+            f"PostgreSQL at {server.render_as_string()} is unreachable: {reason}"
+        ) from None
+    try:
+        yield server.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def start_scheduler(database: str, config: Config, run_dir: Path) -> DaemonProcess:
+    limit = str(max(10 * (config.queued + config.submits_per_second * config.seconds), 1000))
+    flags = [
+        *("--database-url", database),
+        *("--policy", "las", "--elastic"),
+        *("--round-seconds", str(config.round_seconds)),
+        *("--metrics-listen", "127.0.0.1:0"),
+        *("--heartbeat-interval", str(HEARTBEAT_SECONDS)),
+        *("--heartbeat-timeout", "10"),
+        *("--max-submits-per-second", str(max(1000.0, 10 * config.submits_per_second))),
+        *("--max-queued-jobs", str(int(float(limit)))),
+        *("--max-streams", "1000"),
+        *("--checkpoint-root", str(run_dir / "checkpoints")),
+        *("--log-format", "text"),
+    ]
+    daemon = start_daemon("scheduler", flags, run_dir=run_dir)
+    try:
+        daemon.wait_ready(90)
+    except DaemonError as exc:
+        daemon.stop()
+        raise LoadError(f"the scheduler did not start: {exc}") from None
+    return daemon
+
+
+def scrape(daemon: DaemonProcess) -> dict[str, Any]:
+    """The scheduler's metrics that matter here, from its Prometheus endpoint."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with _LOCAL.open(daemon.metrics_url, timeout=30) as reply:
+        text = reply.read().decode()
+    out: dict[str, Any] = {"buckets": {}, "jobs": {}}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "gearshift_scheduler_round_duration_seconds_bucket":
+                out["buckets"][float(sample.labels["le"])] = sample.value
+            elif sample.name.startswith("gearshift_scheduler_round_duration_seconds_"):
+                out[sample.name.rsplit("_", 1)[1]] = sample.value
+            elif sample.name == "gearshift_jobs":
+                out["jobs"][sample.labels["state"]] = int(sample.value)
+            elif sample.name in (
+                "gearshift_scheduler_round",
+                "gearshift_scheduler_job_starts_total",
+                "gearshift_scheduler_workers_lost_total",
+                "gearshift_scheduler_preemptions_total",
+            ):
+                out[sample.name.removeprefix("gearshift_scheduler_")] = sample.value
+    return out
+
+
+def round_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """Rounds that ended in the window: count, mean, and p50 / max as bucket upper bounds."""
+    count = after.get("count", 0.0) - before.get("count", 0.0)
+    total = after.get("sum", 0.0) - before.get("sum", 0.0)
+    out = {"rounds": count, "mean_s": total / count if count else 0.0}
+    deltas = sorted((le, n - before["buckets"].get(le, 0.0)) for le, n in after["buckets"].items())
+    for key, share in (("p50_le_s", 0.5), ("max_le_s", 1.0)):
+        out[key] = next((le for le, n in deltas if count and n >= share * count), float("nan"))
+    return out
+
+
+def log_events(path: Path, offset: int) -> dict[str, int]:
+    try:
+        with path.open("rb") as log:
+            log.seek(offset)
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return {}
+    return {name: text.count(pattern) for name, pattern in LOG_EVENTS.items()}
+
+
+# One trial -------------------------------------------------------------------------------------
+def _collect(out: Any, expected: int, deadline: float, what: str) -> list[Any]:
+    """`expected` messages of kind `what` from the processes; LoadError on a failure."""
+    got: list[Any] = []
+    while len(got) < expected:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise LoadError(f"{expected - len(got)} load processes not {what} in time")
+        try:
+            kind, value = out.get(timeout=min(left, 1.0))
+        except Exception:  # queue.Empty
+            continue
+        if kind == "failed":
+            raise LoadError(f"a load process failed: {value}")
+        if kind == what:
+            got.append(value)
+    return got
+
+
+def run_trial(config: Config, log: Callable[[str], None] = print) -> Report:
+    """Start Postgres database and scheduler, load it, measure, tear everything down."""
+    ctx = mp.get_context("spawn")  # no fork after grpc is initialised in this process
+    with contextlib.ExitStack() as stack:
+        if config.run_dir:
+            run_dir = Path(config.run_dir) / f"{config.workers}-workers"
+        else:
+            run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gs-load-")))
+        database = stack.enter_context(fresh_database(config.database_url))
+        daemon = start_scheduler(database, config, run_dir)
+        processes: list[Any] = []
+        try:
+            address = daemon.address
+            began = time.monotonic()
+            asyncio.run(_preload(address, config.queued, config.unplaceable))
+            preload = time.monotonic() - began
+            log(f"  {config.queued} jobs pre-submitted in {preload:.1f}s")
+            window = ctx.Array("d", [0.0, 0.0], lock=False)
+            out = ctx.Queue()
+            parts = max(1, min(config.processes, config.workers))
+            sizes = [config.workers // parts + (i < config.workers % parts) for i in range(parts)]
+            first = 0
+            for size in sizes:
+                processes.append(
+                    ctx.Process(target=_worker_process, args=(address, first, size, window, out))
+                )
+                first += size
+            processes.append(
+                ctx.Process(
+                    target=_client_process, args=(address, config, config.queued, window, out)
+                )
+            )
+            began = time.monotonic()
+            for process in processes:
+                process.start()
+            ready = _collect(
+                out, len(processes), time.monotonic() + 60 + config.workers * 0.2, "ready"
+            )
+            registration = time.monotonic() - began
+            if sum(ready) < config.workers:
+                raise LoadError(f"only {sum(ready)} of {config.workers} workers registered")
+            log(f"  {config.workers} workers registered in {registration:.1f}s")
+            time.sleep(2 * HEARTBEAT_SECONDS)  # every worker heartbeating before measuring
+            log_offset = daemon.log_path.stat().st_size
+            before = scrape(daemon)
+            start = time.time()
+            window[0], window[1] = start, start + config.seconds
+            results = _collect(
+                out, len(processes), time.monotonic() + config.seconds + 3 * CALL_TIMEOUT, "result"
+            )
+            after = scrape(daemon)
+            if daemon.process.poll() is not None:
+                raise LoadError(f"the scheduler exited:\n{daemon.log_tail()}")
+            events = log_events(daemon.log_path, log_offset)
+        finally:
+            for process in processes:
+                process.join(timeout=5)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+            daemon.stop(timeout=30)
+    latencies: dict[str, list[float]] = {}
+    errors: dict[str, Counter[str]] = {}
+    for result in results:
+        for name, values in result["latencies"].items():
+            latencies.setdefault(name, []).extend(values)
+        for name, codes in result["errors"].items():
+            errors.setdefault(name, Counter()).update(codes)
+    rpcs = {
+        name: _stats(latencies[name], errors.get(name, Counter())) for name in sorted(latencies)
+    }
+    counters = {
+        key: after.get(key, 0.0) - before.get(key, 0.0)
+        for key in ("job_starts_total", "workers_lost_total", "preemptions_total")
+    }
+    return Report(
+        config=asdict(config),
+        rpcs=rpcs,
+        rounds=round_figures(before, after),
+        queued_jobs=after["jobs"].get("queued", 0),
+        running_jobs=after["jobs"].get("running", 0),
+        counters=counters,
+        log_events=events,
+        reregistrations=sum(r["reregistrations"] for r in results),
+        preload_seconds=preload,
+        registration_seconds=registration,
+    )
+
+
+def _stats(values: list[float], codes: Counter[str]) -> RpcStats:
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        if not ordered:
+            return 0.0
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+    return RpcStats(
+        count=len(ordered),
+        errors=sum(codes.values()),
+        p50_ms=statistics.median(ordered) * 1000 if ordered else 0.0,
+        p99_ms=pick(0.99),
+        max_ms=ordered[-1] * 1000 if ordered else 0.0,
+        error_codes=dict(codes),
+    )
+
+
+# Output ----------------------------------------------------------------------------------------
+def print_report(report: Report) -> None:
+    c = report.config
+    print(
+        f"{c['workers']} workers, {c['submits_per_second']:g} submissions/s, "
+        f"{c['queued']} pre-queued, {c['seconds']:g}s measured"
+        + (" (unplaceable jobs)" if c["unplaceable"] else "")
+    )
+    print(f"  {'RPC':<24}{'count':>8}{'errors':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}")
+    for name, s in report.rpcs.items():
+        flag = "  > 100 ms" if s.p99_ms > TARGET_P99 * 1000 else ""
+        print(
+            f"  {name:<24}{s.count:>8}{s.errors:>8}{s.p50_ms:>9.1f}{s.p99_ms:>9.1f}"
+            f"{s.max_ms:>9.1f}{flag}" + (f"  {s.error_codes}" if s.error_codes else "")
+        )
+    r = report.rounds
+    print(
+        f"  rounds: {r['rounds']:.0f} ended, mean {r['mean_s']:.3f}s, p50 <= {r['p50_le_s']:g}s, "
+        f"max <= {r['max_le_s']:g}s (histogram buckets)"
+    )
+    print(
+        f"  jobs: {report.queued_jobs} queued, {report.running_jobs} running at the end; "
+        f"in the window: {report.counters['job_starts_total']:.0f} starts, "
+        f"{report.counters['workers_lost_total']:.0f} workers lost, "
+        f"{report.reregistrations} re-registrations"
+    )
+    print(f"  scheduler log in the window: {report.log_events}")
+
+
+def knee(reports: Sequence[Report]) -> int | None:
+    """The first worker count at which some RPC's p99 passes the target."""
+    for report in reports:
+        if report.worst_p99_ms() > TARGET_P99 * 1000:
+            return int(report.config["workers"])
+    return None
+
+
+def _counts(text: str) -> list[int]:
+    if not re.fullmatch(r"\d+(,\d+)*", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of counts")
+    return [int(x) for x in text.split(",")]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--workers", type=int, default=1000, help="simulated workers")
+    parser.add_argument("--submits-per-second", type=float, default=100.0)
+    parser.add_argument("--queued", type=int, default=2000, help="jobs submitted first")
+    parser.add_argument("--seconds", type=float, default=30.0, help="measurement window")
+    parser.add_argument("--processes", type=int, default=4, help="worker-driving processes")
+    parser.add_argument("--watchers", type=int, default=4)
+    parser.add_argument("--readers", type=int, default=2)
+    parser.add_argument("--round-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--unplaceable", action="store_true", help="jobs ask for a type no worker has"
+    )
+    parser.add_argument(
+        "--sweep",
+        nargs="?",
+        const=",".join(map(str, DEFAULT_SWEEP)),
+        type=_counts,
+        default=None,
+        help="one trial per worker count (default 100,250,500,1000,2000); reports the knee",
+    )
+    parser.add_argument("--database-url", default=DEFAULT_DATABASE)
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument(
+        "--run-dir", default="", help="keep the scheduler's log here (default: a temporary folder)"
+    )
+    args = parser.parse_args(argv)
+    for name in ("workers", "processes", "seconds", "round_seconds"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be > 0")
+    for name in ("queued", "submits_per_second", "watchers", "readers"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be >= 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    counts = args.sweep or [args.workers]
+    reports: list[Report] = []
+    try:
+        for workers in counts:
+            config = Config(
+                workers=workers,
+                submits_per_second=args.submits_per_second,
+                queued=args.queued,
+                seconds=args.seconds,
+                processes=args.processes,
+                watchers=args.watchers,
+                readers=args.readers,
+                round_seconds=args.round_seconds,
+                unplaceable=args.unplaceable,
+                database_url=args.database_url,
+                run_dir=args.run_dir,
+            )
+            print(f"trial: {workers} workers ...", flush=True)
+            report = run_trial(config, log=lambda line: print(line, flush=True))
+            print_report(report)
+            reports.append(report)
+    except LoadError as exc:
+        print(f"load: {exc}", file=sys.stderr)
+        return 2
+    found = knee(reports)
+    if args.sweep:
+        print(
+            "knee: "
+            + (
+                f"some RPC's p99 passes {TARGET_P99 * 1000:.0f} ms at {found} workers"
+                if found is not None
+                else f"no RPC's p99 passed {TARGET_P99 * 1000:.0f} ms up to {counts[-1]} workers"
+            )
+        )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "targets": {"p99_ms": TARGET_P99 * 1000, "round_s": TARGET_ROUND},
+                    "trials": [asdict(r) for r in reports],
+                    "knee_workers": found,
+                },
+                indent=2,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

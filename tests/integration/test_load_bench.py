@@ -1,0 +1,37 @@
+"""bench/load.py at a tiny scale on a real scheduler and Postgres: it runs end to end and
+reports latencies for the workers API and submissions, with no failed call."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.load import main
+
+
+def test_load_bench_tiny(postgres_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    argv = [
+        *("--workers", "20", "--processes", "2"),
+        *("--submits-per-second", "5", "--queued", "10", "--seconds", "5"),
+        *("--watchers", "1", "--readers", "1"),
+        *("--database-url", postgres_url, "--json", str(out)),
+    ]
+    assert main(argv) == 0
+    (trial,) = json.loads(out.read_text())["trials"]
+    rpcs = trial["rpcs"]
+    for name in ("RegisterWorker (startup)", "Heartbeat", "SubmitJob"):
+        assert rpcs[name]["count"] > 0, name
+        assert rpcs[name]["p99_ms"] > 0, name
+    assert {name: s["errors"] for name, s in rpcs.items() if s["errors"]} == {}
+    assert rpcs["Heartbeat"]["count"] >= 20 * 3  # every worker, about once a second
+    assert trial["rounds"]["rounds"] >= 1
+
+
+def test_unreachable_postgres_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    # port 9 (discard): nothing listens there
+    assert main(["--database-url", "postgresql://postgres@127.0.0.1:9/test"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("load: PostgreSQL at ") and err.count("\n") == 1, err
