@@ -39,6 +39,7 @@ import multiprocessing as mp
 import os
 import random
 import re
+import shlex
 import statistics
 import sys
 import tempfile
@@ -101,6 +102,7 @@ class Config:
     unplaceable: bool = False
     database_url: str = DEFAULT_DATABASE
     run_dir: str = ""  # where the scheduler's log stays (empty: a temporary folder)
+    scheduler_flags: tuple[str, ...] = ()  # more flags for the scheduler
 
 
 @dataclass
@@ -425,6 +427,7 @@ def start_scheduler(database: str, config: Config, run_dir: Path) -> DaemonProce
         *("--max-streams", "1000"),
         *("--checkpoint-root", str(run_dir / "checkpoints")),
         *("--log-format", "text"),
+        *config.scheduler_flags,
     ]
     daemon = start_daemon("scheduler", flags, run_dir=run_dir)
     try:
@@ -672,6 +675,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="one trial per worker count (default 100,250,500,1000,2000); reports the knee",
     )
     parser.add_argument("--database-url", default=DEFAULT_DATABASE)
+    parser.add_argument(
+        "--scheduler-flags",
+        default="",
+        help="more scheduler flags, as one string (e.g. '--event-round-gap 0' for a baseline)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument(
         "--run-dir", default="", help="keep the scheduler's log here (default: a temporary folder)"
@@ -704,6 +712,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 unplaceable=args.unplaceable,
                 database_url=args.database_url,
                 run_dir=args.run_dir,
+                scheduler_flags=tuple(shlex.split(args.scheduler_flags)),
             )
             print(f"trial: {workers} workers ...", flush=True)
             report = run_trial(config, log=lambda line: print(line, flush=True))

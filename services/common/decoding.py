@@ -10,14 +10,19 @@ reason. Placed right after the metrics interceptor, so the refusal is counted.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from gearshift.common.handlers import Handler, rewrapped
+from gearshift.common.handlers import (
+    AioWrappingInterceptor,
+    Handler,
+    WrappingInterceptor,
+    rewrapped,
+)
 
 
 @dataclass(frozen=True)
@@ -115,36 +120,15 @@ def decoded(handler: Handler, method: str, *, aio: bool = False) -> Handler:
     return cast(Handler, wrapped._replace(request_deserializer=tolerant))
 
 
-class DecodingInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
+class DecodingInterceptor(WrappingInterceptor):
     """Undecodable requests answered INVALID_ARGUMENT (see the module's docstring)."""
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Handler | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Handler | None:
-        handler = continuation(handler_call_details)
-        return None if handler is None else decoded(handler, handler_call_details.method)
+    def wrap(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
+        return decoded(handler, details.method)
 
 
-class AioDecodingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """DecodingInterceptor on grpc.aio; one wrapped handler per method, as the others keep."""
+class AioDecodingInterceptor(AioWrappingInterceptor):
+    """DecodingInterceptor on grpc.aio."""
 
-    def __init__(self) -> None:
-        self._wrapped: dict[str, tuple[Handler, Handler]] = {}
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Handler:
-        handler = await continuation(handler_call_details)
-        if cast(Any, handler) is None:  # no such method: the server answers UNIMPLEMENTED
-            return handler
-        method: str = handler_call_details.method
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = decoded(handler, method, aio=True)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+    def wrap(self, handler: Handler, method: str) -> Handler:
+        return decoded(handler, method, aio=True)

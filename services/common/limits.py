@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 
 from gearshift.common.errors import GearshiftError, ResourceExhaustedError
-from gearshift.common.handlers import rewrapped
+from gearshift.common.handlers import WrappingInterceptor, rewrapped
 
 SUBMIT = "/gearshift.v1.JobService/SubmitJob"
 
@@ -95,21 +95,18 @@ class CallerLimits:
             )
 
 
-class LimitsInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
+class LimitsInterceptor(WrappingInterceptor):
     """CallerLimits around every call of a sync server."""
 
     def __init__(self, limits: CallerLimits, caller: Callable[[grpc.HandlerCallDetails], str]):
         self.limits = limits
         self.caller = caller
 
-    def intercept_service(
+    def wrap(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler: grpc.RpcMethodHandler[Any, Any],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         method: str = handler_call_details.method
         who = self.caller(handler_call_details)
         limits = self.limits

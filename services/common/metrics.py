@@ -13,14 +13,19 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 import grpc
 import prometheus_client
 
 from gearshift.common.config import Option, host_port
-from gearshift.common.handlers import Handler, rewrapped
+from gearshift.common.handlers import (
+    AioWrappingInterceptor,
+    Handler,
+    WrappingInterceptor,
+    rewrapped,
+)
 
 METRICS_OPTION = Option(
     "metrics_listen",
@@ -185,45 +190,18 @@ def observed(handler: Handler, method: str) -> Handler:
     return rewrapped(handler, observer.unary, observer.streaming)
 
 
-class RpcMetricsInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
+class RpcMetricsInterceptor(WrappingInterceptor):
     """Counts and times every call (outermost: it sees the status the others set)."""
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Handler | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Handler | None:
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        return observed(handler, handler_call_details.method)
+    def wrap(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
+        return observed(handler, details.method)
 
 
-class AioRpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """RpcMetricsInterceptor on grpc.aio (coroutine, async-generator and plain handlers).
+class AioRpcMetricsInterceptor(AioWrappingInterceptor):
+    """RpcMetricsInterceptor on grpc.aio (coroutine, async-generator and plain handlers)."""
 
-    The wrapped handler is kept per method while the inner interceptors return the
-    same handler object for it (they do: see AioErrorMappingInterceptor).
-    """
-
-    def __init__(self) -> None:
-        self._wrapped: dict[str, tuple[Handler, Handler]] = {}
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Handler:
-        handler = await continuation(handler_call_details)
-        if cast(Any, handler) is None:
-            return handler
-        method: str = handler_call_details.method
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = observed(handler, method)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+    def wrap(self, handler: Handler, method: str) -> Handler:
+        return observed(handler, method)
 
 
 @dataclass

@@ -35,7 +35,12 @@ from gearshift.common.auth import BearerTokenServerInterceptor, ServerTls
 from gearshift.common.authz import AioAuthorizationInterceptor, AuthorizationInterceptor, caller_of
 from gearshift.common.decoding import AioDecodingInterceptor, DecodingInterceptor
 from gearshift.common.errors import GearshiftError
-from gearshift.common.handlers import Handler, rewrapped
+from gearshift.common.handlers import (
+    AioWrappingInterceptor,
+    Handler,
+    WrappingInterceptor,
+    rewrapped,
+)
 from gearshift.common.identity import TokenTable
 from gearshift.common.limits import CallerLimits, Limits, LimitsInterceptor
 from gearshift.common.metrics import AioRpcMetricsInterceptor, RpcMetricsInterceptor
@@ -134,18 +139,11 @@ def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMeth
     return rewrapped(handler, unary, streaming)
 
 
-class ErrorMappingInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
+class ErrorMappingInterceptor(WrappingInterceptor):
     """Maps GearshiftError to its status code; never lets a stack trace reach a client."""
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        return _wrap(handler, handler_call_details.method)
+    def wrap(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
+        return _wrap(handler, details.method)
 
 
 @dataclass
@@ -357,35 +355,15 @@ def _wrap_aio(
     return rewrapped(handler, unary, streaming)
 
 
-class AioErrorMappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """ErrorMappingInterceptor for grpc.aio; also tracks open streams (see `_OpenStreams`).
-
-    A method's wrapped handler is built once and reused while the service
-    returns the same handler object for it (it always does for generated
-    servicers): wrapping per call would cost every unary call a few closures.
-    """
+class AioErrorMappingInterceptor(AioWrappingInterceptor):
+    """ErrorMappingInterceptor for grpc.aio; also tracks open streams (see `_OpenStreams`)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.streams = _OpenStreams()
-        self._wrapped: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        handler = await continuation(handler_call_details)
-        if cast(Any, handler) is None:  # no such method: the server answers UNIMPLEMENTED
-            return handler
-        method: str = handler_call_details.method
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = _wrap_aio(handler, method, self.streams)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+    def wrap(self, handler: Handler, method: str) -> Handler:
+        return _wrap_aio(handler, method, self.streams)
 
 
 class AioBearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]

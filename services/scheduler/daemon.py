@@ -81,6 +81,13 @@ OPTIONS = [
         0.0,
         float,
     ),
+    Option(
+        "event_round_gap",
+        "least seconds between a round's end and an early round that an event (a submission, "
+        "a worker joining) asks for: a burst of events is one round, not one each",
+        1.0,
+        float,
+    ),
     Option("heartbeat_interval", "seconds between a worker's heartbeats", 5.0, float),
     Option(
         "heartbeat_timeout",
@@ -166,6 +173,8 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
             raise ValueError(f"--{flag.replace('_', '-')} must be > 0")
     if config.min_recompute_seconds < 0:
         raise ValueError("--min-recompute-seconds must be >= 0")
+    if config.event_round_gap < 0:
+        raise ValueError("--event-round-gap must be >= 0")
     if config.heartbeat_timeout <= config.heartbeat_interval:
         raise ValueError("--heartbeat-timeout must exceed --heartbeat-interval")
     if config.max_queued_jobs <= 0:
@@ -208,6 +217,7 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         heartbeat_interval=config.heartbeat_interval,
         heartbeat_timeout=config.heartbeat_timeout,
         min_recompute_seconds=config.min_recompute_seconds,
+        event_round_gap=config.event_round_gap,
         checkpoint_root=config.checkpoint_root,
         advertise_address=config.advertise_address,
         brain_address=config.brain_address,

@@ -43,31 +43,34 @@ class JobsApi:
                 f"spec.entrypoint.code_sha256: no code package {code[:12]}... on this scheduler; "
                 "upload it first (UploadCode; the SDK and CLI do it for you)"
             )
+        if key:
+            existing = state.store.find_job_by_key(key)
+            if existing is not None:
+                return existing, False
         with state.lock:
+            self._check_queue(spec.tenant)
+        # Written outside the lock (a database round trip would hold up every heartbeat); the
+        # idempotency key is unique in the database, which decides between concurrent calls.
+        now = state.clock()
+        job = JobRecord(
+            job_id=new_job_id(),
+            spec=spec,
+            state=S.JOB_STATE_QUEUED,
+            submitted_at=now,
+            idempotency_key=key or None,
+            last_sequence=1,
+        )
+        job.progress.total_steps = total_steps(spec)
+        event = EventRecord(job.job_id, 1, now, E.JOB_EVENT_TYPE_SUBMITTED, job.state, "")
+        try:
+            state.store.create_job(job, event)
+        except Exception:
             if key:
                 existing = state.store.find_job_by_key(key)
-                if existing is not None:
+                if existing is not None:  # a concurrent call with the same key won
                     return existing, False
-            self._check_queue(spec.tenant)
-            now = state.clock()
-            job = JobRecord(
-                job_id=new_job_id(),
-                spec=spec,
-                state=S.JOB_STATE_QUEUED,
-                submitted_at=now,
-                idempotency_key=key or None,
-                last_sequence=1,
-            )
-            job.progress.total_steps = total_steps(spec)
-            event = EventRecord(job.job_id, 1, now, E.JOB_EVENT_TYPE_SUBMITTED, job.state, "")
-            try:
-                state.store.create_job(job, event)
-            except Exception:
-                if key:
-                    existing = state.store.find_job_by_key(key)
-                    if existing is not None:  # a concurrent call with the same key won
-                        return existing, False
-                raise
+            raise
+        with state.lock:
             state.jobs[job.job_id] = job
             state.changed.notify_all()
             state.tell_brain(event, job)

@@ -111,6 +111,7 @@ class Rounds:
         self.observers = list(observers or [])
         self.round = 0
         self.last_round_at = 0.0
+        self.last_round_ended_at = 0.0
         self._round_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -137,16 +138,18 @@ class Rounds:
 
     def _loop(self) -> None:
         settings = self.state.settings
+        early = False  # an event asked for a round before the boundary
         while not self._stop.is_set():
-            due = self.last_round_at + settings.round_seconds
-            timeout = max(0.0, due - self.state.clock())
+            timeout = max(0.0, self._next_round_at(early) - self.state.clock())
             woken = self._wake.wait(timeout=min(timeout, settings.heartbeat_interval))
             if self._stop.is_set():
                 return
             self._wake.clear()
-            now = self.state.clock()
             try:
-                if now >= due or (woken and self._early_round_allowed()):
+                early = early or (woken and self._early_round_allowed())
+                now = self.state.clock()
+                if now >= self._next_round_at(early):
+                    early = False
                     self.run_round()
                 else:
                     with self.state.lock:
@@ -155,6 +158,14 @@ class Rounds:
                         self.run_round()
             except Exception:  # a round must never kill the loop
                 log.exception("round failed")
+
+    def _next_round_at(self, early: bool) -> float:
+        """The round boundary, or sooner for an event: `event_round_gap` after the last round
+        ended, so that a burst of submissions or registrations makes one round, not one each."""
+        boundary = self.last_round_at + self.state.settings.round_seconds
+        if not early:
+            return boundary
+        return min(boundary, self.last_round_ended_at + self.state.settings.event_round_gap)
 
     def _early_round_allowed(self) -> bool:
         """Allocators that re-plan on events run at once; Gavel's rounds wait for the boundary
@@ -201,8 +212,9 @@ class Rounds:
                         "renewed": len(report.renewed),
                     },
                 )
+            self.last_round_ended_at = state.clock()
             for observer in self.observers:
-                observer(report, state.clock() - started)
+                observer(report, self.last_round_ended_at - started)
             return report
 
     def _snapshot(self, now: float) -> tuple[Snapshot, dict[str, Assignment]]:

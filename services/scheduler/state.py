@@ -58,6 +58,7 @@ class SchedulerSettings:
     heartbeat_interval: float = 5.0
     heartbeat_timeout: float = 30.0
     min_recompute_seconds: float = 0.0
+    event_round_gap: float = 1.0  # least time between the end of a round and one an event asks
     checkpoint_root: str = ".gearshift/checkpoints"
     advertise_address: str = ""
     brain_address: str = ""

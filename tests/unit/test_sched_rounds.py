@@ -92,6 +92,32 @@ def test_a_round_that_raises_does_not_stop_the_loop() -> None:
         scheduler.stop()
 
 
+def test_a_burst_of_submissions_makes_few_rounds_not_one_each() -> None:
+    """Elastic LAS re-plans on events, but a round waits `event_round_gap` after the last one
+    ended: 40 submissions in a burst make a handful of rounds, and the last job still starts
+    without waiting for the round boundary (an hour here)."""
+    rounds: list[int] = []
+    scheduler, _ = make_scheduler(
+        settings(elastic=True, round_seconds=3600.0, event_round_gap=0.3), clock=Clock()
+    )
+    scheduler.state.clock = __import__("time").monotonic  # the loop waits on real time
+    scheduler.rounds.observers.append(lambda report, _seconds: rounds.append(report.round))
+    try:
+        register(scheduler, "box", {"t4": 64})
+        scheduler.start()
+        started = scheduler.state.clock()
+        jobs = [scheduler.submit(job_spec(f"j{i}", 1), "")[0] for i in range(40)]
+        burst = scheduler.state.clock() - started
+        wait_until(
+            lambda: scheduler.get(jobs[-1].job_id).state == S.JOB_STATE_RUNNING,
+            10.0,
+            "the last job of the burst starts",
+        )
+        assert len(rounds) <= 2 + burst / 0.3, (rounds, burst)
+    finally:
+        scheduler.stop()
+
+
 @pytest.mark.parametrize(
     ("policy", "elastic"), [("las", False), ("las", True), ("easyscale", False)]
 )
