@@ -154,26 +154,68 @@ class WorkerRegistry:
             log.warning("worker lost", extra={"worker_id": worker_id, "why": why})
         for listener in self.workers_changed:
             listener()
-        for job in list(state.jobs.values()):
-            tasks = state.open_tasks(job.job_id)
-            dead = [t for t in tasks if t.worker_id in lost]
-            if not dead:
-                continue
-            for task in dead:
+        gone = set(lost)
+        dead = [t for t in state.tasks.values() if t.worker_id in gone]
+        self._tasks_gone(dead, now, "worker lost", lambda w: f"worker {w} lost ({why})")
+
+    def detect_forgotten(self, now: float) -> list[str]:
+        """Tasks a live worker has stopped listing in its heartbeats are gone (under the lock).
+
+        A worker daemon that restarted within the heartbeat timeout comes back under its id
+        without the tasks it ran (its training processes died with it): it is never lost,
+        and nothing would ever end those tasks. A task counts once it is older than the
+        heartbeat timeout, so that a start still in flight is not taken for one. Returns
+        the jobs sent back to the queue."""
+        state = self.state
+        timeout = state.settings.heartbeat_timeout
+        dead = [
+            t
+            for t in state.tasks.values()
+            if t.task_id not in state.stopping
+            and (worker := state.workers.get(t.worker_id)) is not None
+            and worker.alive
+            and now - max(t.created_at, t.last_listed_at) > timeout
+        ]
+        for task in dead:
+            log.warning(
+                "task forgotten by its worker",
+                extra={"task_id": task.task_id, "worker_id": task.worker_id},
+            )
+        self._tasks_gone(
+            dead,
+            now,
+            "its worker no longer runs it",
+            lambda w: f"worker {w} no longer runs the job's task (the worker restarted)",
+        )
+        return sorted({t.job_id for t in dead})
+
+    def _tasks_gone(
+        self,
+        dead: Sequence[TaskRecord],
+        now: float,
+        message: str,
+        event: Callable[[str], str],
+    ) -> None:
+        """Tasks that ended without a word: failed; their jobs requeued, their peers killed."""
+        state = self.state
+        by_job: dict[str, list[TaskRecord]] = {}
+        for task in dead:
+            by_job.setdefault(task.job_id, []).append(task)
+        for job_id, tasks in by_job.items():
+            for task in tasks:
                 task.state = S.TASK_STATE_FAILED
                 task.ended_at = now
-                task.message = "worker lost"
+                task.message = message
                 state.tasks.pop(task.task_id, None)
-            state.store.save_tasks(dead)
-            survivors = [t for t in tasks if t.worker_id not in lost]
-            state.release_holders(job, "a worker of the job was lost")
-            state.requeue(
-                job,
-                E.JOB_EVENT_TYPE_WORKER_LOST,
-                f"worker {', '.join(sorted({t.worker_id for t in dead}))} lost ({why}); "
-                "rescheduling",
-            )
-            self.control.kill(survivors, "a worker of the job was lost")
+            state.store.save_tasks(tasks)
+            job = state.jobs.get(job_id)
+            if job is None:
+                continue
+            survivors = state.open_tasks(job_id)
+            state.release_holders(job, f"a task of the job ended: {message}")
+            workers = ", ".join(sorted({t.worker_id for t in tasks}))
+            state.requeue(job, E.JOB_EVENT_TYPE_WORKER_LOST, f"{event(workers)}; rescheduling")
+            self.control.kill(survivors, f"a task of the job ended: {message}")
 
     # Task reports -----------------------------------------------------------------------
     def task_reports(self, worker_id: str, statuses: Sequence[common_pb2.TaskStatus]) -> None:
@@ -182,10 +224,12 @@ class WorkerRegistry:
         kill: list[TaskRecord] = []
         ended = False
         with state.lock:
+            now = state.clock()
             for status in statuses:
                 task = state.tasks.get(status.task_id)
                 if task is None or task.worker_id != worker_id:
                     continue
+                task.last_listed_at = now
                 job = state.jobs.get(task.job_id)
                 if (
                     job is not None

@@ -154,6 +154,7 @@ class Rounds:
                 else:
                     with self.state.lock:
                         lost = self.registry.detect_lost(now)
+                        lost += self.registry.detect_forgotten(now)
                     if lost:
                         self.run_round()
             except Exception:  # a round must never kill the loop
@@ -186,6 +187,7 @@ class Rounds:
                 self.round += 1
                 report = RoundReport(self.round)
                 report.lost_workers = self.registry.detect_lost(now)
+                self.registry.detect_forgotten(now)
                 jobs = [j for j in state.jobs.values() if not j.terminal]
                 types = state.types()
                 asks = [EstimateRequest(j.job_id, j.spec.model_type, _most(j.spec)) for j in jobs]

@@ -143,6 +143,7 @@ class Scheduler:
                 state.workers[worker.worker_id] = worker
             for task in state.store.open_tasks():
                 if task.job_id in state.jobs:
+                    task.last_listed_at = now  # its worker gets a heartbeat's time to list it
                     state.tasks[task.task_id] = task
             self.rounds.round = int(state.store.get_state("round") or 0)
         log.info(

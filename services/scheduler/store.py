@@ -104,6 +104,7 @@ class TaskRecord:
     ended_at: float = 0.0
     checkpoint_path: str = ""
     message: str = ""
+    last_listed_at: float = 0.0  # when its worker last listed it (in memory only)
 
     @property
     def ended(self) -> bool:

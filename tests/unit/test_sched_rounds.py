@@ -92,6 +92,40 @@ def test_a_round_that_raises_does_not_stop_the_loop() -> None:
         scheduler.stop()
 
 
+def test_a_task_its_restarted_worker_no_longer_lists_is_rescheduled() -> None:
+    """A worker daemon restarted within the heartbeat timeout registers again under its id
+    without the task it ran: the task is gone once the timeout passes (a start may be in
+    flight before that), and its job runs again; a task still listed stays."""
+    clock = Clock()
+    scheduler, agents = make_scheduler(settings(), clock=clock)
+    try:
+        register(scheduler, "a", {"t4": 1})
+        register(scheduler, "b", {"t4": 1})
+        lost, _ = scheduler.submit(job_spec("lost", 1), "")
+        kept, _ = scheduler.submit(job_spec("kept", 1), "")
+        scheduler.run_round()
+        on = {r.job_id: r.placement.processes[0].worker_id for r in agents.started}
+        running = {r.job_id: r.task_id for r in agents.started}
+        restarted = on[lost.job_id]
+        other = on[kept.job_id]
+        clock.now += 2.0
+        register(scheduler, restarted, {"t4": 1})  # back at once, with no task
+        listed = common_pb2.TaskStatus(
+            task_id=running[kept.job_id], job_id=kept.job_id, state=S.TASK_STATE_RUNNING
+        )
+        for _ in range(6):  # heartbeats past the 5 s timeout
+            clock.now += 1.0
+            assert not scheduler.heartbeat(restarted, [])
+            assert not scheduler.heartbeat(other, [listed])
+        report = scheduler.run_round()
+        assert lost.job_id in report.started, report
+        assert scheduler.get(kept.job_id).state == S.JOB_STATE_RUNNING
+        messages = [e.message for e in scheduler.state.store.events_after(lost.job_id, 0)]
+        assert any("no longer runs the job's task" in m for m in messages), messages
+    finally:
+        scheduler.stop()
+
+
 def test_a_burst_of_submissions_makes_few_rounds_not_one_each() -> None:
     """Elastic LAS re-plans on events, but a round waits `event_round_gap` after the last one
     ended: 40 submissions in a burst make a handful of rounds, and the last job still starts
