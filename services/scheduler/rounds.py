@@ -67,6 +67,24 @@ class _Move:
     stop: list[TaskRecord]
 
 
+@dataclass(frozen=True)
+class _JobView:
+    """A job as the round saw it under the lock: its mutable fields copied."""
+
+    job: JobRecord  # its spec, id and arrival do not change
+    locked_type: str
+    steps_left: int
+    held: Assignment
+
+
+@dataclass(frozen=True)
+class _Gathered:
+    devices: tuple[Device, ...]
+    jobs: list[_JobView]
+    ran: tuple[Ran, ...]
+    current: dict[str, Assignment]
+
+
 def live_devices(state: SchedulerState) -> list[Device]:
     """Every device of every live worker; indexes count across a worker's groups."""
     out: list[Device] = []
@@ -193,7 +211,8 @@ class Rounds:
                 asks = [EstimateRequest(j.job_id, j.spec.model_type, _most(j.spec)) for j in jobs]
             self.estimates.refresh(self.estimates.due(asks, types, now), types, now)
             with state.lock:
-                snapshot, current = self._snapshot(now)
+                gathered = self._gather(now)
+            snapshot, current = self._snapshot(now, gathered)  # estimates: outside the lock
             _, desired = plan_round(snapshot, self.allocator, current)
             with state.lock:
                 report.desired = desired
@@ -219,15 +238,16 @@ class Rounds:
                 observer(report, self.last_round_ended_at - started)
             return report
 
-    def _snapshot(self, now: float) -> tuple[Snapshot, dict[str, Assignment]]:
-        """What the allocator sees (under the lock)."""
+    def _gather(self, now: float) -> _Gathered:
+        """What the snapshot needs of the jobs and devices, copied under the lock (cheap);
+        the per-job work (estimates, configurations) is done outside it, so that a round
+        over thousands of queued jobs does not hold up heartbeats and submissions."""
         state = self.state
         devices = live_devices(state)
         alive = set(devices)
-        types = sorted({d.worker_type for d in devices})
         elapsed = min(now - self.last_round_at, state.settings.round_seconds)
         ran: list[Ran] = []
-        jobs: list[JobSnapshot] = []
+        jobs: list[_JobView] = []
         current: dict[str, Assignment] = {}
         for job in sorted(state.jobs.values(), key=lambda j: (j.submitted_at, j.job_id)):
             if job.terminal:
@@ -239,17 +259,25 @@ class Rounds:
                 if self.last_round_at > 0 and elapsed > 0:
                     ran.append(Ran(job.job_id, config, elapsed))
                     self._attained[job.job_id] = self._attained.get(job.job_id, 0.0) + elapsed
-            jobs.append(self._job(job, types, current.get(job.job_id, [])))
-        return Snapshot(now, tuple(devices), tuple(jobs), tuple(ran)), current
+            left = max(job.progress.total_steps - job.progress.step, 1)
+            jobs.append(_JobView(job, job.locked_type, left, current.get(job.job_id, [])))
+        return _Gathered(tuple(devices), jobs, tuple(ran), current)
 
-    def _job(self, job: JobRecord, types: list[str], held: Assignment) -> JobSnapshot:
+    def _snapshot(self, now: float, gathered: _Gathered) -> tuple[Snapshot, dict[str, Assignment]]:
+        """What the allocator sees."""
+        types = sorted({d.worker_type for d in gathered.devices})
+        jobs = tuple(self._job(view, types) for view in gathered.jobs)
+        snapshot = Snapshot(now, gathered.devices, jobs, gathered.ran)
+        return snapshot, gathered.current
+
+    def _job(self, view: _JobView, types: list[str]) -> JobSnapshot:
+        job, held = view.job, view.held
         spec = job.spec
         n = spec.num_ests
         most = _most(spec)
         allowed = [t for t in types if not spec.accelerator_types or t in spec.accelerator_types]
-        if job.locked_type:
-            allowed = [t for t in allowed if t == job.locked_type]
-        left = max(job.progress.total_steps - job.progress.step, 1)
+        if view.locked_type:
+            allowed = [t for t in allowed if t == view.locked_type]
         return JobSnapshot(
             job_id=job.job_id,
             num_ests=n,
@@ -258,7 +286,7 @@ class Rounds:
             types=tuple(allowed),
             capability=self.estimates.capability(job, types),
             throughputs=self.estimates.throughputs(job, types, most),
-            steps_remaining=float(left * n),
+            steps_remaining=float(view.steps_left * n),
             arrival_time=job.submitted_at,
             mixing=spec.determinism not in ONE_TYPE_LEVELS,
             priority_weight=spec.priority_weight or 1.0,
