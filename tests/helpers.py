@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -21,3 +22,21 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.1f}s: {message}")
         time.sleep(interval)
+
+
+def live_pids(pid_files: Iterable[Path], commands: Iterable[bytes] = ()) -> list[int]:
+    """Pids written in these files whose processes still run (a zombie has exited); with
+    `commands`, only processes whose command line has one of these words (a pid file may
+    outlive its process, and its pid be someone else's by now)."""
+    wanted = set(commands)
+    found = []
+    for path in pid_files:
+        try:
+            pid = int(path.read_text())
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            argv = set(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+        except (OSError, ValueError):  # gone, or its file is being written
+            continue
+        if stat.rpartition(")")[2].split()[0] != "Z" and (not wanted or wanted & argv):
+            found.append(pid)
+    return found

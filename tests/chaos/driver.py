@@ -25,6 +25,7 @@ from gearshift.common.errors import DeadlineExceededError, UnavailableError
 from gearshift.v1 import common_pb2, scheduler_pb2, shardmanager_pb2, shardmanager_pb2_grpc
 from tests.chaos.services import PrivatePostgres, PrivateRedis
 from tests.e2e.worker_cluster import Cluster, ready
+from tests.helpers import live_pids
 
 KINDS = ("scheduler", "brain", "shardmanager", "worker", "training", "redis", "postgres")
 WORKERS = (("w1", "cpu:2"), ("w2", "cpu:2"))
@@ -67,29 +68,13 @@ def chaos_site(root: Path, *, max_restarts: int = 1000) -> Iterator[Site]:
         postgres.close()
 
 
-def _is_training_process(pid: int) -> bool:
-    try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return False
-    # A spawned rank runs `gearshift.worker.run`; a forked one keeps the zygote's command line.
-    ours = {b"gearshift.worker.run", b"gearshift.worker.zygote"}
-    return bool(ours.intersection(command)) and state != "Z"
-
-
 def training_pids(cluster: Cluster, job_id: str = "") -> list[int]:
-    """Live training processes of the cluster's workers (of one job, if given), checked by
-    command line: a pid file may outlive its process, and its pid be someone else's by now."""
-    pids = []
-    for path in (cluster.root / "work").glob(f"*/tasks/{job_id}*/rank*.pid"):
-        try:
-            pid = int(path.read_text())
-        except (OSError, ValueError):  # being written
-            continue
-        if _is_training_process(pid):
-            pids.append(pid)
-    return pids
+    """Live training processes of the cluster's workers (of one job, if given). A spawned
+    rank runs `gearshift.worker.run`; a forked one keeps the zygote's command line."""
+    return live_pids(
+        (cluster.root / "work").glob(f"*/tasks/{job_id}*/rank*.pid"),
+        (b"gearshift.worker.run", b"gearshift.worker.zygote"),
+    )
 
 
 @dataclass

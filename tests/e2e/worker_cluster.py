@@ -26,6 +26,7 @@ from gearshift.common.auth import ClientTls
 from gearshift.common.channel import connect
 from gearshift.common.ports import free_port_in
 from gearshift.v1 import common_pb2, scheduler_pb2, worker_pb2, worker_pb2_grpc
+from tests.helpers import live_pids
 
 CNN = "gearshift.examples.digits_cnn"
 CONFIG = '{"lr": 0.05}'
@@ -315,13 +316,4 @@ def running_on(job: S.Job) -> dict[str, int]:
 def training_processes(cluster: Cluster, worker_id: str = "*", task_id: str = "*") -> list[int]:
     """Pids of a worker's training processes that still run (the daemon writes rank<R>.pid);
     `*` for every worker or task."""
-    found = []
-    for path in (cluster.root / "work").glob(f"{worker_id}/tasks/{task_id}/rank*.pid"):
-        pid = int(path.read_text())
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if stat.rpartition(")")[2].split()[0] != "Z":  # a zombie has exited
-            found.append(pid)
-    return found
+    return live_pids((cluster.root / "work").glob(f"{worker_id}/tasks/{task_id}/rank*.pid"))

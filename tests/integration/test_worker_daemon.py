@@ -29,7 +29,7 @@ from gearshift.common.channel import connect
 from gearshift.common.ports import free_port
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.conftest import DaemonFactory
-from tests.helpers import wait_until
+from tests.helpers import live_pids, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT = 60.0
@@ -518,16 +518,7 @@ def test_a_killed_daemon_takes_its_training_processes_along(
 
 def alive(task_dir: Path) -> list[int]:
     """Pids of the task's training processes that still run (the daemon writes rank<R>.pid)."""
-    found = []
-    for path in task_dir.glob("rank*.pid"):
-        pid = int(path.read_text())
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if stat.rpartition(")")[2].split()[0] != "Z":  # a zombie has exited
-            found.append(pid)
-    return found
+    return live_pids(task_dir.glob("rank*.pid"))
 
 
 def test_the_token_goes_with_every_call(daemons: DaemonFactory, tmp_path: Path) -> None:
