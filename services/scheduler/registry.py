@@ -46,6 +46,7 @@ class WorkerRegistry:
         self.estimates = estimates
         self.wake = wake
         self.workers_changed: list[Callable[[], None]] = []
+        self._taskless: dict[str, float] = {}  # job -> when it was first seen running taskless
 
     def register_worker(
         self,
@@ -163,9 +164,9 @@ class WorkerRegistry:
 
         A worker daemon that restarted within the heartbeat timeout comes back under its id
         without the tasks it ran (its training processes died with it): it is never lost,
-        and nothing would ever end those tasks. A task counts once it is older than the
-        heartbeat timeout, so that a start still in flight is not taken for one. Returns
-        the jobs sent back to the queue."""
+        and nothing would ever end those tasks. A task counts once its worker has had it
+        (StartTask answered, or listed since) for the heartbeat timeout without listing
+        it: a start still in flight is not one. Returns the jobs sent back to the queue."""
         state = self.state
         timeout = state.settings.heartbeat_timeout
         dead = [
@@ -174,7 +175,8 @@ class WorkerRegistry:
             if t.task_id not in state.stopping
             and (worker := state.workers.get(t.worker_id)) is not None
             and worker.alive
-            and now - max(t.created_at, t.last_listed_at) > timeout
+            and t.last_listed_at > 0
+            and now - t.last_listed_at > timeout
         ]
         for task in dead:
             log.warning(
@@ -187,7 +189,36 @@ class WorkerRegistry:
             "its worker no longer runs it",
             lambda w: f"worker {w} no longer runs the job's task (the worker restarted)",
         )
-        return sorted({t.job_id for t in dead})
+        return sorted({t.job_id for t in dead} | set(self._detect_taskless(now)))
+
+    def _detect_taskless(self, now: float) -> list[str]:
+        """Jobs recorded as running with no task left, for the heartbeat timeout: requeued.
+
+        A scheduler (or its database) that stops between saving a task's end and saving its
+        job's requeue leaves the job so; nothing else would ever move it again."""
+        state = self.state
+        with_tasks = {t.job_id for t in state.tasks.values()}
+        taskless = {
+            j.job_id
+            for j in state.jobs.values()
+            if j.state in RUNNING_STATES and j.job_id not in with_tasks
+        }
+        for job_id in set(self._taskless) - taskless:
+            del self._taskless[job_id]
+        requeued = []
+        for job_id in sorted(taskless):
+            since = self._taskless.setdefault(job_id, now)
+            if now - since <= state.settings.heartbeat_timeout:
+                continue
+            del self._taskless[job_id]
+            job = state.jobs[job_id]
+            log.warning("running job without tasks", extra={"job_id": job_id})
+            state.release_holders(job, "the job has no task left")
+            state.requeue(
+                job, E.JOB_EVENT_TYPE_PREEMPTED, "no task of the job runs any more; rescheduling"
+            )
+            requeued.append(job_id)
+        return requeued
 
     def _tasks_gone(
         self,

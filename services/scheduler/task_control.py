@@ -136,6 +136,10 @@ class TaskControl:
                 if rpc_code(exc) in UNREACHABLE:
                     unreachable.add(address)
                 return f"{request.task_id} on {address}: {rpc_details(exc)}"
+            with self.state.lock:  # the worker has it now: from here on it must list it
+                task = self.state.tasks.get(request.task_id)
+                if task is not None:
+                    task.last_listed_at = self.state.clock()
             return ""
 
         return [r for r in pool_map(call, requests) if r], unreachable

@@ -160,7 +160,9 @@ def _plan(args: argparse.Namespace, settings: RunSettings) -> DataPlan:
     n, b = settings.num_ests, settings.per_est_batch
     if args.data_mode == "dynamic":
         shards = math.ceil(args.data_size / b)
-        epochs = math.ceil(settings.total_steps * n / shards) + 1
+        # Every restart from a checkpoint hands out again the shards of the steps since it
+        # (dynamic mode does not rewind): twice the epochs the steps need, one more spare.
+        epochs = 2 * math.ceil(settings.total_steps * n / shards) + 1
         shard_size = b
     else:
         epochs = epochs_needed(args.data_size, settings.shard_size, n, b, settings.total_steps)

@@ -126,6 +126,31 @@ def test_a_task_its_restarted_worker_no_longer_lists_is_rescheduled() -> None:
         scheduler.stop()
 
 
+def test_a_running_job_left_without_tasks_is_requeued() -> None:
+    """A scheduler stopped between saving a task's end and its job's requeue comes back with
+    the job running and no task: after the heartbeat timeout it runs again."""
+    clock = Clock()
+    scheduler, agents = make_scheduler(settings(), clock=clock)
+    try:
+        register(scheduler, "a", {"t4": 1})
+        job, _ = scheduler.submit(job_spec("orphan", 1), "")
+        assert scheduler.run_round().started == [job.job_id]
+        with scheduler.state.lock:  # what recovery finds after such a crash
+            scheduler.state.tasks.clear()
+        for step in range(7):
+            clock.now += 1.0
+            scheduler.heartbeat("a", [])
+            report = scheduler.run_round()
+            if step < 4:  # within the 5 s heartbeat timeout: left alone
+                assert scheduler.get(job.job_id).state == S.JOB_STATE_RUNNING
+        assert len(agents.started) == 2, "started again"
+        assert scheduler.get(job.job_id).state == S.JOB_STATE_RUNNING
+        messages = [e.message for e in scheduler.state.store.events_after(job.job_id, 0)]
+        assert any("no task of the job runs" in m for m in messages), (messages, report)
+    finally:
+        scheduler.stop()
+
+
 def test_a_burst_of_submissions_makes_few_rounds_not_one_each() -> None:
     """Elastic LAS re-plans on events, but a round waits `event_round_gap` after the last one
     ended: 40 submissions in a burst make a handful of rounds, and the last job still starts
