@@ -42,7 +42,7 @@ class TaskControl:
     def __init__(self, state: SchedulerState, agents: WorkerAgents) -> None:
         self.state = state
         self.agents = agents
-        self._last_port: dict[str, int] = {}  # worker -> last rendezvous port handed out
+        self._last_port: dict[str, int] = {}  # host -> last rendezvous port handed out
 
     # Starting ---------------------------------------------------------------------
     def prepare_start(
@@ -58,7 +58,7 @@ class TaskControl:
         now = state.clock()
         rank0 = state.workers[placement.processes[0].worker_id]
         host = rank0.address.rpartition(":")[0] or "127.0.0.1"
-        rendezvous = f"{host}:{self._free_port(rank0.worker_id)}"
+        rendezvous = f"{host}:{self._free_port(host)}"
         checkpoint_dir = os.path.join(settings.checkpoint_root, job.job_id)
         tasks: list[TaskRecord] = []
         requests: StartRequests = []
@@ -101,27 +101,27 @@ class TaskControl:
         state.store.save_job(job)
         return placement, tasks, requests
 
-    def _free_port(self, worker_id: str) -> int:
-        """A rendezvous port on the worker: not held by an open task there, and not the one
-        handed out last (a port some other program holds fails the start; the restart then
-        tries the next one instead of failing again)."""
+    def _free_port(self, host: str) -> int:
+        """A rendezvous port on the host: not held by an open task's rank 0 there (of any
+        worker: several worker daemons may share a host), and not the one handed out last
+        (a port some other program holds fails the start; the restart then tries the next
+        one instead of failing again)."""
         used = {
-            int(t.rendezvous_address.rpartition(":")[2])
+            int(port)
             for t in self.state.tasks.values()
-            if t.rendezvous_address
-            and t.local_ranks
-            and 0 in t.local_ranks
-            and t.worker_id == worker_id
+            if t.rendezvous_address and t.local_ranks and 0 in t.local_ranks
+            for there, _, port in [t.rendezvous_address.rpartition(":")]
+            if there == host
         }
         base = self.state.settings.rendezvous_port_base
         span = RENDEZVOUS_PORTS
-        start = self._last_port.get(worker_id, base - 1) + 1 - base
+        start = self._last_port.get(host, base - 1) + 1 - base
         for offset in range(span):
             port = base + (start + offset) % span
             if port not in used:
-                self._last_port[worker_id] = port
+                self._last_port[host] = port
                 return port
-        raise RuntimeError(f"no free rendezvous port on {worker_id} in {base}-{base + span - 1}")
+        raise RuntimeError(f"no free rendezvous port on {host} in {base}-{base + span - 1}")
 
     def start_tasks(self, requests: StartRequests) -> tuple[list[str], set[str]]:
         """Send the StartTask calls: (failures, addresses of workers that could not be

@@ -321,6 +321,7 @@ def run_one(
         backend=args.backend,
         loss_log=args.loss_log,
         timeout_s=args.timeout,
+        group=args.job_id or "gearshift",
     )
     try:
         result = run_process(spec, stop=stop, on_progress=report, source=wiring.source())

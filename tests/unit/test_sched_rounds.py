@@ -151,6 +151,26 @@ def test_a_running_job_left_without_tasks_is_requeued() -> None:
         scheduler.stop()
 
 
+def test_jobs_on_two_workers_of_one_host_get_different_rendezvous_ports() -> None:
+    """Ports are per host, not per worker: two worker daemons on one machine once got the
+    same port for two jobs, and a process of one joined the other's group."""
+    scheduler, agents = make_scheduler(settings(), clock=Clock())
+    try:
+        register(scheduler, "a", {"t4": 2})  # both at 127.0.0.1
+        register(scheduler, "b", {"t4": 2})
+        for name in ("x", "y"):
+            spec = job_spec(name, 2)
+            spec.elastic.min_devices = 2
+            scheduler.submit(spec, "")
+        scheduler.run_round()
+        by_job = {r.job_id: r.rendezvous_address for r in agents.started}
+        workers = {r.job_id: {p.worker_id for p in r.placement.processes} for r in agents.started}
+        assert len(by_job) == 2 and all(len(w) == 1 for w in workers.values()), workers
+        assert len(set(by_job.values())) == 2, by_job
+    finally:
+        scheduler.stop()
+
+
 def test_a_burst_of_submissions_makes_few_rounds_not_one_each() -> None:
     """Elastic LAS re-plans on events, but a round waits `event_round_gap` after the last one
     ended: 40 submissions in a burst make a handful of rounds, and the last job still starts

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from gearshift.common.errors import ValidationError
 from gearshift.worker.runtime import determinism
@@ -49,6 +50,23 @@ class ProcessSpec:
     backend: str = "auto"  # auto, nccl or gloo (see backend.py)
     loss_log: Path | None = None
     timeout_s: float = 600.0
+    group: str = "gearshift"  # the placement's name in the rendezvous (the job id)
+
+
+def rendezvous_store(spec: ProcessSpec, procs: int) -> Store:
+    """Rank 0's TCP store, its keys under the placement's name: a process of another job
+    that reaches this port (its own rank 0 could not bind it) waits for its own peers and
+    times out, instead of joining this job's group and mixing its data into our steps."""
+    host, _, port = spec.master_addr.rpartition(":")
+    store = TCPStore(
+        host,
+        int(port),
+        procs,
+        is_master=spec.rank == 0,
+        timeout=timedelta(seconds=spec.timeout_s),
+        wait_for_workers=False,  # a stranger's connection must not count as a peer
+    )
+    return PrefixStore(spec.group, store)
 
 
 def seed_globals(seed: int) -> None:
@@ -108,7 +126,7 @@ def run_process(
     if procs > 1:
         dist.init_process_group(
             backend,
-            init_method=f"tcp://{spec.master_addr}",
+            store=rendezvous_store(spec, procs),
             rank=spec.rank,
             world_size=procs,
             timeout=timedelta(seconds=spec.timeout_s),
