@@ -135,7 +135,10 @@ class TaskPlan:
         cmd += ["--mapping", ",".join(map(str, self.mapping)), "--threads", "1"]
         cmd += ["--rank", str(rank), "--world-size", str(self.world_size)]
         if self.world_size > 1:
-            cmd += ["--master-addr", self.rendezvous]
+            # The placement's name in the rendezvous: the task id up to its worker
+            # (JOB.gGENERATION), the same on every worker of this placement and on no other.
+            group = self.task_id.rpartition(".")[0] or self.job_id
+            cmd += ["--master-addr", self.rendezvous, "--rendezvous-group", group]
         cmd += ["--timeout", str(settings.process_group_timeout)]
         if settings.accelerator == "cuda":
             local = task_gpus(self.device_of)[rank].local_device

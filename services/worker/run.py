@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     one.add_argument("--rank", type=int, help="run only this process")
     one.add_argument("--world-size", type=int, help="P, with --rank")
     one.add_argument("--master-addr", default="", help="HOST:PORT where rank 0 listens")
+    one.add_argument(
+        "--rendezvous-group",
+        default="",
+        help="the placement's name at the rendezvous: processes of another placement that "
+        "reach the port do not join (default: --job-id)",
+    )
     one.add_argument("--timeout", type=float, default=600.0, help="process group timeout (s)")
     one.add_argument(
         "--local-device",
@@ -321,7 +327,7 @@ def run_one(
         backend=args.backend,
         loss_log=args.loss_log,
         timeout_s=args.timeout,
-        group=args.job_id or "gearshift",
+        group=args.rendezvous_group or args.job_id or "gearshift",
     )
     try:
         result = run_process(spec, stop=stop, on_progress=report, source=wiring.source())
