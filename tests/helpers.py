@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -25,18 +26,23 @@ def wait_until(
 
 
 def live_pids(pid_files: Iterable[Path], commands: Iterable[bytes] = ()) -> list[int]:
-    """Pids written in these files whose processes still run (a zombie has exited); with
-    `commands`, only processes whose command line has one of these words (a pid file may
-    outlive its process, and its pid be someone else's by now)."""
+    """Pids written in these files whose processes still run (a zombie has exited). With
+    `commands`, only processes whose command line has one of these words and that work in
+    the pid file's folder (a training process runs in its task's): a pid file may outlive
+    its process, and its pid be another test's process by now, which must not be killed."""
     wanted = set(commands)
     found = []
     for path in pid_files:
         try:
             pid = int(path.read_text())
             stat = Path(f"/proc/{pid}/stat").read_text()
-            argv = set(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+            if wanted:
+                argv = set(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+                here = Path(os.readlink(f"/proc/{pid}/cwd")) == path.parent.resolve()
+                if not (wanted & argv and here):
+                    continue
         except (OSError, ValueError):  # gone, or its file is being written
             continue
-        if stat.rpartition(")")[2].split()[0] != "Z" and (not wanted or wanted & argv):
+        if stat.rpartition(")")[2].split()[0] != "Z":
             found.append(pid)
     return found
