@@ -26,9 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg2.extras
@@ -43,7 +41,7 @@ from gearshift.brain.records import EventKind, JobEvent, JobKeys, Sample
 from gearshift.brain.storage import SqlBrainStore
 from gearshift.client.processes import start_daemon
 from gearshift.common.channel import connect
-from gearshift.common.db import create_engine, database_url, migrate
+from gearshift.common.db import create_engine, migrate, scratch_database
 from gearshift.v1 import brain_pb2, brain_pb2_grpc
 
 BATCH = 100
@@ -62,22 +60,6 @@ COLUMNS = (
     "device_count",
     "ests_per_device",
 )
-
-
-@contextmanager
-def fresh_database(server_url: str) -> Iterator[str]:
-    """A new, empty database on the server (dropped afterwards)."""
-    admin_url = database_url(server_url)
-    name = f"gs_bench_brain_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin_url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def _submit(store: SqlBrainStore, job_id: str, model: str, num_ests: int = 4) -> None:
@@ -352,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.postgres_url:
         parser.error("give --postgres-url or set GEARSHIFT_BENCH_POSTGRES_URL")
-    with fresh_database(args.postgres_url) as url, tempfile.TemporaryDirectory() as run:
+    with (
+        scratch_database(args.postgres_url, "gs_bench_brain") as url,
+        tempfile.TemporaryDirectory() as run,
+    ):
         migrate(url)
         started = time.perf_counter()
         model_types = populate_history(url, args.jobs, args.samples_per_job)

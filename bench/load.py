@@ -45,7 +45,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -380,11 +379,12 @@ async def _preload(address: str, count: int, unplaceable: bool) -> None:
 # Postgres and the daemon ----------------------------------------------------------------------
 @contextlib.contextmanager
 def fresh_database(url: str) -> Iterator[str]:
-    """A new, empty database on the server of `url` (as tests/conftest.py's postgres_db),
-    dropped afterwards; LoadError when the server cannot be reached."""
+    """A new, empty database on the server of `url` (gearshift.common.db.scratch_database),
+    dropped afterwards; LoadError when the URL is not PostgreSQL or the server cannot be
+    reached."""
     import sqlalchemy
 
-    from gearshift.common.db import database_url
+    from gearshift.common.db import database_url, scratch_database
 
     try:
         server = database_url(url)
@@ -392,25 +392,15 @@ def fresh_database(url: str) -> Iterator[str]:
         raise LoadError(f"--database-url {url!r}: {exc}") from None
     if server.get_backend_name() != "postgresql":
         raise LoadError(f"--database-url {url!r}: a PostgreSQL URL is needed")
-    name = f"gs_load_{uuid.uuid4().hex[:12]}"
-    admin = sqlalchemy.create_engine(
-        server, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5}
-    )
-    try:
-        with admin.connect() as conn:
-            conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
-    except sqlalchemy.exc.OperationalError as exc:
-        admin.dispose()
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        raise LoadError(
-            f"PostgreSQL at {server.render_as_string()} is unreachable: {reason}"
-        ) from None
-    try:
-        yield server.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with contextlib.ExitStack() as stack:
+        try:
+            database = stack.enter_context(scratch_database(server, "gs_load"))
+        except sqlalchemy.exc.OperationalError as exc:
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            raise LoadError(
+                f"PostgreSQL at {server.render_as_string()} is unreachable: {reason}"
+            ) from None
+        yield database
 
 
 def start_scheduler(database: str, config: Config, run_dir: Path) -> DaemonProcess:

@@ -60,19 +60,10 @@ def postgres_url() -> str:
 @pytest.fixture
 def postgres_db(postgres_url: str) -> Iterator[str]:
     """A fresh, empty database for one test (dropped afterwards), so tests run in parallel."""
-    import sqlalchemy
+    from gearshift.common.db import scratch_database
 
-    name = f"gs_test_{uuid.uuid4().hex[:12]}"
-    admin = sqlalchemy.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
-    url = sqlalchemy.engine.make_url(postgres_url).set(database=name)
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_database(postgres_url, "gs_test") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import sys
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,6 +64,30 @@ def outages() -> Iterator[None]:
         if exc.connection_invalidated:
             raise unavailable(exc) from exc
         raise
+
+
+@contextmanager
+def scratch_database(server_url: str | URL, prefix: str) -> Iterator[str]:
+    """A new, empty database on a PostgreSQL server for one run (a test, a benchmark), named
+    `prefix_<random>` and dropped afterwards; its URL. OperationalError when the server
+    cannot be reached (within 5 s)."""
+    admin_url = database_url(server_url)
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = sqlalchemy.create_engine(
+        admin_url, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5}
+    )
+    try:
+        with admin.connect() as conn:
+            conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
+    except BaseException:
+        admin.dispose()
+        raise
+    try:
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 def database_url(url: str | URL, field: str = "database_url") -> URL:
