@@ -170,10 +170,10 @@ class Rounds:
                     early = False
                     self.run_round()
                 else:
-                    with self.state.lock:
-                        lost = self.registry.detect_lost(now)
-                        lost += self.registry.detect_forgotten(now)
-                    if lost:
+                    with self.state.lock:  # lost workers, jobs requeued: devices changed
+                        changed = self.registry.detect_lost(now)
+                        changed += self.registry.detect_forgotten(now)
+                    if changed:
                         self.run_round()
             except Exception:  # a round must never kill the loop
                 log.exception("round failed")
