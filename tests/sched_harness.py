@@ -9,6 +9,7 @@ from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.memory_store import MemoryStore
 from gearshift.scheduler.pipeline import Allocator
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
+from gearshift.scheduler.store import Store
 from gearshift.scheduler.workers import WorkerAgents
 from gearshift.v1 import common_pb2, worker_pb2
 
@@ -66,10 +67,11 @@ def make_scheduler(
     clock: Clock,
     brain: BrainAdvisor | None = None,
     allocator: Allocator | None = None,
+    store: Store | None = None,
 ) -> tuple[Scheduler, SimulatedAgents]:
     agents = SimulatedAgents()
     scheduler = Scheduler(
-        MemoryStore(),
+        store or MemoryStore(),
         settings,
         agents=agents,
         brain=brain or BrainAdvisor(),

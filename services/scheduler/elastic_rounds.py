@@ -35,7 +35,7 @@ The ESTs of a chosen configuration are split by EasyScale's planner
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -110,6 +110,11 @@ class ElasticRounds:
     solves: int = 0
     _known: dict[str, object] = field(default_factory=dict)
     _types: tuple[str, ...] = ()
+    # Per job, what step 1 made of its snapshot last round: reused while the round hands in
+    # the same snapshot object and capacity (the daemon's rounds do for unchanged jobs).
+    _worked: dict[str, tuple[JobSnapshot, Hashable, ElasticJob, Rows, Hashable]] = field(
+        default_factory=dict
+    )
 
     @property
     def name(self) -> str:
@@ -118,12 +123,11 @@ class ElasticRounds:
     # The stage -----------------------------------------------------------------
     def allocate(self, snapshot: Snapshot) -> dict[str, Target]:
         capacity = snapshot.capacity
-        models = {job.job_id: self._model(job) for job in snapshot.jobs}
-        rows = {job_id: configurations(model, capacity) for job_id, model in models.items()}
+        models, rows, signatures = self._work_out(snapshot.jobs, capacity)
         for ran in snapshot.ran:  # step 5 of the last round
             entry = self.received.setdefault(ran.job_id, {})
             entry[ran.config] = entry.get(ran.config, 0.0) + ran.seconds
-        self._sync(snapshot, rows)
+        self._sync(snapshot, signatures)
         if self.stale and self._due(snapshot.now):
             self._recompute(snapshot, models, rows)
         chosen = self._select(snapshot, rows, capacity)
@@ -135,6 +139,27 @@ class ElasticRounds:
         }
 
     # Step 1 ----------------------------------------------------------------------
+    def _work_out(
+        self, jobs: Sequence[JobSnapshot], capacity: Mapping[str, int]
+    ) -> tuple[dict[str, ElasticJob], dict[str, Rows], dict[str, Hashable]]:
+        """Each job's model, configurations and their signature (see `_worked`)."""
+        where = tuple(sorted(capacity.items()))
+        models: dict[str, ElasticJob] = {}
+        rows: dict[str, Rows] = {}
+        signatures: dict[str, Hashable] = {}
+        worked: dict[str, tuple[JobSnapshot, Hashable, ElasticJob, Rows, Hashable]] = {}
+        for job in jobs:
+            entry = self._worked.get(job.job_id)
+            if entry is None or entry[0] is not job or entry[1] != where:
+                model = self._model(job)
+                job_rows = configurations(model, capacity)
+                key = (_signature(job_rows), job.priority_weight, job.entity)
+                entry = (job, where, model, job_rows, key)
+            worked[job.job_id] = entry
+            models[job.job_id], rows[job.job_id], signatures[job.job_id] = entry[2:]
+        self._worked = worked
+        return models, rows, signatures
+
     def _model(self, job: JobSnapshot) -> ElasticJob:
         model = job.elastic_job()
         if self.policy.heterogeneity_aware:
@@ -143,7 +168,7 @@ class ElasticRounds:
         mean = float(np.mean(speeds)) if speeds else 0.0
         return replace(model, capability={t: mean for t in model.types()})
 
-    def _sync(self, snapshot: Snapshot, rows: Mapping[str, Rows]) -> None:
+    def _sync(self, snapshot: Snapshot, signatures: Mapping[str, Hashable]) -> None:
         ids = {job.job_id for job in snapshot.jobs}
         for job_id in [j for j in self._known if j not in ids]:
             del self._known[job_id]
@@ -155,7 +180,7 @@ class ElasticRounds:
             self._types = types
             self.stale = True
         for job in snapshot.jobs:
-            key = (_signature(rows[job.job_id]), job.priority_weight, job.entity)
+            key = signatures[job.job_id]
             if self._known.get(job.job_id) != key:
                 self._known[job.job_id] = key
                 self.stale = True

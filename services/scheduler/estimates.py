@@ -67,6 +67,7 @@ class Estimates:
         self._restart: dict[str, float] = {}
         self._stopped_at: dict[str, float] = {}
         self._generation: dict[str, int] = {}
+        self._version: dict[str, int] = {}  # bumped on every change of a job's rates
 
     # Measurements --------------------------------------------------------------------
     def observe(
@@ -84,6 +85,7 @@ class Estimates:
             if progress.samples_per_second <= 0 or spec.global_batch_size <= 0:
                 return
             steps = progress.samples_per_second / spec.global_batch_size
+            self._bump(job.job_id)
             config = config_of(count_by_type(placement_devices(job.placement)))
             rates = self._config_rate.setdefault(job.job_id, {})
             rates[config] = _blend(rates.get(config), steps * spec.num_ests, self.alpha)
@@ -92,6 +94,14 @@ class Estimates:
                 kind = config[0][0]
                 capability = self._capability.setdefault(job.job_id, {})
                 capability[kind] = _blend(capability.get(kind), busiest * steps, self.alpha)
+
+    def _bump(self, job_id: str) -> None:
+        self._version[job_id] = self._version.get(job_id, 0) + 1
+
+    def version(self, job_id: str) -> int:
+        """Changes whenever the job's rates may have: what a round may cache them by."""
+        with self._lock:
+            return self._version.get(job_id, 0)
 
     def stopping(self, job_id: str, now: float) -> None:
         """The job's tasks are being stopped to move it: its restart clock starts."""
@@ -113,6 +123,7 @@ class Estimates:
                 self._restart,
                 self._stopped_at,
                 self._generation,
+                self._version,
             ):
                 table.pop(job_id, None)
 
@@ -153,6 +164,7 @@ class Estimates:
                 self._single[request.job_id] = single
                 self._full[request.job_id] = full
                 self._fetched[request.job_id] = (now, tuple(sorted(types)))
+                self._bump(request.job_id)
 
     # What the round reads ------------------------------------------------------------------
     def capability(self, job: JobRecord, types: Sequence[str]) -> dict[str, float]:

@@ -71,7 +71,7 @@ class JobsApi:
                     return existing, False
             raise
         with state.lock:
-            state.jobs[job.job_id] = job
+            state.add(job)
             state.changed.notify_all()
             state.tell_brain(event, job)
         log.info("job submitted", extra={"job_id": job.job_id, "job_name": spec.name})
@@ -81,11 +81,7 @@ class JobsApi:
     def _check_queue(self, tenant: str) -> None:
         """A tenant's queued jobs stay under --max-queued-jobs (under the lock)."""
         limit = self.state.settings.max_queued_jobs
-        queued = sum(
-            1
-            for job in self.state.jobs.values()
-            if job.state == S.JOB_STATE_QUEUED and job.spec.tenant == tenant
-        )
+        queued = len(self.state.queued.get(tenant, ()))
         if queued >= limit:
             raise ResourceExhaustedError(
                 f"tenant {tenant!r} has {queued} queued jobs, the limit (--max-queued-jobs); "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
 from gearshift.scheduler.estimates import EstimateRequest, Estimates
@@ -130,6 +130,8 @@ class Rounds:
         self.round = 0
         self.last_round_at = 0.0
         self.last_round_ended_at = 0.0
+        self._checked_at = 0.0  # when the loop last looked for lost workers and tasks
+        self._snapshots: dict[str, tuple[Hashable, JobSnapshot]] = {}  # see _job
         self._round_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -169,7 +171,10 @@ class Rounds:
                 if now >= self._next_round_at(early):
                     early = False
                     self.run_round()
-                else:
+                elif now - self._checked_at >= settings.heartbeat_interval:
+                    # Not on every wake: a hundred submissions a second would each walk
+                    # every worker, task and job under the lock.
+                    self._checked_at = now
                     with self.state.lock:  # lost workers, jobs requeued: devices changed
                         changed = self.registry.detect_lost(now)
                         changed += self.registry.detect_forgotten(now)
@@ -271,6 +276,27 @@ class Rounds:
         return snapshot, gathered.current
 
     def _job(self, view: _JobView, types: list[str]) -> JobSnapshot:
+        """The job as the allocator sees it; the same object as last round while nothing
+        it is made of changed (a queued job's, round after round), so that the allocator
+        can keep what it worked out for it."""
+        job = view.job
+        key = (
+            tuple(types),
+            view.locked_type,
+            view.steps_left,
+            tuple(view.held),
+            self._attained.get(job.job_id, 0.0),
+            self.estimates.version(job.job_id),
+            self.estimates.restart_seconds(job.job_id),
+        )
+        cached = self._snapshots.get(job.job_id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        snapshot = self._build_job(view, types)
+        self._snapshots[job.job_id] = (key, snapshot)
+        return snapshot
+
+    def _build_job(self, view: _JobView, types: list[str]) -> JobSnapshot:
         job, held = view.job, view.held
         spec = job.spec
         n = spec.num_ests
@@ -443,6 +469,7 @@ class Rounds:
 
     def forget(self, job_id: str) -> None:
         self._attained.pop(job_id, None)
+        self._snapshots.pop(job_id, None)
 
 
 def _most(spec: common_pb2.JobSpec) -> int:

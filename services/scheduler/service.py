@@ -137,7 +137,7 @@ class Scheduler:
             for job in state.store.active_jobs():
                 if job.state == S.JOB_STATE_RESCALING:
                     job.state = S.JOB_STATE_RUNNING  # the next round finishes the move
-                state.jobs[job.job_id] = job
+                state.add(job)
             for worker in state.store.workers():
                 worker.last_heartbeat_at = max(worker.last_heartbeat_at, now)
                 state.workers[worker.worker_id] = worker

@@ -126,6 +126,25 @@ class SchedulerState:
         self.stopping: set[str] = set()
         self.last_progress_event: dict[str, float] = {}
         self.ended_listeners: list[Callable[[str], None]] = []
+        # Each tenant's queued jobs, kept by `track` on every change of a job (every change
+        # passes through `record`), so that a submission's --max-queued-jobs check does not
+        # walk thousands of jobs under the lock.
+        self.queued: dict[str, set[str]] = {}
+
+    def add(self, job: JobRecord) -> None:
+        """A job enters memory (submitted, or reloaded by a restarted scheduler)."""
+        self.jobs[job.job_id] = job
+        self.track(job)
+
+    def track(self, job: JobRecord) -> None:
+        """Keep `queued` in step with the job's state."""
+        tenant = job.spec.tenant
+        if job.state == S.JOB_STATE_QUEUED and job.job_id in self.jobs:
+            self.queued.setdefault(tenant, set()).add(job.job_id)
+        elif (ids := self.queued.get(tenant)) is not None:
+            ids.discard(job.job_id)
+            if not ids:
+                del self.queued[tenant]
 
     def open_tasks(self, job_id: str) -> list[TaskRecord]:
         return [t for t in self.tasks.values() if t.job_id == job_id]
@@ -146,6 +165,7 @@ class SchedulerState:
         if kind != E.JOB_EVENT_TYPE_PROGRESS:
             job.message = message
         self.store.save_job(job, [event])
+        self.track(job)
         self.changed.notify_all()
         self.tell_brain(event, job)
 

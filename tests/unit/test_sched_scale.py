@@ -1,0 +1,186 @@
+"""What keeps the scheduler's RPCs fast with thousands of queued jobs (bench/load.py) without
+changing an answer: the per-tenant queued count, the per-job snapshot kept between rounds and
+what the elastic allocator works out of it."""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from gearshift.common.daemon import GC_YOUNG_THRESHOLD, quiet_collector
+from gearshift.common.errors import ResourceExhaustedError
+from gearshift.scheduler.allocators import make_allocator
+from gearshift.scheduler.elastic import configurations
+from gearshift.scheduler.elastic_rounds import ElasticRounds
+from gearshift.scheduler.mechanism import Device
+from gearshift.scheduler.pipeline import Allocator, Snapshot, Target
+from gearshift.scheduler.service import Scheduler, SchedulerSettings
+from gearshift.v1 import common_pb2
+from tests.sched_harness import Clock, TableBrain, job_spec, make_scheduler, register
+
+S = common_pb2
+
+
+def settings(**fields: Any) -> SchedulerSettings:
+    base: dict[str, Any] = {
+        "policy": "las",
+        "elastic": True,
+        "round_seconds": 60.0,
+        "heartbeat_interval": 1.0,
+        "heartbeat_timeout": 5.0,
+    }
+    return SchedulerSettings(**{**base, **fields})
+
+
+def recount(scheduler: Scheduler) -> dict[str, set[str]]:
+    """The queued jobs per tenant, counted the slow way."""
+    out: dict[str, set[str]] = {}
+    for job in scheduler.state.jobs.values():
+        if job.state == S.JOB_STATE_QUEUED:
+            out.setdefault(job.spec.tenant, set()).add(job.job_id)
+    return out
+
+
+def test_the_queued_count_follows_every_change_of_a_job() -> None:
+    """Submitted, started, preempted back to the queue, cancelled, reloaded: the index the
+    --max-queued-jobs check reads equals a recount after each, and the limit lets a tenant
+    submit again once one of its jobs has left the queue."""
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings(max_queued_jobs=2), clock=clock)
+    try:
+        register(scheduler, "a", {"t4": 1})
+        scheduler.submit(job_spec("one", 1, tenant="t"), "")
+        second, _ = scheduler.submit(job_spec("two", 1, tenant="t"), "")
+        scheduler.submit(job_spec("other", 1, tenant="u"), "")
+        assert scheduler.state.queued == recount(scheduler)
+        with pytest.raises(ResourceExhaustedError, match="tenant 't' has 2 queued jobs"):
+            scheduler.submit(job_spec("three", 1, tenant="t"), "")
+        scheduler.run_round()  # one job starts on the one device
+        assert scheduler.state.queued == recount(scheduler)
+        assert sum(len(ids) for ids in scheduler.state.queued.values()) == 2
+        running = next(j for j in scheduler.state.jobs.values() if j.state != S.JOB_STATE_QUEUED)
+        clock.now += 10.0  # its worker falls silent: the job goes back to the queue
+        scheduler.run_round()
+        assert scheduler.state.jobs[running.job_id].state == S.JOB_STATE_QUEUED
+        assert scheduler.state.queued == recount(scheduler)
+        scheduler.cancel(second.job_id, "test")
+        assert scheduler.state.queued == recount(scheduler)
+        third, _ = scheduler.submit(job_spec("three", 1, tenant="t"), "")  # room again
+        assert third.job_id in scheduler.state.queued["t"]
+        assert scheduler.state.queued == recount(scheduler)
+
+        again, _ = make_scheduler(settings(max_queued_jobs=2), clock=clock, store=scheduler.store)
+        try:
+            again.recover()
+            assert again.state.queued == recount(again) == recount(scheduler)
+        finally:
+            again.stop()
+    finally:
+        scheduler.stop()
+
+
+class Recording:
+    """An allocator that keeps every snapshot it is handed and allocates nothing."""
+
+    name = "recording"
+    replans_on_events = True
+
+    def __init__(self) -> None:
+        self.snapshots: list[Snapshot] = []
+
+    def allocate(self, snapshot: Snapshot) -> dict[str, Target]:
+        self.snapshots.append(snapshot)
+        return {}
+
+
+def test_a_waiting_jobs_snapshot_is_kept_until_what_it_is_made_of_changes() -> None:
+    """Round after round a queued job is handed over as the same object (the allocator keeps
+    its work on it); a new Brain estimate or a new type makes a new one, with new rates."""
+    clock = Clock()
+    speeds = {"v100": 1.0, "k80": 0.5}
+    brain = TableBrain(lambda job_id, kind, count: speeds[kind] * count)
+    recording = Recording()
+    allocator: Allocator = recording
+    scheduler, _ = make_scheduler(
+        settings(estimate_refresh_seconds=30.0), clock=clock, brain=brain, allocator=allocator
+    )
+    try:
+        register(scheduler, "a", {"v100": 1})
+        job, _ = scheduler.submit(job_spec("waits", 2, accelerator_types=["a100"]), "")
+        for _ in range(3):
+            clock.now += 1.0
+            scheduler.heartbeat("a", [])
+            scheduler.run_round()
+        first, second, third = (s.jobs[0] for s in recording.snapshots)
+        assert first is second is third
+        speeds["v100"] = 3.0  # the Brain learned more; asked again after 30 s
+        for _ in range(8):
+            clock.now += 4.0
+            scheduler.heartbeat("a", [])
+        scheduler.run_round()
+        refreshed = recording.snapshots[-1].jobs[0]
+        assert refreshed is not third
+        assert refreshed.throughputs["v100"] == pytest.approx(3 * third.throughputs["v100"])
+        register(scheduler, "b", {"k80": 1})
+        scheduler.run_round()
+        widened = recording.snapshots[-1].jobs[0]
+        assert widened is not refreshed and set(widened.capability) == {"k80", "v100"}
+        scheduler.cancel(job.job_id, "test")
+        assert job.job_id not in scheduler.rounds._snapshots
+    finally:
+        scheduler.stop()
+
+
+def test_the_elastic_allocator_reuses_its_work_only_on_the_same_snapshot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Configurations are worked out again for a new snapshot object or a new capacity, and
+    the allocation is the same as from scratch."""
+    calls: list[str] = []
+    real = configurations
+
+    def counting(job: Any, capacity: Any) -> Any:
+        calls.append(job.job_id if hasattr(job, "job_id") else "")
+        return real(job, capacity)
+
+    monkeypatch.setattr("gearshift.scheduler.elastic_rounds.configurations", counting)
+    clock = Clock()
+    recording = Recording()
+    scheduler, _ = make_scheduler(settings(), clock=clock, allocator=recording)
+    try:
+        register(scheduler, "a", {"v100": 2})
+        for name in ("x", "y"):
+            scheduler.submit(job_spec(name, 2), "")
+        scheduler.run_round()
+        scheduler.run_round()
+    finally:
+        scheduler.stop()
+    snapshot, again = recording.snapshots
+    assert again.jobs[0] is snapshot.jobs[0]
+    bigger = replace(again, devices=(*again.devices, Device("b", 0, "v100")))
+    cached = make_allocator("las", elastic=True)
+    fresh = make_allocator("las", elastic=True)
+    assert isinstance(cached, ElasticRounds)
+    worked_out = []
+    for step in (snapshot, again, bigger, again):
+        before = len(calls)
+        got = cached.allocate(step)
+        worked_out.append(len(calls) - before)
+        copied = replace(step, jobs=tuple(replace(j) for j in step.jobs))
+        assert got == fresh.allocate(copied)  # the same as from scratch
+    # first round: both jobs; same objects: nothing; new capacity: both; back: both again
+    assert worked_out == [2, 0, 2, 2]
+
+
+def test_a_ready_daemon_keeps_full_collections_rare() -> None:
+    before = gc.get_threshold()
+    try:
+        quiet_collector()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold()[0] == GC_YOUNG_THRESHOLD
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
