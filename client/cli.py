@@ -295,6 +295,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="the tokens file (created 0600 if missing) [env GEARSHIFT_TOKENS_FILE]",
     )
     create.set_defaults(func=commands.cmd_token_create)
+    job_key = token_sub.add_parser(
+        "job-key",
+        help="make the key the scheduler mints each job's token with",
+        description="`gearshift token job-key --file job.key` writes a new random key (0600; "
+        "an existing file is never overwritten). Give the same file to the scheduler, the "
+        "Brain and the shard manager as --job-key-file (with --tokens-file), never to workers: "
+        "each training process then calls with a token scoped to its own job.",
+    )
+    job_key.add_argument(
+        "--file",
+        default=os.environ.get("GEARSHIFT_JOB_KEY_FILE", "job.key"),
+        help="where to write the key [env GEARSHIFT_JOB_KEY_FILE]",
+    )
+    job_key.set_defaults(func=commands.cmd_token_job_key)
 
     sub.add_parser(
         "simulate",

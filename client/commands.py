@@ -31,7 +31,7 @@ from gearshift.common.errors import (
     ValidationError,
 )
 from gearshift.common.health import health_status
-from gearshift.common.identity import create_token
+from gearshift.common.identity import create_job_key, create_token
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 EXIT_OK = 0
@@ -214,6 +214,14 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     token = create_token(Path(args.file), args.role)
     print(token)
     print(f"{args.role} added to {args.file}; reload daemons with SIGHUP", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_token_job_key(args: argparse.Namespace) -> int:
+    """A new job key file, for the control plane's --job-key-file."""
+    create_job_key(Path(args.file))
+    print(f"job key written to {args.file}: give it to the scheduler, the Brain and the shard "
+          "manager as --job-key-file, never to workers", file=sys.stderr)  # fmt: skip
     return EXIT_OK
 
 

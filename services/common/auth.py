@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 AUTH_HEADER = "authorization"
+TOKEN_VARIABLE = "GEARSHIFT_TOKEN"  # the environment variable that holds a bearer token
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 
 

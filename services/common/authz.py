@@ -10,18 +10,26 @@ not allow. Health checks stay open.
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from gearshift.common.auth import AUTH_HEADER
-from gearshift.common.errors import GearshiftError
-from gearshift.common.handlers import rewrapped
+from gearshift.common.errors import GearshiftError, PermissionDeniedError
+from gearshift.common.handlers import Handler, rewrapped
 from gearshift.common.identity import Identity, TokenTable
-from gearshift.common.rpc_roles import Rule, Scopes, check_request, filter_response, rule_for
+from gearshift.common.rpc_roles import (
+    Rule,
+    Scopes,
+    check_job,
+    check_request,
+    filter_response,
+    rule_for,
+)
 
 audit = logging.getLogger("gearshift.audit")
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
@@ -112,9 +120,11 @@ class AuthorizationInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg
         request_streaming = bool(handler.request_streaming)
 
         def admit(request: Any, context: grpc.ServicerContext) -> None:
-            if request_streaming:
-                return  # a client stream's rule has no scope (checked in RULES' test)
             try:
+                if request_streaming:
+                    if identity.job:  # no request stream of a thread-pool server names a job
+                        raise PermissionDeniedError(f"{identity} may not call {method}")
+                    return  # a client stream's rule has no scope (checked in RULES' test)
                 check_request(identity, method, rule, request, self.scopes())
             except GearshiftError as exc:
                 _audit(identity, method, exc.code.name)
@@ -158,7 +168,8 @@ def _audit_outcome(
 
 
 class AioAuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Identity and role checks on grpc.aio (the shard manager, whose rules have no scope)."""
+    """Identity and role checks on grpc.aio (the shard manager, whose rules have no tenant or
+    worker scope); a job's token is checked on each request and each message of a stream."""
 
     def __init__(self, tokens: TokenTable) -> None:
         self.tokens = tokens
@@ -174,4 +185,55 @@ class AioAuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[t
         if handler_call_details.method.startswith(_OPEN_PREFIXES):
             return handler
         decided = decide(self.tokens, handler_call_details)
-        return handler if isinstance(decided, Admitted) else decided
+        if not isinstance(decided, Admitted):
+            return decided
+        if not decided.identity.job:
+            return handler
+        return _job_scoped(handler, decided.identity, handler_call_details.method, decided.rule)
+
+
+def _job_scoped(handler: Handler, identity: Identity, method: str, rule: Rule) -> Handler:
+    """An aio handler that refuses what a job's token asks about another job."""
+    kwargs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+
+    def check(message: Any) -> None:
+        try:
+            check_job(identity, rule, message)
+        except GearshiftError as exc:
+            _audit(identity, method, exc.code.name)
+            raise
+
+    if handler.unary_unary is not None:
+        unary: Any = handler.unary_unary  # a coroutine function on grpc.aio
+
+        async def one(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            try:
+                check(request)
+            except GearshiftError as exc:
+                await context.abort(exc.code, exc.message)
+            return await unary(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(one, **kwargs)
+    if handler.stream_stream is not None:
+        streaming: Any = handler.stream_stream  # an async generator function on grpc.aio
+
+        async def each(
+            requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
+            async def checked() -> AsyncIterator[Any]:
+                async for message in requests:
+                    check(message)  # raised into the servicer: its stream ends with the status
+                    yield message
+
+            replies = streaming(checked(), context)
+            if inspect.isawaitable(replies):  # a handler that writes with context.write
+                await replies
+                return
+            async for reply in replies:
+                yield reply
+
+        return grpc.stream_stream_rpc_method_handler(each, **kwargs)
+    return _refuse(grpc.StatusCode.PERMISSION_DENIED, f"{identity} may not call {method}")

@@ -21,7 +21,7 @@ from pathlib import Path
 from gearshift.common.auth import ClientTls, ServerTls
 from gearshift.common.config import Option, parse_config
 from gearshift.common.errors import ValidationError
-from gearshift.common.identity import Identity, TokenTable, hash_token
+from gearshift.common.identity import Identity, JobTokens, TokenTable, hash_token, load_job_key
 from gearshift.common.limits import Limits
 from gearshift.common.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from gearshift.common.metrics import METRICS_OPTION, MetricsEndpoint, serve_metrics
@@ -54,6 +54,14 @@ def server_options(default_port: int) -> list[Option]:
             "identities and roles: a file of token hashes (gearshift token create); every call "
             "is then checked against the RPC's roles, and --token counts as a service. SIGHUP "
             "reloads it (empty: the single --token, if any, opens everything)",
+            "",
+        ),
+        Option(
+            "job_key_file",
+            "with --tokens-file: the key (gearshift token job-key) that the scheduler makes each "
+            "training process's token with, scoped to its job, and the other daemons check it "
+            "with; the same file for the scheduler, the Brain and the shard manager, never "
+            "for workers",
             "",
         ),
         Option("tls_cert", "PEM certificate file; with --tls-key enables TLS", ""),
@@ -104,6 +112,11 @@ class Daemon:
     aio: bool = False
 
 
+def job_tokens(config: argparse.Namespace) -> JobTokens | None:
+    """The --job-key-file's tokens; ValidationError names the file."""
+    return load_job_key(Path(config.job_key_file)) if config.job_key_file else None
+
+
 def server_settings(config: argparse.Namespace) -> ServerSettings:
     """ServerSettings from the parsed common options; ValueError names a bad TLS combination."""
     tls = None
@@ -120,10 +133,13 @@ def server_settings(config: argparse.Namespace) -> ServerSettings:
     if config.max_message_mb <= 0:
         raise ValueError("--max-message-mb must be > 0")
     tokens = None
+    if config.job_key_file and not config.tokens_file:
+        raise ValueError("--job-key-file needs --tokens-file (job tokens are identities)")
     if config.tokens_file:
         own = {hash_token(config.token): Identity("service")} if config.token else {}
         try:
-            tokens = TokenTable(Path(config.tokens_file), extra=own)
+            jobs = job_tokens(config)
+            tokens = TokenTable(Path(config.tokens_file), extra=own, jobs=jobs)
         except ValidationError as exc:
             raise ValueError(f"--tokens-file: {exc.field}: {exc.problem}") from None
     if config.max_spec_kb <= 0 or config.max_streams <= 0:

@@ -9,10 +9,16 @@ The file holds one token a line, never the token itself, only its SHA-256:
     baa5a0964d3320fbc0c6a922140453c8513ea24ab8fd0577034804a967248096  service
 
 Roles: `admin` (everything), `tenant:<name>` (its own jobs), `worker:<worker id>` (the
-workers API for that worker id), `service` (daemon-to-daemon and training-process
-calls). `gearshift token create --role ...` appends a line and prints the token once;
-a daemon reloads the file on SIGHUP (a file that does not parse is refused, naming
-the line, and the old table stays).
+workers API for that worker id), `service` (daemon-to-daemon calls). `gearshift token
+create --role ...` appends a line and prints the token once; a daemon reloads the file
+on SIGHUP (a file that does not parse is refused, naming the line, and the old table
+stays).
+
+A training process calls as its job: `service:<job id>`, a service scoped to that one
+job. Its token is minted by the scheduler for each task (`JobTokens`, an HMAC of the job
+id under a key that the control-plane daemons share, `--job-key-file`, and workers never
+see) and handed to the worker with StartTask; the other daemons check it with the same
+key, with no table to keep.
 """
 
 from __future__ import annotations
@@ -36,10 +42,15 @@ _HASH = re.compile(r"^[0-9a-f]{64}$")
 @dataclass(frozen=True)
 class Identity:
     role: str
-    subject: str = ""  # the tenant, the worker id; empty for admin and service
+    subject: str = ""  # the tenant, the worker id, a job's service's job; empty: admin, service
 
     def __str__(self) -> str:
         return f"{self.role}:{self.subject}" if self.subject else self.role
+
+    @property
+    def job(self) -> str:
+        """The job a job's token speaks for ("" for every other identity)."""
+        return self.subject if self.role == "service" else ""
 
 
 ADMIN = Identity("admin")
@@ -79,11 +90,66 @@ def parse_tokens(text: str, source: str) -> dict[str, Identity]:
     return table
 
 
+JOB_TOKEN_PREFIX = "gsjob."
+JOB_KEY_BYTES = 32
+
+
+class JobTokens:
+    """Tokens that name one job, made and checked with a key the control plane shares."""
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) < 16:
+            raise ValueError("a job key has at least 16 bytes")
+        self._key = key
+
+    def _mac(self, job_id: str) -> str:
+        return hmac.new(self._key, f"gearshift-job:{job_id}".encode(), hashlib.sha256).hexdigest()
+
+    def mint(self, job_id: str) -> str:
+        return f"{JOB_TOKEN_PREFIX}{job_id}.{self._mac(job_id)}"
+
+    def verify(self, token: str) -> str | None:
+        """The job a token was minted for, or None for a token that is not a valid one."""
+        job_id, dot, mac = token.removeprefix(JOB_TOKEN_PREFIX).rpartition(".")
+        if not token.startswith(JOB_TOKEN_PREFIX) or not dot or not _SUBJECT.match(job_id):
+            return None
+        return job_id if hmac.compare_digest(mac, self._mac(job_id)) else None
+
+
+def load_job_key(path: Path) -> JobTokens:
+    """The key file `create_job_key` writes (64 hex digits); ValidationError names the file."""
+    try:
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise ValidationError(str(path), f"cannot read: {exc.strerror}") from None
+    if not re.fullmatch(r"[0-9a-f]{32,128}", text):
+        raise ValidationError(str(path), "expected a job key: 32-128 hex digits on one line")
+    return JobTokens(bytes.fromhex(text))
+
+
+def create_job_key(path: Path) -> None:
+    """A new random job key in a new file (0600); refuses to overwrite one."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise ValidationError(
+            str(path), "exists already; a new key would void every job token"
+        ) from None
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(JOB_KEY_BYTES) + "\n")
+
+
 class TokenTable:
     """The identities a daemon accepts; `reload()` swaps in the file's new content."""
 
-    def __init__(self, path: Path | None = None, extra: dict[str, Identity] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path | None = None,
+        extra: dict[str, Identity] | None = None,
+        jobs: JobTokens | None = None,
+    ) -> None:
         self.path = path
+        self.jobs = jobs  # job tokens are known when the daemon has the job key
         self._extra = dict(extra or {})  # e.g. the daemon's own --token, as a service
         self._lock = threading.Lock()
         self._table: dict[str, Identity] = {}
@@ -103,6 +169,9 @@ class TokenTable:
         return len(table)
 
     def identify(self, token: str) -> Identity | None:
+        if token.startswith(JOB_TOKEN_PREFIX):
+            job_id = self.jobs.verify(token) if self.jobs is not None else None
+            return Identity("service", job_id) if job_id else None
         digest = hash_token(token)
         with self._lock:
             for known, identity in self._table.items():

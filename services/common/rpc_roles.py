@@ -12,7 +12,11 @@ names the roles allowed and, for roles limited to their own objects, the scope:
 - `cluster`: a tenant sees other tenants' jobs in the cluster state only as counts
   (their allocations' job ids and names are blanked).
 
-Admin and service pass every scope. `mutates` marks the calls the audit log records.
+Admin and service pass every scope. A job's token (`service:<job id>`, minted by the
+scheduler for a training process) passes only the rules that name where the request says
+which job it is about (`job`: the job id, or a dataset id, which is the job's own id or
+starts with it and "/"), and only for its own job; each message of a request stream is
+checked. `mutates` marks the calls the audit log records.
 """
 
 from __future__ import annotations
@@ -40,10 +44,14 @@ class Rule:
     roles: frozenset[str]
     scope: str = ""  # "", job, submit, list, worker, task, cluster
     mutates: bool = False
+    job: tuple[str, ...] = ()  # the request's fields that name its job, for a job's token
 
 
-def _rule(*roles: str, scope: str = "", mutates: bool = False) -> Rule:
-    return Rule(frozenset({ADMIN, *roles}), scope, mutates)
+def _rule(*roles: str, scope: str = "", mutates: bool = False, job: str = "") -> Rule:
+    return Rule(frozenset({ADMIN, *roles}), scope, mutates, tuple(job.split()) if job else ())
+
+
+_DATASET = "dataset_id"  # the training processes' data: a job's token, for its own datasets
 
 
 _JOBS = "/gearshift.v1.JobService/"
@@ -65,7 +73,7 @@ RULES: Mapping[str, Rule] = {
     _REGISTRY + "RegisterWorker": _rule(WORKER, SERVICE, scope="worker", mutates=True),
     _REGISTRY + "Heartbeat": _rule(WORKER, SERVICE, scope="worker"),
     _REGISTRY + "RenewLease": _rule(WORKER, SERVICE, scope="worker"),
-    _REGISTRY + "ReportProgress": _rule(WORKER, SERVICE, scope="task"),
+    _REGISTRY + "ReportProgress": _rule(WORKER, SERVICE, scope="task", job="job_id"),
     _REGISTRY + "TaskFinished": _rule(WORKER, SERVICE, scope="worker", mutates=True),
     _REGISTRY + "FetchCode": _rule(WORKER, SERVICE),
     _AGENT + "StartTask": _rule(SERVICE, mutates=True),
@@ -74,24 +82,24 @@ RULES: Mapping[str, Rule] = {
     _AGENT + "DescribeWorker": _rule(SERVICE),
     _AGENT + "StreamTaskLogs": _rule(SERVICE),
     _BRAIN + "ReportJobEvent": _rule(SERVICE, mutates=True),
-    _BRAIN + "ReportSamples": _rule(SERVICE, WORKER),  # training processes report samples
+    _BRAIN + "ReportSamples": _rule(SERVICE, job="job_id"),  # from training processes
     _BRAIN + "GetJobHistory": _rule(SERVICE),
     _BRAIN + "ListJobRecords": _rule(SERVICE),
     _BRAIN + "EstimateThroughput": _rule(SERVICE),
     _BRAIN + "PlanResources": _rule(SERVICE, mutates=True),
     _BRAIN + "PlanEsts": _rule(SERVICE),
-    _SHARDS + "CreateDataset": _rule(SERVICE, mutates=True),
-    _SHARDS + "DescribeDataset": _rule(SERVICE, WORKER),
-    _SHARDS + "DeleteDataset": _rule(SERVICE, mutates=True),
+    _SHARDS + "CreateDataset": _rule(SERVICE, mutates=True, job="dataset_id config.job_id"),
+    _SHARDS + "DescribeDataset": _rule(SERVICE, job=_DATASET),
+    _SHARDS + "DeleteDataset": _rule(SERVICE, mutates=True, job=_DATASET),
     _SHARDS + "DeleteJobDatasets": _rule(SERVICE, mutates=True),
-    _SHARDS + "AcquireShard": _rule(SERVICE, WORKER),  # the training processes' data
-    _SHARDS + "StreamShards": _rule(SERVICE, WORKER),
-    _SHARDS + "AckShard": _rule(SERVICE, WORKER),
-    _SHARDS + "RenewLeases": _rule(SERVICE, WORKER),
-    _SHARDS + "ReleaseHolder": _rule(SERVICE, WORKER),
-    _SHARDS + "GetShardsAt": _rule(SERVICE, WORKER),
-    _SHARDS + "CheckpointDataset": _rule(SERVICE, mutates=True),
-    _SHARDS + "RestoreDataset": _rule(SERVICE, mutates=True),
+    _SHARDS + "AcquireShard": _rule(SERVICE, job=_DATASET),
+    _SHARDS + "StreamShards": _rule(SERVICE, job="acquire.dataset_id"),  # each message
+    _SHARDS + "AckShard": _rule(SERVICE, job=_DATASET),
+    _SHARDS + "RenewLeases": _rule(SERVICE, job=_DATASET),
+    _SHARDS + "ReleaseHolder": _rule(SERVICE, job=_DATASET),
+    _SHARDS + "GetShardsAt": _rule(SERVICE, job=_DATASET),
+    _SHARDS + "CheckpointDataset": _rule(SERVICE, mutates=True, job=_DATASET),
+    _SHARDS + "RestoreDataset": _rule(SERVICE, mutates=True, job=_DATASET),
 }
 
 
@@ -102,13 +110,31 @@ def rule_for(identity: Identity, method: str) -> Rule:
         raise PermissionDeniedError(f"{method}: no roles are declared for it; refused")
     if identity.role not in rule.roles:
         raise PermissionDeniedError(f"{identity} may not call {method}")
+    if identity.job and not rule.job:
+        raise PermissionDeniedError(f"{identity} (a job's token) may not call {method}")
     return rule
+
+
+def check_job(identity: Identity, rule: Rule, message: Any) -> None:
+    """A job's token acts for its own job only: every field the rule names must be it."""
+    job = identity.job
+    for path in rule.job:
+        value: Any = message
+        for name in path.split("."):
+            value = getattr(value, name)
+        if value != job and not str(value).startswith(job + "/"):
+            raise PermissionDeniedError(
+                f"{identity} may not act on {path} {value!r}: its token is for job {job}"
+            )
 
 
 def check_request(
     identity: Identity, method: str, rule: Rule, request: Any, scopes: Scopes | None
 ) -> None:
     """Refuse a call on another's object; fill in a tenant's own name where it was left out."""
+    if identity.job:
+        check_job(identity, rule, request)
+        return
     if identity.role in (ADMIN, SERVICE) or not rule.scope:
         return
     who = identity.subject

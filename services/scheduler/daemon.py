@@ -14,7 +14,13 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from gearshift.common.config import Option, parse_bool
-from gearshift.common.daemon import Daemon, outgoing_tls, run_daemon, server_options
+from gearshift.common.daemon import (
+    Daemon,
+    job_tokens,
+    outgoing_tls,
+    run_daemon,
+    server_options,
+)
 from gearshift.common.db import database_options, migrate_main, open_database
 from gearshift.common.errors import GearshiftError, ValidationError
 from gearshift.common.server import GrpcServer, register
@@ -241,12 +247,22 @@ def build(config: argparse.Namespace) -> Daemon:
     except sa.exc.SQLAlchemyError as exc:
         raise RuntimeError(f"database {config.database_url}: {exc}") from None
     token, tls = config.token or None, outgoing_tls(config)
+    if config.tokens_file and not config.job_key_file:
+        raise ValueError(
+            "--tokens-file needs --job-key-file on the scheduler: training processes call "
+            "with a token scoped to their job (make a key with: gearshift token job-key)"
+        )
+    try:
+        jobs = job_tokens(config)
+    except ValidationError as exc:
+        raise ValueError(f"--job-key-file: {exc.field}: {exc.problem}") from None
     scheduler = Scheduler(
         store,
         settings,
         agents=WorkerAgents(token=token, tls=tls),
         brain=BrainAdvisor(settings.brain_address, token=token, tls=tls),
         datasets=DatasetKeeper(settings.shard_manager_address, token=token, tls=tls),
+        job_tokens=jobs,
     )
     scheduler.recover()
     metrics.watch(scheduler.cluster_state, store.job_counts)

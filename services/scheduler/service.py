@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from gearshift.common.errors import NotFoundError
+from gearshift.common.identity import JobTokens
 from gearshift.scheduler import metrics
 from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.brain import BrainAdvisor
@@ -84,6 +85,7 @@ class Scheduler:
         datasets: DatasetKeeper | None = None,
         clock: Callable[[], float] = time.time,
         allocator: Allocator | None = None,
+        job_tokens: JobTokens | None = None,
     ) -> None:
         self.agents = agents or WorkerAgents()
         self.brain = brain or BrainAdvisor()
@@ -97,7 +99,7 @@ class Scheduler:
             refresh_seconds=settings.estimate_refresh_seconds,
             default_restart_seconds=settings.restart_seconds,
         )
-        self.control = TaskControl(self.state, self.agents)
+        self.control = TaskControl(self.state, self.agents, job_tokens)
         self.registry = WorkerRegistry(self.state, self.control, self.estimates, self.wake)
         self.rounds = Rounds(
             self.state,

@@ -18,6 +18,7 @@ from typing import TypeVar
 import grpc
 
 from gearshift.common.errors import rpc_code, rpc_details
+from gearshift.common.identity import JobTokens
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.placement import build_placement, local_ranks, workers_of
 from gearshift.scheduler.state import ENDED_TASK_STATES, SchedulerState
@@ -39,9 +40,12 @@ StartRequests = list[tuple[str, worker_pb2.StartTaskRequest]]
 class TaskControl:
     """StartTask and StopTask for the scheduler's jobs."""
 
-    def __init__(self, state: SchedulerState, agents: WorkerAgents) -> None:
+    def __init__(
+        self, state: SchedulerState, agents: WorkerAgents, job_tokens: JobTokens | None = None
+    ) -> None:
         self.state = state
         self.agents = agents
+        self.job_tokens = job_tokens  # each task's processes call as their job (identity.py)
         self._last_port: dict[str, int] = {}  # host -> last rendezvous port handed out
 
     # Starting ---------------------------------------------------------------------
@@ -95,6 +99,7 @@ class TaskControl:
                     shard_manager=settings.shard_manager_address,
                 ),
                 dataset_id=job.job_id,
+                job_token=self.job_tokens.mint(job.job_id) if self.job_tokens else "",
             )
             requests.append((state.workers[worker_id].address, request))
         state.store.save_tasks(tasks)

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from google.protobuf import json_format
 
+from gearshift.common.auth import TOKEN_VARIABLE
 from gearshift.common.config import host_port
 from gearshift.common.errors import ValidationError
 from gearshift.common.jobspec import validate_job_spec, with_defaults
@@ -55,6 +57,8 @@ DETERMINISM = {
 }
 STEP_LOG = "steps.jsonl"
 DEFAULT_CHECKPOINT_EVERY = 20  # global steps, when the spec says 0
+
+_TOKEN = re.compile(r"[!-~]{0,512}")  # a bearer token: printable, no spaces
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ class TaskPlan:
     resume: bool
     endpoints: worker_pb2.ServiceEndpoints
     accelerator_type: str
+    job_token: str = ""  # the processes' bearer token, scoped to the job ("": the daemon's)
 
     @property
     def world_size(self) -> int:
@@ -109,6 +114,8 @@ class TaskPlan:
     ) -> dict[str, str]:
         """The environment of local rank `rank`: `env`, plus the GPUs it sees on CUDA."""
         out = dict(env)
+        if self.job_token:
+            out[TOKEN_VARIABLE] = self.job_token
         if settings.accelerator == "cuda":
             out[VISIBLE_VARIABLE] = task_gpus(self.device_of)[rank].visible
         return out
@@ -293,6 +300,11 @@ def plan_task(
         except ValueError as exc:
             require(False, "rendezvous_address", str(exc))
     require(bool(request.checkpoint_dir), "checkpoint_dir", "is required")
+    require(
+        _TOKEN.fullmatch(request.job_token) is not None,
+        "job_token",
+        "at most 512 printable ASCII characters without spaces",
+    )
     dataset_id = request.dataset_id or request.job_id
     check_name(dataset_id, "dataset_id")
     for name in ("scheduler", "brain", "shard_manager"):
@@ -322,4 +334,5 @@ def plan_task(
         resume=request.resume,
         endpoints=request.endpoints,
         accelerator_type=processes[0].accelerator_type or device_types[0],
+        job_token=request.job_token,
     )

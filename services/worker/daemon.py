@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from gearshift.common.auth import TOKEN_VARIABLE
 from gearshift.common.config import Option, host_port, parse_bool
 from gearshift.common.daemon import Daemon, outgoing_tls, run_daemon, server_options
 from gearshift.common.errors import GearshiftError
@@ -27,7 +28,6 @@ from gearshift.worker.command import CommandSettings
 from gearshift.worker.devices import parse_devices
 from gearshift.worker.registration import SchedulerLink, advertise_address, default_worker_id
 from gearshift.worker.servicer import WorkerAgentServicer
-from gearshift.worker.wiring import TOKEN_VARIABLE
 
 log = logging.getLogger("gearshift.worker")
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gearshift.common.auth import ClientTls
+from gearshift.common.auth import TOKEN_VARIABLE, ClientTls
 from gearshift.common.channel import plain_channel
 from gearshift.common.errors import ValidationError
 from gearshift.worker.datasource import DataPlan, DynamicFeed, ManagedShards, epochs_needed
@@ -31,8 +31,6 @@ from gearshift.worker.runtime.stop import StopFlag
 from gearshift.worker.shard_client import ShardClient
 
 log = logging.getLogger("gearshift.worker.wiring")
-
-TOKEN_VARIABLE = "GEARSHIFT_TOKEN"
 
 
 def _write_json(path: Path, value: object) -> None:

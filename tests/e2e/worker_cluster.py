@@ -15,7 +15,7 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,7 +170,10 @@ class Cluster:
     redis_url: str
     scheduler_args: Sequence[str] = ()
     common_args: Sequence[str] = ()  # given to every daemon (e.g. TLS flags)
+    service_args: Sequence[str] = ()  # given to the Brain, shard manager and scheduler
+    worker_args: Callable[[str], Sequence[str]] = lambda worker_id: ()
     tls: ClientTls | None = None  # how the test reaches the daemons
+    token: str = ""  # what the test calls the scheduler with
     processes: list[DaemonProcess] = field(default_factory=list)
     brain: DaemonProcess | None = None
     shards: DaemonProcess | None = None
@@ -217,14 +220,16 @@ class Cluster:
 
     def start_brain(self) -> DaemonProcess:
         self.brain = self._start(
-            "brain", ["--database-url", self.database], listen=f"127.0.0.1:{self.brain_port}"
+            "brain",
+            ["--database-url", self.database, *self.service_args],
+            listen=f"127.0.0.1:{self.brain_port}",
         )
         return self.brain
 
     def start_shard_manager(self) -> DaemonProcess:
         self.shards = self._start(
             "shardmanager",
-            ["--redis-url", self.redis_url],
+            ["--redis-url", self.redis_url, *self.service_args],
             listen=f"127.0.0.1:{self.shards_port}",
         )
         return self.shards
@@ -253,6 +258,7 @@ class Cluster:
                 "30",
                 "--rendezvous-port-base",
                 str(rendezvous_base()),
+                *self.service_args,
                 *self.scheduler_args,
             ],
             listen=f"127.0.0.1:{self.scheduler_port}",
@@ -273,6 +279,7 @@ class Cluster:
                 str(self.root / "work" / worker_id),
                 "--report-interval",
                 "0.5",
+                *self.worker_args(worker_id),
             ],
             module="gearshift.worker",
         )
@@ -282,7 +289,9 @@ class Cluster:
         return daemon
 
     def client(self) -> Client:
-        return Client(f"127.0.0.1:{self.scheduler_port}", tls=self.tls, timeout=10)
+        return Client(
+            f"127.0.0.1:{self.scheduler_port}", tls=self.tls, token=self.token or None, timeout=10
+        )
 
     def worker_tasks(self, worker_id: str) -> list[C.TaskStatus]:
         with connect(self.workers[worker_id].address) as channel:

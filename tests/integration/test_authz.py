@@ -1,23 +1,38 @@
-"""Identities and roles on a real scheduler process (--tokens-file): a tenant sees and
-changes only its own jobs, a tenant cannot act as a worker, a worker speaks only for its
-own worker id, every mutating call leaves an audit line, and SIGHUP reloads the file."""
+"""Identities and roles on real daemon processes (--tokens-file): a tenant sees and changes
+only its own jobs, a tenant cannot act as a worker, a worker speaks only for its own worker
+id, every mutating call leaves an audit line, SIGHUP reloads the file, and a job's token
+(what a training process calls with) acts for its own job only."""
 
 from __future__ import annotations
 
 import json
 import signal
+import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
+from gearshift.client.processes import start_daemon
 from gearshift.common.channel import connect
-from gearshift.common.identity import create_token
-from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from gearshift.common.errors import ValidationError
+from gearshift.common.identity import create_job_key, create_token, load_job_key
+from gearshift.v1 import (
+    brain_pb2,
+    brain_pb2_grpc,
+    common_pb2,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    shardmanager_pb2,
+    shardmanager_pb2_grpc,
+)
 from tests.conftest import DaemonFactory
 from tests.helpers import wait_until
 
+B = brain_pb2
 C = common_pb2
+M = shardmanager_pb2
 S = scheduler_pb2
 
 
@@ -46,10 +61,12 @@ def test_tenants_workers_audit_and_reload(daemons: DaemonFactory, tmp_path: Path
     tokens = tmp_path / "tokens"
     a, b = create_token(tokens, "tenant:a"), create_token(tokens, "tenant:b")
     w1, admin = create_token(tokens, "worker:w1"), create_token(tokens, "admin")
+    key = tmp_path / "job.key"
+    create_job_key(key)
     daemon = daemons(
         "scheduler",
         ["--database-url", f"sqlite:///{tmp_path / 's.db'}", "--tokens-file", str(tokens),
-         "--token", "internal-service-token", "--round-seconds", "60"],
+         "--job-key-file", str(key), "--token", "internal-service-token", "--round-seconds", "60"],
     )  # fmt: skip
 
     def stubs(
@@ -127,3 +144,125 @@ def test_tenants_workers_audit_and_reload(daemons: DaemonFactory, tmp_path: Path
 
     wait_until(reloaded, 10, "the reloaded tokens file takes effect")
     assert daemon.process.poll() is None
+
+
+def test_a_jobs_token_acts_for_its_own_job_only(
+    daemons: DaemonFactory, tmp_path: Path, redis_url: str
+) -> None:
+    """The scheduler, the Brain and the shard manager with one job key: job a's token may
+    report a's progress and samples and use a's dataset; every call about job b, every
+    message of a shard stream about b, every call no training process makes, and a forged
+    token are refused, and a worker's token no longer reaches any job's data."""
+    tokens, key = tmp_path / "tokens", tmp_path / "job.key"
+    create_job_key(key)
+    worker = create_token(tokens, "worker:w1")
+    common = ["--tokens-file", str(tokens), "--job-key-file", str(key), "--token", "svc"]
+    prefix = f"authz-{uuid.uuid4().hex[:8]}:"
+    started = {
+        "scheduler": [*common, "--database-url", f"sqlite:///{tmp_path / 's.db'}"],
+        "brain": [*common, "--database-url", f"sqlite:///{tmp_path / 'b.db'}"],
+        "shardmanager": [*common, "--redis-url", redis_url, "--key-prefix", prefix],
+    }
+    address = {name: daemons(name, args).address for name, args in started.items()}
+    minted = load_job_key(key)
+    a, b = "job-aaaaaaaaaaaa", "job-bbbbbbbbbbbb"
+
+    def stubs(token: str) -> tuple[Any, Any, Any]:
+        return (
+            scheduler_pb2_grpc.WorkerRegistryStub(connect(address["scheduler"], token=token)),
+            brain_pb2_grpc.BrainStub(connect(address["brain"], token=token)),
+            shardmanager_pb2_grpc.ShardManagerStub(connect(address["shardmanager"], token=token)),
+        )
+
+    registry, brain, shards = stubs(minted.mint(a))
+    dataset = M.DatasetConfig(
+        job_id=a, size=64, shard_size=8, num_epochs=1, mode=C.DATA_MODE_DYNAMIC
+    )
+    shards.CreateDataset(M.CreateDatasetRequest(dataset_id=a, config=dataset))
+    got = shards.AcquireShard(M.AcquireShardRequest(dataset_id=a, holder_id=f"{a}/est-0"))
+    assert got.shard.shard_id >= 0
+    answers = list(
+        shards.StreamShards(
+            iter(
+                [
+                    M.StreamShardsRequest(
+                        acquire=M.AcquireShardRequest(dataset_id=a, holder_id=f"{a}/est-1")
+                    )
+                ]
+            )
+        )
+    )
+    assert answers and not answers[0].error_code
+    progress = S.ReportProgressRequest(job_id=a, task_id="t", progress=C.JobProgress(step=1))
+    assert denied(lambda: registry.ReportProgress(progress), grpc.StatusCode.NOT_FOUND)  # passed
+
+    naming = f"service:{a} may not act on"
+    for call in (
+        lambda: registry.ReportProgress(S.ReportProgressRequest(job_id=b, task_id="t")),
+        lambda: brain.ReportSamples(
+            B.ReportSamplesRequest(batch_id="x", job_id=b, samples=[B.RuntimeSample(step=1)])
+        ),
+        lambda: shards.CreateDataset(M.CreateDatasetRequest(dataset_id=b, config=dataset)),
+        lambda: shards.CreateDataset(
+            M.CreateDatasetRequest(dataset_id=f"{a}/x", config=M.DatasetConfig(job_id=b))
+        ),
+        lambda: shards.AcquireShard(M.AcquireShardRequest(dataset_id=b, holder_id="h")),
+        lambda: shards.AckShard(M.AckShardRequest(dataset_id=b, holder_id="h")),
+        lambda: shards.ReleaseHolder(M.ReleaseHolderRequest(dataset_id=b, holder_id="h")),
+        lambda: shards.DescribeDataset(M.DescribeDatasetRequest(dataset_id=f"{a}x")),
+    ):
+        assert naming in denied(call)
+    stream = shards.StreamShards(
+        iter(
+            [
+                M.StreamShardsRequest(
+                    acquire=M.AcquireShardRequest(dataset_id=a, holder_id=f"{a}/est-2")
+                ),
+                M.StreamShardsRequest(acquire=M.AcquireShardRequest(dataset_id=b, holder_id="h")),
+            ]
+        )
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        list(stream)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert f"acquire.dataset_id '{b}'" in (info.value.details() or "")
+    for call in (
+        lambda: registry.Heartbeat(S.HeartbeatRequest(worker_id="w1")),
+        lambda: shards.DeleteJobDatasets(M.DeleteJobDatasetsRequest(job_id=a)),
+        lambda: brain.ListJobRecords(B.ListJobRecordsRequest()),
+    ):
+        assert f"service:{a} (a job's token) may not call" in denied(call)
+
+    forged = minted.mint(a)[:-4] + "0000"
+    other_key = tmp_path / "other.key"
+    create_job_key(other_key)
+    for token in (forged, load_job_key(other_key).mint(a)):
+        _, brain_f, shards_f = stubs(token)
+        describe = M.DescribeDatasetRequest(dataset_id=a)
+        denied(lambda: shards_f.DescribeDataset(describe), grpc.StatusCode.UNAUTHENTICATED)  # noqa: B023
+        samples = B.ReportSamplesRequest(job_id=a)
+        denied(lambda: brain_f.ReportSamples(samples), grpc.StatusCode.UNAUTHENTICATED)  # noqa: B023
+
+    _, worker_brain, worker_shards = stubs(worker)
+    assert "worker:w1 may not call" in denied(
+        lambda: worker_shards.AcquireShard(M.AcquireShardRequest(dataset_id=a, holder_id="h"))
+    )
+    assert "worker:w1 may not call" in denied(
+        lambda: worker_brain.ReportSamples(B.ReportSamplesRequest(job_id=a))
+    )
+
+
+def test_a_scheduler_with_a_tokens_file_needs_a_job_key(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    create_token(tokens, "admin")
+    run = start_daemon(
+        "scheduler",
+        ["--database-url", f"sqlite:///{tmp_path / 's.db'}", "--tokens-file", str(tokens)],
+        run_dir=tmp_path / "run",
+    )
+    assert run.process.wait(60) == 1
+    assert "--tokens-file needs --job-key-file" in run.log_path.read_text()
+    key = tmp_path / "job.key"
+    create_job_key(key)
+    with pytest.raises(ValidationError, match="exists already"):
+        create_job_key(key)

@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from gearshift.common.errors import NotFoundError, PermissionDeniedError, ValidationError
-from gearshift.common.identity import Identity, TokenTable, create_token, parse_role, parse_tokens
+from gearshift.common.identity import (
+    Identity,
+    TokenTable,
+    create_job_key,
+    create_token,
+    load_job_key,
+    parse_role,
+    parse_tokens,
+)
 from gearshift.common.rpc_roles import RULES, check_request, filter_response, rule_for
 from gearshift.v1 import (
     brain_pb2,
@@ -132,3 +140,82 @@ def test_tokens_file_parsing_creation_and_reload(tmp_path: Path) -> None:
             parse_role(bad)
     with pytest.raises(ValidationError, match="listed twice"):
         parse_tokens(f"{'a' * 64} admin\n{'a' * 64} service\n", "f")
+
+
+def test_the_job_fields_a_rule_names_exist_on_its_request() -> None:
+    """Every field path a rule gives a job's token to check is a string field of the
+    method's request (a typo would refuse every training process), on service rules only;
+    a client stream names one only on the aio shard manager, which checks each message."""
+    services = {
+        f"/{service.full_name}/{method.name}": method
+        for module in FILES
+        for service in module.DESCRIPTOR.services_by_name.values()
+        for method in service.methods
+    }
+    assert [m for m, r in RULES.items() if r.job], "no rule admits a job's token"
+    for name, rule in RULES.items():
+        method = services[name]
+        if not rule.job:
+            continue
+        assert "service" in rule.roles, name
+        assert not method.client_streaming or "ShardManager" in name, name
+        for path in rule.job:
+            descriptor = method.input_type
+            *parents, leaf = path.split(".")
+            for part in parents:
+                descriptor = descriptor.fields_by_name[part].message_type
+            assert (
+                descriptor.fields_by_name[leaf].type == descriptor.fields_by_name[leaf].TYPE_STRING
+            )
+
+
+def test_job_tokens_name_their_job_and_cannot_be_forged(tmp_path: Path) -> None:
+    key = tmp_path / "job.key"
+    create_job_key(key)
+    assert key.stat().st_mode & 0o777 == 0o600
+    jobs = load_job_key(key)
+    token = jobs.mint("job-a.b")  # a dot in the job id too
+    assert jobs.verify(token) == "job-a.b"
+    table = TokenTable(extra={}, jobs=jobs)
+    assert table.identify(token) == Identity("service", "job-a.b")
+    assert Identity("service", "job-a.b").job == "job-a.b" and not Identity("service").job
+    assert not Identity("tenant", "alice").job
+    for forged in (
+        token[:-1] + ("0" if token[-1] != "0" else "1"),  # another MAC
+        token.replace("job-a.b", "job-b.b"),  # another job, the same MAC
+        "gsjob.job-a",  # no MAC
+        "gsjob..",
+    ):
+        assert jobs.verify(forged) is None, forged
+        assert table.identify(forged) is None
+    other = tmp_path / "other.key"
+    create_job_key(other)
+    assert jobs.verify(load_job_key(other).mint("job-a.b")) is None
+    assert TokenTable(extra={}).identify(token) is None  # a daemon without the key
+    with pytest.raises(ValidationError, match="exists already"):
+        create_job_key(key)
+    bad = tmp_path / "bad.key"
+    bad.write_text("not hex\n")
+    with pytest.raises(ValidationError, match="expected a job key"):
+        load_job_key(bad)
+
+
+def test_a_jobs_token_passes_only_rules_that_name_its_job() -> None:
+    job = Identity("service", "job-a")
+    acquire = "/gearshift.v1.ShardManager/AcquireShard"
+    rule = rule_for(job, acquire)
+    check_request(
+        job, acquire, rule, shardmanager_pb2.AcquireShardRequest(dataset_id="job-a"), None
+    )
+    check_request(
+        job, acquire, rule, shardmanager_pb2.AcquireShardRequest(dataset_id="job-a/extra"), None
+    )
+    for other in ("job-b", "job-ab", "job-a-x", ""):
+        with pytest.raises(PermissionDeniedError, match="its token is for job job-a"):
+            check_request(
+                job, acquire, rule, shardmanager_pb2.AcquireShardRequest(dataset_id=other), None
+            )
+    with pytest.raises(PermissionDeniedError, match=r"\(a job's token\) may not call"):
+        rule_for(job, "/gearshift.v1.WorkerAgent/StartTask")
+    with pytest.raises(PermissionDeniedError, match="may not call"):
+        rule_for(Identity("worker", "w1"), acquire)  # the data is the job's, not the worker's

@@ -262,3 +262,17 @@ def test_a_task_with_two_local_ranks_on_one_gpu_is_refused() -> None:
     with pytest.raises(ValidationError) as exc:
         plan_task(request([("wA", 0), ("wA", 0)], [0, 1]), "wA", ["h100"])
     assert exc.value.message == "placement.processes: two local ranks share one device"
+
+
+def test_a_tasks_processes_call_with_the_token_the_scheduler_minted_for_the_job() -> None:
+    """The job's token replaces the daemon's own in each process's environment; none given,
+    the daemon's stays; a token that could not be a header value is refused, naming it."""
+    start = request([("wA", 0), ("wA", 1)], [0, 1])
+    assert plan_task(start, "wA", ["h100"] * 2).environment(0, CPU, BASE_ENV) == BASE_ENV
+    start.job_token = "gsjob.job-1.abc"
+    plan = plan_task(start, "wA", ["h100"] * 2)
+    for rank in plan.ranks:
+        assert plan.environment(rank, CPU, BASE_ENV)["GEARSHIFT_TOKEN"] == "gsjob.job-1.abc"
+    start.job_token = "two words"
+    with pytest.raises(ValidationError, match="job_token: at most 512 printable"):
+        plan_task(start, "wA", ["h100"] * 2)

@@ -68,6 +68,7 @@ class StartTaskRequest(_message.Message):
     LEASE_FIELD_NUMBER: _builtins.int
     ENDPOINTS_FIELD_NUMBER: _builtins.int
     DATASET_ID_FIELD_NUMBER: _builtins.int
+    JOB_TOKEN_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id, unique per scheduler."""
     job_id: _builtins.str
@@ -80,6 +81,11 @@ class StartTaskRequest(_message.Message):
     """Resume from the latest checkpoint in checkpoint_dir."""
     dataset_id: _builtins.str
     """Dataset id in the shard manager."""
+    job_token: _builtins.str
+    """The bearer token the task's training processes call the services with:
+    a token scoped to this job, minted by the scheduler (--job-key-file).
+    Empty: they use the worker daemon's own token.
+    """
     @_builtins.property
     def spec(self) -> _common_pb2.JobSpec:
         """The job's spec."""
@@ -116,10 +122,11 @@ class StartTaskRequest(_message.Message):
         lease: _common_pb2.Lease | None = ...,
         endpoints: Global___ServiceEndpoints | None = ...,
         dataset_id: _builtins.str = ...,
+        job_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["endpoints", b"endpoints", "lease", b"lease", "placement", b"placement", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "job_id", b"job_id", "lease", b"lease", "local_ranks", b"local_ranks", "placement", b"placement", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "job_id", b"job_id", "job_token", b"job_token", "lease", b"lease", "local_ranks", b"local_ranks", "placement", b"placement", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
