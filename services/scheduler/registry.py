@@ -123,11 +123,25 @@ class WorkerRegistry:
             task = state.tasks.get(task_id)
             if task is not None and job.state == S.JOB_STATE_RUNNING and job.placement.processes:
                 self.estimates.observe(job, task.generation, progress, now)
+            if progress.started_fresh and task is not None and task.job_id == job_id:
+                self._started_fresh(job, task.generation)
             last = state.last_progress_event.get(job_id, 0.0)
             if now - last >= state.settings.progress_event_seconds:
                 state.last_progress_event[job_id] = now
                 state.record(job, E.JOB_EVENT_TYPE_PROGRESS, "")
             return task_id in state.stopping
+
+    def _started_fresh(self, job: JobRecord, generation: int) -> None:
+        """A placement that found nothing to resume from says so once, as an event: a job
+        that starts over is never silent (a lost checkpoint fails the job instead)."""
+        if self.state.started_fresh.get(job.job_id) == generation:
+            return
+        self.state.started_fresh[job.job_id] = generation
+        self.state.record(
+            job,
+            E.JOB_EVENT_TYPE_STARTED_FRESH,
+            "no checkpoint to resume from (the job never wrote one): started again at step 0",
+        )
 
     def task_finished(self, worker_id: str, status: common_pb2.TaskStatus) -> None:
         self.task_reports(worker_id, [status])

@@ -125,6 +125,7 @@ class SchedulerState:
         self.tasks: dict[str, TaskRecord] = {}
         self.stopping: set[str] = set()
         self.last_progress_event: dict[str, float] = {}
+        self.started_fresh: dict[str, int] = {}  # job -> the generation that said so
         self.ended_listeners: list[Callable[[str], None]] = []
         # Each tenant's queued jobs, kept by `track` on every change of a job (every change
         # passes through `record`), so that a submission's --max-queued-jobs check does not
@@ -196,6 +197,7 @@ class SchedulerState:
         self.record(job, kind, message)
         self.jobs.pop(job.job_id, None)
         self.last_progress_event.pop(job.job_id, None)
+        self.started_fresh.pop(job.job_id, None)
         if self.datasets.address:
             with contextlib.suppress(RuntimeError):  # shutting down
                 self.pool.submit(self.datasets.delete_job, job.job_id)

@@ -46,6 +46,7 @@ class ReportTarget:
     ests_per_device: Sequence[int] = ()
     global_batch_size: int = 1
     dataset_size: int = 0
+    started_fresh: bool = False  # told to resume, found no checkpoint: started at step 0
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ class Reporter:
                 epoch=self._epoch(snapshot.step),
                 loss=snapshot.loss,
                 samples_per_second=max(snapshot.samples_per_second, 0.0),
+                started_fresh=self.target.started_fresh,
             ),
         )
         try:

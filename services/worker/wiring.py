@@ -25,6 +25,7 @@ from gearshift.common.channel import plain_channel
 from gearshift.common.errors import ValidationError
 from gearshift.worker.datasource import DataPlan, DynamicFeed, ManagedShards, epochs_needed
 from gearshift.worker.reporting import Reporter, ReportTarget, Snapshot
+from gearshift.worker.runtime import checkpoint
 from gearshift.worker.runtime.data import DataSource, LocalShards
 from gearshift.worker.runtime.settings import RunSettings
 from gearshift.worker.runtime.stop import StopFlag
@@ -99,6 +100,7 @@ class Wiring:
                 ests_per_device=tuple(mapping),
                 global_batch_size=settings.global_batch_size,
                 dataset_size=args.data_size,
+                started_fresh=bool(args.resume) and checkpoint.latest(args.checkpoint_dir) is None,
             )
             wiring.reporter = Reporter(target, stop.request, interval=args.report_interval)
             wiring.reporter.start()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -259,3 +260,26 @@ def test_a_dynamic_mode_job_pulls_its_shards(cluster: Cluster) -> None:
         job = client.wait(job_id, timeout=WAIT)
     assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.logs()
     assert job.final_digest and job.progress.step == 60
+
+
+def test_a_job_restarted_before_its_first_checkpoint_says_it_starts_over(
+    cluster: Cluster,
+) -> None:
+    """A training process killed before the job ever checkpointed: the next placement is
+    told to resume, finds nothing to resume from, starts again at step 0 and says so in the
+    job's events (once), and the job still ends."""
+    cluster.start([("w1", "cpu:2")])
+    spec = digits_spec("over", 40, ests=2)
+    spec.checkpoint_every_steps = 1000  # never, before the kill
+    with cluster.client() as client:
+        job_id = client.submit(spec).job_id
+        job_when(client, job_id, lambda j: j.progress.step > 2, "some progress")
+        for pid in training_processes(cluster, "w1"):
+            os.kill(pid, signal.SIGKILL)
+        done = client.wait(job_id, timeout=WAIT)
+    assert done.state == C.JOB_STATE_SUCCEEDED, done.message + cluster.logs()
+    history = events(cluster, job_id)
+    fresh = [e for e in history if e.type == S.JOB_EVENT_TYPE_STARTED_FRESH]
+    assert len(fresh) == 1, kinds(history)
+    assert "never wrote one" in fresh[0].message
+    assert kinds(history).count("STARTED") >= 2

@@ -558,6 +558,7 @@ class JobProgress(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     LOSS_FIELD_NUMBER: _builtins.int
     SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    STARTED_FRESH_FIELD_NUMBER: _builtins.int
     step: _builtins.int
     """Global steps completed."""
     total_steps: _builtins.int
@@ -568,6 +569,10 @@ class JobProgress(_message.Message):
     """Loss of the last global step."""
     samples_per_second: _builtins.float
     """Recent training throughput, samples per second."""
+    started_fresh: _builtins.bool
+    """The running placement was to resume but found no checkpoint (the job never
+    wrote one): it started again at step 0.
+    """
     def __init__(
         self,
         *,
@@ -576,10 +581,11 @@ class JobProgress(_message.Message):
         epoch: _builtins.int = ...,
         loss: _builtins.float = ...,
         samples_per_second: _builtins.float = ...,
+        started_fresh: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "loss", b"loss", "samples_per_second", b"samples_per_second", "step", b"step", "total_steps", b"total_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "loss", b"loss", "samples_per_second", b"samples_per_second", "started_fresh", b"started_fresh", "step", b"step", "total_steps", b"total_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -52,6 +52,10 @@ class _JobEventTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobEvent
     """The job was cancelled."""
     JOB_EVENT_TYPE_CHECKPOINTED: _JobEventType.ValueType  # 11
     """A checkpoint was written."""
+    JOB_EVENT_TYPE_STARTED_FRESH: _JobEventType.ValueType  # 12
+    """A placement that was to resume found no checkpoint (the job never wrote
+    one) and started again at step 0.
+    """
 
 class JobEventType(_JobEventType, metaclass=_JobEventTypeEnumTypeWrapper):
     """Kind of a job lifecycle event."""
@@ -80,6 +84,10 @@ JOB_EVENT_TYPE_CANCELLED: JobEventType.ValueType  # 10
 """The job was cancelled."""
 JOB_EVENT_TYPE_CHECKPOINTED: JobEventType.ValueType  # 11
 """A checkpoint was written."""
+JOB_EVENT_TYPE_STARTED_FRESH: JobEventType.ValueType  # 12
+"""A placement that was to resume found no checkpoint (the job never wrote
+one) and started again at step 0.
+"""
 Global___JobEventType: _TypeAlias = JobEventType  # noqa: Y015
 
 @_typing.final
