@@ -26,6 +26,8 @@ from gearshift.client.devcluster import (
     environment_hint,
     parse_workers,
 )
+from gearshift.client.history import add_options as add_history_options
+from gearshift.client.history import cmd_history
 from gearshift.client.options import add_scheduler_options
 from gearshift.client.processes import DaemonError, http_status
 from gearshift.client.render import parse_states, table
@@ -172,6 +174,18 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_argument("--limit", type=int, default=0, help="page size (default 100)")
     jobs.add_argument("--page-token", default="", help="the token printed after a full page")
     jobs.set_defaults(func=commands.cmd_jobs)
+
+    history = sub.add_parser(
+        "history",
+        help="what the Brain remembers of past jobs",
+        description="`gearshift history [MODEL_TYPE]` lists the jobs the Brain has recorded "
+        "(newest first; the history its estimates learn from); `--job ID` shows one job's "
+        "nodes, runtime samples and issued plans. Needs an admin or service token on a "
+        "cluster with --tokens-file.",
+    )
+    add_history_options(history)
+    history.add_argument("--json", action="store_true", help="print JSON")
+    history.set_defaults(func=cmd_history)
 
     job = sub.add_parser("job", parents=[shared], help="show one job")
     job.add_argument("job_id", metavar="ID")

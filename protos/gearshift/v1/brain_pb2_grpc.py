@@ -94,14 +94,16 @@ class BrainServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetJobHistory(self, request, context):
-        """A job's record, nodes, samples and issued plans.
+        """A job's record, nodes, samples and issued plans. Callers: the dashboard's
+        job page and `gearshift history --job ID`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListJobRecords(self, request, context):
-        """Lists recorded jobs with filters and paging, newest first.
+        """Lists recorded jobs with filters and paging, newest first. Caller:
+        `gearshift history [MODEL_TYPE]`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

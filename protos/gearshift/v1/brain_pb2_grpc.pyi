@@ -45,9 +45,13 @@ class BrainStub:
     the same batch_id is a no-op.
     """
     GetJobHistory: _grpc.UnaryUnaryMultiCallable[_brain_pb2.GetJobHistoryRequest, _brain_pb2.JobHistory]
-    """A job's record, nodes, samples and issued plans."""
+    """A job's record, nodes, samples and issued plans. Callers: the dashboard's
+    job page and `gearshift history --job ID`.
+    """
     ListJobRecords: _grpc.UnaryUnaryMultiCallable[_brain_pb2.ListJobRecordsRequest, _brain_pb2.ListJobRecordsResponse]
-    """Lists recorded jobs with filters and paging, newest first."""
+    """Lists recorded jobs with filters and paging, newest first. Caller:
+    `gearshift history [MODEL_TYPE]`.
+    """
     EstimateThroughput: _grpc.UnaryUnaryMultiCallable[_brain_pb2.EstimateThroughputRequest, _brain_pb2.ThroughputEstimate]
     """Estimates a job's throughput on a number of devices of one type."""
     PlanResources: _grpc.UnaryUnaryMultiCallable[_brain_pb2.PlanResourcesRequest, _brain_pb2.ResourcePlan]
@@ -74,9 +78,13 @@ class BrainAsyncStub(BrainStub):
     the same batch_id is a no-op.
     """
     GetJobHistory: _aio.UnaryUnaryMultiCallable[_brain_pb2.GetJobHistoryRequest, _brain_pb2.JobHistory]  # type: ignore[assignment]
-    """A job's record, nodes, samples and issued plans."""
+    """A job's record, nodes, samples and issued plans. Callers: the dashboard's
+    job page and `gearshift history --job ID`.
+    """
     ListJobRecords: _aio.UnaryUnaryMultiCallable[_brain_pb2.ListJobRecordsRequest, _brain_pb2.ListJobRecordsResponse]  # type: ignore[assignment]
-    """Lists recorded jobs with filters and paging, newest first."""
+    """Lists recorded jobs with filters and paging, newest first. Caller:
+    `gearshift history [MODEL_TYPE]`.
+    """
     EstimateThroughput: _aio.UnaryUnaryMultiCallable[_brain_pb2.EstimateThroughputRequest, _brain_pb2.ThroughputEstimate]  # type: ignore[assignment]
     """Estimates a job's throughput on a number of devices of one type."""
     PlanResources: _aio.UnaryUnaryMultiCallable[_brain_pb2.PlanResourcesRequest, _brain_pb2.ResourcePlan]  # type: ignore[assignment]
@@ -118,7 +126,9 @@ class BrainServicer(metaclass=_abc_1.ABCMeta):
         request: _brain_pb2.GetJobHistoryRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_brain_pb2.JobHistory, _abc.Awaitable[_brain_pb2.JobHistory]]:
-        """A job's record, nodes, samples and issued plans."""
+        """A job's record, nodes, samples and issued plans. Callers: the dashboard's
+        job page and `gearshift history --job ID`.
+        """
 
     @_abc_1.abstractmethod
     def ListJobRecords(
@@ -126,7 +136,9 @@ class BrainServicer(metaclass=_abc_1.ABCMeta):
         request: _brain_pb2.ListJobRecordsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_brain_pb2.ListJobRecordsResponse, _abc.Awaitable[_brain_pb2.ListJobRecordsResponse]]:
-        """Lists recorded jobs with filters and paging, newest first."""
+        """Lists recorded jobs with filters and paging, newest first. Caller:
+        `gearshift history [MODEL_TYPE]`.
+        """
 
     @_abc_1.abstractmethod
     def EstimateThroughput(

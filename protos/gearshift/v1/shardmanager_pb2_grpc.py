@@ -193,7 +193,11 @@ class ShardManagerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CheckpointDataset(self, request, context):
-        """Snapshots a dataset's progress under a checkpoint id.
+        """Snapshots a dataset's progress under a checkpoint id. Callers: training
+        code outside Gearshift that uses the shard manager as its data service and
+        saves the dataset's progress with its own model checkpoint (Gearshift's
+        dynamic-mode runtime does not: a restart hands out again the shards of the
+        steps since its checkpoint, and its dataset has spare epochs for them).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -201,7 +205,8 @@ class ShardManagerServicer:
 
     def RestoreDataset(self, request, context):
         """Restores a snapshot; DOING shards go back to TODO. Refused with
-        FAILED_PRECONDITION while shards are held unless force is set.
+        FAILED_PRECONDITION while shards are held unless force is set. Callers:
+        as CheckpointDataset's, when they resume from that checkpoint.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

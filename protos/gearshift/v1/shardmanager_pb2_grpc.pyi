@@ -85,10 +85,16 @@ class ShardManagerStub:
     of a logical rank's sequence in an epoch. Same answer for every caller.
     """
     CheckpointDataset: _grpc.UnaryUnaryMultiCallable[_shardmanager_pb2.CheckpointDatasetRequest, _shardmanager_pb2.CheckpointDatasetResponse]
-    """Snapshots a dataset's progress under a checkpoint id."""
+    """Snapshots a dataset's progress under a checkpoint id. Callers: training
+    code outside Gearshift that uses the shard manager as its data service and
+    saves the dataset's progress with its own model checkpoint (Gearshift's
+    dynamic-mode runtime does not: a restart hands out again the shards of the
+    steps since its checkpoint, and its dataset has spare epochs for them).
+    """
     RestoreDataset: _grpc.UnaryUnaryMultiCallable[_shardmanager_pb2.RestoreDatasetRequest, _shardmanager_pb2.Dataset]
     """Restores a snapshot; DOING shards go back to TODO. Refused with
-    FAILED_PRECONDITION while shards are held unless force is set.
+    FAILED_PRECONDITION while shards are held unless force is set. Callers:
+    as CheckpointDataset's, when they resume from that checkpoint.
     """
 
 @_typing.type_check_only
@@ -145,10 +151,16 @@ class ShardManagerAsyncStub(ShardManagerStub):
     of a logical rank's sequence in an epoch. Same answer for every caller.
     """
     CheckpointDataset: _aio.UnaryUnaryMultiCallable[_shardmanager_pb2.CheckpointDatasetRequest, _shardmanager_pb2.CheckpointDatasetResponse]  # type: ignore[assignment]
-    """Snapshots a dataset's progress under a checkpoint id."""
+    """Snapshots a dataset's progress under a checkpoint id. Callers: training
+    code outside Gearshift that uses the shard manager as its data service and
+    saves the dataset's progress with its own model checkpoint (Gearshift's
+    dynamic-mode runtime does not: a restart hands out again the shards of the
+    steps since its checkpoint, and its dataset has spare epochs for them).
+    """
     RestoreDataset: _aio.UnaryUnaryMultiCallable[_shardmanager_pb2.RestoreDatasetRequest, _shardmanager_pb2.Dataset]  # type: ignore[assignment]
     """Restores a snapshot; DOING shards go back to TODO. Refused with
-    FAILED_PRECONDITION while shards are held unless force is set.
+    FAILED_PRECONDITION while shards are held unless force is set. Callers:
+    as CheckpointDataset's, when they resume from that checkpoint.
     """
 
 class ShardManagerServicer(metaclass=_abc_1.ABCMeta):
@@ -268,7 +280,12 @@ class ShardManagerServicer(metaclass=_abc_1.ABCMeta):
         request: _shardmanager_pb2.CheckpointDatasetRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_shardmanager_pb2.CheckpointDatasetResponse, _abc.Awaitable[_shardmanager_pb2.CheckpointDatasetResponse]]:
-        """Snapshots a dataset's progress under a checkpoint id."""
+        """Snapshots a dataset's progress under a checkpoint id. Callers: training
+        code outside Gearshift that uses the shard manager as its data service and
+        saves the dataset's progress with its own model checkpoint (Gearshift's
+        dynamic-mode runtime does not: a restart hands out again the shards of the
+        steps since its checkpoint, and its dataset has spare epochs for them).
+        """
 
     @_abc_1.abstractmethod
     def RestoreDataset(
@@ -277,7 +294,8 @@ class ShardManagerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_shardmanager_pb2.Dataset, _abc.Awaitable[_shardmanager_pb2.Dataset]]:
         """Restores a snapshot; DOING shards go back to TODO. Refused with
-        FAILED_PRECONDITION while shards are held unless force is set.
+        FAILED_PRECONDITION while shards are held unless force is set. Callers:
+        as CheckpointDataset's, when they resume from that checkpoint.
         """
 
 def add_ShardManagerServicer_to_server(servicer: ShardManagerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,154 @@
+"""`gearshift history`: what the Brain remembers of past jobs (ListJobRecords, GetJobHistory).
+
+The Brain keeps every job's record, its nodes, its runtime samples and the plans it
+issued; this is how a person reads them without SQL: the jobs of one model type (the
+history the Brain's estimates learn from), or one job's samples and plans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import grpc
+
+from gearshift.client import render
+from gearshift.common.channel import connect
+from gearshift.common.errors import ValidationError, error_from_rpc
+from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2
+
+DEFAULT_BRAIN = "127.0.0.1:50052"
+STATUSES = ("submitted", "running", "succeeded", "failed", "cancelled")
+R = TypeVar("R")
+Record = brain_pb2.JobRecord
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model_type",
+        nargs="?",
+        default="",
+        metavar="MODEL_TYPE",
+        help="only jobs of this model type (default: every job)",
+    )
+    parser.add_argument(
+        "--brain",
+        default=os.environ.get("GEARSHIFT_BRAIN", DEFAULT_BRAIN),
+        help="Brain host:port [env GEARSHIFT_BRAIN] (default %(default)s)",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("GEARSHIFT_TOKEN", ""),
+        help="bearer token (an admin's or a service's) [env GEARSHIFT_TOKEN]",
+    )
+    parser.add_argument("--tenant", default="", help="only this tenant's jobs")
+    parser.add_argument("--status", default="", help=f"only jobs {'/'.join(STATUSES)}")
+    parser.add_argument("--limit", type=int, default=50, help="jobs to show (default 50)")
+    parser.add_argument("--job", default="", metavar="ID", help="one job: its samples and plans")
+    parser.add_argument("--rpc-timeout", type=float, default=30.0, help="seconds per call")
+
+
+def _typed(call: Callable[[], R]) -> R:
+    try:
+        return call()
+    except grpc.RpcError as exc:
+        raise error_from_rpc(exc) from None
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    if args.status and args.status not in STATUSES:
+        raise ValidationError("--status", f"{args.status!r}: one of {', '.join(STATUSES)}")
+    if args.limit < 1:
+        raise ValidationError("--limit", "must be >= 1")
+    with connect(args.brain, token=args.token or None, timeout=args.rpc_timeout) as channel:
+        brain = brain_pb2_grpc.BrainStub(channel)
+        if args.job:
+            request = brain_pb2.GetJobHistoryRequest(job_id=args.job)
+            history = _typed(lambda: brain.GetJobHistory(request))
+            if args.json:
+                render.print_json(render.as_dict(history))
+            else:
+                print(job_history(history))
+            return 0
+        records = list_records(brain, args)
+    if args.json:
+        render.print_json([render.as_dict(r) for r in records])
+    else:
+        print(records_table(records, time.time()))
+    return 0
+
+
+def list_records(brain: brain_pb2_grpc.BrainStub, args: argparse.Namespace) -> list[Record]:
+    """Up to --limit records, newest first, following the Brain's pages."""
+    records: list[Record] = []
+    token = ""
+    while len(records) < args.limit:
+        request = brain_pb2.ListJobRecordsRequest(
+            model_type=args.model_type,
+            tenant=args.tenant,
+            status=args.status,
+            page=common_pb2.PageRequest(
+                page_size=min(args.limit - len(records), 100), page_token=token
+            ),
+        )
+        page = _typed(lambda: brain.ListJobRecords(request))  # noqa: B023 - called at once
+        records.extend(page.jobs)
+        token = page.next_page_token
+        if not token:
+            break
+    return records
+
+
+def _span(start: float, end: float, now: float) -> str:
+    """How long the job ran (until now while it runs), as `age` writes times."""
+    return render.age(start, end or now) if start > 0 else "-"
+
+
+def records_table(records: Sequence[Record], now: float) -> str:
+    if not records:
+        return "no jobs recorded"
+    rows = [
+        (
+            r.job_id,
+            r.spec.name,
+            r.spec.model_type or "-",
+            r.spec.tenant or "-",
+            r.status,
+            render.age(r.submitted_at, now) + " ago" if r.submitted_at else "-",
+            _span(r.started_at, r.finished_at, now),
+            r.exit_reason or "",
+        )
+        for r in records
+    ]
+    header = ("JOB", "NAME", "MODEL TYPE", "TENANT", "STATUS", "SUBMITTED", "RAN", "EXIT")
+    return render.table(rows, header)
+
+
+def job_history(history: brain_pb2.JobHistory) -> str:
+    """One job: its record, nodes, a summary of its samples, and the plans it was given."""
+    job = history.job
+    lines = [
+        f"{job.job_id}  {job.spec.name}  model type {job.spec.model_type or '-'}  {job.status}",
+    ]
+    if job.exit_reason:
+        lines.append(f"exit: {job.exit_reason}")
+    for node in history.nodes:
+        role = brain_pb2.NodeRole.Name(node.role).removeprefix("NODE_ROLE_").lower()
+        lines.append(f"node {node.node_id}: {role}, {node.status or '-'} {node.exit_reason}")
+    samples = list(history.samples)
+    if samples:
+        rates = [s.samples_per_second for s in samples if s.samples_per_second > 0]
+        mean = f"{statistics.fmean(rates):.1f}" if rates else "-"
+        lines.append(
+            f"samples: {len(samples)}, steps {samples[0].step}-{samples[-1].step}, "
+            f"mean {mean} samples/s"
+        )
+    else:
+        lines.append("samples: none")
+    for issued in history.plans:
+        lines.append(f"plan {issued.plan_id}: {render.as_dict(issued.plan)}")
+    return "\n".join(lines)
