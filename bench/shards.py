@@ -8,7 +8,8 @@ the same loop -- acquire a shard, acknowledge it -- six ways, side by side:
 
   redis 2 calls   ShardStore.acquire then ShardStore.ack, straight to Redis (the baseline)
   redis 1 call    ShardStore.acquire carrying the previous shard's ack
-  grpc 2 RPCs     AcquireShard then AckShard through one daemon (ShardConsumer(stream=False))
+  grpc 2 RPCs     AcquireShard then AckShard through one daemon (the unary RPCs, called as
+                  they are: consumers acquire over the stream)
   grpc 1 RPC      AcquireShard carrying the ack, one call per shard, one daemon
   grpc stream     the same request and answer per shard over one StreamShards stream per
                   client (iterating a ShardConsumer: the default), one daemon
@@ -73,19 +74,34 @@ def _loop(variant: str, target: str, dataset: str, holder: str) -> Callable[[], 
 
         return redis_separate if variant == "redis-2" else redis_combined
 
+    from gearshift.v1 import shardmanager_pb2 as pb
     from gearshift.worker.shard_client import ShardClient
 
-    stream = variant.startswith("grpc-s")
-    consumer = ShardClient(target).consumer(dataset, holder, renew=False, stream=stream)
-    if variant == "grpc-2":
+    client = ShardClient(target)
+    if variant in ("grpc-2", "grpc-1"):
+        session = uuid.uuid4().hex[:12]
+        calls = [0]
+        held: list[Any] = [None]
 
-        def grpc_separate() -> None:
-            shard = consumer.acquire()
-            assert shard is not None
-            consumer.ack(shard)
+        def grpc_unary() -> None:
+            calls[0] += 1
+            request = pb.AcquireShardRequest(
+                dataset_id=dataset, holder_id=holder, request_id=f"{session}-{calls[0]}"
+            )
+            previous = held[0]
+            if previous is not None:  # grpc-1: the previous shard's ack rides along
+                request.ack.epoch, request.ack.shard_id = previous.epoch, previous.shard_id
+            shard = client.call("AcquireShard", request).shard
+            if variant == "grpc-1":
+                held[0] = shard
+                return
+            ack = pb.AckShardRequest(
+                dataset_id=dataset, holder_id=holder, epoch=shard.epoch, shard_id=shard.shard_id
+            )
+            client.call("AckShard", ack)
 
-        return grpc_separate
-    shards = iter(consumer)
+        return grpc_unary
+    shards = iter(client.consumer(dataset, holder, renew=False))
 
     def grpc_combined() -> None:
         next(shards)

@@ -142,8 +142,13 @@ def rpc_details(exc: grpc.RpcError) -> str:
     return (details() if callable(details) else None) or str(exc)
 
 
+def error_from_status(code: grpc.StatusCode | None, details: str) -> GearshiftError:
+    """The typed error for a status code and message, wherever they came from (a failed
+    call, or a refusal answered in-band on a stream)."""
+    cls = _BY_CODE.get(code, GearshiftError) if code is not None else GearshiftError
+    return cls.from_details(details)
+
+
 def error_from_rpc(exc: grpc.RpcError) -> GearshiftError:
     """The typed error for a failed call, carrying the server's message."""
-    code = rpc_code(exc)
-    cls = _BY_CODE.get(code, GearshiftError) if code is not None else GearshiftError
-    return cls.from_details(rpc_details(exc))
+    return error_from_status(rpc_code(exc), rpc_details(exc))

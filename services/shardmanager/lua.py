@@ -26,6 +26,12 @@ TODO of the current epoch is `requeue` followed by `order[cursor:]`; a shard
 delivered in this epoch and in none of requeue/doing/failed is DONE. The job
 index (a set of dataset ids per job) is the one key a script names itself
 (from a prefix in ARGV): the service runs on one Redis, not a Redis Cluster.
+
+Every script replies with name/value pairs, `{'status', S, 'name', value, ...}`,
+and each script's `*_REPLIES` below lists, per status, the names that status
+carries: the store decodes replies by name against it (`store.decode_reply`),
+so a field added, renamed or dropped on one side only fails loudly, naming the
+script and the field, instead of shifting the fields after it.
 """
 
 from __future__ import annotations
@@ -48,6 +54,20 @@ KEY_NAMES = (
 
 # Most expired leases one acquire takes back; the rest go on the next calls.
 RECLAIM_BATCH = 64
+
+# A script's replies: status -> the names of the fields that status carries.
+Replies = dict[str, tuple[str, ...]]
+
+# The refusals of every script that needs the dataset (in dynamic mode).
+REFUSALS: Replies = {"NOTFOUND": (), "MODE": ("mode",)}
+# An acknowledgement's refusals (do_ack); `by` is the other holder, `why` the reason
+# this holder lost the shard ('expired', 'released' or '').
+ACK_REFUSALS: Replies = {
+    "RANGE": ("num_shards",),
+    "FUTURE": ("epoch",),
+    "PAST": ("epoch",),
+    "NOT_HELD": ("state", "by", "why"),
+}
 
 _PRELUDE = """
 local K_META, K_ORDER, K_REQUEUE, K_DOING = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -119,14 +139,19 @@ local function take_back(m, s, holder, reason)
   return true
 end
 
--- DOING -> DONE for the holder; {'OK'}, {'DUP'} (acknowledged by it before) or {'ERR', ...}.
+-- The refusals every dynamic-mode script may reply with.
+local NOTFOUND = {'status', 'NOTFOUND'}
+local function wrong_mode(m) return {'status', 'MODE', 'mode', m.mode} end
+
+-- DOING -> DONE for the holder: 'OK', 'DUP' (acknowledged by it before), or nil and the
+-- refusal to reply with (RANGE, FUTURE, PAST or NOT_HELD; see ACK_REFUSALS).
 local function do_ack(m, holder, e, s)
   local sn = tonumber(s)
-  if sn >= m.num_shards then return {'ERR', 'RANGE', I(m.num_shards)} end
+  if sn >= m.num_shards then return nil, {'status', 'RANGE', 'num_shards', I(m.num_shards)} end
   if e ~= m.epoch then
-    if e == m.prev_epoch and redis.call('HGET', K_DONE_PREV, s) == holder then return {'DUP'} end
-    if e > m.epoch then return {'ERR', 'FUTURE', I(m.epoch)} end
-    return {'ERR', 'PAST', I(m.epoch)}
+    if e == m.prev_epoch and redis.call('HGET', K_DONE_PREV, s) == holder then return 'DUP' end
+    if e > m.epoch then return nil, {'status', 'FUTURE', 'epoch', I(m.epoch)} end
+    return nil, {'status', 'PAST', 'epoch', I(m.epoch)}
   end
   local rec = redis.call('HGET', K_DOING, s)
   local other = ''
@@ -138,12 +163,12 @@ local function do_ack(m, holder, e, s)
       redis.call('HSET', K_DONE, s, holder)
       bump(e, 'done', samples(m, sn))
       bump(e, 'shards_done', 1)
-      return {'OK'}
+      return 'OK'
     end
     other = h
   end
   local done_by = redis.call('HGET', K_DONE, s)
-  if done_by == holder then return {'DUP'} end
+  if done_by == holder then return 'DUP' end
   local state = 'todo'
   if rec then
     state = 'doing'
@@ -158,7 +183,7 @@ local function do_ack(m, holder, e, s)
     local reason, h = string.match(lapsed, '^(%a+)|(.*)$')
     if h == holder then why = reason end
   end
-  return {'ERR', 'NOT_HELD', state, other, why}
+  return nil, {'status', 'NOT_HELD', 'state', state, 'by', other, 'why', why}
 end
 
 -- The dataset's state as JSON: progress for Describe, a snapshot for Checkpoint.
@@ -187,13 +212,15 @@ ACQUIRE = (
 -- ARGV: holder, request_id, ack_epoch, ack_shard, next_order, next_order_epoch
 local holder, rid = ARGV[1], ARGV[2]
 local m = load_meta()
-if not m then return {'NOTFOUND'} end
-if m.mode ~= 'dynamic' then return {'MODE', m.mode} end
-local tail = {I(m.lease_ms), I(m.size), I(m.shard_size), m.seed, m.shuffle, I(m.num_shards)}
+if not m then return NOTFOUND end
+if m.mode ~= 'dynamic' then return wrong_mode(m) end
 local function granted(s, attempt, deadline, acked)
-  local r = {'GRANTED', I(m.epoch), s, I(attempt), I(deadline), acked}
-  for _, v in ipairs(tail) do r[#r + 1] = v end
-  return r
+  return {'status', 'GRANTED', 'epoch', I(m.epoch), 'shard', s, 'attempt', I(attempt),
+          'deadline_ms', I(deadline), 'acked', acked, 'lease_ms', I(m.lease_ms),
+          'size', I(m.size), 'shard_size', I(m.shard_size), 'seed', m.seed, 'shuffle', m.shuffle}
+end
+local function pending(status, epoch, acked)
+  return {'status', status, 'epoch', I(epoch), 'acked', acked}
 end
 
 -- 1. A repeated request gets back what the first one granted (its ack was applied then).
@@ -218,9 +245,9 @@ end
 -- 2. The previous shard's acknowledgement; refused means nothing changes.
 local acked = '-1'
 if ARGV[3] ~= '' then
-  local r = do_ack(m, holder, tonumber(ARGV[3]), ARGV[4])
-  if r[1] == 'ERR' then return r end
-  if r[1] == 'OK' then acked = '1' else acked = '0' end
+  local done, refusal = do_ack(m, holder, tonumber(ARGV[3]), ARGV[4])
+  if refusal then return refusal end
+  if done == 'OK' then acked = '1' else acked = '0' end
 end
 
 -- 3. Expired leases go back to TODO (or FAILED).
@@ -248,13 +275,16 @@ if not s and m.cursor < m.num_shards then
   redis.call('HSET', K_META, 'cursor', I(m.cursor))
 end
 if not s then
-  if redis.call('HLEN', K_DOING) > 0 then return {'WAIT', I(m.epoch), acked} end
+  if redis.call('HLEN', K_DOING) > 0 then return pending('WAIT', m.epoch, acked) end
   if m.epoch + 1 >= m.num_epochs then
     redis.call('HSET', K_META, 'finished', '1')
-    return {'END', I(m.epoch), acked}
+    return pending('END', m.epoch, acked)
   end
   local e = m.epoch + 1
-  if ARGV[6] ~= I(e) then return {'NEED_ORDER', I(e), acked, I(m.num_shards), m.seed} end
+  if ARGV[6] ~= I(e) then
+    return {'status', 'NEED_ORDER', 'epoch', I(e), 'acked', acked, 'num_shards', I(m.num_shards),
+            'seed', m.seed}
+  end
   if string.len(ARGV[5]) ~= 4 * m.num_shards then return redis.error_reply('bad order length') end
   redis.call('SET', K_ORDER, ARGV[5])
   if redis.call('EXISTS', K_DONE) == 1 then
@@ -283,16 +313,29 @@ return granted(s, attempt, deadline, acked)
 """
 )
 
+ACQUIRE_REPLIES: Replies = {
+    **REFUSALS,
+    **ACK_REFUSALS,
+    "GRANTED": ("epoch", "shard", "attempt", "deadline_ms", "acked", "lease_ms", "size",
+                "shard_size", "seed", "shuffle"),
+    "WAIT": ("epoch", "acked"),
+    "END": ("epoch", "acked"),
+    "NEED_ORDER": ("epoch", "acked", "num_shards", "seed"),
+}  # fmt: skip
+
 ACK = (
     _PRELUDE
     + """
 -- ARGV: holder, epoch, shard
 local m = load_meta()
-if not m then return {'NOTFOUND'} end
-if m.mode ~= 'dynamic' then return {'MODE', m.mode} end
-return do_ack(m, ARGV[1], tonumber(ARGV[2]), ARGV[3])
+if not m then return NOTFOUND end
+if m.mode ~= 'dynamic' then return wrong_mode(m) end
+local done, refusal = do_ack(m, ARGV[1], tonumber(ARGV[2]), ARGV[3])
+return refusal or {'status', done}
 """
 )
+
+ACK_REPLIES: Replies = {**REFUSALS, **ACK_REFUSALS, "OK": (), "DUP": ()}
 
 RENEW = (
     _PRELUDE
@@ -300,8 +343,8 @@ RENEW = (
 -- ARGV: holder, epoch, comma-separated shard ids ('' = every shard of the holder)
 local holder = ARGV[1]
 local m = load_meta()
-if not m then return {'NOTFOUND'} end
-if m.mode ~= 'dynamic' then return {'MODE', m.mode} end
+if not m then return NOTFOUND end
+if m.mode ~= 'dynamic' then return wrong_mode(m) end
 local deadline = now_ms() + m.lease_ms
 local renewed, lost = 0, {}
 local function renew(s, rec)
@@ -326,9 +369,12 @@ else
     if h == holder then renew(s, rec) else lost[#lost + 1] = s end
   end
 end
-return {'OK', I(renewed), I(deadline), table.concat(lost, ',')}
+return {'status', 'OK', 'renewed', I(renewed), 'deadline_ms', I(deadline),
+        'lost', table.concat(lost, ',')}
 """
 )
+
+RENEW_REPLIES: Replies = {**REFUSALS, "OK": ("renewed", "deadline_ms", "lost")}
 
 RELEASE = (
     _PRELUDE
@@ -336,8 +382,8 @@ RELEASE = (
 -- ARGV: holder
 local holder = ARGV[1]
 local m = load_meta()
-if not m then return {'NOTFOUND'} end
-if m.mode ~= 'dynamic' then return {'MODE', m.mode} end
+if not m then return NOTFOUND end
+if m.mode ~= 'dynamic' then return wrong_mode(m) end
 local all = redis.call('HGETALL', K_DOING)
 local mine = {}
 for i = 1, #all, 2 do
@@ -354,9 +400,12 @@ for _, x in ipairs(mine) do
   end
 end
 redis.call('HDEL', K_GRANTS, holder)
-return {'OK', I(m.epoch), table.concat(requeued, ','), table.concat(failed, ',')}
+return {'status', 'OK', 'epoch', I(m.epoch), 'requeued', table.concat(requeued, ','),
+        'failed', table.concat(failed, ',')}
 """
 )
+
+RELEASE_REPLIES: Replies = {**REFUSALS, "OK": ("epoch", "requeued", "failed")}
 
 CREATE = (
     _PRELUDE
@@ -367,9 +416,12 @@ local deleted = redis.call('HGET', K_META, 'deleted')
 if deleted == '0' then
   for i = 4, #ARGV, 2 do
     local current = redis.call('HGET', K_META, ARGV[i])
-    if current ~= ARGV[i + 1] then return {'CONFLICT', ARGV[i], current or '', ARGV[i + 1]} end
+    if current ~= ARGV[i + 1] then
+      return {'status', 'CONFLICT', 'field', ARGV[i], 'current', current or '',
+              'wanted', ARGV[i + 1]}
+    end
   end
-  return {'EXISTS', state_json(false, '')}
+  return {'status', 'EXISTS', 'state', state_json(false, '')}
 end
 for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end
 local job_id = ''
@@ -381,25 +433,33 @@ redis.call('HSET', K_META, 'epoch', '0', 'cursor', '0', 'finished', '0', 'seq', 
            'prev_epoch', '-1', 'deleted', '0', 'created_ms', I(now_ms()))
 if ARGV[3] ~= '' then redis.call('SET', K_ORDER, ARGV[3]) end
 redis.call('SADD', ARGV[2] .. job_id, ARGV[1])
-return {'CREATED', state_json(false, '')}
+return {'status', 'CREATED', 'state', state_json(false, '')}
 """
 )
+
+CREATE_REPLIES: Replies = {
+    "CONFLICT": ("field", "current", "wanted"),
+    "EXISTS": ("state",),
+    "CREATED": ("state",),
+}
 
 DELETE = (
     _PRELUDE
     + """
 -- ARGV: dataset_id, job index key prefix, grace seconds (0: remove at once)
 local v = redis.call('HMGET', K_META, 'deleted', 'job_id')
-if not v[1] or v[1] == '1' then return 0 end
+if not v[1] or v[1] == '1' then return {'status', 'ABSENT'} end
 redis.call('HSET', K_META, 'deleted', '1')
 redis.call('SREM', ARGV[2] .. v[2], ARGV[1])
 local ttl = tonumber(ARGV[3])
 for i = 1, #KEYS do
   if ttl > 0 then redis.call('EXPIRE', KEYS[i], ttl) else redis.call('UNLINK', KEYS[i]) end
 end
-return 1
+return {'status', 'DELETED'}
 """
 )
+
+DELETE_REPLIES: Replies = {"DELETED": (), "ABSENT": ()}
 
 STATE = (
     _PRELUDE
@@ -407,31 +467,36 @@ STATE = (
 -- ARGV: 'describe' | 'checkpoint', checkpoint id
 -- Returns the dataset's state as JSON; 'checkpoint' also stores it under the id.
 local m = load_meta()
-if not m then return {'NOTFOUND'} end
+if not m then return NOTFOUND end
 local full = ARGV[1] == 'checkpoint'
-if full and m.mode ~= 'dynamic' then return {'MODE', m.mode} end
+if full and m.mode ~= 'dynamic' then return wrong_mode(m) end
 local js = state_json(full, ARGV[2])
 if full then redis.call('HSET', K_CKPTS, ARGV[2], js) end
-return {'OK', js}
+return {'status', 'OK', 'state', js}
 """
 )
+
+STATE_REPLIES: Replies = {**REFUSALS, "OK": ("state",)}
 
 RESTORE = (
     _PRELUDE
     + """
 -- ARGV: checkpoint id, force ('1'/'0'), order of the snapshot's epoch, that epoch ('' unknown)
 local m = load_meta()
-if not m then return {'NOTFOUND'} end
-if m.mode ~= 'dynamic' then return {'MODE', m.mode} end
+if not m then return NOTFOUND end
+if m.mode ~= 'dynamic' then return wrong_mode(m) end
 local js = redis.call('HGET', K_CKPTS, ARGV[1])
-if not js then return {'NO_CHECKPOINT'} end
+if not js then return {'status', 'NO_CHECKPOINT'} end
 local held = redis.call('HLEN', K_DOING)
-if held > 0 and ARGV[2] ~= '1' then return {'LIVE', I(held)} end
+if held > 0 and ARGV[2] ~= '1' then return {'status', 'LIVE', 'held', I(held)} end
 local st = cjson.decode(js)
 local sm = {}
 for i = 1, #st.meta, 2 do sm[st.meta[i]] = st.meta[i + 1] end
 if sm.epoch ~= I(m.epoch) then
-  if ARGV[4] ~= sm.epoch then return {'NEED_ORDER', sm.epoch, I(m.num_shards), m.seed} end
+  if ARGV[4] ~= sm.epoch then
+    return {'status', 'NEED_ORDER', 'epoch', sm.epoch, 'num_shards', I(m.num_shards),
+            'seed', m.seed}
+  end
   if string.len(ARGV[3]) ~= 4 * m.num_shards then return redis.error_reply('bad order length') end
   redis.call('SET', K_ORDER, ARGV[3])
 end
@@ -453,6 +518,14 @@ local finished = sm.finished
 if #doing > 0 then finished = '0' end
 redis.call('HSET', K_META, 'epoch', sm.epoch, 'cursor', sm.cursor, 'finished', finished,
            'seq', sm.seq, 'prev_epoch', '-1')
-return {'RESTORED', state_json(false, '')}
+return {'status', 'RESTORED', 'state', state_json(false, '')}
 """
 )
+
+RESTORE_REPLIES: Replies = {
+    **REFUSALS,
+    "NO_CHECKPOINT": (),
+    "LIVE": ("held",),
+    "NEED_ORDER": ("epoch", "num_shards", "seed"),
+    "RESTORED": ("state",),
+}

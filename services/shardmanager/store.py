@@ -16,7 +16,9 @@ baseline) and `AsyncShardStore` on the daemon's event loop with pipelined
 connections (`gearshift.shardmanager.redis_pipe`). Both send the same commands.
 
 Errors are gearshift.common.errors exceptions naming the dataset, shard or
-holder; a refused call changes nothing in Redis.
+holder; a refused call changes nothing in Redis. Script replies are read by
+name (`decode_reply`); one that does not match its script's declared fields is
+an InternalError naming the script and the field.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import json
 import sys
 import threading
 from array import array
-from collections.abc import Callable, Generator, Hashable, Iterator, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -40,6 +42,7 @@ from redis.retry import Retry
 
 from gearshift.common.errors import (
     ConflictError,
+    InternalError,
     NotFoundError,
     PreconditionError,
     UnavailableError,
@@ -71,40 +74,104 @@ T = TypeVar("T")
 _UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ReadOnlyError)
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A script's reply read by name: its status and the fields that status carries."""
+
+    script: str
+    status: str
+    fields: Mapping[str, str]
+
+    def __getitem__(self, name: str) -> str:
+        try:
+            return self.fields[name]
+        except KeyError:  # a field read here that the script does not declare: a bug
+            raise InternalError(
+                f"Lua script {self.script!r}: reply {self.status} has no field {name!r}"
+            ) from None
+
+    def number(self, name: str) -> int:
+        return int(self[name])
+
+    def ids(self, name: str) -> tuple[int, ...]:
+        """A comma-separated list of shard ids ('' for none)."""
+        text = self[name]
+        return tuple(int(x) for x in text.split(",")) if text else ()
+
+
+def decode_reply(script: str, replies: Mapping[str, frozenset[str]], raw: Any) -> Reply:
+    """A script's flat `status, S, name, value, ...` reply by name, checked against the
+    fields its status declares (`replies`), so that a field added, renamed or dropped on
+    one side only fails here, naming the script and the field, instead of being misread."""
+
+    def wrong(problem: str) -> InternalError:
+        return InternalError(f"Lua script {script!r} {problem}")
+
+    if not isinstance(raw, list) or len(raw) % 2:
+        raise wrong(f"replied {raw!r:.200}, not name/value pairs")
+    fields = {_text(raw[i]): _text(raw[i + 1]) for i in range(0, len(raw), 2)}
+    if len(fields) * 2 != len(raw):
+        raise wrong(f"replied a field twice: {raw!r:.200}")
+    status = fields.pop("status", None)
+    if status is None:
+        raise wrong("replied without field 'status'")
+    expected = replies.get(status)
+    if expected is None:
+        raise wrong(f"replied unknown status {status!r}")
+    if fields.keys() != expected:
+        missing = sorted(expected - fields.keys())
+        if missing:
+            raise wrong(f"replied {status} without field {missing[0]!r}")
+        unknown = sorted(fields.keys() - expected)
+        raise wrong(f"replied {status} with unknown field {unknown[0]!r}")
+    return Reply(script, status, fields)
+
+
 class Script:
     """A Lua script run by SHA (EVALSHA), falling back to EVAL when Redis lost its cache.
 
     EVAL also puts the script back into Redis's cache, so after a Redis
     restart the first call costs two round trips and the next ones one.
+    Replies come back decoded by name against `replies` (see `decode_reply`).
     """
 
-    def __init__(self, name: str, body: str) -> None:
+    def __init__(self, name: str, body: str, replies: lua.Replies) -> None:
         self.name = name
         self.body = body
         self.sha = hashlib.sha1(body.encode()).hexdigest()
+        self.replies = {status: frozenset(names) for status, names in replies.items()}
 
-    def __call__(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def __call__(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Any]) -> Reply:
         try:
-            return client.evalsha(self.sha, len(keys), *keys, *args)
+            raw = client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
-            return client.eval(self.body, len(keys), *keys, *args)
+            raw = client.eval(self.body, len(keys), *keys, *args)
+        return self.decode(raw)
 
-    async def run(self, pipe: RedisPipe, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def run(self, pipe: RedisPipe, keys: Sequence[str], args: Sequence[Any]) -> Reply:
         """The same on a pipelined connection."""
         try:
-            return await pipe.execute("EVALSHA", self.sha, len(keys), *keys, *args)
+            raw = await pipe.execute("EVALSHA", self.sha, len(keys), *keys, *args)
         except NoScriptError:
-            return await pipe.execute("EVAL", self.body, len(keys), *keys, *args)
+            raw = await pipe.execute("EVAL", self.body, len(keys), *keys, *args)
+        return self.decode(raw)
+
+    def decode(self, raw: Any) -> Reply:
+        return decode_reply(self.name, self.replies, raw)
 
 
-_ACQUIRE = Script("acquire", lua.ACQUIRE)
-_ACK = Script("ack", lua.ACK)
-_RENEW = Script("renew", lua.RENEW)
-_RELEASE = Script("release", lua.RELEASE)
-_CREATE = Script("create", lua.CREATE)
-_DELETE = Script("delete", lua.DELETE)
-_STATE = Script("state", lua.STATE)
-_RESTORE = Script("restore", lua.RESTORE)
+_ACQUIRE = Script("acquire", lua.ACQUIRE, lua.ACQUIRE_REPLIES)
+_ACK = Script("ack", lua.ACK, lua.ACK_REPLIES)
+_RENEW = Script("renew", lua.RENEW, lua.RENEW_REPLIES)
+_RELEASE = Script("release", lua.RELEASE, lua.RELEASE_REPLIES)
+_CREATE = Script("create", lua.CREATE, lua.CREATE_REPLIES)
+_DELETE = Script("delete", lua.DELETE, lua.DELETE_REPLIES)
+_STATE = Script("state", lua.STATE, lua.STATE_REPLIES)
+_RESTORE = Script("restore", lua.RESTORE, lua.RESTORE_REPLIES)
 SCRIPTS = (_ACQUIRE, _ACK, _RENEW, _RELEASE, _CREATE, _DELETE, _STATE, _RESTORE)
 
 
@@ -175,10 +242,6 @@ def shard_data(
     return ShardData(epoch, shard_id, start, end, indices, attempt, lease_deadline_ms)
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _pairs(flat: Any) -> dict[Any, Any]:
     """A Redis HGETALL reply (flat list; `{}` when cjson encoded it empty; a dict from
     redis-py) as a dict."""
@@ -186,11 +249,6 @@ def _pairs(flat: Any) -> dict[Any, Any]:
         return flat
     items = flat if isinstance(flat, list) else []
     return {items[i]: items[i + 1] for i in range(0, len(items), 2)}
-
-
-def _ids(csv: Any) -> tuple[int, ...]:
-    text = _text(csv)
-    return tuple(int(x) for x in text.split(",")) if text else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,23 +314,23 @@ class _Operations:
             order = yield from _order(settings.num_shards, settings.seed, 0)
         fields = [x for kv in settings.stored().items() for x in kv]
         args = [dataset_id, self._job_prefix, order, *fields]
-        reply = yield self._script(_CREATE, dataset_id, args)
-        status = _text(reply[0])
-        if status == "CONFLICT":
-            field, current, wanted = (_text(x) for x in reply[1:4])
+        reply: Reply = yield self._script(_CREATE, dataset_id, args)
+        if reply.status == "CONFLICT":
             raise ConflictError(
-                f"dataset {dataset_id!r} exists with {field}={current!r}, not {wanted!r}"
+                f"dataset {dataset_id!r} exists with {reply['field']}={reply['current']!r}, "
+                f"not {reply['wanted']!r}"
             )
-        return self._status(dataset_id, reply[1])
+        return self._status(dataset_id, reply["state"])
 
     def _describe(self, dataset_id: str) -> Steps[DatasetStatus]:
-        reply = yield self._script(_STATE, dataset_id, ["describe", ""])
+        reply: Reply = yield self._script(_STATE, dataset_id, ["describe", ""])
         self._check(reply, dataset_id, "DescribeDataset")
-        return self._status(dataset_id, reply[1])
+        return self._status(dataset_id, reply["state"])
 
     def _delete(self, dataset_id: str) -> Steps[bool]:
         args = [dataset_id, self._job_prefix, self.deleted_ttl_seconds]
-        return bool((yield self._script(_DELETE, dataset_id, args)))
+        reply: Reply = yield self._script(_DELETE, dataset_id, args)
+        return reply.status == "DELETED"
 
     def _datasets_of_job(self, job_id: str) -> Steps[list[str]]:
         members = yield Op(args=("SMEMBERS", self.job_key(job_id)))
@@ -294,7 +352,7 @@ class _Operations:
         order: list[Any] = ["", ""]
         acked: bool | None = None
         for _ in range(4):
-            reply = yield self._script(
+            reply: Reply = yield self._script(
                 _ACQUIRE, dataset_id, [holder, request_id, *ack_args, *order]
             )
             self._check(
@@ -304,75 +362,75 @@ class _Operations:
             )  # fmt: skip
             if ack_args[0] != "":
                 acked = _acked(reply)
-            if _text(reply[0]) != "NEED_ORDER":
+            if reply.status != "NEED_ORDER":
                 break
             # The epoch ended: start the next one with its order (second round
             # trip). The acknowledgement, if any, was applied by the first one.
-            next_epoch, total, seed = int(reply[1]), int(reply[3]), int(reply[4])
+            next_epoch = reply.number("epoch")
+            total, seed = reply.number("num_shards"), reply.number("seed")
             order = [(yield from _order(total, seed, next_epoch)), next_epoch]
             ack_args = ["", ""]
         else:  # pragma: no cover - other replicas rolled epochs over under us 4 times
             raise UnavailableError(f"dataset {dataset_id!r}: epochs change too fast; retry")
-        status = _text(reply[0])
-        if status == "WAIT":
-            return AcquireResult(AcquireStatus.WAIT, int(reply[1]), acked=acked)
-        if status == "END":
-            return AcquireResult(AcquireStatus.END_OF_DATA, int(reply[1]), acked=acked)
-        epoch, shard_id, attempt, deadline = (int(x) for x in reply[1:5])
-        lease_ms, size, shard_size, seed = (int(x) for x in reply[6:10])
+        epoch = reply.number("epoch")
+        if reply.status == "WAIT":
+            return AcquireResult(AcquireStatus.WAIT, epoch, acked=acked)
+        if reply.status == "END":
+            return AcquireResult(AcquireStatus.END_OF_DATA, epoch, acked=acked)
         shard = shard_data(
             epoch,
-            shard_id,
-            size=size,
-            shard_size=shard_size,
-            seed=seed,
-            shuffle_within_shard=_text(reply[10]) == "1",
-            attempt=attempt,
-            lease_deadline_ms=deadline,
+            reply.number("shard"),
+            size=reply.number("size"),
+            shard_size=reply.number("shard_size"),
+            seed=reply.number("seed"),
+            shuffle_within_shard=reply["shuffle"] == "1",
+            attempt=reply.number("attempt"),
+            lease_deadline_ms=reply.number("deadline_ms"),
         )
-        return AcquireResult(AcquireStatus.GRANTED, epoch, shard, lease_ms / 1000.0, acked)
+        lease_seconds = reply.number("lease_ms") / 1000.0
+        return AcquireResult(AcquireStatus.GRANTED, epoch, shard, lease_seconds, acked)
 
     def _ack(self, dataset_id: str, holder: str, epoch: int, shard_id: int) -> Steps[bool]:
-        reply = yield self._script(_ACK, dataset_id, [holder, epoch, shard_id])
+        reply: Reply = yield self._script(_ACK, dataset_id, [holder, epoch, shard_id])
         self._check(reply, dataset_id, "AckShard", holder, ack_epoch=epoch, ack_shard=shard_id)
-        return _text(reply[0]) == "OK"
+        return reply.status == "OK"
 
     def _renew(
         self, dataset_id: str, holder: str, epoch: int, shard_ids: Sequence[int]
     ) -> Steps[RenewResult]:
         csv = ",".join(str(s) for s in shard_ids)
-        reply = yield self._script(_RENEW, dataset_id, [holder, epoch, csv])
+        reply: Reply = yield self._script(_RENEW, dataset_id, [holder, epoch, csv])
         self._check(reply, dataset_id, "RenewLeases", holder)
-        return RenewResult(int(reply[1]), int(reply[2]), _ids(reply[3]))
+        return RenewResult(reply.number("renewed"), reply.number("deadline_ms"), reply.ids("lost"))
 
     def _release(self, dataset_id: str, holder: str) -> Steps[ReleaseResult]:
-        reply = yield self._script(_RELEASE, dataset_id, [holder])
+        reply: Reply = yield self._script(_RELEASE, dataset_id, [holder])
         self._check(reply, dataset_id, "ReleaseHolder", holder)
-        return ReleaseResult(int(reply[1]), _ids(reply[2]), _ids(reply[3]))
+        return ReleaseResult(reply.number("epoch"), reply.ids("requeued"), reply.ids("failed"))
 
     def _checkpoint(self, dataset_id: str, checkpoint_id: str) -> Steps[DatasetStatus]:
-        reply = yield self._script(_STATE, dataset_id, ["checkpoint", checkpoint_id])
+        reply: Reply = yield self._script(_STATE, dataset_id, ["checkpoint", checkpoint_id])
         self._check(reply, dataset_id, "CheckpointDataset")
-        return self._status(dataset_id, reply[1])
+        return self._status(dataset_id, reply["state"])
 
     def _restore(self, dataset_id: str, checkpoint_id: str, force: bool) -> Steps[DatasetStatus]:
         flag = "1" if force else "0"
-        reply = yield self._script(_RESTORE, dataset_id, [checkpoint_id, flag, "", ""])
-        if _text(reply[0]) == "NEED_ORDER":
+        reply: Reply = yield self._script(_RESTORE, dataset_id, [checkpoint_id, flag, "", ""])
+        if reply.status == "NEED_ORDER":
             # The snapshot is of another epoch: pass its order in (second round trip).
-            epoch, total, seed = int(reply[1]), int(reply[2]), int(reply[3])
+            epoch = reply.number("epoch")
+            total, seed = reply.number("num_shards"), reply.number("seed")
             order = yield from _order(total, seed, epoch)
             reply = yield self._script(_RESTORE, dataset_id, [checkpoint_id, flag, order, epoch])
-        status = _text(reply[0])
-        if status == "NO_CHECKPOINT":
+        if reply.status == "NO_CHECKPOINT":
             raise NotFoundError("checkpoint", f"{dataset_id}/{checkpoint_id}")
-        if status == "LIVE":
+        if reply.status == "LIVE":
             raise PreconditionError(
-                f"dataset {dataset_id!r} is live: {int(reply[1])} shards are held by readers; "
-                "stop them first or restore with force"
+                f"dataset {dataset_id!r} is live: {reply.number('held')} shards are held by "
+                "readers; stop them first or restore with force"
             )
         self._check(reply, dataset_id, "RestoreDataset")
-        return self._status(dataset_id, reply[1])
+        return self._status(dataset_id, reply["state"])
 
     # -- deterministic mode ---------------------------------------------------
 
@@ -419,7 +477,7 @@ class _Operations:
 
     def _check(
         self,
-        reply: Any,
+        reply: Reply,
         dataset_id: str,
         rpc: str,
         holder: str = "",
@@ -429,35 +487,34 @@ class _Operations:
         ack_shard: int | None = None,
     ) -> None:
         """Turn a script's refusal into the error that names what was refused."""
-        status = _text(reply[0])
+        status = reply.status
         if status == "NOTFOUND":
             raise NotFoundError("dataset", dataset_id)
         if status == "MODE":
-            mode = _text(reply[1])
+            mode = reply["mode"]
             needs = "GetShardsAt" if mode == Mode.DETERMINISTIC.value else "AcquireShard"
             raise PreconditionError(
                 f"dataset {dataset_id!r} is in {mode} mode; use {needs}, not {rpc}"
             )
-        if status != "ERR":
+        if status not in lua.ACK_REFUSALS:
             return
-        kind = _text(reply[1])
         what = f"shard {ack_shard} of epoch {ack_epoch}" if ack_shard is not None else "the shard"
-        if kind == "RANGE":
+        if status == "RANGE":
             raise ValidationError(
                 f"{ack_field}shard_id",
-                f"must be < {_text(reply[2])}, the shards of dataset {dataset_id!r}",
+                f"must be < {reply['num_shards']}, the shards of dataset {dataset_id!r}",
             )
-        if kind == "FUTURE":
+        if status == "FUTURE":
             raise ValidationError(
                 f"{ack_field}epoch",
-                f"has not started: dataset {dataset_id!r} is in epoch {_text(reply[2])}",
+                f"has not started: dataset {dataset_id!r} is in epoch {reply['epoch']}",
             )
-        if kind == "PAST":
+        if status == "PAST":
             raise PreconditionError(
                 f"{what} of dataset {dataset_id!r} is not held by holder {holder!r}: "
-                f"that epoch is over (the dataset is in epoch {_text(reply[2])})"
+                f"that epoch is over (the dataset is in epoch {reply['epoch']})"
             )
-        state, other, why = (_text(x) for x in reply[2:5])
+        state, other, why = reply["state"], reply["by"], reply["why"]
         where = {
             "doing": f"now held by {other!r}",
             "done": f"acknowledged by {other!r}",
@@ -745,11 +802,8 @@ def _samples(settings: DatasetSettings, shard_id: int) -> int:
     return end - start
 
 
-def _acked(reply: Any) -> bool | None:
-    """The acknowledgement flag of an ACQUIRE reply ('-1' none, '0' before, '1' now)."""
-    status = _text(reply[0])
-    index = {"GRANTED": 5, "WAIT": 2, "END": 2, "NEED_ORDER": 2}.get(status)
-    if index is None:
-        return None
-    flag = _text(reply[index])
+def _acked(reply: Reply) -> bool | None:
+    """The acknowledgement flag of an acquire reply that got past `_check` ('-1' none,
+    '0' acknowledged before, '1' now)."""
+    flag = reply["acked"]
     return None if flag == "-1" else flag == "1"

@@ -17,7 +17,11 @@ back rather than a second one. Uses only gearshift.v1 and gearshift.common
 A consumer acquires over one StreamShards stream (a request and its answer
 per shard) rather than one AcquireShard call per shard: the same work on the
 server, for about half its CPU per shard, so one shard manager serves more
-consumers. It falls back to AcquireShard against a server without the stream.
+consumers. The stream is the consumer's only transport: every shard manager
+this client talks to is Gearshift's own, which has always served StreamShards,
+so an AcquireShard fallback would be code no supported server needs (a server
+without the stream fails the first acquire with UnimplementedError). The unary
+AcquireShard RPC stays on the server, for clients that want one call per shard.
 """
 
 from __future__ import annotations
@@ -37,7 +41,16 @@ import grpc
 
 from gearshift.common.auth import AUTH_HEADER, ClientTls
 from gearshift.common.channel import DEFAULT_TIMEOUT_SECONDS, plain_channel
-from gearshift.common.errors import NotFoundError, PreconditionError, error_from_rpc, rpc_code
+from gearshift.common.errors import (
+    DeadlineExceededError,
+    GearshiftError,
+    NotFoundError,
+    PreconditionError,
+    UnavailableError,
+    error_from_rpc,
+    error_from_status,
+    rpc_code,
+)
 from gearshift.v1 import common_pb2, shardmanager_pb2, shardmanager_pb2_grpc
 
 log = logging.getLogger("gearshift.worker.shard_client")
@@ -248,21 +261,6 @@ class ShardClient:
         return ShardConsumer(self, dataset_id, holder_id, **kwargs)
 
 
-class _Refusal(grpc.RpcError):
-    """A request refused in-band on a stream, shaped as a failed call for error_from_rpc."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self._code = code
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-
 class _StreamLostError(Exception):
     """The stream ended without answering (the server went away or stopped); reopen it."""
 
@@ -352,9 +350,7 @@ class ShardConsumer:
         poll_seconds: float = 0.02,
         max_poll_seconds: float = 0.5,
         renew: bool = True,
-        stream: bool = True,
     ) -> None:
-        """`stream`: acquire over one StreamShards stream (default) or by AcquireShard calls."""
         self.client = client
         self.dataset_id = dataset_id
         self.holder_id = holder_id
@@ -371,7 +367,6 @@ class ShardConsumer:
         # Request ids: unique per consumer object and call, without a random draw per call.
         self._session = uuid.uuid4().hex[:12]
         self._requests = 0
-        self.streaming = stream  # False also once the server turned out not to have streams
         self._stream: ShardStream | None = None
 
     @property
@@ -416,51 +411,48 @@ class ShardConsumer:
     def _acquire_call(
         self, request: shardmanager_pb2.AcquireShardRequest
     ) -> shardmanager_pb2.AcquireShardResponse:
-        """One AcquireShard, over the stream when there is one, retried as ShardClient.call does.
+        """One acquire over the stream, retried as ShardClient.call does (the stream reopened).
 
         A retry repeats the request with its request_id, so a grant whose answer
-        was lost comes back rather than a second shard.
+        was lost comes back rather than a second shard. A consumer closed
+        meanwhile closes the stream again after the answer: none is left open.
         """
-        if not self.streaming or self._stop.is_set():  # closed: no stream to leave open
-            reply: shardmanager_pb2.AcquireShardResponse = self.client.call("AcquireShard", request)
-            return reply
         deadline = time.monotonic() + self.client.retry_seconds
         delay = 0.05
-        while True:
-            try:
-                if self._stream is None:
-                    self._stream = ShardStream(
-                        self.client.stub, metadata=self.client.metadata, timeout=self.client.timeout
-                    )
-                response = self._stream.exchange(request)
-                if not response.error_code:
-                    return response.reply
-                code = _CODES.get(response.error_code, grpc.StatusCode.UNKNOWN)
-                failure: grpc.RpcError = _Refusal(code, response.error_message)
-                broken = False
-            except grpc.RpcError as exc:
-                code = rpc_code(exc) or grpc.StatusCode.UNKNOWN
-                if code == grpc.StatusCode.CANCELLED and self._stream and self._stream.timed_out:
-                    code = grpc.StatusCode.DEADLINE_EXCEEDED
-                    exc = _Refusal(code, f"no answer on the stream within {self.client.timeout} s")
-                failure, broken = exc, True
-            except _StreamLostError as exc:
-                code, failure, broken = (
-                    grpc.StatusCode.UNAVAILABLE,
-                    _Refusal(grpc.StatusCode.UNAVAILABLE, str(exc)),
-                    True,
-                )
-            if broken:
+        try:
+            while True:
+                try:
+                    if self._stream is None:
+                        self._stream = ShardStream(
+                            self.client.stub,
+                            metadata=self.client.metadata,
+                            timeout=self.client.timeout,
+                        )
+                    response = self._stream.exchange(request)
+                    if not response.error_code:
+                        return response.reply
+                    # Refused in-band: the stream stays open for the next request.
+                    code = _CODES.get(response.error_code, grpc.StatusCode.UNKNOWN)
+                    failure: GearshiftError = error_from_status(code, response.error_message)
+                except grpc.RpcError as exc:
+                    failure = error_from_rpc(exc)
+                    timed_out = self._stream is not None and self._stream.timed_out
+                    if rpc_code(exc) == grpc.StatusCode.CANCELLED and timed_out:
+                        failure = DeadlineExceededError(
+                            f"no answer on the stream within {self.client.timeout} s"
+                        )
+                    self._close_stream()
+                except _StreamLostError as exc:
+                    failure = UnavailableError(str(exc))
+                    self._close_stream()
+                if failure.code in _RETRYABLE and time.monotonic() + delay < deadline:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
+                raise failure from None
+        finally:
+            if self._stop.is_set():
                 self._close_stream()
-                if code == grpc.StatusCode.UNIMPLEMENTED:
-                    log.info("the shard manager has no StreamShards; acquiring by unary calls")
-                    self.streaming = False
-                    return self._acquire_call(request)
-            if code in _RETRYABLE and time.monotonic() + delay < deadline:
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
-                continue
-            raise error_from_rpc(failure) from None
 
     def _close_stream(self) -> None:
         if self._stream is not None:

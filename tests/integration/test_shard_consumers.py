@@ -146,18 +146,13 @@ def private_redis(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
 # -- the consumer program ----------------------------------------------------------
 
 
-def consume(
-    address: str, dataset: str, holder: str, log_path: str, work_seconds: float, *, stream: bool
-) -> None:
-    """Read the dataset until its end, logging grants and acknowledgements (one line each).
-
-    `stream`: over a StreamShards stream (the default of consumers) or AcquireShard calls.
-    """
+def consume(address: str, dataset: str, holder: str, log_path: str, work_seconds: float) -> None:
+    """Read the dataset until its end, logging grants and acknowledgements (one line each)."""
     from gearshift.common.errors import PreconditionError
     from gearshift.worker.shard_client import ShardClient
 
     client = ShardClient(address, retry_seconds=120)
-    consumer = client.consumer(dataset, holder, stream=stream)
+    consumer = client.consumer(dataset, holder)
     with open(log_path, "a", buffering=1) as out:
         previous = None
         while True:
@@ -205,13 +200,11 @@ def start_consumer(
     holder: str,
     folder: Path,
     work_seconds: float = 0.02,
-    *,
-    stream: bool = True,
 ) -> Consumer:
     log_path = folder / f"{holder}.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.integration.test_shard_consumers", "consume",
-         address, dataset, holder, str(log_path), str(work_seconds), "1" if stream else "0"],
+         address, dataset, holder, str(log_path), str(work_seconds)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=open(folder / f"{holder}.err", "wb"),  # noqa: SIM115 - the child owns it
@@ -321,7 +314,6 @@ class KillRun:
     lease_seconds: float = 30.0
     release_killed: bool = True
     work_seconds: float = 0.02
-    stream: bool = True  # consumers read over StreamShards (else AcquireShard calls)
     seed: int = field(default_factory=lambda: random.randrange(10**6))
     on_progress: Callable[[int], None] | None = None  # called with shards done, for extra faults
 
@@ -346,9 +338,7 @@ class KillRun:
         def spawn() -> None:
             n = len(everyone)
             address = self.addresses[n % len(self.addresses)]
-            consumer = start_consumer(
-                address, dataset, f"c{n}", self.folder, self.work_seconds, stream=self.stream
-            )
+            consumer = start_consumer(address, dataset, f"c{n}", self.folder, self.work_seconds)
             everyone.append(consumer)
             live.append(consumer)
 
@@ -435,11 +425,10 @@ def sm(daemons: DaemonFactory, redis_url: str, unique_id: str) -> Callable[..., 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stream", [True, False], ids=["stream", "unary"])
 def test_killed_consumers_lose_nothing(
-    sm: Callable[..., str], tmp_path: Path, unique_id: str, stream: bool
+    sm: Callable[..., str], tmp_path: Path, unique_id: str
 ) -> None:
-    KillRun([sm()], tmp_path, stream=stream).run(f"kill-{unique_id}")
+    KillRun([sm()], tmp_path).run(f"kill-{unique_id}")
 
 
 @pytest.mark.slow
@@ -483,5 +472,5 @@ def test_shard_manager_killed_and_restarted_mid_run(
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["consume"]:
-        address, dataset, holder, log_path, work, stream = sys.argv[2:8]
-        consume(address, dataset, holder, log_path, float(work), stream=stream == "1")
+        address, dataset, holder, log_path, work = sys.argv[2:7]
+        consume(address, dataset, holder, log_path, float(work))

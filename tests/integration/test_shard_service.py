@@ -386,10 +386,12 @@ def test_each_transition_costs_at_most_two_redis_round_trips(
         count("delete", lambda: client.delete_dataset("ds"))
         raw.close(release=False)
         client.create_dataset("u", job_id="j", size=30, shard_size=10)
-        unary = client.consumer("u", "h", stream=False)  # AcquireShard calls, not the stream
-        d = count("unary acquire", unary.acquire)
-        count("unary acquire+ack", lambda: unary.acquire(ack=d))
-        unary.close(release=False)
+        # The unary AcquireShard RPC (consumers use the stream), called as it is.
+        unary = pb.AcquireShardRequest(dataset_id="u", holder_id="h", request_id="u1")
+        d = count("unary acquire", lambda: client.call("AcquireShard", unary)).shard
+        ack = pb.ShardRef(epoch=d.epoch, shard_id=d.shard_id)
+        acked = pb.AcquireShardRequest(dataset_id="u", holder_id="h", request_id="u2", ack=ack)
+        count("unary acquire+ack", lambda: client.call("AcquireShard", acked))
     marker.echo("stop")
     watcher.join(timeout=30)
     per: dict[str, int] = {}

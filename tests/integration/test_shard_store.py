@@ -17,13 +17,16 @@ import redis
 
 from gearshift.common.errors import (
     ConflictError,
+    InternalError,
     NotFoundError,
     PreconditionError,
     ValidationError,
 )
 from gearshift.common.sharding import epoch_order, rank_sequence, shard_indices, shard_range
+from gearshift.shardmanager import lua
+from gearshift.shardmanager import store as store_module
 from gearshift.shardmanager.model import AcquireStatus, DatasetSettings, Mode
-from gearshift.shardmanager.store import ShardStore, order_bytes
+from gearshift.shardmanager.store import Script, ShardStore, order_bytes
 from tests.helpers import wait_until
 
 
@@ -482,3 +485,25 @@ def test_order_bytes_encode_the_common_epoch_order() -> None:
     raw = order_bytes(300, 5, 2)
     decoded = [int.from_bytes(raw[i : i + 4], "big") for i in range(0, len(raw), 4)]
     assert decoded == epoch_order(300, 5, 2)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "problem"),
+    [
+        ("'lease_ms', I(m.lease_ms),", "", "without field 'lease_ms'"),
+        ("'shuffle', m.shuffle}", "'shuffle', m.shuffle, 'num_shards', I(m.num_shards)}",
+         "with unknown field 'num_shards'"),
+    ],
+    ids=["missing", "extra"],
+)  # fmt: skip
+def test_a_script_edited_out_of_step_with_its_reader_fails_loudly(
+    store: ShardStore, monkeypatch: pytest.MonkeyPatch, old: str, new: str, problem: str
+) -> None:
+    """A field dropped from (or added to) a script's reply but not to its declaration is an
+    InternalError naming the script and the field, not a shifted, misread reply."""
+    assert lua.ACQUIRE.count(old) == 1
+    edited = Script("acquire", lua.ACQUIRE.replace(old, new), lua.ACQUIRE_REPLIES)
+    monkeypatch.setattr(store_module, "_ACQUIRE", edited)  # run by EVAL: not in Redis's cache
+    store.create("ds", dynamic())
+    with pytest.raises(InternalError, match=f"Lua script 'acquire' replied GRANTED {problem}"):
+        store.acquire("ds", "h", "r1")

@@ -1,6 +1,7 @@
 """StreamShards, the consumers' data path: in-band refusals, retries by request id, many open
-streams, a stop that ends streams at once, the client's deadline and its fallback to unary
-calls. (The kill and restart runs in test_shard_consumers also read over streams.)"""
+streams, a stop that ends streams at once, the client's deadline, and a server without the
+stream refused plainly (the client has no unary fallback). (The kill and restart runs in
+test_shard_consumers also read over streams.)"""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ from typing import Any
 import grpc
 import pytest
 
-from gearshift.common.errors import DeadlineExceededError, UnauthenticatedError
+from gearshift.common.errors import (
+    DeadlineExceededError,
+    UnauthenticatedError,
+    UnavailableError,
+    UnimplementedError,
+)
 from gearshift.common.ports import free_port
 from gearshift.common.server import AioGrpcServer, GrpcServer, ServerSettings, register
 from gearshift.v1 import shardmanager_pb2, shardmanager_pb2_grpc
@@ -44,7 +50,7 @@ def test_answers_come_in_order_and_refusals_leave_the_stream_open(sm: Callable[.
     address = sm()
     with ShardClient(address) as client:
         client.create_dataset("ds", job_id="j", size=30, shard_size=10)
-        other = client.consumer("ds", "o", stream=False).acquire()
+        other = client.consumer("ds", "o").acquire()
         assert other is not None
         stream = ShardStream(client.stub)
         first = stream.exchange(acquire(request_id="r1"))
@@ -127,31 +133,29 @@ def test_a_stopping_daemon_ends_streams_at_once_and_consumers_carry_on(
         assert (progress.shards_done, progress.shards_redelivered) == (1, 0)
 
 
-class _Stub(shardmanager_pb2_grpc.ShardManagerServicer):
-    """A shard manager without StreamShards (an older server): one shard, then the end."""
+class _Unary(shardmanager_pb2_grpc.ShardManagerServicer):
+    """A shard manager without StreamShards: the consumer says so rather than falling back."""
 
     def __init__(self) -> None:
         self.calls = 0
 
     def AcquireShard(self, request: Any, context: Any) -> Any:
-        self.calls += 1
-        if self.calls > 1:
-            return pb.AcquireShardResponse(status=pb.ACQUIRE_STATUS_END_OF_DATA)
-        shard = pb.Shard(epoch=0, shard_id=4, start=40, end=50, attempt=1)
-        return pb.AcquireShardResponse(status=pb.ACQUIRE_STATUS_GRANTED, shard=shard)
+        self.calls += 1  # pragma: no cover - the consumer never calls it
+        return pb.AcquireShardResponse(status=pb.ACQUIRE_STATUS_END_OF_DATA)
 
 
-def test_consumer_falls_back_to_unary_calls_on_a_server_without_streams() -> None:
-    stub = _Stub()  # type: ignore[abstract]
+def test_a_server_without_streams_is_refused_plainly() -> None:
+    unary = _Unary()  # type: ignore[abstract]
     server = GrpcServer(
-        [register(shardmanager_pb2_grpc.add_ShardManagerServicer_to_server, stub, SERVICE)]
+        [register(shardmanager_pb2_grpc.add_ShardManagerServicer_to_server, unary, SERVICE)]
     )
     server.start()
     try:
         with ShardClient(server.address, retry_seconds=5) as client:
             consumer = client.consumer("ds", "h", renew=False)
-            assert [s.shard_id for s in consumer] == [4]
-            assert consumer.streaming is False and stub.calls == 2
+            with pytest.raises(UnimplementedError):
+                consumer.acquire()
+            assert unary.calls == 0
             consumer.close(release=False)
     finally:
         server.stop(0)
@@ -185,6 +189,32 @@ def test_an_unanswered_stream_request_fails_after_the_client_timeout() -> None:
         server.stop()
 
 
+class _Ending(shardmanager_pb2_grpc.ShardManagerServicer):
+    """Ends each stream at its first request without answering (a server going away)."""
+
+    async def StreamShards(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        async for _ in request_iterator:
+            return
+        yield pb.StreamShardsResponse()  # pragma: no cover
+
+
+def test_a_stream_ended_without_an_answer_is_unavailable() -> None:
+    ending = _Ending()  # type: ignore[abstract]
+    server = AioGrpcServer(
+        [register(shardmanager_pb2_grpc.add_ShardManagerServicer_to_server, ending, SERVICE)],
+        ServerSettings(grace_seconds=1),
+    )
+    server.start()
+    try:
+        with ShardClient(server.address, retry_seconds=0) as client:
+            consumer = client.consumer("ds", "h", renew=False)
+            with pytest.raises(UnavailableError, match="the server ended the stream"):
+                consumer.acquire()
+            consumer.close(release=False)
+    finally:
+        server.stop()
+
+
 def test_stream_requires_the_bearer_token(
     daemons: DaemonFactory, redis_url: str, unique_id: str
 ) -> None:
@@ -194,7 +224,6 @@ def test_stream_requires_the_bearer_token(
         client.create_dataset("ds", job_id="j", size=10, shard_size=5)
         with client.consumer("ds", "h") as consumer:
             assert next(iter(consumer)).shard_id in (0, 1)
-            assert consumer.streaming
     with ShardClient(address, token="wrong", retry_seconds=5) as client:
         consumer = client.consumer("ds", "h2")
         with pytest.raises(UnauthenticatedError, match="invalid bearer token"):

@@ -1,4 +1,7 @@
-"""Domain errors map to status codes and back, keeping the message that names the field."""
+"""Domain errors map to status codes and back, keeping the message that names the field.
+
+(error_from_rpc reads a failed call's code and details into error_from_status; the
+integration tests exercise it on real failed calls.)"""
 
 from __future__ import annotations
 
@@ -6,19 +9,6 @@ import grpc
 import pytest
 
 from gearshift.common import errors
-
-
-class FakeCall(grpc.RpcError):
-    """The shape of the errors grpc raises: an RpcError that is also a Call."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        self._code, self._details = code, details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
 
 
 @pytest.mark.parametrize(
@@ -33,7 +23,7 @@ class FakeCall(grpc.RpcError):
 )
 def test_round_trip_through_a_status(error: errors.GearshiftError, code: grpc.StatusCode) -> None:
     assert error.code == code
-    back = errors.error_from_rpc(FakeCall(error.code, error.message))
+    back = errors.error_from_status(error.code, error.message)
     assert type(back) is type(error)
     assert back.message == error.message
 
@@ -41,7 +31,7 @@ def test_round_trip_through_a_status(error: errors.GearshiftError, code: grpc.St
 def test_validation_error_keeps_the_field() -> None:
     error = errors.ValidationError("spec.dataset.size", "must be > 0 (got 0)")
     assert str(error) == "spec.dataset.size: must be > 0 (got 0)"
-    back = errors.error_from_rpc(FakeCall(grpc.StatusCode.INVALID_ARGUMENT, str(error)))
+    back = errors.error_from_status(grpc.StatusCode.INVALID_ARGUMENT, str(error))
     assert isinstance(back, errors.ValidationError)
     assert back.field == "spec.dataset.size"
 
@@ -51,6 +41,6 @@ def test_not_found_names_the_object() -> None:
 
 
 def test_unknown_code_gives_the_base_error() -> None:
-    back = errors.error_from_rpc(FakeCall(grpc.StatusCode.DATA_LOSS, "gone"))
+    back = errors.error_from_status(grpc.StatusCode.DATA_LOSS, "gone")
     assert type(back) is errors.GearshiftError
     assert back.message == "gone"
