@@ -17,6 +17,7 @@ from typing import TypeVar
 import grpc
 
 from gearshift.client import render
+from gearshift.client.options import add_token_option
 from gearshift.common.channel import connect
 from gearshift.common.errors import ValidationError, error_from_rpc
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2
@@ -40,11 +41,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("GEARSHIFT_BRAIN", DEFAULT_BRAIN),
         help="Brain host:port [env GEARSHIFT_BRAIN] (default %(default)s)",
     )
-    parser.add_argument(
-        "--token",
-        default=os.environ.get("GEARSHIFT_TOKEN", ""),
-        help="bearer token (an admin's or a service's) [env GEARSHIFT_TOKEN]",
-    )
+    add_token_option(parser, "bearer token (an admin's or a service's)")
     parser.add_argument("--tenant", default="", help="only this tenant's jobs")
     parser.add_argument("--status", default="", help=f"only jobs {'/'.join(STATUSES)}")
     parser.add_argument("--limit", type=int, default=50, help="jobs to show (default 50)")

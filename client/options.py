@@ -17,14 +17,19 @@ def add_scheduler_options(
         default=os.environ.get("GEARSHIFT_SCHEDULER", DEFAULT_SCHEDULER),
         help="scheduler host:port [env GEARSHIFT_SCHEDULER] (default %(default)s)",
     )
-    parser.add_argument(
-        "--token",
-        default=os.environ.get("GEARSHIFT_TOKEN", ""),
-        help=f"{token_help} [env GEARSHIFT_TOKEN]",
-    )
+    add_token_option(parser, token_help)
     parser.add_argument(
         "--rpc-timeout",
         type=float,
         default=timeout,
         help="seconds per call (default %(default)s)",
+    )
+
+
+def add_token_option(parser: argparse.ArgumentParser, token_help: str = "bearer token") -> None:
+    """--token (GEARSHIFT_TOKEN), for whichever daemon the command calls."""
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("GEARSHIFT_TOKEN", ""),
+        help=f"{token_help} [env GEARSHIFT_TOKEN]",
     )
