@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gearshift.common.errors import ValidationError
+from gearshift.common.facts import ACCELERATOR_TYPE_RULE, is_accelerator_type
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 DEFAULT_PAGE_SIZE = 100
@@ -39,6 +40,11 @@ def check_name(value: str, field: str, *, max_length: int = 128, required: bool 
         field,
         f"{value!r} may hold only letters, digits, '.', '_', ':' and '-'",
     )
+
+
+def check_accelerator_type(value: str, field: str) -> None:
+    """An accelerator type label, checked alike by the scheduler, the Brain and job specs."""
+    require(is_accelerator_type(value), field, f"{value!r} {ACCELERATOR_TYPE_RULE}")
 
 
 def check_positive(value: float, field: str) -> None:
