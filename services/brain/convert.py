@@ -6,8 +6,6 @@ anything is written.
 
 from __future__ import annotations
 
-import re
-
 from google.protobuf import json_format
 
 from gearshift.brain import dlrover
@@ -28,6 +26,7 @@ from gearshift.brain.service import EstimateResult, EstimateSource, EstPlanResul
 from gearshift.common import estplan
 from gearshift.common.jobspec import MAX_ESTS, validate_job_spec, with_defaults
 from gearshift.common.validation import (
+    check_accelerator_type,
     check_enum,
     check_name,
     check_non_negative,
@@ -42,7 +41,6 @@ MAX_BATCH = 10_000
 DEFAULT_HISTORY_SAMPLES = 1_000
 MAX_HISTORY_SAMPLES = 10_000
 MAX_TEXT = 256
-_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 _KINDS = {
     brain_pb2.JOB_EVENT_KIND_SUBMITTED: EventKind.SUBMITTED,
@@ -80,11 +78,7 @@ def check_type(value: str, field: str) -> None:
     """An accelerator type label: lower-case letters, digits, '_' or '-'."""
     require(bool(value), field, "is required")
     require(len(value) <= 64, field, "must be at most 64 characters")
-    require(
-        _TYPE.match(value) is not None,
-        field,
-        f"{value!r} must be lower-case letters, digits, '_' or '-'",
-    )
+    check_accelerator_type(value, field)
 
 
 def _check_text(value: str, field: str) -> None:

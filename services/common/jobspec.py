@@ -10,6 +10,7 @@ import re
 from gearshift.common.codepkg import check_sha256
 from gearshift.common.errors import ValidationError
 from gearshift.common.validation import (
+    check_accelerator_type,
     check_enum,
     check_name,
     check_non_negative,
@@ -21,7 +22,6 @@ from gearshift.v1 import common_pb2
 MAX_ESTS = 1024
 DEFAULT_TENANT = "default"
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 
 def validate_job_spec(spec: common_pb2.JobSpec, prefix: str = "spec") -> None:
@@ -115,11 +115,7 @@ def validate_job_spec(spec: common_pb2.JobSpec, prefix: str = "spec") -> None:
     seen: set[str] = set()
     for i, kind in enumerate(spec.accelerator_types):
         field = f(f"accelerator_types[{i}]")
-        require(
-            _TYPE.match(kind) is not None,
-            field,
-            f"{kind!r} must be lower-case letters, digits, '_' or '-'",
-        )
+        check_accelerator_type(kind, field)
         require(kind not in seen, field, f"{kind!r} is listed twice")
         seen.add(kind)
 
