@@ -18,14 +18,10 @@ import grpc
 from gearshift.common.auth import ClientTls
 from gearshift.common.channel import OptionalClient
 from gearshift.common.errors import rpc_code, rpc_details
+from gearshift.common.facts import shard_holder_id
 from gearshift.v1 import shardmanager_pb2, shardmanager_pb2_grpc
 
 log = logging.getLogger("gearshift.scheduler.datasets")
-
-
-def holder_id(job_id: str, est: int) -> str:
-    """The shard-manager holder of one EST of a dynamic-mode job (the worker's naming)."""
-    return f"{job_id}/est-{est}"
 
 
 class DatasetKeeper:
@@ -68,7 +64,7 @@ class DatasetKeeper:
         requeued = 0
         for est in ests:
             request = shardmanager_pb2.ReleaseHolderRequest(
-                dataset_id=dataset_id, holder_id=holder_id(job_id, est), reason=reason
+                dataset_id=dataset_id, holder_id=shard_holder_id(job_id, est), reason=reason
             )
             try:
                 reply = self._stub.ReleaseHolder(request, timeout=self._timeout)

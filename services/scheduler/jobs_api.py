@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from gearshift.common.codepkg import assemble
 from gearshift.common.errors import NotFoundError, PreconditionError, ResourceExhaustedError
-from gearshift.scheduler.state import RUNNING_STATES, SchedulerState, new_job_id, total_steps
+from gearshift.common.facts import total_steps
+from gearshift.scheduler.state import RUNNING_STATES, SchedulerState, new_job_id
 from gearshift.scheduler.store import EventRecord, JobRecord
 from gearshift.scheduler.task_control import TaskControl
 from gearshift.v1 import common_pb2, scheduler_pb2

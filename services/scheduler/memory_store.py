@@ -13,13 +13,8 @@ import threading
 from collections.abc import Iterable, Sequence
 
 from gearshift.common.errors import ConflictError
-from gearshift.scheduler.store import (
-    TERMINAL_STATES,
-    EventRecord,
-    JobRecord,
-    TaskRecord,
-    WorkerRecord,
-)
+from gearshift.common.facts import TERMINAL_STATES
+from gearshift.scheduler.store import EventRecord, JobRecord, TaskRecord, WorkerRecord
 
 
 class MemoryStore:

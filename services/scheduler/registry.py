@@ -14,12 +14,9 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from gearshift.common.errors import NotFoundError
+from gearshift.common.facts import ENDED_TASK_STATES, EXIT_BAD_INPUT
 from gearshift.scheduler.estimates import Estimates
-from gearshift.scheduler.state import (
-    ENDED_TASK_STATES,
-    RUNNING_STATES,
-    SchedulerState,
-)
+from gearshift.scheduler.state import RUNNING_STATES, SchedulerState
 from gearshift.scheduler.store import JobRecord, TaskRecord, WorkerRecord
 from gearshift.scheduler.task_control import TaskControl
 from gearshift.v1 import common_pb2, scheduler_pb2
@@ -27,8 +24,6 @@ from gearshift.v1 import common_pb2, scheduler_pb2
 log = logging.getLogger("gearshift.scheduler")
 S = common_pb2
 E = scheduler_pb2
-# A training process's exit code for bad input (the runtime's launcher): no restart can help.
-EXIT_BAD_INPUT = 2
 
 
 class WorkerRegistry:

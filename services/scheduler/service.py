@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from gearshift.common.errors import NotFoundError
+from gearshift.common.facts import TERMINAL_STATES
 from gearshift.common.identity import JobTokens
 from gearshift.scheduler import metrics
 from gearshift.scheduler.allocators import make_allocator
@@ -46,7 +47,7 @@ from gearshift.scheduler.pipeline import Allocator
 from gearshift.scheduler.registry import WorkerRegistry
 from gearshift.scheduler.rounds import RoundReport, Rounds
 from gearshift.scheduler.state import SchedulerSettings, SchedulerState
-from gearshift.scheduler.store import TERMINAL_STATES, EventRecord, JobRecord, Store, WorkerRecord
+from gearshift.scheduler.store import EventRecord, JobRecord, Store, WorkerRecord
 from gearshift.scheduler.task_control import TaskControl
 from gearshift.scheduler.workers import WorkerAgents
 from gearshift.v1 import common_pb2, scheduler_pb2

@@ -7,15 +7,16 @@ codes, with messages that name the field.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Sequence
 
 import grpc
 
 from gearshift.common.codepkg import check_sha256, chunks
 from gearshift.common.config import host_port
+from gearshift.common.facts import ENDED_TASK_STATES
 from gearshift.common.jobspec import validate_job_spec, with_defaults
 from gearshift.common.validation import (
+    check_accelerator_type,
     check_enum,
     check_name,
     decode_page_token,
@@ -27,13 +28,6 @@ from gearshift.common.validation import (
 from gearshift.scheduler.service import Scheduler
 from gearshift.scheduler.store import EventRecord, JobRecord
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-
-_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
-_ENDED = (
-    common_pb2.TASK_STATE_CHECKPOINTED,
-    common_pb2.TASK_STATE_COMPLETED,
-    common_pb2.TASK_STATE_FAILED,
-)
 
 
 def job_message(job: JobRecord) -> scheduler_pb2.Job:
@@ -77,11 +71,7 @@ def check_devices(groups: Sequence[common_pb2.DeviceGroup], field: str = "device
     require(len(groups) > 0, field, "at least one device group is required")
     for i, group in enumerate(groups):
         where = f"{field}[{i}]"
-        require(
-            _TYPE.match(group.accelerator_type) is not None,
-            f"{where}.accelerator_type",
-            f"{group.accelerator_type!r} must be lower-case letters, digits, '_' or '-'",
-        )
+        check_accelerator_type(group.accelerator_type, f"{where}.accelerator_type")
         require(group.count >= 1, f"{where}.count", f"must be >= 1 (got {group.count})")
         require(group.memory_bytes >= 0, f"{where}.memory_bytes", "must be >= 0")
 
@@ -266,7 +256,7 @@ class WorkerRegistryServicer(scheduler_pb2_grpc.WorkerRegistryServicer):
         require(request.HasField("status"), "status", "is required")
         check_task_status(request.status, "status")
         require(
-            request.status.state in _ENDED,
+            request.status.state in ENDED_TASK_STATES,
             "status.state",
             "must be TASK_STATE_COMPLETED, TASK_STATE_CHECKPOINTED or TASK_STATE_FAILED",
         )

@@ -10,7 +10,6 @@ pool (the Brain's histories and the shard manager are told best effort).
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import uuid
 from collections.abc import Callable
@@ -37,7 +36,6 @@ BRAIN_EVENTS: dict[int, int] = {
     E.JOB_EVENT_TYPE_FAILED: brain_pb2.JOB_EVENT_KIND_FAILED,
     E.JOB_EVENT_TYPE_CANCELLED: brain_pb2.JOB_EVENT_KIND_CANCELLED,
 }
-ENDED_TASK_STATES = (S.TASK_STATE_CHECKPOINTED, S.TASK_STATE_COMPLETED, S.TASK_STATE_FAILED)
 RUNNING_STATES = (S.JOB_STATE_RUNNING, S.JOB_STATE_RESCALING)
 # Determinism levels that keep bits on one kind of device only: such a job keeps the
 # accelerator type of its first placement for its whole life.
@@ -79,14 +77,6 @@ class SchedulerSettings:
     @property
     def lease_seconds(self) -> float:
         return max(2 * self.round_seconds, 10.0)
-
-
-def total_steps(spec: common_pb2.JobSpec) -> int:
-    """Global steps the job will run: total_steps, or epochs x steps per epoch."""
-    if spec.HasField("total_steps"):
-        return spec.total_steps
-    per_epoch = math.ceil(spec.dataset.size / max(spec.global_batch_size, 1))
-    return spec.epochs * max(per_epoch, 1)
 
 
 def new_job_id() -> str:

@@ -23,16 +23,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gearshift.common.db import create_engine, outages
 from gearshift.common.errors import ConflictError, UnavailableError
+from gearshift.common.facts import ENDED_TASK_STATES, TERMINAL_STATES
 from gearshift.scheduler import models
 from gearshift.v1 import common_pb2
-
-TERMINAL_STATES = frozenset(
-    {
-        common_pb2.JOB_STATE_SUCCEEDED,
-        common_pb2.JOB_STATE_FAILED,
-        common_pb2.JOB_STATE_CANCELLED,
-    }
-)
 
 
 @dataclass
@@ -108,11 +101,7 @@ class TaskRecord:
 
     @property
     def ended(self) -> bool:
-        return self.state in (
-            common_pb2.TASK_STATE_CHECKPOINTED,
-            common_pb2.TASK_STATE_COMPLETED,
-            common_pb2.TASK_STATE_FAILED,
-        )
+        return self.state in ENDED_TASK_STATES
 
 
 class Store(Protocol):
@@ -451,14 +440,9 @@ class SqlStore:
                 session.merge(models.Task(**_task_row(task)))
 
     def open_tasks(self) -> list[TaskRecord]:
-        ended = [
-            common_pb2.TASK_STATE_CHECKPOINTED,
-            common_pb2.TASK_STATE_COMPLETED,
-            common_pb2.TASK_STATE_FAILED,
-        ]
         query = (
             sa.select(models.Task)
-            .where(models.Task.state.not_in(ended))
+            .where(models.Task.state.not_in(list(ENDED_TASK_STATES)))
             .order_by(models.Task.created_at, models.Task.task_id)
         )
         with self._session() as session:

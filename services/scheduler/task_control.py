@@ -18,10 +18,11 @@ from typing import TypeVar
 import grpc
 
 from gearshift.common.errors import rpc_code, rpc_details
+from gearshift.common.facts import ENDED_TASK_STATES
 from gearshift.common.identity import JobTokens
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.placement import build_placement, local_ranks, workers_of
-from gearshift.scheduler.state import ENDED_TASK_STATES, SchedulerState
+from gearshift.scheduler.state import SchedulerState
 from gearshift.scheduler.store import JobRecord, TaskRecord
 from gearshift.scheduler.workers import WorkerAgents
 from gearshift.v1 import common_pb2, worker_pb2
