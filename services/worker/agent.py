@@ -18,12 +18,13 @@ from pathlib import Path
 
 from gearshift.common.codepkg import unpack
 from gearshift.common.errors import NotFoundError, PreconditionError
+from gearshift.common.facts import ENDED_TASK_STATES
 from gearshift.v1 import common_pb2, worker_pb2
 from gearshift.worker import metrics, task_logs
 from gearshift.worker.command import CommandSettings, plan_task
 from gearshift.worker.devices import device_types
 from gearshift.worker.spawner import Spawner
-from gearshift.worker.tasks import ENDED, Task
+from gearshift.worker.tasks import Task
 
 log = logging.getLogger("gearshift.worker.agent")
 
@@ -192,7 +193,11 @@ class Agent:
         cutoff = time.time() - self.keep_seconds
         with self._lock:
             for task_id, task in list(self._tasks.items()):
-                if task.state in ENDED and task_id in self._reported and task.ended_at < cutoff:
+                if (
+                    task.state in ENDED_TASK_STATES
+                    and task_id in self._reported
+                    and task.ended_at < cutoff
+                ):
                     del self._tasks[task_id]
                     self._reported.discard(task_id)
 

@@ -31,7 +31,6 @@ Validation names the request field (`placement.processes[2].est_ids`, ...).
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from google.protobuf import json_format
 from gearshift.common.auth import TOKEN_VARIABLE
 from gearshift.common.config import host_port
 from gearshift.common.errors import ValidationError
+from gearshift.common.facts import DETERMINISM_NAMES, total_steps
 from gearshift.common.jobspec import validate_job_spec, with_defaults
 from gearshift.common.sharding import num_shards
 from gearshift.common.validation import check_name, require
@@ -49,12 +49,6 @@ from gearshift.v1 import common_pb2, worker_pb2
 from gearshift.worker.gpus import VISIBLE_VARIABLE, task_gpus
 from gearshift.worker.runtime.backend import choose_backend
 
-DETERMINISM = {
-    common_pb2.DETERMINISM_LEVEL_UNSPECIFIED: "D1",
-    common_pb2.DETERMINISM_LEVEL_D0: "D0",
-    common_pb2.DETERMINISM_LEVEL_D1: "D1",
-    common_pb2.DETERMINISM_LEVEL_D2: "D2",
-}
 STEP_LOG = "steps.jsonl"
 DEFAULT_CHECKPOINT_EVERY = 20  # global steps, when the spec says 0
 
@@ -178,7 +172,7 @@ def spec_args(
         "--ests", str(spec.num_ests), "--batch-size", str(spec.global_batch_size),
         "--steps", str(total_steps(spec)), "--seed", str(spec.dataset.seed),
         "--shard-size", str(spec.dataset.shard_size), "--data-size", str(spec.dataset.size),
-        "--determinism", DETERMINISM[spec.determinism],
+        "--determinism", DETERMINISM_NAMES[spec.determinism],
         "--checkpoint-every", str(every),
     ]  # fmt: skip
 
@@ -198,14 +192,6 @@ def load_spec_file(path: Path) -> common_pb2.JobSpec:
 def config_text(spec: common_pb2.JobSpec) -> str:
     """The job config as the runtime reads it (a JSON object, re-serialised)."""
     return json.dumps(json.loads(spec.entrypoint.config_json or "{}"))
-
-
-def total_steps(spec: common_pb2.JobSpec) -> int:
-    """Global steps of the job: total_steps, or epochs x ceil(size / global batch) - the
-    scheduler's count, so both sides agree on when a job is done."""
-    if spec.HasField("total_steps"):
-        return spec.total_steps
-    return spec.epochs * max(math.ceil(spec.dataset.size / max(spec.global_batch_size, 1)), 1)
 
 
 def _mapping(processes: Sequence[common_pb2.ProcessAssignment], num_ests: int) -> tuple[int, ...]:

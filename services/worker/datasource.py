@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from gearshift.common import sharding
 from gearshift.common.errors import ConflictError, PreconditionError, ValidationError
+from gearshift.common.facts import shard_holder_id
 from gearshift.worker.shard_client import ShardClient, ShardConsumer
 
 log = logging.getLogger("gearshift.worker.datasource")
@@ -158,7 +159,9 @@ class DynamicFeed:
     def next_samples(self, est: int, count: int) -> tuple[int, list[int]]:
         consumer = self._consumers.get(est)
         if consumer is None:
-            consumer = self.client.consumer(self.plan.dataset_id, holder_id(self.plan.job_id, est))
+            consumer = self.client.consumer(
+                self.plan.dataset_id, shard_holder_id(self.plan.job_id, est)
+            )
             self._consumers[est] = consumer
         shard = consumer.acquire()
         if shard is None:
@@ -172,9 +175,3 @@ class DynamicFeed:
     def close(self) -> None:
         for consumer in self._consumers.values():
             consumer.close()
-
-
-def holder_id(job_id: str, est: int) -> str:
-    """The shard-manager holder of EST `est` of a dynamic-mode job (the scheduler releases it
-    when the process that ran the EST dies)."""
-    return f"{job_id}/est-{est}"

@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 
 from gearshift.common.errors import ValidationError
+from gearshift.common.facts import is_accelerator_type
 from gearshift.v1 import common_pb2
 
 FLAG = "--devices"
-_TYPE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _MEMORY = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _UNITS |= {"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
@@ -41,7 +41,7 @@ def parse_devices(text: str) -> list[common_pb2.DeviceGroup]:
         if len(parts) not in (2, 3) or not parts[1].isdigit():
             raise ValidationError(FLAG, f"{item!r} is not TYPE:COUNT or TYPE:COUNT:MEMORY")
         kind, count = parts[0].lower(), int(parts[1])
-        if not _TYPE.match(kind):
+        if not is_accelerator_type(kind):
             raise ValidationError(FLAG, f"{parts[0]!r} must be letters, digits, '_' or '-'")
         if kind in seen:
             raise ValidationError(FLAG, f"{kind!r} is listed twice")

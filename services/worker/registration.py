@@ -35,9 +35,10 @@ from gearshift.common.auth import ClientTls
 from gearshift.common.channel import connect
 from gearshift.common.codepkg import assemble
 from gearshift.common.errors import error_from_rpc, rpc_code, rpc_details
+from gearshift.common.facts import ENDED_TASK_STATES
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from gearshift.worker.agent import Agent
-from gearshift.worker.tasks import ENDED, Task
+from gearshift.worker.tasks import Task
 
 log = logging.getLogger("gearshift.worker.registration")
 
@@ -187,7 +188,7 @@ class SchedulerLink:
 
     def _report_ends(self) -> bool:
         """TaskFinished for each unacknowledged end; True while some remain."""
-        ended = [s for s in self.agent.unreported() if s.state in ENDED]
+        ended = [s for s in self.agent.unreported() if s.state in ENDED_TASK_STATES]
         left = False
         for status in ended:
             request = scheduler_pb2.TaskFinishedRequest(

@@ -35,6 +35,7 @@ from types import FrameType
 from typing import Any
 
 from gearshift.common.errors import ValidationError
+from gearshift.common.facts import CLEAN_EXITS, EXIT_BAD_INPUT, EXIT_COMPLETED, EXIT_STOPPED
 from gearshift.common.ports import free_port
 from gearshift.worker.command import DEFAULT_CHECKPOINT_EVERY, load_spec_file, spec_args
 from gearshift.worker.runtime.backend import BACKENDS
@@ -46,10 +47,9 @@ from gearshift.worker.runtime.settings import (
     even_mapping,
     parse_mapping,
 )
-from gearshift.worker.runtime.stop import EXIT_CODES, EXIT_STOPPED, STOP_SIGNALS, StopFlag
+from gearshift.worker.runtime.stop import EXIT_CODES, STOP_SIGNALS, StopFlag
 from gearshift.worker.spawner import die_with_parent
 
-EXIT_BAD_INPUT = 2
 STOP_GRACE_S = 30.0
 
 
@@ -254,15 +254,15 @@ def launch(
         code = os.waitstatus_to_exitcode(status)
         children[done].returncode = code
         codes[done] = code
-        if code not in (0, EXIT_STOPPED):
+        if code not in CLEAN_EXITS:
             print(
                 f"rank {done} failed with exit status {code}; stopping the others", file=sys.stderr
             )
             _stop_rest(children, codes)
-    failed = [code for code in codes.values() if code not in (0, EXIT_STOPPED)]
+    failed = [code for code in codes.values() if code not in CLEAN_EXITS]
     if failed:
         return failed[0] if failed[0] > 0 else 1
-    return EXIT_STOPPED if EXIT_STOPPED in codes.values() else 0
+    return EXIT_STOPPED if EXIT_STOPPED in codes.values() else EXIT_COMPLETED
 
 
 def _stop_rest(children: dict[int, subprocess.Popen[bytes]], codes: dict[int, int]) -> None:

@@ -32,15 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gearshift.common.errors import PreconditionError
+from gearshift.common.facts import CLEAN_EXITS, ENDED_TASK_STATES, EXIT_COMPLETED
 from gearshift.v1 import common_pb2
 from gearshift.worker.command import CommandSettings, TaskPlan, config_text
-from gearshift.worker.runtime.stop import EXIT_STOPPED
 from gearshift.worker.spawner import Child, Spawner, SpawnRequest
 from gearshift.worker.task_logs import cap_log
 
 log = logging.getLogger("gearshift.worker.tasks")
 
-EXIT_BAD_INPUT = 2
 POLL_S = 0.05
 # How a process reports that a peer went away (gloo, NCCL, the store), not a fault of its own.
 _PEER_FAILURE = re.compile(
@@ -50,11 +49,6 @@ _PEER_FAILURE = re.compile(
 )
 CAP_CHECK_S = 1.0
 TAIL_BYTES = 4000
-ENDED = (
-    common_pb2.TASK_STATE_CHECKPOINTED,
-    common_pb2.TASK_STATE_COMPLETED,
-    common_pb2.TASK_STATE_FAILED,
-)
 
 
 def log_tail(path: Path, limit: int = TAIL_BYTES) -> str:
@@ -166,7 +160,7 @@ class Task:
         """Ask the processes to stop: with a checkpoint at the next global step (the runtime's
         stop signal), or at once (SIGKILL). A stop without checkpoint overrides one with."""
         with self.lock:
-            if self.state in ENDED:
+            if self.state in ENDED_TASK_STATES:
                 return
             if self.state != common_pb2.TASK_STATE_STOPPING or not checkpoint:
                 self._checkpoint = checkpoint
@@ -229,7 +223,7 @@ class Task:
                     continue
                 with self.lock:
                     self.codes[rank] = code
-                    failed = code not in (0, EXIT_STOPPED)
+                    failed = code not in CLEAN_EXITS
                     if failed and self._first_failure is None:
                         self._first_failure = (rank, code)
                 if failed:
@@ -247,7 +241,7 @@ class Task:
             if self._first_failure is not None or self._killed_reason or not codes:
                 self.state = common_pb2.TASK_STATE_FAILED
                 self._describe_failure()
-            elif all(code == 0 for code in codes.values()):
+            elif all(code == EXIT_COMPLETED for code in codes.values()):
                 self.state = common_pb2.TASK_STATE_COMPLETED
                 self.digest = self._read_digest()
                 if not self.digest:
@@ -290,7 +284,7 @@ class Task:
     def _root_cause(self, first: tuple[int, int]) -> tuple[int, int]:
         """The failed rank whose error is its own: when one process crashes, its peers fail
         too, with a communication error, and either may be seen first."""
-        failed = [(r, c) for r, c in sorted(self.codes.items()) if c not in (0, EXIT_STOPPED)]
+        failed = [(r, c) for r, c in sorted(self.codes.items()) if c not in CLEAN_EXITS]
         for rank, code in [first, *failed]:
             last = (log_tail(self.log_path(rank)).splitlines() or [""])[-1]
             if code > 0 and not _PEER_FAILURE.search(last):

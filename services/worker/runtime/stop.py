@@ -11,6 +11,8 @@ import signal
 from collections.abc import Iterable
 from types import FrameType
 
+from gearshift.common.facts import EXIT_COMPLETED, EXIT_STOPPED
+
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
@@ -19,8 +21,7 @@ class Outcome(enum.StrEnum):
     STOPPED = "stopped"  # checkpointed on request; resume later, with any placement
 
 
-EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped on request, resume later
-EXIT_CODES = {Outcome.COMPLETED: 0, Outcome.STOPPED: EXIT_STOPPED}
+EXIT_CODES = {Outcome.COMPLETED: EXIT_COMPLETED, Outcome.STOPPED: EXIT_STOPPED}
 
 
 class StopFlag:
