@@ -32,6 +32,7 @@ from gearshift.client.options import add_scheduler_options
 from gearshift.client.processes import DaemonError, http_status
 from gearshift.client.render import parse_states, table
 from gearshift.common.errors import ValidationError
+from gearshift.common.facts import DEFAULT_DETERMINISM, DETERMINISM_LEVELS
 from gearshift.common.health import health_status
 from gearshift.common.signals import wait_for_signal
 from gearshift.v1 import common_pb2
@@ -159,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-devices", type=int, default=0, help="elastic upper bound (ESTs)")
     run.add_argument("--name", default="", help="job name (default: the file's name)")
     run.add_argument("--config", default="{}", help="JSON object passed to build(config)")
-    run.add_argument("--determinism", default="D1", choices=["D0", "D1", "D2"])
+    run.add_argument("--determinism", default=DEFAULT_DETERMINISM, choices=DETERMINISM_LEVELS)
     run.add_argument("--types", default="", help="accelerator types allowed, e.g. v100,t4")
     run.add_argument("--seed", type=int, default=0, help="the job's one seed")
     run.add_argument("--key", help="idempotency key: resubmitting with it returns the same job")

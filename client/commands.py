@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gearshift.client import render
 from gearshift.client.run_spec import RunOptions, run_job
-from gearshift.client.sdk import TERMINAL_STATES, Client, JobEvent
+from gearshift.client.sdk import Client, JobEvent
 from gearshift.client.spec import JobFile, load_job
 from gearshift.common.errors import (
     DeadlineExceededError,
@@ -30,6 +30,7 @@ from gearshift.common.errors import (
     UnavailableError,
     ValidationError,
 )
+from gearshift.common.facts import TERMINAL_STATES
 from gearshift.common.health import health_status
 from gearshift.common.identity import create_job_key, create_token
 from gearshift.v1 import common_pb2, scheduler_pb2

@@ -9,7 +9,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from gearshift.client import timeline
-from gearshift.client.sdk import TERMINAL_STATES
+from gearshift.common.facts import TERMINAL_STATES
 from gearshift.common.plots import new_figure, plot_devices_over_time, save_png
 from gearshift.v1 import scheduler_pb2
 

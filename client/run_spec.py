@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gearshift.client.spec import JobFile, job_from_dict
 from gearshift.common.errors import ValidationError
+from gearshift.common.facts import DEFAULT_DETERMINISM
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class RunOptions:
     max_devices: int = 0  # 0: one per EST
     name: str = ""
     config: str = "{}"
-    determinism: str = "D1"
+    determinism: str = DEFAULT_DETERMINISM
     types: tuple[str, ...] = ()
     seed: int = 0
     shard_size: int = 32

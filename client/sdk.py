@@ -21,14 +21,12 @@ from gearshift.common import codepkg
 from gearshift.common.auth import ClientTls
 from gearshift.common.channel import DEFAULT_TIMEOUT_SECONDS, connect
 from gearshift.common.errors import DeadlineExceededError, error_from_rpc, rpc_code
+from gearshift.common.facts import TERMINAL_STATES
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-TERMINAL_STATES = frozenset(
-    {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_CANCELLED}
-)
 _RETRY_WATCH = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 UPLOAD_TIMEOUT_SECONDS = 300.0

@@ -34,12 +34,13 @@ import yaml
 from google.protobuf import json_format
 
 from gearshift.common.errors import ValidationError
+from gearshift.common.facts import DETERMINISM_PREFIX
 from gearshift.common.jobspec import validate_job_spec
 from gearshift.v1 import common_pb2
 
 # Short enum names accepted in YAML -> the proto enum's prefix.
 _ENUMS: dict[str, tuple[str, Any]] = {
-    "determinism": ("DETERMINISM_LEVEL_", common_pb2.DeterminismLevel),
+    "determinism": (DETERMINISM_PREFIX, common_pb2.DeterminismLevel),
     "service_class": ("SERVICE_CLASS_", common_pb2.ServiceClass),
     "dataset.mode": ("DATA_MODE_", common_pb2.DataMode),
 }

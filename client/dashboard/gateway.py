@@ -19,10 +19,11 @@ from typing import TypeVar
 
 import grpc
 
-from gearshift.client.sdk import TERMINAL_STATES, Client
+from gearshift.client.sdk import Client
 from gearshift.client.timeline import ProgressPoint
 from gearshift.common.channel import connect
 from gearshift.common.errors import GearshiftError, error_from_rpc
+from gearshift.common.facts import TERMINAL_STATES
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 MAX_SESSIONS = 16

@@ -13,7 +13,7 @@ from typing import Any
 from gearshift.client import timeline
 from gearshift.client.dashboard.gateway import JobHistory
 from gearshift.client.render import event_name, state_name
-from gearshift.client.sdk import TERMINAL_STATES
+from gearshift.common.facts import DETERMINISM_PREFIX, TERMINAL_STATES
 from gearshift.v1 import brain_pb2, common_pb2, scheduler_pb2
 
 Json = dict[str, Any]
@@ -70,7 +70,7 @@ def job_detail(job: scheduler_pb2.Job) -> Json:
         "elastic": [spec.elastic.min_devices, spec.elastic.max_devices],
         "accelerator_types": list(spec.accelerator_types),
         "determinism": common_pb2.DeterminismLevel.Name(spec.determinism).removeprefix(
-            "DETERMINISM_LEVEL_"
+            DETERMINISM_PREFIX
         ),
         "placement": placement(job.placement),
         "digest": job.final_digest,

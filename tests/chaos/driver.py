@@ -29,11 +29,6 @@ from tests.helpers import live_pids
 
 KINDS = ("scheduler", "brain", "shardmanager", "worker", "training", "redis", "postgres")
 WORKERS = (("w1", "cpu:2"), ("w2", "cpu:2"))
-TERMINAL = (
-    common_pb2.JOB_STATE_SUCCEEDED,
-    common_pb2.JOB_STATE_FAILED,
-    common_pb2.JOB_STATE_CANCELLED,
-)
 RESTART_TIMEOUT = 90.0
 
 

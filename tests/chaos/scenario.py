@@ -8,8 +8,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from gearshift.common.facts import TERMINAL_STATES
 from gearshift.v1 import common_pb2, scheduler_pb2
-from tests.chaos.driver import TERMINAL, Chaos, ShardLedger, job_states, submit
+from tests.chaos.driver import Chaos, ShardLedger, job_states, submit
 from tests.e2e.worker_cluster import Cluster, Reference, digits_spec, step_log
 from tests.helpers import wait_until
 
@@ -59,7 +60,7 @@ def run_wave(
         states = job_states(cluster, wave.jobs)
         if states is not None:
             wave.final.update(states)
-        return states is not None and all(j.state in TERMINAL for j in states.values())
+        return states is not None and all(j.state in TERMINAL_STATES for j in states.values())
 
     wait_until(ended, budget, f"every job of {name} ends", interval=0.25)
     return wave
