@@ -8,13 +8,21 @@ import sys
 import pytest
 
 from gearshift.common.errors import ValidationError
+from gearshift.common.facts import DEFAULT_DETERMINISM, DETERMINISM_LEVELS
 from gearshift.worker.run import main
 from gearshift.worker.runtime.settings import (
+    Determinism,
     RunSettings,
     even_mapping,
     parse_mapping,
     placement,
 )
+
+
+def test_the_runtime_levels_are_the_shared_determinism_names() -> None:
+    """The worker passes DETERMINISM_NAMES as --determinism; the runtime must accept each."""
+    assert tuple(level.value for level in Determinism) == DETERMINISM_LEVELS
+    assert RunSettings.determinism == DEFAULT_DETERMINISM  # its default, as the worker's
 
 
 def test_mappings_and_placements() -> None:
