@@ -269,12 +269,14 @@ def test_a_job_restarted_before_its_first_checkpoint_says_it_starts_over(
     told to resume, finds nothing to resume from, starts again at step 0 and says so in the
     job's events (once), and the job still ends."""
     cluster.start([("w1", "cpu:2")])
-    spec = digits_spec("over", 40, ests=2)
-    spec.checkpoint_every_steps = 1000  # never, before the kill
+    spec = digits_spec("over", 300, ests=2)  # long enough to be killed well before its end
+    spec.checkpoint_every_steps = 1000  # never (a job that ends writes one: not killed then)
     with cluster.client() as client:
         job_id = client.submit(spec).job_id
         job_when(client, job_id, lambda j: j.progress.step > 2, "some progress")
-        for pid in training_processes(cluster, "w1"):
+        pids = training_processes(cluster, "w1")
+        assert pids and client.get(job_id).progress.step < 200
+        for pid in pids:
             os.kill(pid, signal.SIGKILL)
         done = client.wait(job_id, timeout=WAIT)
     assert done.state == C.JOB_STATE_SUCCEEDED, done.message + cluster.logs()
