@@ -229,6 +229,7 @@ def run_daemon(
         assert isinstance(server, GrpcServer)
         daemon.on_start(server)
     metrics = endpoint.address if endpoint is not None else ""
+    quiet_collector()  # before "ready": a launcher may signal the daemon from then on
     if config.ready_file:
         _write_ready_file(config.ready_file, server.address, metrics)
     log.info("ready", extra={"service": prog, "address": server.address, "metrics": metrics})
@@ -239,7 +240,6 @@ def run_daemon(
 
     if settings.tokens is not None:
         _reload_on_sighup(settings.tokens)
-    quiet_collector()
     server.serve_until_signal(on_stop=stop_hooks)
     return 0
 
