@@ -11,20 +11,16 @@ import argparse
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from typing import TypeVar
-
-import grpc
+from collections.abc import Sequence
 
 from gearshift.client import render
 from gearshift.client.options import add_token_option
 from gearshift.common.channel import connect
-from gearshift.common.errors import ValidationError, error_from_rpc
+from gearshift.common.errors import ValidationError, typed_call
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2
 
 DEFAULT_BRAIN = "127.0.0.1:50052"
 STATUSES = ("submitted", "running", "succeeded", "failed", "cancelled")
-R = TypeVar("R")
 Record = brain_pb2.JobRecord
 
 
@@ -49,13 +45,6 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rpc-timeout", type=float, default=30.0, help="seconds per call")
 
 
-def _typed(call: Callable[[], R]) -> R:
-    try:
-        return call()
-    except grpc.RpcError as exc:
-        raise error_from_rpc(exc) from None
-
-
 def cmd_history(args: argparse.Namespace) -> int:
     if args.status and args.status not in STATUSES:
         raise ValidationError("--status", f"{args.status!r}: one of {', '.join(STATUSES)}")
@@ -65,7 +54,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         brain = brain_pb2_grpc.BrainStub(channel)
         if args.job:
             request = brain_pb2.GetJobHistoryRequest(job_id=args.job)
-            history = _typed(lambda: brain.GetJobHistory(request))
+            history = typed_call(lambda: brain.GetJobHistory(request))
             if args.json:
                 render.print_json(render.as_dict(history))
             else:
@@ -92,7 +81,7 @@ def list_records(brain: brain_pb2_grpc.BrainStub, args: argparse.Namespace) -> l
                 page_size=min(args.limit - len(records), 100), page_token=token
             ),
         )
-        page = _typed(lambda: brain.ListJobRecords(request))  # noqa: B023 - called at once
+        page = typed_call(lambda: brain.ListJobRecords(request))  # noqa: B023 - called at once
         records.extend(page.jobs)
         token = page.next_page_token
         if not token:

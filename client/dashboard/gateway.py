@@ -13,23 +13,21 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import grpc
 
 from gearshift.client.sdk import Client
 from gearshift.client.timeline import ProgressPoint
 from gearshift.common.channel import connect
-from gearshift.common.errors import GearshiftError, error_from_rpc
+from gearshift.common.errors import GearshiftError, typed_call
 from gearshift.common.facts import TERMINAL_STATES
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 MAX_SESSIONS = 16
 MAX_CACHED_JOBS = 256
 LOG_TIMEOUT_SECONDS = 10.0
-R = TypeVar("R")
 
 
 @dataclass
@@ -63,13 +61,6 @@ class JobHistory:
 
     def copy(self) -> JobHistory:
         return JobHistory(list(self.events), list(self.seen))
-
-
-def _typed(call: Callable[[], R]) -> R:
-    try:
-        return call()
-    except grpc.RpcError as exc:
-        raise error_from_rpc(exc) from None
 
 
 class Gateway:
@@ -170,7 +161,7 @@ class Gateway:
         request = scheduler_pb2.StreamJobLogsRequest(
             job_id=job_id, rank=-1, tail_lines=lines, follow=False
         )
-        return _typed(lambda: list(stub.StreamJobLogs(request, timeout=LOG_TIMEOUT_SECONDS)))
+        return typed_call(lambda: list(stub.StreamJobLogs(request, timeout=LOG_TIMEOUT_SECONDS)))
 
     def brain_samples(self, token: str, job_id: str, limit: int = 1000) -> brain_pb2.JobHistory:
         """The job's runtime samples as the Brain recorded them (GearshiftError if it cannot)."""
@@ -178,4 +169,4 @@ class Gateway:
         if brain is None:
             raise GearshiftError("no Brain address was given (--brain)")
         request = brain_pb2.GetJobHistoryRequest(job_id=job_id, max_samples=limit)
-        return _typed(lambda: brain.GetJobHistory(request, timeout=self.timeout))
+        return typed_call(lambda: brain.GetJobHistory(request, timeout=self.timeout))

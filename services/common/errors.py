@@ -7,9 +7,12 @@ into the same types, so callers on either side catch one family of errors.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import ClassVar, TypeVar
 
 import grpc
+
+R = TypeVar("R")
 
 
 class GearshiftError(Exception):
@@ -152,3 +155,12 @@ def error_from_status(code: grpc.StatusCode | None, details: str) -> GearshiftEr
 def error_from_rpc(exc: grpc.RpcError) -> GearshiftError:
     """The typed error for a failed call, carrying the server's message."""
     return error_from_status(rpc_code(exc), rpc_details(exc))
+
+
+def typed_call(call: Callable[[], R]) -> R:
+    """`call()`, a failed call raised as its typed error (for callers that map errors, not
+    statuses: the CLI's exit codes, the dashboard's pages)."""
+    try:
+        return call()
+    except grpc.RpcError as exc:
+        raise error_from_rpc(exc) from None
