@@ -113,8 +113,13 @@ class Daemon:
 
 
 def job_tokens(config: argparse.Namespace) -> JobTokens | None:
-    """The --job-key-file's tokens; ValidationError names the file."""
-    return load_job_key(Path(config.job_key_file)) if config.job_key_file else None
+    """The --job-key-file's tokens (None without one); ValueError names the flag and file."""
+    if not config.job_key_file:
+        return None
+    try:
+        return load_job_key(Path(config.job_key_file))
+    except ValidationError as exc:
+        raise ValueError(f"--job-key-file: {exc.field}: {exc.problem}") from None
 
 
 def server_settings(config: argparse.Namespace) -> ServerSettings:
@@ -137,8 +142,8 @@ def server_settings(config: argparse.Namespace) -> ServerSettings:
         raise ValueError("--job-key-file needs --tokens-file (job tokens are identities)")
     if config.tokens_file:
         own = {hash_token(config.token): Identity("service")} if config.token else {}
+        jobs = job_tokens(config)
         try:
-            jobs = job_tokens(config)
             tokens = TokenTable(Path(config.tokens_file), extra=own, jobs=jobs)
         except ValidationError as exc:
             raise ValueError(f"--tokens-file: {exc.field}: {exc.problem}") from None

@@ -252,17 +252,13 @@ def build(config: argparse.Namespace) -> Daemon:
             "--tokens-file needs --job-key-file on the scheduler: training processes call "
             "with a token scoped to their job (make a key with: gearshift token job-key)"
         )
-    try:
-        jobs = job_tokens(config)
-    except ValidationError as exc:
-        raise ValueError(f"--job-key-file: {exc.field}: {exc.problem}") from None
     scheduler = Scheduler(
         store,
         settings,
         agents=WorkerAgents(token=token, tls=tls),
         brain=BrainAdvisor(settings.brain_address, token=token, tls=tls),
         datasets=DatasetKeeper(settings.shard_manager_address, token=token, tls=tls),
-        job_tokens=jobs,
+        job_tokens=job_tokens(config),
     )
     scheduler.recover()
     metrics.watch(scheduler.cluster_state, store.job_counts)
