@@ -211,6 +211,7 @@ class Rounds:
                 report = RoundReport(self.round)
                 report.lost_workers = self.registry.detect_lost(now)
                 self.registry.detect_forgotten(now)
+                self._checked_at = now  # the loop need not look again before the interval
                 jobs = [j for j in state.jobs.values() if not j.terminal]
                 types = state.types()
                 asks = [EstimateRequest(j.job_id, j.spec.model_type, _most(j.spec)) for j in jobs]
