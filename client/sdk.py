@@ -20,7 +20,7 @@ import grpc
 from gearshift.common import codepkg
 from gearshift.common.auth import ClientTls
 from gearshift.common.channel import DEFAULT_TIMEOUT_SECONDS, connect
-from gearshift.common.errors import DeadlineExceededError, error_from_rpc, rpc_code
+from gearshift.common.errors import DeadlineExceededError, error_from_rpc, rpc_code, typed_call
 from gearshift.common.facts import TERMINAL_STATES
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
@@ -46,10 +46,7 @@ class CodeUpload:
 def _typed_errors(fn: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(fn)
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return fn(*args, **kwargs)
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc) from None
+        return typed_call(lambda: fn(*args, **kwargs))
 
     return call
 
