@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gearshift.client.devcluster import ClusterConfig, DevCluster
+from gearshift.client.devcluster import ClusterConfig, DevCluster, parse_workers
 from gearshift.client.sdk import Client
 from gearshift.v1 import common_pb2, scheduler_pb2
 
@@ -139,7 +139,7 @@ def rescaled_run(cluster: DevCluster, client: Client, steps: int) -> tuple[S.Job
         return check
 
     _wait("the job trains on w1", reached(at[0], 0))
-    cluster.start_worker("cpu", 2, timeout=120)  # rescale 1: 2 -> 4 devices
+    cluster.add_worker("cpu:2", timeout=120)  # rescale 1: 2 -> 4 devices
     _wait("the job grows", reached(at[1], 1))
     other = client.submit(spec("newcomer", 10**6, ests=1)).job_id  # rescale 2: 4 -> 2
     _wait("the job shrinks", reached(at[2], 2))
@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         cluster = DevCluster(
             ClusterConfig(
-                run_dir=root / "cluster", base_port=0, workers=[("cpu", 2)],
+                run_dir=root / "cluster", base_port=0, workers=parse_workers("cpu:2"),
                 redis_url=args.redis_url, round_seconds=1.0, heartbeat_interval=0.5,
                 heartbeat_timeout=10.0, report_interval=0.5,
             )

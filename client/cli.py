@@ -21,6 +21,7 @@ from gearshift.client.devcluster import (
     DEFAULT_DASHBOARD,
     DEFAULT_WORKERS,
     ClusterConfig,
+    ClusterTls,
     DevCluster,
     dashboard_installed,
     environment_hint,
@@ -28,7 +29,7 @@ from gearshift.client.devcluster import (
 )
 from gearshift.client.history import add_options as add_history_options
 from gearshift.client.history import cmd_history
-from gearshift.client.options import add_scheduler_options
+from gearshift.client.options import add_scheduler_options, add_tls_options
 from gearshift.client.processes import DaemonError, http_status
 from gearshift.client.render import parse_states, table
 from gearshift.common.errors import ValidationError
@@ -46,9 +47,34 @@ def cmd_simulate(argv: Sequence[str]) -> int:
     return subprocess.call([sys.executable, "-m", SIMULATOR_MODULE, *argv])
 
 
+def cluster_tls(args: argparse.Namespace) -> ClusterTls | None:
+    """`gearshift up`'s TLS flags: none, or at least a certificate, its key and a CA."""
+    given = {
+        flag: getattr(args, flag[2:].replace("-", "_"))
+        for flag in ("--tls-cert", "--tls-key", "--tls-ca", "--tls-client-ca")
+    }
+    if not any(given.values()):
+        return None
+    for flag, value in given.items():
+        if not value and flag != "--tls-client-ca":
+            raise ValidationError(
+                flag, "is required for TLS (with --tls-cert, --tls-key, --tls-ca)"
+            )
+        if value and not Path(value).is_file():
+            raise ValidationError(flag, f"{value} is not a file")
+    client_ca = given["--tls-client-ca"]
+    return ClusterTls(
+        Path(given["--tls-cert"]).resolve(),
+        Path(given["--tls-key"]).resolve(),
+        Path(given["--tls-ca"]).resolve(),
+        Path(client_ca).resolve() if client_ca else None,
+    )
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     try:
         workers = parse_workers(args.workers)
+        tls = cluster_tls(args)
     except ValidationError as exc:
         print(f"gearshift up: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
@@ -63,6 +89,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         round_seconds=args.round_seconds,
         token=args.token,
         dashboard=args.dashboard if dashboard_installed() else "",
+        tls=tls,
     )
     cluster = DevCluster(config)
     if args.dashboard and not config.dashboard:
@@ -77,8 +104,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         "redis": lambda _: "-",
         "dashboard": lambda url: http_status(url + "healthz"),
     }
+
+    def grpc_health(address: str) -> str:
+        return health_status(address, tls=cluster.client_tls)
+
     rows = [
-        (r.name, r.address, health.get(r.name, health_status)(r.address), r.metrics, r.log)
+        (r.name, r.address, health.get(r.name, grpc_health)(r.address), r.metrics, r.log)
         for r in cluster.rows()
     ]
     print(table(rows, ("SERVICE", "ADDRESS", "HEALTH", "METRICS", "LOG")))
@@ -87,7 +118,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"{sum(r[2] == 'SERVING' for r in daemons)}/{len(cluster.daemons)} daemons healthy.")
     if cluster.dashboard_url:
         print(f"Dashboard: {cluster.dashboard_url}")
-    hint = environment_hint(cluster.address("scheduler"))
+    hint = environment_hint(cluster.address("scheduler"), cluster.client_tls)
     if hint:
         print(f"For the other commands: {hint}")
     if args.check or not healthy:
@@ -266,6 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the web dashboard listens (default %(default)s; any free port with "
         "--base-port 0; empty: no dashboard)",
     )
+    for flag, what in (
+        ("--tls-cert", "PEM certificate every daemon serves and presents to the others (TLS)"),
+        ("--tls-key", "PEM private key of --tls-cert"),
+        ("--tls-ca", "PEM CA that signed --tls-cert: what the daemons and this launcher trust"),
+        ("--tls-client-ca", "PEM CA whose certificates clients must present (mTLS; optional)"),
+    ):
+        up.add_argument(flag, default="", metavar="FILE", help=what)
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each daemon")
     up.add_argument(
         "--check", action="store_true", help="start, print health, stop (exit 0 if all healthy)"
@@ -290,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("addresses", nargs="+", metavar="HOST:PORT")
     health.add_argument("--timeout", type=float, default=2.0, help="seconds per daemon")
     health.add_argument("--json", action="store_true", help="print JSON")
+    add_tls_options(health)
     health.set_defaults(func=commands.cmd_health)
 
     token = sub.add_parser(

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gearshift.client import render
+from gearshift.client.options import client_tls
 from gearshift.client.run_spec import RunOptions, run_job
 from gearshift.client.sdk import Client, JobEvent
 from gearshift.client.spec import JobFile, load_job
@@ -60,7 +61,7 @@ def _outcome(job_state: int) -> int:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return Client(args.address, args.token or None, timeout=args.rpc_timeout)
+    return Client(args.address, args.token or None, tls=client_tls(args), timeout=args.rpc_timeout)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -227,7 +228,11 @@ def cmd_token_job_key(args: argparse.Namespace) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    rows = [(address, health_status(address, timeout=args.timeout)) for address in args.addresses]
+    tls = client_tls(args)
+    rows = [
+        (address, health_status(address, tls=tls, timeout=args.timeout))
+        for address in args.addresses
+    ]
     if args.json:
         render.print_json({address: status for address, status in rows})
     else:

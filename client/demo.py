@@ -29,7 +29,7 @@ from pathlib import Path
 from google.protobuf import json_format
 
 from gearshift.client import render
-from gearshift.client.devcluster import ClusterConfig, DevCluster
+from gearshift.client.devcluster import ClusterConfig, DevCluster, parse_workers
 from gearshift.client.sdk import Client
 from gearshift.v1 import common_pb2, scheduler_pb2
 
@@ -137,7 +137,7 @@ def run(run_dir: Path, steps: int, timeout: float) -> int:
         shutil.rmtree(run_dir)
     started = time.monotonic()
     config = ClusterConfig(
-        run_dir=run_dir, base_port=0, workers=[("v100", 2), ("t4", 2)], round_seconds=2.0,
+        run_dir=run_dir, base_port=0, workers=parse_workers("v100:2,t4:2"), round_seconds=2.0,
         heartbeat_interval=0.5, heartbeat_timeout=5.0, log_level="warning",
     )  # fmt: skip
     say("[1/5] starting the dev cluster: Redis, Brain, shard manager, scheduler, 2 workers")

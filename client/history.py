@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 
 from gearshift.client import render
-from gearshift.client.options import add_token_option
+from gearshift.client.options import add_tls_options, add_token_option, client_tls
 from gearshift.common.channel import connect
 from gearshift.common.errors import ValidationError, typed_call
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2
@@ -38,6 +38,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         help="Brain host:port [env GEARSHIFT_BRAIN] (default %(default)s)",
     )
     add_token_option(parser, "bearer token (an admin's or a service's)")
+    add_tls_options(parser)
     parser.add_argument("--tenant", default="", help="only this tenant's jobs")
     parser.add_argument("--status", default="", help=f"only jobs {'/'.join(STATUSES)}")
     parser.add_argument("--limit", type=int, default=50, help="jobs to show (default 50)")
@@ -50,7 +51,10 @@ def cmd_history(args: argparse.Namespace) -> int:
         raise ValidationError("--status", f"{args.status!r}: one of {', '.join(STATUSES)}")
     if args.limit < 1:
         raise ValidationError("--limit", "must be >= 1")
-    with connect(args.brain, token=args.token or None, timeout=args.rpc_timeout) as channel:
+    tls = client_tls(args)
+    with connect(
+        args.brain, token=args.token or None, tls=tls, timeout=args.rpc_timeout
+    ) as channel:
         brain = brain_pb2_grpc.BrainStub(channel)
         if args.job:
             request = brain_pb2.GetJobHistoryRequest(job_id=args.job)

@@ -1,9 +1,13 @@
-"""Options the client's commands share: where the scheduler is, and its bearer token."""
+"""Options the client's commands share: where the scheduler is, its bearer token, and TLS."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
+
+from gearshift.common.auth import CA_VARIABLE, CERT_VARIABLE, KEY_VARIABLE, ClientTls
+from gearshift.common.errors import ValidationError
 
 DEFAULT_SCHEDULER = "127.0.0.1:50051"
 
@@ -11,13 +15,14 @@ DEFAULT_SCHEDULER = "127.0.0.1:50051"
 def add_scheduler_options(
     parser: argparse.ArgumentParser, *, token_help: str = "bearer token", timeout: float = 30.0
 ) -> None:
-    """--address (GEARSHIFT_SCHEDULER), --token (GEARSHIFT_TOKEN) and --rpc-timeout."""
+    """--address (GEARSHIFT_SCHEDULER), --token (GEARSHIFT_TOKEN), TLS and --rpc-timeout."""
     parser.add_argument(
         "--address",
         default=os.environ.get("GEARSHIFT_SCHEDULER", DEFAULT_SCHEDULER),
         help="scheduler host:port [env GEARSHIFT_SCHEDULER] (default %(default)s)",
     )
     add_token_option(parser, token_help)
+    add_tls_options(parser)
     parser.add_argument(
         "--rpc-timeout",
         type=float,
@@ -32,4 +37,38 @@ def add_token_option(parser: argparse.ArgumentParser, token_help: str = "bearer 
         "--token",
         default=os.environ.get("GEARSHIFT_TOKEN", ""),
         help=f"{token_help} [env GEARSHIFT_TOKEN]",
+    )
+
+
+def add_tls_options(parser: argparse.ArgumentParser) -> None:
+    """--tls-ca, --tls-cert, --tls-key (GEARSHIFT_TLS_*): how to call daemons that serve TLS."""
+    for flag, variable, what in (
+        ("--tls-ca", CA_VARIABLE, "PEM CA that signed the daemons' certificates: calls use TLS"),
+        ("--tls-cert", CERT_VARIABLE, "PEM client certificate, for daemons that require mTLS"),
+        ("--tls-key", KEY_VARIABLE, "PEM private key of --tls-cert"),
+    ):
+        parser.add_argument(
+            flag, default=os.environ.get(variable, ""), help=f"{what} [env {variable}]"
+        )
+
+
+def client_tls(args: argparse.Namespace) -> ClientTls | None:
+    """The TLS settings of add_tls_options (None: plaintext); a missing file is named."""
+    if not args.tls_ca:
+        if args.tls_cert or args.tls_key:
+            raise ValidationError("--tls-ca", "is required with --tls-cert / --tls-key")
+        return None
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValidationError("--tls-cert", "and --tls-key must be given together")
+    for flag, value in (
+        ("--tls-ca", args.tls_ca),
+        ("--tls-cert", args.tls_cert),
+        ("--tls-key", args.tls_key),
+    ):
+        if value and not Path(value).is_file():
+            raise ValidationError(flag, f"{value} is not a file")
+    return ClientTls(
+        Path(args.tls_ca),
+        Path(args.tls_cert) if args.tls_cert else None,
+        Path(args.tls_key) if args.tls_key else None,
     )

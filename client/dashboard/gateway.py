@@ -20,6 +20,7 @@ import grpc
 
 from gearshift.client.sdk import Client
 from gearshift.client.timeline import ProgressPoint
+from gearshift.common.auth import ClientTls
 from gearshift.common.channel import connect
 from gearshift.common.errors import GearshiftError, typed_call
 from gearshift.common.facts import TERMINAL_STATES
@@ -67,9 +68,15 @@ class Gateway:
     """What the pages need from the scheduler (and the Brain), by token."""
 
     def __init__(
-        self, scheduler: str, brain: str = "", default_token: str = "", timeout: float = 10.0
+        self,
+        scheduler: str,
+        brain: str = "",
+        default_token: str = "",
+        timeout: float = 10.0,
+        tls: ClientTls | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.tls = tls
         self.brain = brain
         self.default_token = default_token
         self.timeout = timeout
@@ -91,11 +98,13 @@ class Gateway:
             return session
 
     def _open(self, token: str) -> Session:
-        client = Client(self.scheduler, token or None, timeout=self.timeout)
-        channel = connect(self.scheduler, token=token or None, timeout=self.timeout)
+        client = Client(self.scheduler, token or None, tls=self.tls, timeout=self.timeout)
+        channel = connect(self.scheduler, token=token or None, tls=self.tls, timeout=self.timeout)
         session = Session(client, channel, scheduler_pb2_grpc.JobServiceStub(channel))
         if self.brain:
-            session.brain_channel = connect(self.brain, token=token or None, timeout=self.timeout)
+            session.brain_channel = connect(
+                self.brain, token=token or None, tls=self.tls, timeout=self.timeout
+            )
             session.brain = brain_pb2_grpc.BrainStub(session.brain_channel)
         return session
 

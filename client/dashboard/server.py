@@ -16,7 +16,9 @@ import uvicorn
 from gearshift.client.dashboard.app import create_app
 from gearshift.client.dashboard.gateway import Gateway
 from gearshift.client.dashboard.options import add_options
+from gearshift.client.options import client_tls
 from gearshift.common.config import host_port
+from gearshift.common.errors import ValidationError
 
 
 def bind(listen: str) -> socket.socket:
@@ -40,13 +42,18 @@ def bind(listen: str) -> socket.socket:
 def serve(args: argparse.Namespace) -> int:
     """Serve until a signal; exit code 0, or 2 when the address cannot be used."""
     try:
+        tls = client_tls(args)
+    except ValidationError as exc:
+        print(f"gearshift dashboard: {exc.message}", file=sys.stderr)
+        return 2
+    try:
         sock = bind(args.listen)
     except (ValueError, OSError) as exc:
         print(f"gearshift dashboard: cannot listen on {args.listen}: {exc}", file=sys.stderr)
         return 2
     host, port = sock.getsockname()[:2]
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    gateway = Gateway(args.address, args.brain, args.token, timeout=args.rpc_timeout)
+    gateway = Gateway(args.address, args.brain, args.token, timeout=args.rpc_timeout, tls=tls)
     config = uvicorn.Config(create_app(gateway), log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     if args.ready_file:

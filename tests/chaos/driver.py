@@ -19,16 +19,16 @@ from pathlib import Path
 
 import grpc
 
+from gearshift.client.devcluster import SERVICES, DevCluster
 from gearshift.client.sdk import Client
 from gearshift.common.channel import connect
 from gearshift.common.errors import DeadlineExceededError, UnavailableError
 from gearshift.v1 import common_pb2, scheduler_pb2, shardmanager_pb2, shardmanager_pb2_grpc
 from tests.chaos.services import PrivatePostgres, PrivateRedis
-from tests.e2e.worker_cluster import Cluster, ready
+from tests.e2e.worker_cluster import WORKERS, e2e_cluster, started
 from tests.helpers import live_pids
 
 KINDS = ("scheduler", "brain", "shardmanager", "worker", "training", "redis", "postgres")
-WORKERS = (("w1", "cpu:2"), ("w2", "cpu:2"))
 RESTART_TIMEOUT = 90.0
 
 
@@ -36,7 +36,7 @@ RESTART_TIMEOUT = 90.0
 class Site:
     """The daemons of a chaos run and the PostgreSQL and Redis of its own under them."""
 
-    cluster: Cluster
+    cluster: DevCluster
     postgres: PrivatePostgres
     redis: PrivateRedis
 
@@ -46,28 +46,29 @@ def chaos_site(root: Path, *, max_restarts: int = 1000) -> Iterator[Site]:
     """A started cluster on a fresh PostgreSQL and Redis; everything stopped afterwards."""
     postgres = PrivatePostgres()
     redis = PrivateRedis(root / "redis")
-    cluster = Cluster(
-        root / "cluster",
+    cluster = e2e_cluster(
+        root,
         postgres.url,
         redis.url,
-        scheduler_args=["--max-restarts", str(max_restarts)],
+        workers=WORKERS,
+        flags={"scheduler": ["--max-restarts", str(max_restarts)]},
     )
     try:
         postgres.start()
         redis.start()
-        cluster.start(WORKERS)
+        started(cluster)
         yield Site(cluster, postgres, redis)
     finally:
-        cluster.close()
+        cluster.stop()
         redis.close()
         postgres.close()
 
 
-def training_pids(cluster: Cluster, job_id: str = "") -> list[int]:
+def training_pids(cluster: DevCluster, job_id: str = "") -> list[int]:
     """Live training processes of the cluster's workers (of one job, if given). A spawned
     rank runs `gearshift.worker.run`; a forked one keeps the zygote's command line."""
     return live_pids(
-        (cluster.root / "work").glob(f"*/tasks/{job_id}*/rank*.pid"),
+        cluster.work_root.glob(f"*/tasks/{job_id}*/rank*.pid"),
         (b"gearshift.worker.run", b"gearshift.worker.zygote"),
     )
 
@@ -97,25 +98,12 @@ class Chaos:
     def strike(self, kind: str) -> str:
         """Kill one `kind` and start it again; what was done, in words."""
         c = self.site.cluster
-        if kind == "scheduler":
-            assert c.scheduler is not None
-            c.scheduler.kill()
-            ready([c.start_scheduler()], RESTART_TIMEOUT)
-            return "scheduler"
-        if kind == "brain":
-            assert c.brain is not None
-            c.brain.kill()
-            ready([c.start_brain()], RESTART_TIMEOUT)
-            return "brain"
-        if kind == "shardmanager":
-            assert c.shards is not None
-            c.shards.kill()
-            ready([c.start_shard_manager()], RESTART_TIMEOUT)
-            return "shard manager"
+        if kind in SERVICES:
+            c.restart(kind, kill=True, timeout=RESTART_TIMEOUT)
+            return "shard manager" if kind == "shardmanager" else kind
         if kind == "worker":
-            worker_id, devices = self.rng.choice(WORKERS)
-            c.workers[worker_id].kill()
-            c.add_worker(worker_id, devices)
+            worker_id, _ = self.rng.choice(WORKERS)
+            c.restart(worker_id, kill=True, timeout=RESTART_TIMEOUT)
             return f"worker {worker_id}"
         if kind == "training":
             focused = sorted(training_pids(c, self.focus)) if self.focus else []
@@ -164,21 +152,21 @@ class Chaos:
             thread.join(RESTART_TIMEOUT * 2)
 
 
-def job_states(cluster: Cluster, job_ids: list[str]) -> dict[str, scheduler_pb2.Job] | None:
+def job_states(cluster: DevCluster, job_ids: list[str]) -> dict[str, scheduler_pb2.Job] | None:
     """Every job as the scheduler has it now, or None while it is down."""
     try:
-        with Client(f"127.0.0.1:{cluster.scheduler_port}", timeout=5) as client:
+        with Client(cluster.address("scheduler"), timeout=5) as client:
             return {job_id: client.get(job_id) for job_id in job_ids}
     except (UnavailableError, DeadlineExceededError):
         return None
 
 
-def submit(cluster: Cluster, spec: common_pb2.JobSpec) -> str:
+def submit(cluster: DevCluster, spec: common_pb2.JobSpec) -> str:
     """Submit, retrying while the scheduler is being restarted."""
     deadline = time.monotonic() + RESTART_TIMEOUT
     while True:
         try:
-            with Client(f"127.0.0.1:{cluster.scheduler_port}", timeout=10) as client:
+            with Client(cluster.address("scheduler"), timeout=10) as client:
                 return client.submit(spec).job_id
         except UnavailableError:
             if time.monotonic() > deadline:
@@ -191,15 +179,14 @@ class ShardLedger:
     """The dynamic job's shard accounting, read from the shard manager while the job runs
     (its dataset is deleted when the job ends): per epoch, the newest progress seen."""
 
-    cluster: Cluster
+    cluster: DevCluster
     dataset_id: str
     epochs: dict[int, shardmanager_pb2.EpochProgress] = field(default_factory=dict)
     num_shards: int = 0
     size: int = 0
 
     def poll(self) -> None:
-        port = self.cluster.shards_port
-        with connect(f"127.0.0.1:{port}") as channel:
+        with connect(self.cluster.address("shardmanager")) as channel:
             stub = shardmanager_pb2_grpc.ShardManagerStub(channel)
             request = shardmanager_pb2.DescribeDatasetRequest(dataset_id=self.dataset_id)
             try:

@@ -8,10 +8,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from gearshift.client.devcluster import DevCluster
 from gearshift.common.facts import TERMINAL_STATES
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.chaos.driver import Chaos, ShardLedger, job_states, submit
-from tests.e2e.worker_cluster import Cluster, Reference, digits_spec, step_log
+from tests.e2e.worker_cluster import Reference, digits_spec, step_log
 from tests.helpers import wait_until
 
 EST_JOBS = 4
@@ -31,14 +32,12 @@ class Wave:
         return [*self.est_jobs, self.dynamic_job]
 
 
-def released(cluster: Cluster, job_id: str) -> int:
-    """Shards the schedulers (every incarnation) put back from the job's dead holders."""
+def released(cluster: DevCluster, job_id: str) -> int:
+    """Shards the schedulers (every incarnation: a restart appends to the log) put back
+    from the job's dead holders."""
     pattern = re.compile(rf"holders released job_id={job_id} requeued=(\d+)")
-    return sum(
-        int(found)
-        for log in (cluster.root / "run").glob("*-scheduler/scheduler.log")
-        for found in pattern.findall(log.read_text())
-    )
+    log = cluster.logs / "scheduler.log"
+    return sum(int(found) for found in pattern.findall(log.read_text()))
 
 
 def run_wave(
@@ -66,7 +65,7 @@ def run_wave(
     return wave
 
 
-def problems(wave: Wave, cluster: Cluster, ref: Reference, dynamic_steps: int) -> list[str]:
+def problems(wave: Wave, cluster: DevCluster, ref: Reference, dynamic_steps: int) -> list[str]:
     """What went wrong with the wave's jobs: nothing, when they held up."""
     found = []
     for job_id in wave.jobs:

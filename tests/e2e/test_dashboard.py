@@ -26,7 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gearshift.client.demo import cnn_spec, other_spec
-from gearshift.client.devcluster import ClusterConfig, DevCluster
+from gearshift.client.devcluster import ClusterConfig, DevCluster, parse_workers
 from gearshift.client.sdk import Client
 from gearshift.v1 import common_pb2
 from tests.helpers import wait_until
@@ -48,7 +48,7 @@ DAEMONS = ("scheduler", "brain", "shardmanager", "worker-1", "worker-2")
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[DevCluster]:
     config = ClusterConfig(
-        run_dir=tmp_path / "cluster", base_port=0, workers=[("v100", 2), ("t4", 2)],
+        run_dir=tmp_path / "cluster", base_port=0, workers=parse_workers("v100:2,t4:2"),
         round_seconds=2.0, heartbeat_interval=0.5, heartbeat_timeout=5.0, token=TOKEN,
         dashboard="127.0.0.1:0", log_level="warning",
     )  # fmt: skip

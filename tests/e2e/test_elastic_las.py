@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from gearshift.client.devcluster import DevCluster
 from gearshift.v1 import common_pb2, scheduler_pb2
-from tests.e2e.worker_cluster import Cluster, digits_spec, reference
+from tests.e2e.worker_cluster import client_of, digits_spec, e2e_cluster, reference, started
 
 C = common_pb2
 S = scheduler_pb2
@@ -21,19 +22,19 @@ WAIT = 300.0
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[Cluster]:
-    cluster = Cluster(
-        tmp_path, postgres_db, redis_url, scheduler_args=["--policy", "las", "--elastic"]
+def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevCluster]:
+    cluster = e2e_cluster(
+        tmp_path, postgres_db, redis_url, flags={"scheduler": ["--policy", "las", "--elastic"]}
     )
     try:
         yield cluster
     finally:
-        cluster.close()
+        cluster.stop()
 
 
-def placements(cluster: Cluster, job_id: str) -> list[dict[str, int]]:
+def placements(cluster: DevCluster, job_id: str) -> list[dict[str, int]]:
     """Devices by type of every placement the job ran on, in order."""
-    with cluster.client() as client:
+    with client_of(cluster) as client:
         out = []
         for event in client.watch(job_id):
             if event.placement.processes:
@@ -46,29 +47,29 @@ def placements(cluster: Cluster, job_id: str) -> list[dict[str, int]]:
 
 @pytest.mark.slow
 def test_elastic_las_shares_grows_and_keeps_the_bits(
-    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+    cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     base = tmp_path_factory.getbasetemp()
     shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "gs-ref"
     d1_ref = reference(shared, STEPS, ests=2)
     d2_ref = reference(shared, STEPS, ests=4, determinism="D2")
-    cluster.start([("w1", "v100:3"), ("w2", "t4:1")])
+    started(cluster, [("w1", "v100:3"), ("w2", "t4:1")])
     d1 = digits_spec("d1", STEPS, ests=2)
     d1.accelerator_types.append("v100")
     d2 = digits_spec("d2", STEPS, ests=4)
     d2.determinism = C.DETERMINISM_LEVEL_D2
     third = digits_spec("third", 40, ests=2)
     third.accelerator_types.append("v100")
-    with cluster.client() as client:
+    with client_of(cluster) as client:
         third_id = client.submit(third).job_id
         d1_id = client.submit(d1).job_id
         d2_id = client.submit(d2).job_id
         done = client.wait(third_id, timeout=WAIT)
-        assert done.state == C.JOB_STATE_SUCCEEDED, done.message + cluster.logs()
+        assert done.state == C.JOB_STATE_SUCCEEDED, done.message + cluster.log_tails()
         jobs = {j: client.wait(j, timeout=WAIT) for j in (d1_id, d2_id)}
     for job_id, ref in ((d1_id, d1_ref), (d2_id, d2_ref)):
         job = jobs[job_id]
-        assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.logs()
+        assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.log_tails()
         assert job.final_digest == ref.digest, job_id
     d1_runs, d2_runs = placements(cluster, d1_id), placements(cluster, d2_id)
     assert all(list(p) == ["v100"] for p in d1_runs), d1_runs  # D1: one type, all its life

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.client.devcluster import ClusterConfig, DevCluster
+from gearshift.client.devcluster import ClusterConfig, DevCluster, parse_workers
 from gearshift.client.sdk import Client
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.helpers import wait_until
@@ -67,7 +67,7 @@ TRAIN_PY = textwrap.dedent(
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[DevCluster]:
     config = ClusterConfig(
-        run_dir=tmp_path / "cluster", base_port=0, workers=[("cpu", 2), ("cpu", 1), ("cpu", 1)],
+        run_dir=tmp_path / "cluster", base_port=0, workers=parse_workers("cpu:2,cpu:1,cpu:1"),
         round_seconds=1.0, heartbeat_interval=0.5, heartbeat_timeout=5.0, token=TOKEN,
         log_level="warning",
     )  # fmt: skip

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.client.devcluster import ClusterConfig, DevCluster
+from gearshift.client.devcluster import ClusterConfig, DevCluster, parse_workers
 
 
 @pytest.mark.slow
 def test_quickstart_runs_against_gearshift_up(tmp_path: Path) -> None:
     config = ClusterConfig(
-        run_dir=tmp_path / "cluster", base_port=0, workers=[("v100", 2)], round_seconds=1.0,
-        heartbeat_interval=0.5, heartbeat_timeout=5.0, log_level="warning",
+        run_dir=tmp_path / "cluster", base_port=0, workers=parse_workers("v100:2"),
+        round_seconds=1.0, heartbeat_interval=0.5, heartbeat_timeout=5.0, log_level="warning",
     )  # fmt: skip
     with DevCluster(config) as cluster:
         result = subprocess.run(

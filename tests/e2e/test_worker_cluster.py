@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gearshift.client.devcluster import DevCluster
 from gearshift.client.sdk import Client
 from gearshift.common.channel import connect
 from gearshift.v1 import (
@@ -30,15 +31,18 @@ from gearshift.v1 import (
 )
 from tests.e2e.worker_cluster import (
     CHECKPOINT_EVERY,
-    Cluster,
+    READY_TIMEOUT,
     Reference,
+    client_of,
     digits_spec,
-    ready,
+    e2e_cluster,
     reference,
     running_on,
+    started,
     step_log,
     step_sequence,
     training_processes,
+    worker_tasks,
 )
 from tests.helpers import wait_until
 
@@ -51,12 +55,12 @@ ACTIVE_TASK = (C.TASK_STATE_STARTING, C.TASK_STATE_RUNNING, C.TASK_STATE_STOPPIN
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path, postgres_db, redis_url)
+def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevCluster]:
+    cluster = e2e_cluster(tmp_path, postgres_db, redis_url)
     try:
         yield cluster
     finally:
-        cluster.close()
+        cluster.stop()
 
 
 @pytest.fixture
@@ -66,8 +70,8 @@ def ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     return reference(shared / "gearshift-worker-reference", STEPS)
 
 
-def events(cluster: Cluster, job_id: str) -> list[S.JobEvent]:
-    with cluster.client() as client:
+def events(cluster: DevCluster, job_id: str) -> list[S.JobEvent]:
+    with client_of(cluster) as client:
         return list(client.watch(job_id))
 
 
@@ -75,7 +79,7 @@ def kinds(evs: list[S.JobEvent]) -> list[str]:
     return [S.JobEventType.Name(e.type).removeprefix("JOB_EVENT_TYPE_") for e in evs]
 
 
-def assert_same_steps(cluster: Cluster, job_id: str, ref: Reference) -> list[int]:
+def assert_same_steps(cluster: DevCluster, job_id: str, ref: Reference) -> list[int]:
     """Every step ran, each with the reference's per-EST loss bits; returns the sequence."""
     path = cluster.checkpoint_root / job_id / "steps.jsonl"
     assert step_log(path) == ref.losses
@@ -94,9 +98,8 @@ def job_when(client: Client, job_id: str, ready: Callable[[S.Job], bool], what: 
     return found
 
 
-def dataset(cluster: Cluster, dataset_id: str) -> shardmanager_pb2.Dataset | None:
-    assert cluster.shards is not None
-    with connect(cluster.shards.address) as channel:
+def dataset(cluster: DevCluster, dataset_id: str) -> shardmanager_pb2.Dataset | None:
+    with connect(cluster.address("shardmanager")) as channel:
         stub = shardmanager_pb2_grpc.ShardManagerStub(channel)
         try:
             return stub.DescribeDataset(
@@ -107,26 +110,27 @@ def dataset(cluster: Cluster, dataset_id: str) -> shardmanager_pb2.Dataset | Non
             return None
 
 
-def test_a_job_ends_with_the_digest_of_a_fixed_placement(cluster: Cluster, ref: Reference) -> None:
-    cluster.start()
-    with cluster.client() as client:
+def test_a_job_ends_with_the_digest_of_a_fixed_placement(
+    cluster: DevCluster, ref: Reference
+) -> None:
+    started(cluster)
+    with client_of(cluster) as client:
         job_id = client.submit(digits_spec("digits", STEPS)).job_id
         # Its data comes from the shard manager, in deterministic mode, one rank per EST.
         data = wait_until(lambda: dataset(cluster, job_id), WAIT, "the job's dataset exists")
         assert data is not None
         assert data.config.mode == C.DATA_MODE_DETERMINISTIC and data.config.num_ranks == 4
         job = client.wait(job_id, timeout=WAIT)
-    assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.logs()
+    assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.log_tails()
     assert job.final_digest == ref.digest
     assert job.progress.step == STEPS
     assert assert_same_steps(cluster, job_id, ref) == list(range(1, STEPS + 1))
     history = kinds(events(cluster, job_id))
     assert history[:2] == ["SUBMITTED", "STARTED"] and history[-1] == "SUCCEEDED"
-    started = next(e for e in events(cluster, job_id) if e.type == S.JOB_EVENT_TYPE_STARTED)
-    assert running_on(S.Job(placement=started.placement)) == {"w1": 2, "w2": 2}
+    began = next(e for e in events(cluster, job_id) if e.type == S.JOB_EVENT_TYPE_STARTED)
+    assert running_on(S.Job(placement=began.placement)) == {"w1": 2, "w2": 2}
     # Rank 0 reported runtime samples to the Brain.
-    assert cluster.brain is not None
-    with connect(cluster.brain.address) as channel:
+    with connect(cluster.address("brain")) as channel:
         brain = brain_pb2_grpc.BrainStub(channel)
         samples = brain.GetJobHistory(brain_pb2.GetJobHistoryRequest(job_id=job_id)).samples
     assert samples and samples[-1].step > 0 and samples[-1].steps_per_second > 0
@@ -136,9 +140,11 @@ def test_a_job_ends_with_the_digest_of_a_fixed_placement(cluster: Cluster, ref: 
     wait_until(lambda: dataset(cluster, job_id) is None, WAIT, "the dataset is deleted")
 
 
-def test_a_job_rescaled_twice_ends_with_the_same_digest(cluster: Cluster, ref: Reference) -> None:
-    cluster.start()
-    with cluster.client() as client:
+def test_a_job_rescaled_twice_ends_with_the_same_digest(
+    cluster: DevCluster, ref: Reference
+) -> None:
+    started(cluster)
+    with client_of(cluster) as client:
         big = client.submit(digits_spec("big", STEPS)).job_id
         wait_until(lambda: client.get(big).progress.step >= 5, WAIT, "the big job trains")
         # A newcomer takes devices (the big job shrinks), then leaves (it grows again).
@@ -152,7 +158,7 @@ def test_a_job_rescaled_twice_ends_with_the_same_digest(cluster: Cluster, ref: R
         job_when(client, small, lambda j: j.state == C.JOB_STATE_RUNNING, "the newcomer runs")
         client.cancel(small, reason="leaving")
         job = client.wait(big, timeout=WAIT)
-    assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.logs()
+    assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.log_tails()
     assert job.rescale_count >= 2
     history = kinds(events(cluster, big))
     assert history.count("RESCALED") >= 2 and history.count("CHECKPOINTED") >= 2
@@ -162,15 +168,15 @@ def test_a_job_rescaled_twice_ends_with_the_same_digest(cluster: Cluster, ref: R
     assert_same_steps(cluster, big, ref)
 
 
-def test_a_killed_worker_loses_no_sample(cluster: Cluster, ref: Reference) -> None:
-    cluster.start()
-    with cluster.client() as client:
+def test_a_killed_worker_loses_no_sample(cluster: DevCluster, ref: Reference) -> None:
+    started(cluster)
+    with client_of(cluster) as client:
         job_id = client.submit(digits_spec("survivor", STEPS)).job_id
         job = job_when(client, job_id, lambda j: j.progress.step > CHECKPOINT_EVERY, "a checkpoint")
         victim = job.placement.processes[0].worker_id  # rank 0's worker: the rendezvous too
-        (task,) = [t for t in cluster.worker_tasks(victim) if t.state in ACTIVE_TASK]
+        (task,) = [t for t in worker_tasks(cluster, victim) if t.state in ACTIVE_TASK]
         assert training_processes(cluster, victim, task.task_id)
-        cluster.workers[victim].kill()
+        cluster.daemons[victim].kill()
         # Its training processes die with it, as on a lost node.
         wait_until(
             lambda: not training_processes(cluster, victim, task.task_id),
@@ -179,7 +185,7 @@ def test_a_killed_worker_loses_no_sample(cluster: Cluster, ref: Reference) -> No
         )
         job = client.wait(job_id, timeout=WAIT)
         state = client.cluster()
-    assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.logs()
+    assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.log_tails()
     assert job.final_digest == ref.digest
     assert {w.worker_id: w.alive for w in state.workers}[victim] is False
     # It started again elsewhere, from its last checkpoint: every step after the last step
@@ -195,23 +201,20 @@ def test_a_killed_worker_loses_no_sample(cluster: Cluster, ref: Reference) -> No
 
 
 def test_a_restarted_scheduler_and_shard_manager_lose_nothing(
-    cluster: Cluster, ref: Reference
+    cluster: DevCluster, ref: Reference
 ) -> None:
-    cluster.start()
-    with cluster.client() as client:
+    started(cluster)
+    with client_of(cluster) as client:
         job_id = client.submit(digits_spec("steady", STEPS)).job_id
         job = job_when(client, job_id, lambda j: j.progress.step >= 10, "10 steps")
     # At least one epoch (every 32 steps) starts after the restart: its shards are read from
     # the new shard manager.
     assert job.progress.step < 3 * 32, "the job ran too far before the restart"
-    assert cluster.scheduler is not None and cluster.shards is not None
-    cluster.scheduler.kill()
-    cluster.shards.kill()
-    ready([cluster.start_shard_manager(), cluster.start_scheduler()])
-    with cluster.client() as client:
+    cluster.restart("shardmanager", "scheduler", kill=True, timeout=READY_TIMEOUT)
+    with client_of(cluster) as client:
         job = client.wait(job_id, timeout=WAIT)
         state = client.cluster()
-    assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.logs()
+    assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.log_tails()
     assert job.final_digest == ref.digest
     assert_same_steps(cluster, job_id, ref)
     # The job kept running where it ran: no worker was lost, nothing restarted.
@@ -220,9 +223,9 @@ def test_a_restarted_scheduler_and_shard_manager_lose_nothing(
     assert all(w.alive for w in state.workers)
 
 
-def test_cancel_stops_the_training_processes(cluster: Cluster) -> None:
-    cluster.start([("w1", "cpu:2")])
-    with cluster.client() as client:
+def test_cancel_stops_the_training_processes(cluster: DevCluster) -> None:
+    started(cluster, [("w1", "cpu:2")])
+    with client_of(cluster) as client:
         job_id = client.submit(digits_spec("endless", 100_000)).job_id
         wait_until(lambda: client.get(job_id).progress.step >= 1, WAIT, "the job trains")
         assert training_processes(cluster, "w1", f"{job_id}.*")
@@ -234,20 +237,20 @@ def test_cancel_stops_the_training_processes(cluster: Cluster) -> None:
         "the training processes exit",
     )
     wait_until(
-        lambda: not [t for t in cluster.worker_tasks("w1") if t.state in ACTIVE_TASK],
+        lambda: not [t for t in worker_tasks(cluster, "w1") if t.state in ACTIVE_TASK],
         30,
         "the worker has no running task",
     )
     wait_until(lambda: dataset(cluster, job_id) is None, WAIT, "the dataset is deleted")
 
 
-def test_a_dynamic_mode_job_pulls_its_shards(cluster: Cluster) -> None:
+def test_a_dynamic_mode_job_pulls_its_shards(cluster: DevCluster) -> None:
     """Dynamic mode: not reproducible, but it trains to the end on shards handed out as
     they are asked for (one per EST mini-batch), acknowledged as they are read."""
-    cluster.start([("w1", "cpu:2")])
+    started(cluster, [("w1", "cpu:2")])
     spec = digits_spec("dynamic", 60)
     spec.dataset.mode = C.DATA_MODE_DYNAMIC
-    with cluster.client() as client:
+    with client_of(cluster) as client:
         job_id = client.submit(spec).job_id
 
         def progressed() -> shardmanager_pb2.Dataset | None:
@@ -258,20 +261,20 @@ def test_a_dynamic_mode_job_pulls_its_shards(cluster: Cluster) -> None:
         assert data is not None
         assert data.config.mode == C.DATA_MODE_DYNAMIC and data.config.shard_size == 4
         job = client.wait(job_id, timeout=WAIT)
-    assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.logs()
+    assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.log_tails()
     assert job.final_digest and job.progress.step == 60
 
 
 def test_a_job_restarted_before_its_first_checkpoint_says_it_starts_over(
-    cluster: Cluster,
+    cluster: DevCluster,
 ) -> None:
     """A training process killed before the job ever checkpointed: the next placement is
     told to resume, finds nothing to resume from, starts again at step 0 and says so in the
     job's events (once), and the job still ends."""
-    cluster.start([("w1", "cpu:2")])
+    started(cluster, [("w1", "cpu:2")])
     spec = digits_spec("over", 300, ests=2)  # long enough to be killed well before its end
     spec.checkpoint_every_steps = 1000  # never (a job that ends writes one: not killed then)
-    with cluster.client() as client:
+    with client_of(cluster) as client:
         job_id = client.submit(spec).job_id
         job_when(client, job_id, lambda j: j.progress.step > 2, "some progress")
         pids = training_processes(cluster, "w1")
@@ -279,7 +282,7 @@ def test_a_job_restarted_before_its_first_checkpoint_says_it_starts_over(
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         done = client.wait(job_id, timeout=WAIT)
-    assert done.state == C.JOB_STATE_SUCCEEDED, done.message + cluster.logs()
+    assert done.state == C.JOB_STATE_SUCCEEDED, done.message + cluster.log_tails()
     history = events(cluster, job_id)
     fresh = [e for e in history if e.type == S.JOB_EVENT_TYPE_STARTED_FRESH]
     assert len(fresh) == 1, kinds(history)

@@ -1,10 +1,10 @@
-"""A whole Gearshift cluster as real processes for the worker end-to-end tests.
+"""Test data and helpers of the worker end-to-end and chaos tests.
 
-Brain and scheduler on the test's PostgreSQL database, a shard manager on the
-test Redis, 1-3 worker daemons offering CPU slots; daemons that do not depend
-on each other start in parallel. The reference a job through the cluster must
-match is the same job run directly by the runtime's launcher on a fixed 4
-processes; it is computed once per test session and shared by the xdist
+The cluster is `gearshift up`'s DevCluster (client/devcluster.py) on the test's
+PostgreSQL database and Redis, with 1-3 worker daemons offering CPU slots and the
+short intervals below. The reference a job through the cluster must match is the
+same JobSpec run directly by `python -m gearshift.worker.run --spec` on a fixed
+number of processes; it is computed once per test session and shared by the xdist
 workers through a file lock.
 """
 
@@ -15,14 +15,14 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from gearshift.client.processes import DaemonProcess, start_daemon
+from google.protobuf import json_format
+
+from gearshift.client.devcluster import ClusterConfig, ClusterTls, DevCluster
 from gearshift.client.sdk import Client
-from gearshift.common.auth import ClientTls
 from gearshift.common.channel import connect
 from gearshift.common.ports import free_port_in
 from gearshift.v1 import common_pb2, scheduler_pb2, worker_pb2, worker_pb2_grpc
@@ -36,7 +36,8 @@ SEED = 7
 SIZE = 512  # 128 samples per EST per epoch: 32 steps an epoch
 SHARD = 16
 CHECKPOINT_EVERY = 10
-HEARTBEAT = ("0.5", "5")  # interval, timeout (seconds)
+WORKERS = (("w1", "cpu:2"), ("w2", "cpu:2"))
+READY_TIMEOUT = 90.0
 
 C = common_pb2
 S = scheduler_pb2
@@ -59,40 +60,16 @@ def digits_spec(name: str, steps: int, *, ests: int = ESTS, min_devices: int = 1
 def reference_command(
     directory: Path, steps: int, *, ests: int = ESTS, determinism: str = "D1"
 ) -> list[str]:
-    """`python -m gearshift.worker.run` on a fixed N processes, with the spec's settings."""
+    """`python -m gearshift.worker.run --spec` of the tests' job on a fixed N processes."""
+    spec = digits_spec("reference", steps, ests=ests)
+    spec.determinism = C.DeterminismLevel.Value(f"DETERMINISM_LEVEL_{determinism}")
+    spec_file = directory / "spec.json"
+    spec_file.write_text(json_format.MessageToJson(spec))
     return [
-        sys.executable,
-        "-m",
-        "gearshift.worker.run",
-        "--job",
-        CNN,
-        "--config",
-        CONFIG,
-        "--ests",
-        str(ests),
-        "--procs",
-        str(ests),
-        "--steps",
-        str(steps),
-        "--batch-size",
-        str(BATCH // ESTS * ests),
-        "--determinism",
-        determinism,
-        "--seed",
-        str(SEED),
-        "--shard-size",
-        str(SHARD),
-        "--data-size",
-        str(SIZE),
-        "--checkpoint-dir",
-        str(directory / "ckpt"),
-        "--checkpoint-every",
-        str(CHECKPOINT_EVERY),
-        "--loss-log",
-        str(directory / "losses.jsonl"),
-        "--log-every",
-        "1000",
-    ]
+        sys.executable, "-m", "gearshift.worker.run", "--spec", str(spec_file),
+        "--procs", str(ests), "--checkpoint-dir", str(directory / "ckpt"),
+        "--loss-log", str(directory / "losses.jsonl"), "--log-every", "1000",
+    ]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -161,157 +138,48 @@ def rendezvous_base() -> int:
     return free_port_in(30000, 32700) // 100 * 100
 
 
-@dataclass
-class Cluster:
-    """The daemons of one test; `close()` stops what is still running."""
-
-    root: Path
-    database: str
-    redis_url: str
-    scheduler_args: Sequence[str] = ()
-    common_args: Sequence[str] = ()  # given to every daemon (e.g. TLS flags)
-    service_args: Sequence[str] = ()  # given to the Brain, shard manager and scheduler
-    worker_args: Callable[[str], Sequence[str]] = lambda worker_id: ()
-    tls: ClientTls | None = None  # how the test reaches the daemons
-    token: str = ""  # what the test calls the scheduler with
-    processes: list[DaemonProcess] = field(default_factory=list)
-    brain: DaemonProcess | None = None
-    shards: DaemonProcess | None = None
-    scheduler: DaemonProcess | None = None
-    workers: dict[str, DaemonProcess] = field(default_factory=dict)
-    scheduler_port: int = 0
-    shards_port: int = 0
-    brain_port: int = 0
-    _count: int = 0
-
-    @property
-    def checkpoint_root(self) -> Path:
-        return self.root / "checkpoints"
-
-    def _start(
-        self, name: str, args: Sequence[str], module: str | None = None, listen: str = ""
-    ) -> DaemonProcess:
-        self._count += 1
-        daemon = start_daemon(
-            name,
-            [*args, *self.common_args, "--log-format", "text"],
-            run_dir=self.root / "run" / f"{self._count:02d}-{name}",
-            module=module,
-            listen=listen or "127.0.0.1:0",
-            tls=self.tls,
-        )
-        self.processes.append(daemon)
-        return daemon
-
-    def start(self, workers: Iterable[tuple[str, str]] = (("w1", "cpu:2"), ("w2", "cpu:2"))):
-        """Brain and shard manager, then the scheduler, then the workers (each ready)."""
-        self.brain_port = free_port_in(20000, 30000)
-        self.start_brain()
-        self.shards_port = free_port_in(20000, 30000)
-        self.start_shard_manager()
-        assert self.shards is not None and self.brain is not None
-        ready([self.brain, self.shards])
-        self.scheduler_port = free_port_in(20000, 30000)
-        self.start_scheduler()
-        assert self.scheduler is not None
-        ready([self.scheduler])
-        ready([self.add_worker(wid, devices, wait=False) for wid, devices in workers])
-        return self
-
-    def start_brain(self) -> DaemonProcess:
-        self.brain = self._start(
-            "brain",
-            ["--database-url", self.database, *self.service_args],
-            listen=f"127.0.0.1:{self.brain_port}",
-        )
-        return self.brain
-
-    def start_shard_manager(self) -> DaemonProcess:
-        self.shards = self._start(
-            "shardmanager",
-            ["--redis-url", self.redis_url, *self.service_args],
-            listen=f"127.0.0.1:{self.shards_port}",
-        )
-        return self.shards
-
-    def start_scheduler(self) -> DaemonProcess:
-        assert self.brain is not None and self.shards is not None
-        interval, timeout = HEARTBEAT
-        self.scheduler = self._start(
-            "scheduler",
-            [
-                "--database-url",
-                self.database,
-                "--brain-address",
-                f"127.0.0.1:{self.brain_port}",
-                "--shard-manager-address",
-                f"127.0.0.1:{self.shards_port}",
-                "--checkpoint-root",
-                str(self.checkpoint_root),
-                "--round-seconds",
-                "1",
-                "--heartbeat-interval",
-                interval,
-                "--heartbeat-timeout",
-                timeout,
-                "--stop-timeout",
-                "30",
-                "--rendezvous-port-base",
-                str(rendezvous_base()),
-                *self.service_args,
-                *self.scheduler_args,
-            ],
-            listen=f"127.0.0.1:{self.scheduler_port}",
-        )
-        return self.scheduler
-
-    def add_worker(self, worker_id: str, devices: str, *, wait: bool = True) -> DaemonProcess:
-        daemon = self._start(
-            "worker",
-            [
-                "--scheduler",
-                f"127.0.0.1:{self.scheduler_port}",
-                "--devices",
-                devices,
-                "--worker-id",
-                worker_id,
-                "--work-dir",
-                str(self.root / "work" / worker_id),
-                "--report-interval",
-                "0.5",
-                *self.worker_args(worker_id),
-            ],
-            module="gearshift.worker",
-        )
-        self.workers[worker_id] = daemon
-        if wait:
-            ready([daemon])
-        return daemon
-
-    def client(self) -> Client:
-        return Client(
-            f"127.0.0.1:{self.scheduler_port}", tls=self.tls, token=self.token or None, timeout=10
-        )
-
-    def worker_tasks(self, worker_id: str) -> list[C.TaskStatus]:
-        with connect(self.workers[worker_id].address) as channel:
-            stub = worker_pb2_grpc.WorkerAgentStub(channel)
-            return list(stub.DescribeWorker(worker_pb2.DescribeWorkerRequest()).tasks)
-
-    def close(self) -> None:
-        """Workers first (they report their tasks' ends), then the services."""
-        workers = set(map(id, self.workers.values()))
-        for daemon in sorted(reversed(self.processes), key=lambda d: id(d) not in workers):
-            daemon.stop()
-
-    def logs(self) -> str:
-        """Every daemon's log tail, for a failing assertion's message."""
-        return "\n".join(f"--- {d.name}\n{d.log_tail(40)}" for d in self.processes)
+def e2e_cluster(
+    root: Path,
+    database: str,
+    redis_url: str,
+    *,
+    workers: Sequence[tuple[str, str]] = WORKERS,
+    flags: Mapping[str, Sequence[str]] | None = None,
+    tls: ClusterTls | None = None,
+) -> DevCluster:
+    """The DevCluster of one test (not started): both services on the test's database,
+    short rounds and heartbeats, its own rendezvous ports; `flags` as ClusterConfig's."""
+    scheduler = [
+        "--stop-timeout", "30", "--rendezvous-port-base", str(rendezvous_base()),
+        *(flags or {}).get("scheduler", ()),
+    ]  # fmt: skip
+    config = ClusterConfig(
+        run_dir=root / "cluster", base_port=0, workers=workers, postgres_url=database,
+        redis_url=redis_url, policy="easyscale", round_seconds=1.0, heartbeat_interval=0.5,
+        heartbeat_timeout=5.0, report_interval=0.5, log_level="info", metrics=False, tls=tls,
+        flags={**(flags or {}), "scheduler": scheduler},
+    )  # fmt: skip
+    return DevCluster(config)
 
 
-def ready(daemons: Sequence[DaemonProcess], timeout: float = 90.0) -> None:
-    with ThreadPoolExecutor(max_workers=max(len(daemons), 1)) as pool:
-        list(pool.map(lambda d: d.wait_ready(timeout), daemons))
+def started(cluster: DevCluster, workers: Sequence[tuple[str, str]] | None = None) -> DevCluster:
+    """Start the cluster (with these workers instead of its config's, when given)."""
+    if workers is not None:
+        cluster.config.workers = workers
+    cluster.start(READY_TIMEOUT)
+    return cluster
+
+
+def client_of(cluster: DevCluster, token: str = "") -> Client:
+    """The scheduler's client, as a user of this cluster would have it."""
+    return Client(cluster.address("scheduler"), token or None, tls=cluster.client_tls, timeout=10)
+
+
+def worker_tasks(cluster: DevCluster, worker_id: str) -> list[C.TaskStatus]:
+    """What a worker daemon itself says it runs."""
+    with connect(cluster.address(worker_id), tls=cluster.client_tls) as channel:
+        stub = worker_pb2_grpc.WorkerAgentStub(channel)
+        return list(stub.DescribeWorker(worker_pb2.DescribeWorkerRequest()).tasks)
 
 
 def running_on(job: S.Job) -> dict[str, int]:
@@ -322,7 +190,7 @@ def running_on(job: S.Job) -> dict[str, int]:
     return out
 
 
-def training_processes(cluster: Cluster, worker_id: str = "*", task_id: str = "*") -> list[int]:
+def training_processes(cluster: DevCluster, worker_id: str = "*", task_id: str = "*") -> list[int]:
     """Pids of a worker's training processes that still run (the daemon writes rank<R>.pid);
     `*` for every worker or task."""
-    return live_pids((cluster.root / "work").glob(f"{worker_id}/tasks/{task_id}/rank*.pid"))
+    return live_pids(cluster.work_root.glob(f"{worker_id}/tasks/{task_id}/rank*.pid"))

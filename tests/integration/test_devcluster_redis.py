@@ -11,7 +11,10 @@ from gearshift.common.errors import ValidationError
 
 
 def test_parse_workers() -> None:
-    assert parse_workers("v100:2, T4:1") == [("v100", 2), ("t4", 1)]
+    assert parse_workers("v100:2, T4:1:16GiB") == [
+        ("worker-1", "v100:2"),
+        ("worker-2", "t4:1:16GiB"),
+    ]
     for bad in ("v100", "v100:0", ":2", "v100:two"):
         with pytest.raises(ValidationError, match="--workers"):
             parse_workers(bad)
