@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from gearshift.v1 import common_pb2, scheduler_pb2
 
-E = scheduler_pb2
-PLACED = (E.JOB_EVENT_TYPE_STARTED, E.JOB_EVENT_TYPE_RESCALED)
+S = scheduler_pb2
+PLACED = (S.JOB_EVENT_TYPE_STARTED, S.JOB_EVENT_TYPE_RESCALED)
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def segments(events: Iterable[scheduler_pb2.JobEvent]) -> list[Segment]:
 
 def rescale_times(events: Iterable[scheduler_pb2.JobEvent]) -> list[float]:
     """When the job resumed on a new placement (RESCALED events)."""
-    return [e.time for e in events if e.type == E.JOB_EVENT_TYPE_RESCALED]
+    return [e.time for e in events if e.type == S.JOB_EVENT_TYPE_RESCALED]
 
 
 def plan_changes(events: Iterable[scheduler_pb2.JobEvent]) -> list[scheduler_pb2.JobEvent]:

@@ -15,7 +15,7 @@ from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.helpers import wait_until
 from tests.sched_harness import Clock, TableBrain, job_spec, make_scheduler, register
 
-S = common_pb2
+C = common_pb2
 
 
 def settings(policy: str = "las", **fields: object) -> SchedulerSettings:
@@ -51,7 +51,7 @@ def test_a_lost_gpu_worker_does_not_kill_the_rounds(elastic: bool) -> None:
         scheduler.heartbeat("cpu-box", [])
         report = scheduler.run_round()  # declares gpu-box lost, then allocates
         assert report.lost_workers == ["gpu-box"]
-        assert scheduler.get(job.job_id).state == S.JOB_STATE_QUEUED
+        assert scheduler.get(job.job_id).state == C.JOB_STATE_QUEUED
         clock.now += 60.0
         scheduler.heartbeat("cpu-box", [])
         assert scheduler.run_round().started == []
@@ -111,7 +111,7 @@ def test_a_task_its_restarted_worker_no_longer_lists_is_rescheduled() -> None:
         clock.now += 2.0
         register(scheduler, restarted, {"t4": 1})  # back at once, with no task
         listed = common_pb2.TaskStatus(
-            task_id=running[kept.job_id], job_id=kept.job_id, state=S.TASK_STATE_RUNNING
+            task_id=running[kept.job_id], job_id=kept.job_id, state=C.TASK_STATE_RUNNING
         )
         for _ in range(6):  # heartbeats past the 5 s timeout
             clock.now += 1.0
@@ -119,7 +119,7 @@ def test_a_task_its_restarted_worker_no_longer_lists_is_rescheduled() -> None:
             assert not scheduler.heartbeat(other, [listed])
         report = scheduler.run_round()
         assert lost.job_id in report.started, report
-        assert scheduler.get(kept.job_id).state == S.JOB_STATE_RUNNING
+        assert scheduler.get(kept.job_id).state == C.JOB_STATE_RUNNING
         messages = [e.message for e in scheduler.state.store.events_after(lost.job_id, 0)]
         assert any("no longer runs the job's task" in m for m in messages), messages
     finally:
@@ -142,9 +142,9 @@ def test_a_running_job_left_without_tasks_is_requeued() -> None:
             scheduler.heartbeat("a", [])
             report = scheduler.run_round()
             if step < 4:  # within the 5 s heartbeat timeout: left alone
-                assert scheduler.get(job.job_id).state == S.JOB_STATE_RUNNING
+                assert scheduler.get(job.job_id).state == C.JOB_STATE_RUNNING
         assert len(agents.started) == 2, "started again"
-        assert scheduler.get(job.job_id).state == S.JOB_STATE_RUNNING
+        assert scheduler.get(job.job_id).state == C.JOB_STATE_RUNNING
         messages = [e.message for e in scheduler.state.store.events_after(job.job_id, 0)]
         assert any("no task of the job runs" in m for m in messages), (messages, report)
     finally:
@@ -188,7 +188,7 @@ def test_a_burst_of_submissions_makes_few_rounds_not_one_each() -> None:
         jobs = [scheduler.submit(job_spec(f"j{i}", 1), "")[0] for i in range(40)]
         burst = scheduler.state.clock() - started
         wait_until(
-            lambda: scheduler.get(jobs[-1].job_id).state == S.JOB_STATE_RUNNING,
+            lambda: scheduler.get(jobs[-1].job_id).state == C.JOB_STATE_RUNNING,
             10.0,
             "the last job of the burst starts",
         )
@@ -221,7 +221,7 @@ def test_a_d1_job_keeps_its_first_type_and_a_d2_job_may_mix() -> None:
     scheduler, _ = make_scheduler(settings("easyscale"), clock=clock)
     try:
         register(scheduler, "a", {"v100": 1})
-        d1, _ = scheduler.submit(job_spec("d1", 2, determinism=S.DETERMINISM_LEVEL_D1), "")
+        d1, _ = scheduler.submit(job_spec("d1", 2, determinism=C.DETERMINISM_LEVEL_D1), "")
         scheduler.run_round()
         assert placement_types(scheduler, d1.job_id) == ["v100"]
         assert scheduler.get(d1.job_id).locked_type == "v100"
@@ -229,7 +229,7 @@ def test_a_d1_job_keeps_its_first_type_and_a_d2_job_may_mix() -> None:
         clock.now += 1.0
         scheduler.run_round()
         assert set(placement_types(scheduler, d1.job_id)) == {"v100"}
-        d2, _ = scheduler.submit(job_spec("d2", 3, determinism=S.DETERMINISM_LEVEL_D2), "")
+        d2, _ = scheduler.submit(job_spec("d2", 3, determinism=C.DETERMINISM_LEVEL_D2), "")
         scheduler.cancel(d1.job_id, "make room")
         clock.now += 1.0
         scheduler.run_round()
@@ -247,12 +247,12 @@ def test_measured_throughput_feeds_the_est_planner() -> None:
 
     def report(steps_per_second: float) -> None:
         (task,) = list(scheduler.state.tasks)
-        progress = S.JobProgress(step=10, samples_per_second=steps_per_second * 32)
+        progress = C.JobProgress(step=10, samples_per_second=steps_per_second * 32)
         scheduler.report_progress(job.job_id, task, progress)
 
     try:
         register(scheduler, "slow-box", {"slow": 1})
-        job, _ = scheduler.submit(job_spec("mix", 4, determinism=S.DETERMINISM_LEVEL_D2), "")
+        job, _ = scheduler.submit(job_spec("mix", 4, determinism=C.DETERMINISM_LEVEL_D2), "")
         scheduler.run_round()
         report(0.25)
         clock.now += 10.0  # slow-box falls silent; fast-box joins

@@ -21,7 +21,7 @@ from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.v1 import common_pb2
 from tests.sched_harness import Clock, TableBrain, job_spec, make_scheduler, register
 
-S = common_pb2
+C = common_pb2
 
 
 def settings(**fields: Any) -> SchedulerSettings:
@@ -39,7 +39,7 @@ def recount(scheduler: Scheduler) -> dict[str, set[str]]:
     """The queued jobs per tenant, counted the slow way."""
     out: dict[str, set[str]] = {}
     for job in scheduler.state.jobs.values():
-        if job.state == S.JOB_STATE_QUEUED:
+        if job.state == C.JOB_STATE_QUEUED:
             out.setdefault(job.spec.tenant, set()).add(job.job_id)
     return out
 
@@ -61,10 +61,10 @@ def test_the_queued_count_follows_every_change_of_a_job() -> None:
         scheduler.run_round()  # one job starts on the one device
         assert scheduler.state.queued == recount(scheduler)
         assert sum(len(ids) for ids in scheduler.state.queued.values()) == 2
-        running = next(j for j in scheduler.state.jobs.values() if j.state != S.JOB_STATE_QUEUED)
+        running = next(j for j in scheduler.state.jobs.values() if j.state != C.JOB_STATE_QUEUED)
         clock.now += 10.0  # its worker falls silent: the job goes back to the queue
         scheduler.run_round()
-        assert scheduler.state.jobs[running.job_id].state == S.JOB_STATE_QUEUED
+        assert scheduler.state.jobs[running.job_id].state == C.JOB_STATE_QUEUED
         assert scheduler.state.queued == recount(scheduler)
         scheduler.cancel(second.job_id, "test")
         assert scheduler.state.queued == recount(scheduler)

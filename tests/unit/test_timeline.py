@@ -9,13 +9,13 @@ from gearshift.client.jobplot import write_job_plot
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.unit.test_plots import assert_real_png
 
-E = scheduler_pb2
-S = common_pb2
+S = scheduler_pb2
+C = common_pb2
 
 
-def placement(*devices: tuple[str, str, int, int]) -> S.Placement:
+def placement(*devices: tuple[str, str, int, int]) -> C.Placement:
     """(worker, type, device index, ESTs) per rank."""
-    out = S.Placement()
+    out = C.Placement()
     est = 0
     for rank, (worker, kind, index, ests) in enumerate(devices):
         out.processes.add(
@@ -32,15 +32,15 @@ def placement(*devices: tuple[str, str, int, int]) -> S.Placement:
 def event(
     sequence: int,
     time: float,
-    kind: E.JobEventType.ValueType,
-    state: S.JobState.ValueType,
+    kind: S.JobEventType.ValueType,
+    state: C.JobState.ValueType,
     *,
     step: int = 0,
     loss: float = 0.0,
-    where: S.Placement | None = None,
+    where: C.Placement | None = None,
     message: str = "",
-) -> E.JobEvent:
-    out = E.JobEvent(
+) -> S.JobEvent:
+    out = S.JobEvent(
         job_id="job-1", sequence=sequence, time=time, type=kind, state=state, message=message
     )
     out.progress.step, out.progress.loss, out.progress.samples_per_second = step, loss, 10.0 * step
@@ -52,21 +52,21 @@ def event(
 FOUR = placement(("w1", "v100", 0, 1), ("w1", "v100", 1, 1), ("w2", "t4", 0, 1), ("w2", "t4", 1, 1))
 TWO = placement(("w2", "t4", 0, 2), ("w2", "t4", 1, 2))
 EVENTS = [
-    event(1, 100.0, E.JOB_EVENT_TYPE_SUBMITTED, S.JOB_STATE_QUEUED),
-    event(2, 101.0, E.JOB_EVENT_TYPE_STARTED, S.JOB_STATE_RUNNING, where=FOUR),
-    event(3, 111.0, E.JOB_EVENT_TYPE_PROGRESS, S.JOB_STATE_RUNNING, step=50, loss=1.5),
-    event(4, 120.0, E.JOB_EVENT_TYPE_RESCALING, S.JOB_STATE_RESCALING, step=80, loss=1.2),
-    event(5, 121.0, E.JOB_EVENT_TYPE_CHECKPOINTED, S.JOB_STATE_RESCALING, step=80, loss=1.2),
+    event(1, 100.0, S.JOB_EVENT_TYPE_SUBMITTED, C.JOB_STATE_QUEUED),
+    event(2, 101.0, S.JOB_EVENT_TYPE_STARTED, C.JOB_STATE_RUNNING, where=FOUR),
+    event(3, 111.0, S.JOB_EVENT_TYPE_PROGRESS, C.JOB_STATE_RUNNING, step=50, loss=1.5),
+    event(4, 120.0, S.JOB_EVENT_TYPE_RESCALING, C.JOB_STATE_RESCALING, step=80, loss=1.2),
+    event(5, 121.0, S.JOB_EVENT_TYPE_CHECKPOINTED, C.JOB_STATE_RESCALING, step=80, loss=1.2),
     event(
         6,
         122.0,
-        E.JOB_EVENT_TYPE_RESCALED,
-        S.JOB_STATE_RUNNING,
+        S.JOB_EVENT_TYPE_RESCALED,
+        C.JOB_STATE_RUNNING,
         step=80,
         where=TWO,
         message="2 processes on w2; EST plan changed",
     ),
-    event(7, 140.0, E.JOB_EVENT_TYPE_SUCCEEDED, S.JOB_STATE_SUCCEEDED, step=200, loss=0.3),
+    event(7, 140.0, S.JOB_EVENT_TYPE_SUCCEEDED, C.JOB_STATE_SUCCEEDED, step=200, loss=0.3),
 ]
 
 
@@ -107,7 +107,7 @@ def test_progress_rescales_and_plan_changes() -> None:
 
 def test_job_plot_writes_one_png(tmp_path: Path) -> None:
     job = scheduler_pb2.Job(
-        job_id="job-1", state=S.JOB_STATE_SUCCEEDED, submitted_at=100.0, started_at=101.0,
+        job_id="job-1", state=C.JOB_STATE_SUCCEEDED, submitted_at=100.0, started_at=101.0,
         finished_at=140.0, rescale_count=1,
     )  # fmt: skip
     job.spec.name = "digits-cnn"
