@@ -20,7 +20,7 @@ import grpc
 
 from gearshift.common.auth import AUTH_HEADER
 from gearshift.common.errors import GearshiftError, PermissionDeniedError
-from gearshift.common.handlers import Handler, rewrapped
+from gearshift.common.handlers import Handler, Metadata, rewrapped
 from gearshift.common.identity import Identity, TokenTable
 from gearshift.common.rpc_roles import (
     Rule,
@@ -35,9 +35,8 @@ audit = logging.getLogger("gearshift.audit")
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
-def _bearer(details: grpc.HandlerCallDetails) -> str | None:
-    metadata = dict(details.invocation_metadata or ())
-    value = metadata.get(AUTH_HEADER)
+def _bearer(metadata: Metadata) -> str | None:
+    value = dict(metadata or ()).get(AUTH_HEADER)
     if value is None:
         return None
     text = value.decode() if isinstance(value, bytes) else str(value)
@@ -55,7 +54,7 @@ def decide(
 ) -> Admitted | grpc.RpcMethodHandler[Any, Any]:
     """The caller and the method's rule, or a handler that refuses the call."""
     method: str = details.method
-    token = _bearer(details)
+    token = _bearer(details.invocation_metadata)
     if token is None:
         message = f"{method}: missing bearer token (metadata '{AUTH_HEADER}')"
         return _refuse(grpc.StatusCode.UNAUTHENTICATED, message)
@@ -69,11 +68,11 @@ def decide(
         return _refuse(exc.code, exc.message)
 
 
-def caller_of(tokens: TokenTable | None) -> Callable[[grpc.HandlerCallDetails], str]:
+def caller_of(tokens: TokenTable | None) -> Callable[[Metadata], str]:
     """Who a call is from, for per-caller limits: its identity, or "" without a tokens file."""
 
-    def caller(details: grpc.HandlerCallDetails) -> str:
-        token = _bearer(details) if tokens is not None else None
+    def caller(metadata: Metadata) -> str:
+        token = _bearer(metadata) if tokens is not None else None
         identity = tokens.identify(token) if tokens is not None and token else None
         return str(identity) if identity is not None else ""
 

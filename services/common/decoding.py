@@ -123,8 +123,8 @@ def decoded(handler: Handler, method: str, *, aio: bool = False) -> Handler:
 class DecodingInterceptor(WrappingInterceptor):
     """Undecodable requests answered INVALID_ARGUMENT (see the module's docstring)."""
 
-    def wrap(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
-        return decoded(handler, details.method)
+    def wrap(self, handler: Handler, method: str) -> Handler:
+        return decoded(handler, method)
 
 
 class AioDecodingInterceptor(AioWrappingInterceptor):

@@ -1,14 +1,15 @@
 """Rebuilding a gRPC method handler around new behavior, and the interceptors that do only
-that (sync, and aio with the wrapped handler kept per method)."""
+that (sync and aio), each keeping a method's wrapped handler."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeAlias, cast
 
 import grpc
 
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+Metadata: TypeAlias = "Sequence[tuple[str, str | bytes]] | None"  # a call's invocation metadata
 
 
 def rewrapped(
@@ -31,10 +32,34 @@ def rewrapped(
     return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), **kwargs)
 
 
-class WrappingInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
-    """An interceptor whose one job is to wrap each method's handler (`wrap`)."""
+class MethodCache:
+    """A method's wrapped handler, built once and reused while the inner interceptors return
+    the same handler object for it (generated servicers always do): wrapping per call would
+    cost every call a few closures and a handler tuple per interceptor. Two threads that
+    miss at once both build one; either is right."""
 
-    def wrap(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
+    def __init__(self) -> None:
+        self._wrapped: dict[str, tuple[Handler, Handler]] = {}
+
+    def get(
+        self, method: str, handler: Handler, build: Callable[[Handler, str], Handler]
+    ) -> Handler:
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = build(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+
+class WrappingInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
+    """An interceptor whose one job is to wrap each method's handler, the same way for every
+    call of the method (`wrap`; what depends on the call is read from its context)."""
+
+    def __init__(self) -> None:
+        self._cache = MethodCache()
+
+    def wrap(self, handler: Handler, method: str) -> Handler:
         raise NotImplementedError
 
     def intercept_service(
@@ -43,19 +68,16 @@ class WrappingInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg]
         handler_call_details: grpc.HandlerCallDetails,
     ) -> Handler | None:
         handler = continuation(handler_call_details)
-        return None if handler is None else self.wrap(handler, handler_call_details)
+        if handler is None:
+            return None
+        return self._cache.get(handler_call_details.method, handler, self.wrap)
 
 
 class AioWrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """WrappingInterceptor on grpc.aio, for wrappings that depend on the method alone.
-
-    A method's wrapped handler is built once and reused while the inner interceptors
-    return the same handler object for it (generated servicers always do): wrapping per
-    call would cost every unary call a few closures.
-    """
+    """WrappingInterceptor on grpc.aio."""
 
     def __init__(self) -> None:
-        self._wrapped: dict[str, tuple[Handler, Handler]] = {}
+        self._cache = MethodCache()
 
     def wrap(self, handler: Handler, method: str) -> Handler:
         raise NotImplementedError
@@ -68,10 +90,4 @@ class AioWrappingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-a
         handler = await continuation(handler_call_details)
         if cast(Any, handler) is None:  # no such method: the server answers UNIMPLEMENTED
             return handler
-        method: str = handler_call_details.method
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self.wrap(handler, method)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+        return self._cache.get(handler_call_details.method, handler, self.wrap)

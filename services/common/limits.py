@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 
 from gearshift.common.errors import GearshiftError, ResourceExhaustedError
-from gearshift.common.handlers import WrappingInterceptor, rewrapped
+from gearshift.common.handlers import Metadata, WrappingInterceptor, rewrapped
 
 SUBMIT = "/gearshift.v1.JobService/SubmitJob"
 
@@ -98,18 +98,15 @@ class CallerLimits:
 class LimitsInterceptor(WrappingInterceptor):
     """CallerLimits around every call of a sync server."""
 
-    def __init__(self, limits: CallerLimits, caller: Callable[[grpc.HandlerCallDetails], str]):
+    def __init__(self, limits: CallerLimits, caller: Callable[[Metadata], str]):
+        super().__init__()
         self.limits = limits
-        self.caller = caller
+        self.caller = caller  # read per call: the wrapped handler serves every caller
 
     def wrap(
-        self,
-        handler: grpc.RpcMethodHandler[Any, Any],
-        handler_call_details: grpc.HandlerCallDetails,
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
     ) -> grpc.RpcMethodHandler[Any, Any]:
-        method: str = handler_call_details.method
-        who = self.caller(handler_call_details)
-        limits = self.limits
+        limits, caller = self.limits, self.caller
 
         def refuse(exc: GearshiftError, context: grpc.ServicerContext) -> None:
             context.abort(exc.code, exc.message)
@@ -117,6 +114,7 @@ class LimitsInterceptor(WrappingInterceptor):
         def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
             def call(request: Any, context: grpc.ServicerContext) -> Any:
                 if method == SUBMIT:
+                    who = caller(context.invocation_metadata())
                     try:
                         limits.check_spec(request.spec)
                         limits.submit(who if who else f"tenant:{request.spec.tenant}")
@@ -128,7 +126,7 @@ class LimitsInterceptor(WrappingInterceptor):
 
         def streaming(behavior: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
             def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                key = who or context.peer()
+                key = caller(context.invocation_metadata()) or context.peer()
                 try:
                     limits.open_stream(key)
                 except ResourceExhaustedError as exc:

@@ -193,8 +193,8 @@ def observed(handler: Handler, method: str) -> Handler:
 class RpcMetricsInterceptor(WrappingInterceptor):
     """Counts and times every call (outermost: it sees the status the others set)."""
 
-    def wrap(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
-        return observed(handler, details.method)
+    def wrap(self, handler: Handler, method: str) -> Handler:
+        return observed(handler, method)
 
 
 class AioRpcMetricsInterceptor(AioWrappingInterceptor):

@@ -142,8 +142,8 @@ def _wrap(handler: grpc.RpcMethodHandler[Any, Any], method: str) -> grpc.RpcMeth
 class ErrorMappingInterceptor(WrappingInterceptor):
     """Maps GearshiftError to its status code; never lets a stack trace reach a client."""
 
-    def wrap(self, handler: Handler, details: grpc.HandlerCallDetails) -> Handler:
-        return _wrap(handler, details.method)
+    def wrap(self, handler: Handler, method: str) -> Handler:
+        return _wrap(handler, method)
 
 
 @dataclass

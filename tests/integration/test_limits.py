@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from gearshift.common.channel import connect
+from gearshift.common.identity import create_job_key, create_token
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from tests.conftest import DaemonFactory
 from tests.helpers import wait_until
@@ -106,4 +107,33 @@ def test_submissions_per_second(daemons: DaemonFactory, tmp_path: Path) -> None:
         lambda: passes(lambda: jobs.SubmitJob(S.SubmitJobRequest(spec=spec("c")))),
         10,
         "a submission passes once the bucket refills",
+    )
+
+
+def test_submissions_per_second_are_counted_per_caller(
+    daemons: DaemonFactory, tmp_path: Path
+) -> None:
+    """Each method's handler is wrapped once for every caller: who is over the limit is
+    read from each call's own token, not from the first call's."""
+    tokens, key = tmp_path / "tokens", tmp_path / "job.key"
+    create_job_key(key)
+    alice, bob = (create_token(tokens, f"tenant:{name}") for name in ("alice", "bob"))
+    identities = ["--tokens-file", str(tokens), "--job-key-file", str(key)]
+    database = f"sqlite:///{tmp_path / 'scheduler.db'}"
+    daemon = daemons(
+        "scheduler",
+        ["--database-url", database, "--round-seconds", "60", *identities,
+         "--max-submits-per-second", "1"],
+    )  # fmt: skip
+    as_alice = scheduler_pb2_grpc.JobServiceStub(connect(daemon.address, token=alice))
+    as_bob = scheduler_pb2_grpc.JobServiceStub(connect(daemon.address, token=bob))
+    for name in ("a1", "a2"):  # alice's burst
+        as_alice.SubmitJob(S.SubmitJobRequest(spec=spec(name, tenant="")))
+    assert "tenant:alice" in exhausted(
+        lambda: as_alice.SubmitJob(S.SubmitJobRequest(spec=spec("a3", tenant="")))
+    )
+    for name in ("b1", "b2"):  # bob's own burst is untouched by alice's
+        as_bob.SubmitJob(S.SubmitJobRequest(spec=spec(name, tenant="")))
+    assert "tenant:bob" in exhausted(
+        lambda: as_bob.SubmitJob(S.SubmitJobRequest(spec=spec("b3", tenant="")))
     )
