@@ -1,10 +1,12 @@
-"""The workers API's domain: worker daemons register and heartbeat, training processes report
-progress, tasks end; workers that fall silent are lost.
+"""The workers API's domain: worker daemons register, heartbeat and renew their tasks' leases,
+tasks end; workers that fall silent are lost.
 
-What a worker says of its tasks is applied here: a completed task completes the
-job, a failed one queues it again from its last checkpoint (a bounded number of
-times) or fails it, a task that checkpointed on its own queues the job. Measured
-progress feeds the throughput estimates (gearshift.scheduler.estimates).
+What a worker says of its tasks is applied here: rank 0's progress (read by its worker
+from the training process and carried by the heartbeat, the one path progress takes)
+updates the job and feeds the throughput estimates (gearshift.scheduler.estimates); a
+completed task completes the job, a failed one queues it again from its last
+checkpoint (a bounded number of times) or fails it, a task that checkpointed on its
+own queues the job.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 
-from gearshift.common.errors import NotFoundError
 from gearshift.common.facts import ENDED_TASK_STATES, EXIT_BAD_INPUT
 from gearshift.scheduler.estimates import Estimates
 from gearshift.scheduler.state import RUNNING_STATES, SchedulerState
@@ -27,7 +28,7 @@ E = scheduler_pb2
 
 
 class WorkerRegistry:
-    """Registration, heartbeats, leases, progress and task reports."""
+    """Registration, heartbeats, leases and task reports (progress among them)."""
 
     def __init__(
         self,
@@ -103,28 +104,6 @@ class WorkerRegistry:
             if renewed:
                 task.lease_expires_at = state.clock() + state.settings.lease_seconds
             return renewed, common_pb2.Lease(task_id=task_id, expires_at=task.lease_expires_at)
-
-    def report_progress(self, job_id: str, task_id: str, progress: common_pb2.JobProgress) -> bool:
-        """Record progress; True when the job must checkpoint and stop (rescale/preemption)."""
-        state = self.state
-        with state.lock:
-            job = state.jobs.get(job_id)
-            if job is None:
-                if state.store.get_job(job_id) is None:
-                    raise NotFoundError("job", job_id)
-                return True  # ended: stop
-            job.progress.CopyFrom(progress)
-            now = state.clock()
-            task = state.tasks.get(task_id)
-            if task is not None and job.state == S.JOB_STATE_RUNNING and job.placement.processes:
-                self.estimates.observe(job, task.generation, progress, now)
-            if progress.started_fresh and task is not None and task.job_id == job_id:
-                self._started_fresh(job, task.generation)
-            last = state.last_progress_event.get(job_id, 0.0)
-            if now - last >= state.settings.progress_event_seconds:
-                state.last_progress_event[job_id] = now
-                state.record(job, E.JOB_EVENT_TYPE_PROGRESS, "")
-            return task_id in state.stopping
 
     def _started_fresh(self, job: JobRecord, generation: int) -> None:
         """A placement that found nothing to resume from says so once, as an event: a job
@@ -271,12 +250,8 @@ class WorkerRegistry:
                     continue
                 task.last_listed_at = now
                 job = state.jobs.get(task.job_id)
-                if (
-                    job is not None
-                    and status.HasField("progress")
-                    and status.progress.step >= max(job.progress.step, 1)
-                ):
-                    job.progress.CopyFrom(status.progress)
+                if job is not None and status.HasField("progress"):
+                    self._progress(job, task, status.progress, now)
                 if status.state in (S.TASK_STATE_STARTING, S.TASK_STATE_RUNNING):
                     task.state = status.state
                     continue
@@ -295,6 +270,25 @@ class WorkerRegistry:
         self.control.kill(kill, "a task of the job failed")
         if ended:
             self.wake()
+
+    def _progress(
+        self, job: JobRecord, task: TaskRecord, progress: common_pb2.JobProgress, now: float
+    ) -> None:
+        """A task's progress as its worker reports it (heartbeat, end): the one path by which
+        training progress reaches the scheduler. It updates the job, feeds the measured
+        throughputs and is recorded as a PROGRESS event now and then (under the lock)."""
+        if progress.started_fresh:
+            self._started_fresh(job, task.generation)
+        if not _advances(job.progress, progress):
+            return
+        job.progress.CopyFrom(progress)
+        state = self.state
+        if job.state == S.JOB_STATE_RUNNING and job.placement.processes:
+            self.estimates.observe(job, task.generation, progress, now)
+        last = state.last_progress_event.get(job.job_id, 0.0)
+        if now - last >= state.settings.progress_event_seconds:
+            state.last_progress_event[job.job_id] = now
+            state.record(job, E.JOB_EVENT_TYPE_PROGRESS, "")
 
     def _task_ended(
         self, job: JobRecord, task: TaskRecord, worker_id: str, status: common_pb2.TaskStatus
@@ -336,3 +330,13 @@ class WorkerRegistry:
         if not others and job.state in RUNNING_STATES:
             state.requeue(job, E.JOB_EVENT_TYPE_CHECKPOINTED, "stopped after a checkpoint")
         return []
+
+
+def _advances(job: common_pb2.JobProgress, reported: common_pb2.JobProgress) -> bool:
+    """Whether a task's progress is the job's: only rank 0's task knows it (the others report
+    step 0), from its first step on; a placement resumed from a checkpoint repeats steps the
+    job already reported, and counts again once it passes them. A placement that started
+    fresh did go back to step 0: its progress counts from its first step."""
+    if reported.step < 1:
+        return False
+    return reported.started_fresh or reported.step >= job.step

@@ -95,7 +95,6 @@ class TaskControl:
                 resume=resume,
                 lease=common_pb2.Lease(task_id=task_id, expires_at=task.lease_expires_at),
                 endpoints=worker_pb2.ServiceEndpoints(
-                    scheduler=settings.advertise_address,
                     brain=settings.brain_address,
                     shard_manager=settings.shard_manager_address,
                 ),

@@ -5,17 +5,20 @@ estimates that measurements and the Brain keep fresh."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
 from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.pipeline import Snapshot, Target
-from gearshift.scheduler.service import SchedulerSettings
+from gearshift.scheduler.service import Scheduler, SchedulerSettings
+from gearshift.scheduler.store import TaskRecord
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.helpers import wait_until
 from tests.sched_harness import Clock, TableBrain, job_spec, make_scheduler, register
 
 S = common_pb2
+E = scheduler_pb2
 
 
 def settings(policy: str = "las", **fields: object) -> SchedulerSettings:
@@ -246,9 +249,12 @@ def test_measured_throughput_feeds_the_est_planner() -> None:
     scheduler, _ = make_scheduler(settings("easyscale"), clock=clock)
 
     def report(steps_per_second: float) -> None:
-        (task,) = list(scheduler.state.tasks)
+        (task,) = list(scheduler.state.tasks.values())
         progress = S.JobProgress(step=10, samples_per_second=steps_per_second * 32)
-        scheduler.report_progress(job.job_id, task, progress)
+        status = S.TaskStatus(
+            task_id=task.task_id, job_id=job.job_id, state=S.TASK_STATE_RUNNING, progress=progress
+        )
+        assert not scheduler.heartbeat(task.worker_id, [status])
 
     try:
         register(scheduler, "slow-box", {"slow": 1})
@@ -271,6 +277,68 @@ def test_measured_throughput_feeds_the_est_planner() -> None:
         placement = scheduler.get(job.job_id).placement
         split = {p.accelerator_type: len(p.est_ids) for p in placement.processes}
         assert split == {"fast": 3, "slow": 1}
+    finally:
+        scheduler.stop()
+
+
+def beat(scheduler: Scheduler, task: TaskRecord, **progress: Any) -> None:
+    """The heartbeat of the task's worker, listing the task with that progress."""
+    status = S.TaskStatus(
+        task_id=task.task_id,
+        job_id=task.job_id,
+        state=S.TASK_STATE_RUNNING,
+        progress=S.JobProgress(total_steps=1000, **progress),
+    )
+    assert not scheduler.heartbeat(task.worker_id, [status])
+
+
+def count_events(scheduler: Scheduler, job_id: str, kind: int) -> int:
+    return sum(e.type == kind for e in scheduler.state.store.events_after(job_id, 0))
+
+
+def test_the_heartbeat_carries_rank_0s_progress_to_the_job_and_the_estimates() -> None:
+    """Progress takes one path, the workers' heartbeats. Rank 0's task's progress that
+    advances the job updates it, feeds the measured throughput and is recorded as a PROGRESS
+    event (throttled); the other task's (step 0) and steps the job already passed change
+    nothing. A placement that started fresh says so once, before its first step, and its
+    progress counts from its first step although the job had gone further."""
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings("easyscale"), clock=clock)
+    try:
+        register(scheduler, "a", {"t4": 1})
+        register(scheduler, "b", {"t4": 1})
+        job, _ = scheduler.submit(job_spec("p", 2), "")  # global batch 16
+        scheduler.run_round()
+        tasks = sorted(scheduler.state.tasks.values(), key=lambda t: 0 not in t.local_ranks)
+        assert len(tasks) == 2, tasks
+        rank0, other = tasks
+        beat(scheduler, other, step=0)
+        assert scheduler.get(job.job_id).progress.step == 0
+        assert scheduler.estimates.version(job.job_id) == 0
+        beat(scheduler, rank0, step=5, loss=0.5, samples_per_second=32.0)
+        assert scheduler.get(job.job_id).progress.loss == 0.5
+        record = scheduler.get(job.job_id)
+        assert scheduler.estimates.capability(record, ["t4"]) == {"t4": pytest.approx(2.0)}
+        clock.now += 1.0
+        beat(scheduler, rank0, step=7, samples_per_second=32.0)
+        beat(scheduler, rank0, step=6, samples_per_second=32.0)  # behind the job: not its
+        assert scheduler.get(job.job_id).progress.step == 7
+        assert count_events(scheduler, job.job_id, E.JOB_EVENT_TYPE_PROGRESS) == 1  # throttled
+
+        failed = S.TaskStatus(task_id=other.task_id, job_id=job.job_id, state=S.TASK_STATE_FAILED)
+        scheduler.task_finished(other.worker_id, failed)  # the job restarts
+        wait_until(lambda: not scheduler.state.stopping, 10.0, "rank 0's task stopped")
+        clock.now += 1.0
+        scheduler.run_round()
+        fresh = next(t for t in scheduler.state.tasks.values() if 0 in t.local_ranks)
+        assert fresh.generation == 2
+        for _ in range(2):
+            beat(scheduler, fresh, step=0, started_fresh=True)
+        assert count_events(scheduler, job.job_id, E.JOB_EVENT_TYPE_STARTED_FRESH) == 1
+        assert scheduler.get(job.job_id).progress.step == 7
+        beat(scheduler, fresh, step=2, started_fresh=True)
+        assert scheduler.get(job.job_id).progress.step == 2
+        assert count_events(scheduler, job.job_id, E.JOB_EVENT_TYPE_STARTED_FRESH) == 1
     finally:
         scheduler.stop()
 

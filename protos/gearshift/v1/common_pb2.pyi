@@ -681,7 +681,10 @@ class TaskStatus(_message.Message):
     """Directory of the last checkpoint written, if any."""
     @_builtins.property
     def progress(self) -> Global___JobProgress:
-        """Progress seen by this task's processes."""
+        """The job's progress where this task runs rank 0 (its worker reads what
+        rank 0 keeps); elsewhere only total_steps, at step 0. Heartbeats carry it
+        to the scheduler: the one path progress takes.
+        """
 
     def __init__(
         self,
