@@ -43,6 +43,7 @@ class WorkerRegistry:
         self.wake = wake
         self.workers_changed: list[Callable[[], None]] = []
         self._taskless: dict[str, float] = {}  # job -> when it was first seen running taskless
+        self._strays: dict[str, float] = {}  # task -> when it was first seen not running its job
 
     def register_worker(
         self,
@@ -90,20 +91,16 @@ class WorkerRegistry:
         return False
 
     def renew_lease(self, worker_id: str, task_id: str) -> tuple[bool, common_pb2.Lease]:
+        """Extend the lease of a task the scheduler holds for this worker; refuse it for any
+        other, which the worker then terminates. A lease is only this fence: a stop is
+        StopTask's (gearshift.scheduler.task_control), even while one is under way."""
         state = self.state
         with state.lock:
             task = state.tasks.get(task_id)
             if task is None or task.worker_id != worker_id:
                 return False, common_pb2.Lease(task_id=task_id)
-            job = state.jobs.get(task.job_id)
-            renewed = (
-                job is not None
-                and job.state == S.JOB_STATE_RUNNING
-                and task_id not in state.stopping
-            )
-            if renewed:
-                task.lease_expires_at = state.clock() + state.settings.lease_seconds
-            return renewed, common_pb2.Lease(task_id=task_id, expires_at=task.lease_expires_at)
+            task.lease_expires_at = state.clock() + state.settings.lease_seconds
+            return True, common_pb2.Lease(task_id=task_id, expires_at=task.lease_expires_at)
 
     def _started_fresh(self, job: JobRecord, generation: int) -> None:
         """A placement that found nothing to resume from says so once, as an event: a job
@@ -154,7 +151,8 @@ class WorkerRegistry:
         without the tasks it ran (its training processes died with it): it is never lost,
         and nothing would ever end those tasks. A task counts once its worker has had it
         (StartTask answered, or listed since) for the heartbeat timeout without listing
-        it: a start still in flight is not one. Returns the jobs sent back to the queue."""
+        it: a start still in flight is not one. Tasks their jobs no longer run are stopped
+        too (_stop_strays). Returns the jobs sent back to the queue."""
         state = self.state
         timeout = state.settings.heartbeat_timeout
         dead = [
@@ -177,7 +175,9 @@ class WorkerRegistry:
             "its worker no longer runs it",
             lambda w: f"worker {w} no longer runs the job's task (the worker restarted)",
         )
-        return sorted({t.job_id for t in dead} | set(self._detect_taskless(now)))
+        requeued = sorted({t.job_id for t in dead} | set(self._detect_taskless(now)))
+        self._stop_strays(now)
+        return requeued
 
     def _detect_taskless(self, now: float) -> list[str]:
         """Jobs recorded as running with no task left, for the heartbeat timeout: requeued.
@@ -207,6 +207,37 @@ class WorkerRegistry:
             )
             requeued.append(job_id)
         return requeued
+
+    def _stop_strays(self, now: float) -> None:
+        """Tasks that are not their job's running placement (the job is queued or ended, or
+        runs a newer placement), left unstopped for the heartbeat timeout: stopped, without
+        a checkpoint (it could overwrite the newer placement's).
+
+        Every stop the scheduler decides is a StopTask, and a lease stops nothing. A
+        scheduler (or its database) that stops between requeuing a job and stopping its
+        tasks, or a start abandoned half-way, leaves such tasks, which nothing else would
+        ever stop. A start in flight is never one: this runs between rounds."""
+        state = self.state
+        strays = {
+            t.task_id: t
+            for t in state.tasks.values()
+            if t.task_id not in state.stopping
+            and (
+                (job := state.jobs.get(t.job_id)) is None
+                or job.state not in RUNNING_STATES
+                or t.generation != job.generation
+            )
+        }
+        for task_id in set(self._strays) - set(strays):
+            del self._strays[task_id]
+        stop = []
+        for task_id, task in sorted(strays.items()):
+            since = self._strays.setdefault(task_id, now)
+            if now - since > state.settings.heartbeat_timeout:
+                del self._strays[task_id]
+                log.warning("task of a job that does not run it", extra={"task_id": task_id})
+                stop.append(task)
+        self.control.kill(stop, "its job no longer runs it")
 
     def _tasks_gone(
         self,

@@ -237,7 +237,6 @@ class WorkerRegistryServicer(scheduler_pb2_grpc.WorkerRegistryServicer):
     ) -> scheduler_pb2.RenewLeaseResponse:
         check_name(request.worker_id, "worker_id")
         require(bool(request.task_id), "task_id", "is required")
-        require(request.step >= 0, "step", f"must be >= 0 (got {request.step})")
         renewed, lease = self.scheduler.renew_lease(request.worker_id, request.task_id)
         return scheduler_pb2.RenewLeaseResponse(renewed=renewed, lease=lease)
 

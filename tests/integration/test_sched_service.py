@@ -581,7 +581,7 @@ def test_an_elastic_job_rescales_through_checkpoint_and_resume(
 
         wait_until(grown, WAIT, "the lone job grows to 4 devices")
         (task,) = [r.task_id for r in worker.agent.starts if r.job_id == big]
-        renewed = registry.RenewLease(S.RenewLeaseRequest(worker_id="w1", task_id=task, step=5))
+        renewed = registry.RenewLease(S.RenewLeaseRequest(worker_id="w1", task_id=task))
         assert renewed.renewed and renewed.lease.expires_at > 0
         progress = C.JobProgress(step=5, total_steps=100)
         status = C.TaskStatus(
@@ -607,7 +607,7 @@ def test_an_elastic_job_rescales_through_checkpoint_and_resume(
         assert (
             history.index("RESCALING") < history.index("CHECKPOINTED") < history.index("RESCALED")
         )
-        # The old task's lease is no longer renewed; progress from it is told to stop.
+        # The old task is no longer the scheduler's: its lease is refused (the fence).
         assert not registry.RenewLease(S.RenewLeaseRequest(worker_id="w1", task_id=task)).renewed
 
 

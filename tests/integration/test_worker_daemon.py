@@ -41,7 +41,8 @@ S = scheduler_pb2
 
 @dataclass
 class FakeScheduler(scheduler_pb2_grpc.WorkerRegistryServicer):
-    """Records the Workers API calls; can ask for a re-registration."""
+    """Records the Workers API calls; can ask for a re-registration, and answer RenewLease
+    as `leases` says: renew, refuse (the task is not the scheduler's) or down (UNAVAILABLE)."""
 
     registrations: list[S.RegisterWorkerRequest] = field(default_factory=list)
     heartbeats: list[S.HeartbeatRequest] = field(default_factory=list)
@@ -49,6 +50,7 @@ class FakeScheduler(scheduler_pb2_grpc.WorkerRegistryServicer):
     renewals: list[S.RenewLeaseRequest] = field(default_factory=list)
     reregister: threading.Event = field(default_factory=threading.Event)
     code: dict[str, bytes] = field(default_factory=dict)  # FetchCode serves these
+    leases: str = "renew"
 
     def RegisterWorker(
         self, request: S.RegisterWorkerRequest, context: grpc.ServicerContext
@@ -70,6 +72,11 @@ class FakeScheduler(scheduler_pb2_grpc.WorkerRegistryServicer):
         self, request: S.RenewLeaseRequest, context: grpc.ServicerContext
     ) -> S.RenewLeaseResponse:
         self.renewals.append(request)
+        if self.leases == "down":
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is restarting")
+        if self.leases == "refuse":  # with a lease that ran out: a refusal is not "at its end"
+            lease = C.Lease(task_id=request.task_id, expires_at=time.time() - 1)
+            return S.RenewLeaseResponse(renewed=False, lease=lease)
         lease = C.Lease(task_id=request.task_id, expires_at=time.time() + 60)
         return S.RenewLeaseResponse(renewed=True, lease=lease)
 
@@ -307,6 +314,37 @@ def test_the_heartbeat_carries_rank_0s_progress_and_a_fresh_start(
     reported = [p for p in recorder.progress("t-fresh") if p.started_fresh]
     assert reported and reported[0].step == 0 and reported[0].total_steps == 20, reported
     assert all(p.started_fresh for p in recorder.progress("t-fresh") if p.step > 0)
+
+
+def test_the_lease_is_a_fence_not_a_stop(
+    daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
+) -> None:
+    """A lease that runs out stops nothing (here the scheduler is down: the task trains on);
+    a refused renewal, which means the scheduler no longer holds the task, terminates it at
+    once, without a checkpoint. A stop with a checkpoint is StopTask's only."""
+    recorder, address = fake
+    recorder.leases = "down"
+    worker = start_worker(daemons, address, tmp_path)
+    job_spec = spec(1_000_000)
+    job_spec.checkpoint_every_steps = 1_000_000  # no checkpoint of its own
+    request = start_request(tmp_path, "t-fence", job_spec)
+    request.lease.expires_at = time.time() + 1
+    with connect(worker.address) as channel:
+        worker_pb2_grpc.WorkerAgentStub(channel).StartTask(request)
+    wait_until(lambda: status(worker, "t-fence").progress.step >= 5, WAIT, "training")
+    wait_until(lambda: time.time() > request.lease.expires_at + 1, 5, "the lease ran out")
+    before = status(worker, "t-fence")
+    assert before.state == C.TASK_STATE_RUNNING and recorder.renewals
+
+    def trained_on() -> bool:
+        return status(worker, "t-fence").progress.step > before.progress.step
+
+    wait_until(trained_on, WAIT, "training on past the lease")
+    recorder.leases = "refuse"
+    final = finished(recorder, "t-fence")
+    assert final.state == C.TASK_STATE_FAILED, final.message
+    assert "terminated: unknown to the scheduler" in final.message, final.message
+    assert not list((tmp_path / "ckpt" / "t-fence").glob("ckpt-*.pt"))
 
 
 def test_a_crashing_training_process_is_reported_failed_with_its_error(

@@ -691,23 +691,19 @@ class RenewLeaseRequest(_message.Message):
 
     WORKER_ID_FIELD_NUMBER: _builtins.int
     TASK_ID_FIELD_NUMBER: _builtins.int
-    STEP_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The worker running the task."""
     task_id: _builtins.str
     """The task."""
-    step: _builtins.int
-    """Global steps the job has completed."""
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         task_id: _builtins.str = ...,
-        step: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["step", b"step", "task_id", b"task_id", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -722,10 +718,16 @@ class RenewLeaseResponse(_message.Message):
     RENEWED_FIELD_NUMBER: _builtins.int
     LEASE_FIELD_NUMBER: _builtins.int
     renewed: _builtins.bool
-    """False when the task should stop (checkpoint) when its lease ends."""
+    """False when the scheduler no longer holds the task for this worker: it
+    never knew it, or gave it up (the worker was declared lost, the job's
+    StopTask found the worker unreachable or failed, the job ended). The
+    worker then terminates the task at once, without a checkpoint: the job
+    may run elsewhere, and a checkpoint could overwrite that placement's.
+    This is how a stop that could not reach the worker still ends.
+    """
     @_builtins.property
     def lease(self) -> _common_pb2.Lease:
-        """The lease, extended when renewed."""
+        """The lease, extended when renewed (expires_at 0 when not)."""
 
     def __init__(
         self,

@@ -468,6 +468,10 @@ class WorkerRegistryStub:
     file its worker daemon reads, and every Heartbeat carries it
     (TaskStatus.progress); the scheduler takes the progress that advances the
     job (and a fresh start's, which says so in started_fresh).
+
+    A stop takes one path too: the scheduler calls WorkerAgent.StopTask, with a
+    checkpoint to move or preempt a job, without one to end it. A lease is only
+    a fence (RenewLease), never a stop request.
     """
 
     def __init__(self, channel):
@@ -510,6 +514,10 @@ class WorkerRegistryServicer:
     file its worker daemon reads, and every Heartbeat carries it
     (TaskStatus.progress); the scheduler takes the progress that advances the
     job (and a fresh start's, which says so in started_fresh).
+
+    A stop takes one path too: the scheduler calls WorkerAgent.StopTask, with a
+    checkpoint to move or preempt a job, without one to end it. A lease is only
+    a fence (RenewLease), never a stop request.
     """
 
     def RegisterWorker(self, request, context):
@@ -529,9 +537,10 @@ class WorkerRegistryServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RenewLease(self, request, context):
-        """Extends a running task's lease; answers with the new lease, or with
-        renewed = false when the scheduler wants the task stopped at the end of
-        the current one.
+        """Extends a running task's lease while the scheduler holds the task for
+        this worker, whatever the task's job is doing (even while a StopTask for
+        it is under way); answers renewed = false otherwise (see
+        RenewLeaseResponse).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -595,6 +604,10 @@ class WorkerRegistry:
     file its worker daemon reads, and every Heartbeat carries it
     (TaskStatus.progress); the scheduler takes the progress that advances the
     job (and a fresh start's, which says so in started_fresh).
+
+    A stop takes one path too: the scheduler calls WorkerAgent.StopTask, with a
+    checkpoint to move or preempt a job, without one to end it. A lease is only
+    a fence (RenewLease), never a stop request.
     """
 
     @staticmethod

@@ -202,6 +202,10 @@ class WorkerRegistryStub:
     file its worker daemon reads, and every Heartbeat carries it
     (TaskStatus.progress); the scheduler takes the progress that advances the
     job (and a fresh start's, which says so in started_fresh).
+
+    A stop takes one path too: the scheduler calls WorkerAgent.StopTask, with a
+    checkpoint to move or preempt a job, without one to end it. A lease is only
+    a fence (RenewLease), never a stop request.
     """
 
     @_typing.overload
@@ -217,9 +221,10 @@ class WorkerRegistryStub:
     that misses heartbeats for the configured timeout is declared lost.
     """
     RenewLease: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.RenewLeaseRequest, _scheduler_pb2.RenewLeaseResponse]
-    """Extends a running task's lease; answers with the new lease, or with
-    renewed = false when the scheduler wants the task stopped at the end of
-    the current one.
+    """Extends a running task's lease while the scheduler holds the task for
+    this worker, whatever the task's job is doing (even while a StopTask for
+    it is under way); answers renewed = false otherwise (see
+    RenewLeaseResponse).
     """
     TaskFinished: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.TaskFinishedRequest, _scheduler_pb2.TaskFinishedResponse]
     """A task ended: completed, checkpointed for a rescale, or failed."""
@@ -236,6 +241,10 @@ class WorkerRegistryAsyncStub(WorkerRegistryStub):
     file its worker daemon reads, and every Heartbeat carries it
     (TaskStatus.progress); the scheduler takes the progress that advances the
     job (and a fresh start's, which says so in started_fresh).
+
+    A stop takes one path too: the scheduler calls WorkerAgent.StopTask, with a
+    checkpoint to move or preempt a job, without one to end it. A lease is only
+    a fence (RenewLease), never a stop request.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -248,9 +257,10 @@ class WorkerRegistryAsyncStub(WorkerRegistryStub):
     that misses heartbeats for the configured timeout is declared lost.
     """
     RenewLease: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.RenewLeaseRequest, _scheduler_pb2.RenewLeaseResponse]  # type: ignore[assignment]
-    """Extends a running task's lease; answers with the new lease, or with
-    renewed = false when the scheduler wants the task stopped at the end of
-    the current one.
+    """Extends a running task's lease while the scheduler holds the task for
+    this worker, whatever the task's job is doing (even while a StopTask for
+    it is under way); answers renewed = false otherwise (see
+    RenewLeaseResponse).
     """
     TaskFinished: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.TaskFinishedRequest, _scheduler_pb2.TaskFinishedResponse]  # type: ignore[assignment]
     """A task ended: completed, checkpointed for a rescale, or failed."""
@@ -266,6 +276,10 @@ class WorkerRegistryServicer(metaclass=_abc_1.ABCMeta):
     file its worker daemon reads, and every Heartbeat carries it
     (TaskStatus.progress); the scheduler takes the progress that advances the
     job (and a fresh start's, which says so in started_fresh).
+
+    A stop takes one path too: the scheduler calls WorkerAgent.StopTask, with a
+    checkpoint to move or preempt a job, without one to end it. A lease is only
+    a fence (RenewLease), never a stop request.
     """
 
     @_abc_1.abstractmethod
@@ -294,9 +308,10 @@ class WorkerRegistryServicer(metaclass=_abc_1.ABCMeta):
         request: _scheduler_pb2.RenewLeaseRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.RenewLeaseResponse, _abc.Awaitable[_scheduler_pb2.RenewLeaseResponse]]:
-        """Extends a running task's lease; answers with the new lease, or with
-        renewed = false when the scheduler wants the task stopped at the end of
-        the current one.
+        """Extends a running task's lease while the scheduler holds the task for
+        this worker, whatever the task's job is doing (even while a StopTask for
+        it is under way); answers renewed = false otherwise (see
+        RenewLeaseResponse).
         """
 
     @_abc_1.abstractmethod

@@ -101,7 +101,7 @@ class StartTaskRequest(_message.Message):
 
     @_builtins.property
     def lease(self) -> _common_pb2.Lease:
-        """The lease the task starts with."""
+        """The lease the task starts with (a fence only: see Lease)."""
 
     @_builtins.property
     def endpoints(self) -> Global___ServiceEndpoints:
