@@ -20,6 +20,7 @@ class SimulatedAgents(WorkerAgents):
     def __init__(self) -> None:
         super().__init__()
         self.started: list[worker_pb2.StartTaskRequest] = []
+        self.stopped: list[tuple[str, bool]] = []  # (task id, checkpoint)
 
     def start(self, address: str, request: worker_pb2.StartTaskRequest) -> common_pb2.TaskStatus:
         self.started.append(request)
@@ -30,6 +31,7 @@ class SimulatedAgents(WorkerAgents):
     def stop(
         self, address: str, task_id: str, *, checkpoint: bool, reason: str, timeout: float
     ) -> common_pb2.TaskStatus:
+        self.stopped.append((task_id, checkpoint))
         return common_pb2.TaskStatus(
             task_id=task_id, state=common_pb2.TASK_STATE_CHECKPOINTED, checkpoint_path="/ckpt"
         )
@@ -68,8 +70,9 @@ def make_scheduler(
     brain: BrainAdvisor | None = None,
     allocator: Allocator | None = None,
     store: Store | None = None,
+    agents: SimulatedAgents | None = None,
 ) -> tuple[Scheduler, SimulatedAgents]:
-    agents = SimulatedAgents()
+    agents = agents or SimulatedAgents()
     scheduler = Scheduler(
         store or MemoryStore(),
         settings,

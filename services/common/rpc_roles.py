@@ -8,7 +8,6 @@ names the roles allowed and, for roles limited to their own objects, the scope:
 - `submit`: a tenant submits as itself (`spec.tenant` empty is filled in, another is
   refused); `list`: a tenant lists its own jobs (the `tenant` filter likewise);
 - `worker`: a worker identity speaks only for its own `worker_id`;
-- `task`: a worker identity reports progress only for its own tasks;
 - `cluster`: a tenant sees other tenants' jobs in the cluster state only as counts
   (their allocations' job ids and names are blanked).
 
@@ -36,13 +35,11 @@ class Scopes(Protocol):
 
     def job_tenant(self, job_id: str) -> str | None: ...
 
-    def task_worker(self, task_id: str) -> str | None: ...
-
 
 @dataclass(frozen=True)
 class Rule:
     roles: frozenset[str]
-    scope: str = ""  # "", job, submit, list, worker, task, cluster
+    scope: str = ""  # "", job, submit, list, worker, cluster
     mutates: bool = False
     job: tuple[str, ...] = ()  # the request's fields that name its job, for a job's token
 
@@ -73,7 +70,6 @@ RULES: Mapping[str, Rule] = {
     _REGISTRY + "RegisterWorker": _rule(WORKER, SERVICE, scope="worker", mutates=True),
     _REGISTRY + "Heartbeat": _rule(WORKER, SERVICE, scope="worker"),
     _REGISTRY + "RenewLease": _rule(WORKER, SERVICE, scope="worker"),
-    _REGISTRY + "ReportProgress": _rule(WORKER, SERVICE, scope="task", job="job_id"),
     _REGISTRY + "TaskFinished": _rule(WORKER, SERVICE, scope="worker", mutates=True),
     _REGISTRY + "FetchCode": _rule(WORKER, SERVICE),
     _AGENT + "StartTask": _rule(SERVICE, mutates=True),
@@ -158,10 +154,6 @@ def check_request(
             raise PermissionDeniedError(f"{identity} may not list tenant {request.tenant!r}'s jobs")
     elif rule.scope == "worker" and request.worker_id != who:
         raise PermissionDeniedError(f"{identity} may not speak for worker {request.worker_id!r}")
-    elif rule.scope == "task":
-        holder = scopes.task_worker(request.task_id) if scopes else None
-        if holder != who:
-            raise PermissionDeniedError(f"{identity} may not report for task {request.task_id!r}")
 
 
 def filter_response(identity: Identity, rule: Rule, response: Any, scopes: Scopes | None) -> Any:

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ from gearshift.common.daemon import (
 )
 from gearshift.common.db import database_options, migrate_main, open_database
 from gearshift.common.errors import GearshiftError, ValidationError
-from gearshift.common.server import GrpcServer, register
+from gearshift.common.server import register
 from gearshift.scheduler import metrics
 from gearshift.scheduler.allocators import allocator_names, make_allocator
 from gearshift.scheduler.brain import BrainAdvisor
@@ -113,11 +112,6 @@ OPTIONS = [
         "",
     ),
     Option("shard_manager_address", "shard manager host:port handed to training tasks", ""),
-    Option(
-        "advertise_address",
-        "scheduler host:port handed to training tasks (empty: the address it listens on)",
-        "",
-    ),
     Option(
         "checkpoint_root",
         "directory (shared by the workers) under which each job gets a checkpoint folder",
@@ -225,7 +219,6 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         min_recompute_seconds=config.min_recompute_seconds,
         event_round_gap=config.event_round_gap,
         checkpoint_root=config.checkpoint_root,
-        advertise_address=config.advertise_address,
         brain_address=config.brain_address,
         shard_manager_address=config.shard_manager_address,
         stop_timeout_seconds=config.stop_timeout,
@@ -263,13 +256,6 @@ def build(config: argparse.Namespace) -> Daemon:
     scheduler.recover()
     metrics.watch(scheduler.cluster_state, store.job_counts)
 
-    def on_start(server: GrpcServer) -> None:
-        if not settings.advertise_address:
-            scheduler.settings = dataclasses.replace(
-                scheduler.settings, advertise_address=server.address
-            )
-        scheduler.start()
-
     services = scheduler_pb2.DESCRIPTOR.services_by_name
     return Daemon(
         [
@@ -284,7 +270,7 @@ def build(config: argparse.Namespace) -> Daemon:
                 services["WorkerRegistry"].full_name,
             ),
         ],
-        on_start=on_start,
+        on_start=lambda _server: scheduler.start(),
         on_stop=[scheduler.stop, store.close],
         scopes=lambda: scheduler,
     )

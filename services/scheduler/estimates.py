@@ -3,7 +3,8 @@
 Units are mini-batches per second (one EST's step), as in the pipeline's snapshot.
 
 - Measured: as Gavel keeps a moving average of what jobs report, every progress
-  report of a job running on a known placement updates an exponentially weighted
+  of a job running on a known placement (as its worker's heartbeat carries it, when
+  it advances the job) updates an exponentially weighted
   average of its rate in that device configuration, and - from a one-type
   configuration - the capability of that type: one EST's mini-batches/s on one
   device = (ESTs on its busiest device) x steps/s. The EST planner and the
@@ -73,7 +74,7 @@ class Estimates:
     def observe(
         self, job: JobRecord, generation: int, progress: common_pb2.JobProgress, now: float
     ) -> None:
-        """A progress report of a job running on job.placement."""
+        """A progress of a job running on job.placement (gearshift.scheduler.registry)."""
         spec = job.spec
         with self._lock:
             if self._generation.get(job.job_id) != generation:

@@ -1,10 +1,12 @@
-"""The workers API's domain: worker daemons register and heartbeat, training processes report
-progress, tasks end; workers that fall silent are lost.
+"""The workers API's domain: worker daemons register, heartbeat and renew their tasks' leases,
+tasks end; workers that fall silent are lost.
 
-What a worker says of its tasks is applied here: a completed task completes the
-job, a failed one queues it again from its last checkpoint (a bounded number of
-times) or fails it, a task that checkpointed on its own queues the job. Measured
-progress feeds the throughput estimates (gearshift.scheduler.estimates).
+What a worker says of its tasks is applied here: rank 0's progress (read by its worker
+from the training process and carried by the heartbeat, the one path progress takes)
+updates the job and feeds the throughput estimates (gearshift.scheduler.estimates); a
+completed task completes the job, a failed one queues it again from its last
+checkpoint (a bounded number of times) or fails it, a task that checkpointed on its
+own queues the job.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 
-from gearshift.common.errors import NotFoundError
 from gearshift.common.facts import ENDED_TASK_STATES, EXIT_BAD_INPUT
 from gearshift.scheduler.estimates import Estimates
 from gearshift.scheduler.state import RUNNING_STATES, SchedulerState
@@ -27,7 +28,7 @@ E = scheduler_pb2
 
 
 class WorkerRegistry:
-    """Registration, heartbeats, leases, progress and task reports."""
+    """Registration, heartbeats, leases and task reports (progress among them)."""
 
     def __init__(
         self,
@@ -42,6 +43,7 @@ class WorkerRegistry:
         self.wake = wake
         self.workers_changed: list[Callable[[], None]] = []
         self._taskless: dict[str, float] = {}  # job -> when it was first seen running taskless
+        self._strays: dict[str, float] = {}  # task -> when it was first seen not running its job
 
     def register_worker(
         self,
@@ -89,42 +91,16 @@ class WorkerRegistry:
         return False
 
     def renew_lease(self, worker_id: str, task_id: str) -> tuple[bool, common_pb2.Lease]:
+        """Extend the lease of a task the scheduler holds for this worker; refuse it for any
+        other, which the worker then terminates. A lease is only this fence: a stop is
+        StopTask's (gearshift.scheduler.task_control), even while one is under way."""
         state = self.state
         with state.lock:
             task = state.tasks.get(task_id)
             if task is None or task.worker_id != worker_id:
                 return False, common_pb2.Lease(task_id=task_id)
-            job = state.jobs.get(task.job_id)
-            renewed = (
-                job is not None
-                and job.state == S.JOB_STATE_RUNNING
-                and task_id not in state.stopping
-            )
-            if renewed:
-                task.lease_expires_at = state.clock() + state.settings.lease_seconds
-            return renewed, common_pb2.Lease(task_id=task_id, expires_at=task.lease_expires_at)
-
-    def report_progress(self, job_id: str, task_id: str, progress: common_pb2.JobProgress) -> bool:
-        """Record progress; True when the job must checkpoint and stop (rescale/preemption)."""
-        state = self.state
-        with state.lock:
-            job = state.jobs.get(job_id)
-            if job is None:
-                if state.store.get_job(job_id) is None:
-                    raise NotFoundError("job", job_id)
-                return True  # ended: stop
-            job.progress.CopyFrom(progress)
-            now = state.clock()
-            task = state.tasks.get(task_id)
-            if task is not None and job.state == S.JOB_STATE_RUNNING and job.placement.processes:
-                self.estimates.observe(job, task.generation, progress, now)
-            if progress.started_fresh and task is not None and task.job_id == job_id:
-                self._started_fresh(job, task.generation)
-            last = state.last_progress_event.get(job_id, 0.0)
-            if now - last >= state.settings.progress_event_seconds:
-                state.last_progress_event[job_id] = now
-                state.record(job, E.JOB_EVENT_TYPE_PROGRESS, "")
-            return task_id in state.stopping
+            task.lease_expires_at = state.clock() + state.settings.lease_seconds
+            return True, common_pb2.Lease(task_id=task_id, expires_at=task.lease_expires_at)
 
     def _started_fresh(self, job: JobRecord, generation: int) -> None:
         """A placement that found nothing to resume from says so once, as an event: a job
@@ -175,7 +151,8 @@ class WorkerRegistry:
         without the tasks it ran (its training processes died with it): it is never lost,
         and nothing would ever end those tasks. A task counts once its worker has had it
         (StartTask answered, or listed since) for the heartbeat timeout without listing
-        it: a start still in flight is not one. Returns the jobs sent back to the queue."""
+        it: a start still in flight is not one. Tasks their jobs no longer run are stopped
+        too (_stop_strays). Returns the jobs sent back to the queue."""
         state = self.state
         timeout = state.settings.heartbeat_timeout
         dead = [
@@ -198,7 +175,9 @@ class WorkerRegistry:
             "its worker no longer runs it",
             lambda w: f"worker {w} no longer runs the job's task (the worker restarted)",
         )
-        return sorted({t.job_id for t in dead} | set(self._detect_taskless(now)))
+        requeued = sorted({t.job_id for t in dead} | set(self._detect_taskless(now)))
+        self._stop_strays(now)
+        return requeued
 
     def _detect_taskless(self, now: float) -> list[str]:
         """Jobs recorded as running with no task left, for the heartbeat timeout: requeued.
@@ -228,6 +207,37 @@ class WorkerRegistry:
             )
             requeued.append(job_id)
         return requeued
+
+    def _stop_strays(self, now: float) -> None:
+        """Tasks that are not their job's running placement (the job is queued or ended, or
+        runs a newer placement), left unstopped for the heartbeat timeout: stopped, without
+        a checkpoint (it could overwrite the newer placement's).
+
+        Every stop the scheduler decides is a StopTask, and a lease stops nothing. A
+        scheduler (or its database) that stops between requeuing a job and stopping its
+        tasks, or a start abandoned half-way, leaves such tasks, which nothing else would
+        ever stop. A start in flight is never one: this runs between rounds."""
+        state = self.state
+        strays = {
+            t.task_id: t
+            for t in state.tasks.values()
+            if t.task_id not in state.stopping
+            and (
+                (job := state.jobs.get(t.job_id)) is None
+                or job.state not in RUNNING_STATES
+                or t.generation != job.generation
+            )
+        }
+        for task_id in set(self._strays) - set(strays):
+            del self._strays[task_id]
+        stop = []
+        for task_id, task in sorted(strays.items()):
+            since = self._strays.setdefault(task_id, now)
+            if now - since > state.settings.heartbeat_timeout:
+                del self._strays[task_id]
+                log.warning("task of a job that does not run it", extra={"task_id": task_id})
+                stop.append(task)
+        self.control.kill(stop, "its job no longer runs it")
 
     def _tasks_gone(
         self,
@@ -271,12 +281,8 @@ class WorkerRegistry:
                     continue
                 task.last_listed_at = now
                 job = state.jobs.get(task.job_id)
-                if (
-                    job is not None
-                    and status.HasField("progress")
-                    and status.progress.step >= max(job.progress.step, 1)
-                ):
-                    job.progress.CopyFrom(status.progress)
+                if job is not None and status.HasField("progress"):
+                    self._progress(job, task, status.progress, now)
                 if status.state in (S.TASK_STATE_STARTING, S.TASK_STATE_RUNNING):
                     task.state = status.state
                     continue
@@ -295,6 +301,25 @@ class WorkerRegistry:
         self.control.kill(kill, "a task of the job failed")
         if ended:
             self.wake()
+
+    def _progress(
+        self, job: JobRecord, task: TaskRecord, progress: common_pb2.JobProgress, now: float
+    ) -> None:
+        """A task's progress as its worker reports it (heartbeat, end): the one path by which
+        training progress reaches the scheduler. It updates the job, feeds the measured
+        throughputs and is recorded as a PROGRESS event now and then (under the lock)."""
+        if progress.started_fresh:
+            self._started_fresh(job, task.generation)
+        if not _advances(job.progress, progress):
+            return
+        job.progress.CopyFrom(progress)
+        state = self.state
+        if job.state == S.JOB_STATE_RUNNING and job.placement.processes:
+            self.estimates.observe(job, task.generation, progress, now)
+        last = state.last_progress_event.get(job.job_id, 0.0)
+        if now - last >= state.settings.progress_event_seconds:
+            state.last_progress_event[job.job_id] = now
+            state.record(job, E.JOB_EVENT_TYPE_PROGRESS, "")
 
     def _task_ended(
         self, job: JobRecord, task: TaskRecord, worker_id: str, status: common_pb2.TaskStatus
@@ -336,3 +361,13 @@ class WorkerRegistry:
         if not others and job.state in RUNNING_STATES:
             state.requeue(job, E.JOB_EVENT_TYPE_CHECKPOINTED, "stopped after a checkpoint")
         return []
+
+
+def _advances(job: common_pb2.JobProgress, reported: common_pb2.JobProgress) -> bool:
+    """Whether a task's progress is the job's: only rank 0's task knows it (the others report
+    step 0), from its first step on; a placement resumed from a checkpoint repeats steps the
+    job already reported, and counts again once it passes them. A placement that started
+    fresh did go back to step 0: its progress counts from its first step."""
+    if reported.step < 1:
+        return False
+    return reported.started_fresh or reported.step >= job.step

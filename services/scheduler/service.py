@@ -15,7 +15,7 @@ there). Where each part lives:
 - gearshift.scheduler.rounds     - the round: snapshot -> allocate -> place -> reconcile,
                                    and applying it (stops, then starts);
 - gearshift.scheduler.jobs_api   - submit, get, list, cancel, watch, cluster state;
-- gearshift.scheduler.registry   - workers register and heartbeat, tasks report, progress;
+- gearshift.scheduler.registry   - workers register, heartbeat (with progress), tasks end;
 - gearshift.scheduler.estimates  - measured and the Brain's throughputs, restart costs;
 - gearshift.scheduler.task_control - StartTask / StopTask on the workers;
 - gearshift.scheduler.state      - the live records and the bookkeeping they share;
@@ -214,11 +214,6 @@ class Scheduler:
         except NotFoundError:
             return None
 
-    def task_worker(self, task_id: str) -> str | None:
-        with self.state.lock:
-            task = self.state.tasks.get(task_id)
-            return task.worker_id if task is not None else None
-
     def has_code(self, sha256: str) -> bool:
         return self.jobs.has_code(sha256)
 
@@ -268,9 +263,6 @@ class Scheduler:
 
     def renew_lease(self, worker_id: str, task_id: str) -> tuple[bool, common_pb2.Lease]:
         return self.registry.renew_lease(worker_id, task_id)
-
-    def report_progress(self, job_id: str, task_id: str, progress: common_pb2.JobProgress) -> bool:
-        return self.registry.report_progress(job_id, task_id, progress)
 
     def task_finished(self, worker_id: str, status: common_pb2.TaskStatus) -> None:
         self.registry.task_finished(worker_id, status)

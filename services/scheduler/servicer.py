@@ -81,9 +81,10 @@ def check_task_status(status: common_pb2.TaskStatus, field: str) -> None:
     check_enum(
         status.state, common_pb2.TaskState.values(), f"{field}.state", allow_unspecified=False
     )
+    check_progress(status.progress, f"{field}.progress")  # it feeds the job and the estimates
 
 
-def check_progress(progress: common_pb2.JobProgress, field: str = "progress") -> None:
+def check_progress(progress: common_pb2.JobProgress, field: str) -> None:
     require(progress.step >= 0, f"{field}.step", f"must be >= 0 (got {progress.step})")
     require(progress.total_steps >= 0, f"{field}.total_steps", "must be >= 0")
     require(progress.epoch >= 0, f"{field}.epoch", "must be >= 0")
@@ -236,18 +237,8 @@ class WorkerRegistryServicer(scheduler_pb2_grpc.WorkerRegistryServicer):
     ) -> scheduler_pb2.RenewLeaseResponse:
         check_name(request.worker_id, "worker_id")
         require(bool(request.task_id), "task_id", "is required")
-        require(request.step >= 0, "step", f"must be >= 0 (got {request.step})")
         renewed, lease = self.scheduler.renew_lease(request.worker_id, request.task_id)
         return scheduler_pb2.RenewLeaseResponse(renewed=renewed, lease=lease)
-
-    def ReportProgress(
-        self, request: scheduler_pb2.ReportProgressRequest, context: grpc.ServicerContext
-    ) -> scheduler_pb2.ReportProgressResponse:
-        check_job_id(request.job_id)
-        require(bool(request.task_id), "task_id", "is required")
-        check_progress(request.progress)
-        stop = self.scheduler.report_progress(request.job_id, request.task_id, request.progress)
-        return scheduler_pb2.ReportProgressResponse(stop_requested=stop)
 
     def TaskFinished(
         self, request: scheduler_pb2.TaskFinishedRequest, context: grpc.ServicerContext

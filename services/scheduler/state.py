@@ -58,7 +58,6 @@ class SchedulerSettings:
     min_recompute_seconds: float = 0.0
     event_round_gap: float = 1.0  # least time between the end of a round and one an event asks
     checkpoint_root: str = ".gearshift/checkpoints"
-    advertise_address: str = ""
     brain_address: str = ""
     shard_manager_address: str = ""
     stop_timeout_seconds: float = 60.0

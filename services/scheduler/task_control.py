@@ -2,8 +2,9 @@
 
 A placement becomes one task per worker (the job's processes there), saved
 before any StartTask is sent; stops checkpoint (rescale, preemption) or kill
-(cancel, failure). Calls go out in parallel, outside the scheduler's lock; the
-records they change are updated under it.
+(cancel, failure). StopTask is the only way the scheduler stops a task, and a
+stop always ends (see stop_tasks). Calls go out in parallel, outside the
+scheduler's lock; the records they change are updated under it.
 """
 
 from __future__ import annotations
@@ -95,7 +96,6 @@ class TaskControl:
                 resume=resume,
                 lease=common_pb2.Lease(task_id=task_id, expires_at=task.lease_expires_at),
                 endpoints=worker_pb2.ServiceEndpoints(
-                    scheduler=settings.advertise_address,
                     brain=settings.brain_address,
                     shard_manager=settings.shard_manager_address,
                 ),
@@ -152,44 +152,68 @@ class TaskControl:
 
     # Stopping ---------------------------------------------------------------------
     def stop_tasks(self, tasks: Sequence[TaskRecord], *, checkpoint: bool, reason: str) -> None:
-        """StopTask every task (with a checkpoint, or not) and close their records."""
-        state = self.state
+        """StopTask every task (with a checkpoint, or not) and close their records.
+
+        StopTask is the one stop request, and a stop always ends: whatever becomes of the
+        call (a lost or unreachable worker, a call that fails or times out, an error), the
+        task is given up, out of the scheduler's tasks. Its worker, once it reaches the
+        scheduler again, has the task's lease refused (the fence, registry.renew_lease) and
+        terminates it without a checkpoint (its job may run elsewhere by then). StopTask is
+        not retried: a worker that did not answer it would learn no sooner."""
 
         def call(task: TaskRecord) -> str:
-            with state.lock:
-                worker = state.workers.get(task.worker_id)
             status: common_pb2.TaskStatus | None = None
-            if worker is not None and worker.alive:
-                try:
-                    status = self.agents.stop(
-                        worker.address,
-                        task.task_id,
-                        checkpoint=checkpoint,
-                        reason=reason,
-                        timeout=state.settings.stop_timeout_seconds,
-                    )
-                except grpc.RpcError as exc:
-                    log.warning(
-                        "StopTask failed",
-                        extra={"task_id": task.task_id, "error": rpc_details(exc)},
-                    )
-            with state.lock:
-                task.state = (
-                    status.state
-                    if status is not None and status.state in ENDED_TASK_STATES
-                    else S.TASK_STATE_CHECKPOINTED
-                    if checkpoint
-                    else S.TASK_STATE_FAILED
-                )
-                if status is not None and status.checkpoint_path:
-                    task.checkpoint_path = status.checkpoint_path
-                task.ended_at = state.clock()
-                state.tasks.pop(task.task_id, None)
-                state.stopping.discard(task.task_id)
-                state.store.save_tasks([task])
+            try:
+                status = self._stop_one(task, checkpoint=checkpoint, reason=reason)
+            finally:
+                self._close(task, status, checkpoint=checkpoint)
             return ""
 
         pool_map(call, list(tasks))
+
+    def _stop_one(
+        self, task: TaskRecord, *, checkpoint: bool, reason: str
+    ) -> common_pb2.TaskStatus | None:
+        """StopTask on the task's worker: its final status, or None (lost, or no answer)."""
+        state = self.state
+        with state.lock:
+            worker = state.workers.get(task.worker_id)
+        if worker is None or not worker.alive:
+            return None
+        try:
+            return self.agents.stop(
+                worker.address,
+                task.task_id,
+                checkpoint=checkpoint,
+                reason=reason,
+                timeout=state.settings.stop_timeout_seconds,
+            )
+        except grpc.RpcError as exc:
+            log.warning(
+                "StopTask failed; the task is given up (its lease will be refused)",
+                extra={"task_id": task.task_id, "error": rpc_details(exc)},
+            )
+            return None
+
+    def _close(
+        self, task: TaskRecord, status: common_pb2.TaskStatus | None, *, checkpoint: bool
+    ) -> None:
+        """The stopped task's record: ended as its worker said, or as the stop asked."""
+        state = self.state
+        with state.lock:
+            task.state = (
+                status.state
+                if status is not None and status.state in ENDED_TASK_STATES
+                else S.TASK_STATE_CHECKPOINTED
+                if checkpoint
+                else S.TASK_STATE_FAILED
+            )
+            if status is not None and status.checkpoint_path:
+                task.checkpoint_path = status.checkpoint_path
+            task.ended_at = state.clock()
+            state.tasks.pop(task.task_id, None)
+            state.stopping.discard(task.task_id)
+            state.store.save_tasks([task])
 
     def kill(self, tasks: Sequence[TaskRecord], reason: str) -> None:
         """Stop tasks without a checkpoint, in the background."""

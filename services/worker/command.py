@@ -16,7 +16,7 @@ JobSpec mapped onto the runtime's flags:
 | checkpoint_every_steps (0: the default)| --checkpoint-every                         |
 | placement (ESTs per rank, in order)    | --mapping                                  |
 | checkpoint_dir, resume                 | --checkpoint-dir, --resume                 |
-| endpoints, dataset_id, job/task ids    | --scheduler, --brain, --shard-manager, ... |
+| endpoints, dataset_id, job/task ids    | --brain, --shard-manager, --job-id, ...    |
 
 The seed is the job's one seed: model initialisation, every EST's random
 states and the data order all derive from `dataset.seed`, so a local run with
@@ -148,8 +148,6 @@ class TaskPlan:
         cmd += ["--job-id", self.job_id, "--task-id", self.task_id]
         cmd += ["--dataset-id", self.dataset_id, "--accelerator-type", self.accelerator_type]
         cmd += ["--report-interval", str(settings.report_interval)]
-        if e.scheduler:
-            cmd += ["--scheduler", e.scheduler]
         if e.brain:
             cmd += ["--brain", e.brain]
         if e.shard_manager:
@@ -293,7 +291,7 @@ def plan_task(
     )
     dataset_id = request.dataset_id or request.job_id
     check_name(dataset_id, "dataset_id")
-    for name in ("scheduler", "brain", "shard_manager"):
+    for name in ("brain", "shard_manager"):
         address = getattr(request.endpoints, name)
         if address:
             try:

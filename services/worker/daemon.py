@@ -77,7 +77,7 @@ OPTIONS = [
     Option("log_every", "training progress every this many global steps", 5, int),
     Option(
         "report_interval",
-        "seconds between rank 0's progress reports to the scheduler (and its stop checks)",
+        "seconds between rank 0's runtime-sample reports to the Brain",
         1.0,
         float,
     ),

@@ -10,15 +10,16 @@ returned at registration; at once when a task ends):
    whose TaskFinished did not get through (the scheduler applies an end seen in
    a heartbeat as it would the TaskFinished);
 3. TaskFinished for every ended task not yet acknowledged, retried until it is;
-4. RenewLease for every running task, at most every lease third. An answer of
-   `renewed = false` stops the task once its lease has run out: with a
-   checkpoint when the scheduler still knows the task (it wants the devices
-   back), without one when it does not (expiry 0: the task was given up, e.g.
-   after this worker was declared lost, and its job runs elsewhere; a
-   checkpoint now could overwrite that placement's).
+4. RenewLease for every running task, at most every lease third. The lease is
+   a fence: an answer of `renewed = false` means the scheduler no longer holds
+   the task for this worker (it gave it up: this worker was declared lost, or
+   a StopTask for it could not get through), and the task is terminated at
+   once, without a checkpoint (its job may run elsewhere; a checkpoint now
+   could overwrite that placement's). The scheduler stops a task only with
+   StopTask; a lease never asks for a checkpoint.
 
 A scheduler that is down or restarting costs log lines and retries, never a
-task: a lease is acted on only when the scheduler answers.
+task: a lease that runs out stops nothing, a refusal does.
 """
 
 from __future__ import annotations
@@ -217,9 +218,7 @@ class SchedulerLink:
             if now - self._renewed_at.get(task.task_id, 0.0) < min(period, 30.0):
                 continue
             request = scheduler_pb2.RenewLeaseRequest(
-                worker_id=self.agent.worker_id,
-                task_id=task.task_id,
-                step=task.progress().step,
+                worker_id=self.agent.worker_id, task_id=task.task_id
             )
             try:
                 reply = self._stub.RenewLease(request, timeout=CALL_TIMEOUT_S)
@@ -227,27 +226,22 @@ class SchedulerLink:
                 self._failed("lease renewal", exc)
                 return
             self._renewed_at[task.task_id] = now
-            self._apply_lease(task, reply, now)
+            self._apply_lease(task, reply)
 
-    def _apply_lease(self, task: Task, reply: scheduler_pb2.RenewLeaseResponse, now: float) -> None:
+    def _apply_lease(self, task: Task, reply: scheduler_pb2.RenewLeaseResponse) -> None:
         if reply.renewed:
             task.lease_expires_at = reply.lease.expires_at
             return
         if task.state == common_pb2.TASK_STATE_STOPPING:
-            return
-        if reply.lease.expires_at <= 0:
-            log.warning(
-                "the scheduler no longer knows this task; terminating",
-                extra={"task_id": task.task_id},
-            )
-            threading.Thread(
-                target=task.request_stop,
-                kwargs={"checkpoint": False, "reason": "unknown to the scheduler"},
-                daemon=True,
-            ).start()
-        elif reply.lease.expires_at < now:
-            log.info("lease not renewed and over; checkpointing", extra={"task_id": task.task_id})
-            task.request_stop(checkpoint=True, reason="lease ended")
+            return  # a StopTask is under way: it ends the task
+        log.warning(
+            "the scheduler no longer holds this task; terminating", extra={"task_id": task.task_id}
+        )
+        threading.Thread(
+            target=task.request_stop,
+            kwargs={"checkpoint": False, "reason": "unknown to the scheduler"},
+            daemon=True,
+        ).start()
 
 
 def default_worker_id(hostname: str, port: int) -> str:

@@ -144,7 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     svc.add_argument("--job-id", default="", help="the job's id in the scheduler")
     svc.add_argument("--task-id", default="", help="the task this process belongs to")
-    svc.add_argument("--scheduler", default="", help="HOST:PORT: rank 0 reports progress there")
     svc.add_argument("--brain", default="", help="HOST:PORT: rank 0 reports runtime samples there")
     svc.add_argument("--shard-manager", default="", help="HOST:PORT of the shard manager")
     svc.add_argument("--dataset-id", default="", help="dataset id in the shard manager")
@@ -159,8 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-size", type=int, default=0, help="samples to use, 0..N-1 (0: the whole dataset)"
     )
     svc.add_argument("--accelerator-type", default="cpu", help="device type, for the Brain")
-    svc.add_argument("--report-interval", type=float, default=1.0, help="seconds between reports")
-    svc.add_argument("--progress-file", type=Path, help="rank 0 keeps its latest progress here")
+    svc.add_argument(
+        "--report-interval",
+        type=float,
+        default=1.0,
+        help="seconds between samples sent to the Brain",
+    )
+    svc.add_argument(
+        "--progress-file",
+        type=Path,
+        help="rank 0 keeps its latest progress here (the worker daemon's heartbeats carry it)",
+    )
     return parser
 
 
@@ -299,7 +307,7 @@ def run_one(
     from gearshift.worker.wiring import Wiring  # noqa: PLC0415
 
     rank = args.rank
-    wiring = Wiring.from_args(args, settings, mapping, stop)
+    wiring = Wiring.from_args(args, settings, mapping)
 
     def report(progress: Progress) -> None:
         if rank == 0:

@@ -303,7 +303,8 @@ class Task:
     # -- status --------------------------------------------------------------------------
 
     def progress(self) -> common_pb2.JobProgress:
-        """Rank 0's latest progress if it runs here; the steps reached otherwise."""
+        """Rank 0's latest progress if it runs here (the file it keeps: what heartbeats carry
+        to the scheduler); only the steps to run otherwise."""
         progress = common_pb2.JobProgress(total_steps=self.plan.total_steps)
         try:
             data = json.loads((self.task_dir / "progress.json").read_text())
@@ -313,6 +314,7 @@ class Task:
             progress.step = int(data.get("step", 0))
             progress.loss = float(data.get("loss", 0.0))
             progress.samples_per_second = max(float(data.get("samples_per_s", 0.0)), 0.0)
+            progress.started_fresh = bool(data.get("started_fresh", False))
         size = self.plan.spec.dataset.size
         if size > 0:
             progress.epoch = progress.step * self.plan.spec.global_batch_size // size

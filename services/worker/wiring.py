@@ -1,12 +1,13 @@
 """How one training process is connected to the services, from its command line.
 
-The runtime stays unaware of the cluster: it takes a data source, a progress
-callback and a stop flag (its seams). This module fills them from the
-`services` flags of `python -m gearshift.worker.run` that a worker daemon sets:
-the shard manager's dataset as the source, rank 0's progress reported to the
-scheduler and runtime samples to the Brain, and the scheduler's stop request
-turned into the runtime's stop flag (checkpoint at the next global step, exit
-75). Without those flags a process trains alone, as in a local run.
+The runtime stays unaware of the cluster: it takes a data source and a progress
+callback (its seams). This module fills them from the `services` flags of
+`python -m gearshift.worker.run` that a worker daemon sets: the shard manager's
+dataset as the source; rank 0's progress kept in `--progress-file`, which the
+worker daemon reads and carries to the scheduler in its heartbeats (the one path
+progress takes), and turned into runtime samples for the Brain. A stop comes as
+a signal from the worker daemon (the runtime's stop flag). Without those flags a
+process trains alone, as in a local run.
 """
 
 from __future__ import annotations
@@ -24,11 +25,10 @@ from gearshift.common.auth import TOKEN_VARIABLE, ClientTls
 from gearshift.common.channel import plain_channel
 from gearshift.common.errors import ValidationError
 from gearshift.worker.datasource import DataPlan, DynamicFeed, ManagedShards, epochs_needed
-from gearshift.worker.reporting import Reporter, ReportTarget, Snapshot
+from gearshift.worker.reporting import ReportTarget, SampleReporter
 from gearshift.worker.runtime import checkpoint
 from gearshift.worker.runtime.data import DataSource, LocalShards
 from gearshift.worker.runtime.settings import RunSettings
-from gearshift.worker.runtime.stop import StopFlag
 from gearshift.worker.shard_client import ShardClient
 
 log = logging.getLogger("gearshift.worker.wiring")
@@ -53,8 +53,9 @@ class Wiring:
     shard_manager: str = ""
     token: str | None = None
     tls: ClientTls | None = None
-    reporter: Reporter | None = None
+    reporter: SampleReporter | None = None
     progress_file: Path | None = None
+    started_fresh: bool = False  # told to resume, found no checkpoint: starts at step 0
     _feed: DynamicFeed | None = field(default=None, init=False)
     _client: ShardClient | None = field(default=None, init=False)
 
@@ -64,7 +65,6 @@ class Wiring:
         args: argparse.Namespace,
         settings: RunSettings,
         mapping: Sequence[int],
-        stop: StopFlag,
     ) -> Wiring:
         token = os.environ.get(TOKEN_VARIABLE) or None
         tls = ClientTls.from_environment(os.environ)
@@ -80,6 +80,10 @@ class Wiring:
             tls=tls,
             progress_file=args.progress_file if args.rank == 0 else None,
         )
+        if wiring.progress_file is not None and args.resume:
+            wiring.started_fresh = checkpoint.latest(args.checkpoint_dir) is None
+            if wiring.started_fresh:  # said before the first step, which may be far off
+                wiring.progress(0, settings.total_steps, 0.0, 0.0)
         if args.data_mode != "local":
             if not args.shard_manager:
                 raise ValidationError(
@@ -88,21 +92,17 @@ class Wiring:
             if not args.data_size:
                 raise ValidationError("--data-size", f"is required by --data-mode {args.data_mode}")
             wiring.plan = _plan(args, settings)
-        if args.rank == 0 and (args.scheduler or args.brain):
+        if args.rank == 0 and args.brain:
             target = ReportTarget(
                 job_id=args.job_id,
                 task_id=args.task_id,
-                scheduler=args.scheduler,
                 brain=args.brain,
                 token=token,
                 tls=tls,
                 accelerator_type=args.accelerator_type,
                 ests_per_device=tuple(mapping),
-                global_batch_size=settings.global_batch_size,
-                dataset_size=args.data_size,
-                started_fresh=bool(args.resume) and checkpoint.latest(args.checkpoint_dir) is None,
             )
-            wiring.reporter = Reporter(target, stop.request, interval=args.report_interval)
+            wiring.reporter = SampleReporter(target, interval=args.report_interval)
             wiring.reporter.start()
         return wiring
 
@@ -125,9 +125,9 @@ class Wiring:
         return managed
 
     def progress(self, step: int, total: int, loss: float, samples_per_s: float) -> None:
-        """Rank 0's progress callback: remember it for the reporter and the daemon."""
+        """Rank 0's progress callback: a sample for the Brain, the file for the daemon."""
         if self.reporter is not None:
-            self.reporter.record(Snapshot(step, total, loss, samples_per_s))
+            self.reporter.record(step, samples_per_s)
         if self.progress_file is not None:
             try:
                 _write_json(
@@ -137,6 +137,7 @@ class Wiring:
                         "total_steps": total,
                         "loss": loss,
                         "samples_per_s": samples_per_s,
+                        "started_fresh": self.started_fresh,
                     },
                 )
             except OSError as exc:  # the daemon's view is a convenience, never a reason to stop

@@ -150,7 +150,7 @@ def test_a_jobs_token_acts_for_its_own_job_only(
     daemons: DaemonFactory, tmp_path: Path, redis_url: str
 ) -> None:
     """The scheduler, the Brain and the shard manager with one job key: job a's token may
-    report a's progress and samples and use a's dataset; every call about job b, every
+    report a's runtime samples and use a's dataset; every call about job b, every
     message of a shard stream about b, every call no training process makes, and a forged
     token are refused, and a worker's token no longer reaches any job's data."""
     tokens, key = tmp_path / "tokens", tmp_path / "job.key"
@@ -193,12 +193,12 @@ def test_a_jobs_token_acts_for_its_own_job_only(
         )
     )
     assert answers and not answers[0].error_code
-    progress = S.ReportProgressRequest(job_id=a, task_id="t", progress=C.JobProgress(step=1))
-    assert denied(lambda: registry.ReportProgress(progress), grpc.StatusCode.NOT_FOUND)  # passed
+    sample = B.RuntimeSample(time=1.0, step=1, accelerator_type="cpu", device_count=1)
+    samples = B.ReportSamplesRequest(batch_id="a:1", job_id=a, samples=[sample])
+    assert denied(lambda: brain.ReportSamples(samples), grpc.StatusCode.NOT_FOUND)  # passed
 
     naming = f"service:{a} may not act on"
     for call in (
-        lambda: registry.ReportProgress(S.ReportProgressRequest(job_id=b, task_id="t")),
         lambda: brain.ReportSamples(
             B.ReportSamplesRequest(batch_id="x", job_id=b, samples=[B.RuntimeSample(step=1)])
         ),

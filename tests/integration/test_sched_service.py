@@ -392,8 +392,15 @@ def test_invalid_requests_name_the_field(daemons: DaemonFactory, postgres_db: st
                     worker_id="w", status=C.TaskStatus(task_id="t", state=C.TASK_STATE_RUNNING)
                 )
             ),
-            "progress.step:": lambda: registry.ReportProgress(
-                S.ReportProgressRequest(job_id="j", task_id="t", progress=C.JobProgress(step=-1))
+            "tasks[0].progress.step:": lambda: registry.Heartbeat(
+                S.HeartbeatRequest(
+                    worker_id="w",
+                    tasks=[
+                        C.TaskStatus(
+                            task_id="t", state=C.TASK_STATE_RUNNING, progress=C.JobProgress(step=-1)
+                        )
+                    ],
+                )
             ),
         }
         for prefix, call in bad_calls.items():
@@ -574,15 +581,14 @@ def test_an_elastic_job_rescales_through_checkpoint_and_resume(
 
         wait_until(grown, WAIT, "the lone job grows to 4 devices")
         (task,) = [r.task_id for r in worker.agent.starts if r.job_id == big]
-        renewed = registry.RenewLease(S.RenewLeaseRequest(worker_id="w1", task_id=task, step=5))
+        renewed = registry.RenewLease(S.RenewLeaseRequest(worker_id="w1", task_id=task))
         assert renewed.renewed and renewed.lease.expires_at > 0
-        reply = registry.ReportProgress(
-            S.ReportProgressRequest(
-                job_id=big, task_id=task, progress=C.JobProgress(step=5, total_steps=100)
-            )
+        progress = C.JobProgress(step=5, total_steps=100)
+        status = C.TaskStatus(
+            task_id=task, job_id=big, state=C.TASK_STATE_RUNNING, progress=progress
         )
-        assert not reply.stop_requested
-        assert jobs.GetJob(S.GetJobRequest(job_id=big)).progress.step == 5
+        registry.Heartbeat(S.HeartbeatRequest(worker_id="w1", tasks=[status]))
+        assert jobs.GetJob(S.GetJobRequest(job_id=big)).progress == progress
 
         small = jobs.SubmitJob(S.SubmitJobRequest(spec=spec("small", 1))).job.job_id
         wait_until(lambda: job_state(jobs, small) == C.JOB_STATE_RUNNING, WAIT, "newcomer runs")
@@ -601,7 +607,7 @@ def test_an_elastic_job_rescales_through_checkpoint_and_resume(
         assert (
             history.index("RESCALING") < history.index("CHECKPOINTED") < history.index("RESCALED")
         )
-        # The old task's lease is no longer renewed; progress from it is told to stop.
+        # The old task is no longer the scheduler's: its lease is refused (the fence).
         assert not registry.RenewLease(S.RenewLeaseRequest(worker_id="w1", task_id=task)).renewed
 
 

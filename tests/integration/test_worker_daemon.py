@@ -1,6 +1,6 @@
 """The worker daemon as a real process over real gRPC, its training processes real runtime
 processes; the scheduler side is an in-process WorkerRegistry server that records what the
-daemon and rank 0 tell it (register, heartbeats, leases, progress, TaskFinished)."""
+daemon tells it (register, heartbeats with its tasks' progress, leases, TaskFinished)."""
 
 from __future__ import annotations
 
@@ -41,16 +41,16 @@ S = scheduler_pb2
 
 @dataclass
 class FakeScheduler(scheduler_pb2_grpc.WorkerRegistryServicer):
-    """Records the Workers API calls; can ask for a re-registration or a job's stop."""
+    """Records the Workers API calls; can ask for a re-registration, and answer RenewLease
+    as `leases` says: renew, refuse (the task is not the scheduler's) or down (UNAVAILABLE)."""
 
     registrations: list[S.RegisterWorkerRequest] = field(default_factory=list)
     heartbeats: list[S.HeartbeatRequest] = field(default_factory=list)
     finished: list[C.TaskStatus] = field(default_factory=list)
-    progress: list[S.ReportProgressRequest] = field(default_factory=list)
     renewals: list[S.RenewLeaseRequest] = field(default_factory=list)
     reregister: threading.Event = field(default_factory=threading.Event)
-    stop_tasks: set[str] = field(default_factory=set)
     code: dict[str, bytes] = field(default_factory=dict)  # FetchCode serves these
+    leases: str = "renew"
 
     def RegisterWorker(
         self, request: S.RegisterWorkerRequest, context: grpc.ServicerContext
@@ -72,14 +72,13 @@ class FakeScheduler(scheduler_pb2_grpc.WorkerRegistryServicer):
         self, request: S.RenewLeaseRequest, context: grpc.ServicerContext
     ) -> S.RenewLeaseResponse:
         self.renewals.append(request)
+        if self.leases == "down":
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is restarting")
+        if self.leases == "refuse":  # with a lease that ran out: a refusal is not "at its end"
+            lease = C.Lease(task_id=request.task_id, expires_at=time.time() - 1)
+            return S.RenewLeaseResponse(renewed=False, lease=lease)
         lease = C.Lease(task_id=request.task_id, expires_at=time.time() + 60)
         return S.RenewLeaseResponse(renewed=True, lease=lease)
-
-    def ReportProgress(
-        self, request: S.ReportProgressRequest, context: grpc.ServicerContext
-    ) -> S.ReportProgressResponse:
-        self.progress.append(request)
-        return S.ReportProgressResponse(stop_requested=request.task_id in self.stop_tasks)
 
     def TaskFinished(
         self, request: S.TaskFinishedRequest, context: grpc.ServicerContext
@@ -97,6 +96,10 @@ class FakeScheduler(scheduler_pb2_grpc.WorkerRegistryServicer):
 
     def ended(self, task_id: str) -> C.TaskStatus | None:
         return next((s for s in self.finished if s.task_id == task_id), None)
+
+    def progress(self, task_id: str) -> list[C.JobProgress]:
+        """The task's progress, heartbeat after heartbeat."""
+        return [t.progress for h in list(self.heartbeats) for t in h.tasks if t.task_id == task_id]
 
 
 def serve_fake(token: str = "") -> tuple[FakeScheduler, grpc.Server, str]:
@@ -157,9 +160,7 @@ def spec(steps: int, module: str = MLP, config: str = '{"samples": 256}') -> C.J
     )
 
 
-def start_request(
-    tmp_path: Path, task_id: str, job_spec: C.JobSpec, scheduler: str = ""
-) -> worker_pb2.StartTaskRequest:
+def start_request(tmp_path: Path, task_id: str, job_spec: C.JobSpec) -> worker_pb2.StartTaskRequest:
     """Two ranks on worker wA holding 3 and 1 ESTs (an uneven split)."""
     processes = [
         C.ProcessAssignment(rank=0, worker_id="wA", device_index=0, est_ids=[0, 1, 2]),
@@ -173,7 +174,6 @@ def start_request(
         local_ranks=[0, 1],
         rendezvous_address=f"127.0.0.1:{free_port()}",
         checkpoint_dir=str(tmp_path / "ckpt" / task_id),
-        endpoints=worker_pb2.ServiceEndpoints(scheduler=scheduler),
     )
 
 
@@ -255,7 +255,7 @@ def test_a_task_completes_with_the_digest_of_a_local_run(
     recorder, address = fake
     worker = start_worker(daemons, address, tmp_path)
     job_spec = spec(20)
-    request = start_request(tmp_path, "t-done", job_spec, scheduler=address)
+    request = start_request(tmp_path, "t-done", job_spec)
     with connect(worker.address) as channel:
         stub = worker_pb2_grpc.WorkerAgentStub(channel)
         first = stub.StartTask(request)
@@ -272,9 +272,6 @@ def test_a_task_completes_with_the_digest_of_a_local_run(
         "rank0.log",
         "rank1.log",
     ]
-    # Rank 0 reported progress to the scheduler, up to the last step.
-    assert recorder.progress and recorder.progress[-1].progress.step == 20
-    assert recorder.progress[-1].job_id == request.job_id
     assert status(worker, "t-done").state == C.TASK_STATE_COMPLETED
 
 
@@ -298,19 +295,56 @@ def test_stop_task_checkpoints_and_ends_checkpointed(
     assert final.state == C.TASK_STATE_CHECKPOINTED
 
 
-def test_a_stop_requested_in_the_progress_answer_checkpoints(
+def test_the_heartbeat_carries_rank_0s_progress_and_a_fresh_start(
     daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
 ) -> None:
+    """Progress takes one path: rank 0 keeps it in a file, the daemon's heartbeats carry it.
+    Told to resume from a folder with no checkpoint, rank 0 says it started fresh before its
+    first step (the job takes 2 s to build), and on every report after."""
     recorder, address = fake
     worker = start_worker(daemons, address, tmp_path)
-    recorder.stop_tasks.add("t-asked")
+    config = '{"samples": 256, "crash_after": 1000000, "start_delay": 2}'
+    request = start_request(tmp_path, "t-fresh", spec(20, "tests.integration.worker_jobs", config))
+    request.resume = True
     with connect(worker.address) as channel:
-        worker_pb2_grpc.WorkerAgentStub(channel).StartTask(
-            start_request(tmp_path, "t-asked", spec(1_000_000), scheduler=address)
-        )
-    final = finished(recorder, "t-asked")
-    assert final.state == C.TASK_STATE_CHECKPOINTED, final.message
-    assert list((tmp_path / "ckpt" / "t-asked").glob("ckpt-*.pt"))
+        worker_pb2_grpc.WorkerAgentStub(channel).StartTask(request)
+    final = finished(recorder, "t-fresh")
+    assert final.state == C.TASK_STATE_COMPLETED, final.message
+    assert final.progress.step == 20 and final.progress.started_fresh
+    reported = [p for p in recorder.progress("t-fresh") if p.started_fresh]
+    assert reported and reported[0].step == 0 and reported[0].total_steps == 20, reported
+    assert all(p.started_fresh for p in recorder.progress("t-fresh") if p.step > 0)
+
+
+def test_the_lease_is_a_fence_not_a_stop(
+    daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
+) -> None:
+    """A lease that runs out stops nothing (here the scheduler is down: the task trains on);
+    a refused renewal, which means the scheduler no longer holds the task, terminates it at
+    once, without a checkpoint. A stop with a checkpoint is StopTask's only."""
+    recorder, address = fake
+    recorder.leases = "down"
+    worker = start_worker(daemons, address, tmp_path)
+    job_spec = spec(1_000_000)
+    job_spec.checkpoint_every_steps = 1_000_000  # no checkpoint of its own
+    request = start_request(tmp_path, "t-fence", job_spec)
+    request.lease.expires_at = time.time() + 1
+    with connect(worker.address) as channel:
+        worker_pb2_grpc.WorkerAgentStub(channel).StartTask(request)
+    wait_until(lambda: status(worker, "t-fence").progress.step >= 5, WAIT, "training")
+    wait_until(lambda: time.time() > request.lease.expires_at + 1, 5, "the lease ran out")
+    before = status(worker, "t-fence")
+    assert before.state == C.TASK_STATE_RUNNING and recorder.renewals
+
+    def trained_on() -> bool:
+        return status(worker, "t-fence").progress.step > before.progress.step
+
+    wait_until(trained_on, WAIT, "training on past the lease")
+    recorder.leases = "refuse"
+    final = finished(recorder, "t-fence")
+    assert final.state == C.TASK_STATE_FAILED, final.message
+    assert "terminated: unknown to the scheduler" in final.message, final.message
+    assert not list((tmp_path / "ckpt" / "t-fence").glob("ckpt-*.pt"))
 
 
 def test_a_crashing_training_process_is_reported_failed_with_its_error(
@@ -522,7 +556,7 @@ def alive(task_dir: Path) -> list[int]:
 
 
 def test_the_token_goes_with_every_call(daemons: DaemonFactory, tmp_path: Path) -> None:
-    """--token protects the daemon and rides on its calls and on its training processes'."""
+    """--token protects the daemon and rides on its calls."""
     recorder, server, address = serve_fake("s3cret")
     try:
         worker = daemons(
@@ -542,7 +576,7 @@ def test_the_token_goes_with_every_call(daemons: DaemonFactory, tmp_path: Path) 
             env={"GEARSHIFT_TOKEN": "s3cret"},
         )
         wait_until(lambda: recorder.registrations, WAIT, "an authenticated registration")
-        request = start_request(tmp_path, "t-auth", spec(5), scheduler=address)
+        request = start_request(tmp_path, "t-auth", spec(5))
         with connect(worker.address) as channel:
             with pytest.raises(grpc.RpcError) as exc:
                 worker_pb2_grpc.WorkerAgentStub(channel).StartTask(request)
@@ -550,7 +584,6 @@ def test_the_token_goes_with_every_call(daemons: DaemonFactory, tmp_path: Path) 
         with connect(worker.address, token="s3cret") as channel:
             worker_pb2_grpc.WorkerAgentStub(channel).StartTask(request)
         assert finished(recorder, "t-auth").state == C.TASK_STATE_COMPLETED
-        assert recorder.progress and recorder.progress[-1].progress.step == 5
     finally:
         server.stop(0)
 

@@ -1,11 +1,12 @@
 """Jobs for the worker daemon's tests, imported by training processes (PYTHONPATH = the repo).
 
 `crashing`: the MLP example whose forward raises after `crash_after` calls, as a bug in
-user code would.
+user code would; its building takes `start_delay` seconds (a slow start, before step 1).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ class Crashing(torch.nn.Module):
 
 
 def build(config: dict[str, Any]) -> Job:
+    time.sleep(float(config.get("start_delay", 0.0)))
     job = mlp.build(config)
     job.model = Crashing(job.model, int(config.get("crash_after", 3)))
     return job

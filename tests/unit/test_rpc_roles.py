@@ -58,9 +58,6 @@ def test_roles_and_scopes() -> None:
         def job_tenant(self, job_id: str) -> str | None:
             return owners.get(job_id)
 
-        def task_worker(self, task_id: str) -> str | None:
-            return {"t1": "w1"}.get(task_id)
-
     get = "/gearshift.v1.JobService/GetJob"
     rule = rule_for(alice, get)
     check_request(alice, get, rule, S.GetJobRequest(job_id="job-a"), Owners())
@@ -96,14 +93,14 @@ def test_roles_and_scopes() -> None:
     check_request(w1, beat, rule_for(w1, beat), S.HeartbeatRequest(worker_id="w1"), None)
     with pytest.raises(PermissionDeniedError, match="worker:w1 may not speak for worker 'w2'"):
         check_request(w1, beat, rule_for(w1, beat), S.HeartbeatRequest(worker_id="w2"), None)
-    progress = "/gearshift.v1.WorkerRegistry/ReportProgress"
-    check_request(
-        w1, progress, rule_for(w1, progress), S.ReportProgressRequest(task_id="t1"), Owners()
-    )
-    with pytest.raises(PermissionDeniedError):
-        check_request(
-            w1, progress, rule_for(w1, progress), S.ReportProgressRequest(task_id="t2"), Owners()
-        )
+    job_a = Identity("service", "job-a")  # a job's token, as its training processes call
+    samples = "/gearshift.v1.Brain/ReportSamples"
+    rule = rule_for(job_a, samples)
+    check_request(job_a, samples, rule, brain_pb2.ReportSamplesRequest(job_id="job-a"), None)
+    with pytest.raises(PermissionDeniedError, match="may not act on job_id 'job-b'"):
+        check_request(job_a, samples, rule, brain_pb2.ReportSamplesRequest(job_id="job-b"), None)
+    with pytest.raises(PermissionDeniedError, match="a job's token\\) may not call"):
+        rule_for(job_a, beat)
 
     state = S.ClusterState(
         allocations=[

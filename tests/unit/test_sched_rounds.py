@@ -5,17 +5,28 @@ estimates that measurements and the Brain keep fresh."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
+import grpc
 import pytest
 
 from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.pipeline import Snapshot, Target
-from gearshift.scheduler.service import SchedulerSettings
+from gearshift.scheduler.service import Scheduler, SchedulerSettings
+from gearshift.scheduler.store import TaskRecord
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.helpers import wait_until
-from tests.sched_harness import Clock, TableBrain, job_spec, make_scheduler, register
+from tests.sched_harness import (
+    Clock,
+    SimulatedAgents,
+    TableBrain,
+    job_spec,
+    make_scheduler,
+    register,
+)
 
 C = common_pb2
+S = scheduler_pb2
 
 
 def settings(policy: str = "las", **fields: object) -> SchedulerSettings:
@@ -246,9 +257,12 @@ def test_measured_throughput_feeds_the_est_planner() -> None:
     scheduler, _ = make_scheduler(settings("easyscale"), clock=clock)
 
     def report(steps_per_second: float) -> None:
-        (task,) = list(scheduler.state.tasks)
+        (task,) = list(scheduler.state.tasks.values())
         progress = C.JobProgress(step=10, samples_per_second=steps_per_second * 32)
-        scheduler.report_progress(job.job_id, task, progress)
+        status = C.TaskStatus(
+            task_id=task.task_id, job_id=job.job_id, state=C.TASK_STATE_RUNNING, progress=progress
+        )
+        assert not scheduler.heartbeat(task.worker_id, [status])
 
     try:
         register(scheduler, "slow-box", {"slow": 1})
@@ -271,6 +285,160 @@ def test_measured_throughput_feeds_the_est_planner() -> None:
         placement = scheduler.get(job.job_id).placement
         split = {p.accelerator_type: len(p.est_ids) for p in placement.processes}
         assert split == {"fast": 3, "slow": 1}
+    finally:
+        scheduler.stop()
+
+
+def beat(scheduler: Scheduler, task: TaskRecord, **progress: Any) -> None:
+    """The heartbeat of the task's worker, listing the task with that progress."""
+    status = C.TaskStatus(
+        task_id=task.task_id,
+        job_id=task.job_id,
+        state=C.TASK_STATE_RUNNING,
+        progress=C.JobProgress(total_steps=1000, **progress),
+    )
+    assert not scheduler.heartbeat(task.worker_id, [status])
+
+
+def count_events(scheduler: Scheduler, job_id: str, kind: int) -> int:
+    return sum(e.type == kind for e in scheduler.state.store.events_after(job_id, 0))
+
+
+def test_the_heartbeat_carries_rank_0s_progress_to_the_job_and_the_estimates() -> None:
+    """Progress takes one path, the workers' heartbeats. Rank 0's task's progress that
+    advances the job updates it, feeds the measured throughput and is recorded as a PROGRESS
+    event (throttled); the other task's (step 0) and steps the job already passed change
+    nothing. A placement that started fresh says so once, before its first step, and its
+    progress counts from its first step although the job had gone further."""
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings("easyscale"), clock=clock)
+    try:
+        register(scheduler, "a", {"t4": 1})
+        register(scheduler, "b", {"t4": 1})
+        job, _ = scheduler.submit(job_spec("p", 2), "")  # global batch 16
+        scheduler.run_round()
+        tasks = sorted(scheduler.state.tasks.values(), key=lambda t: 0 not in t.local_ranks)
+        assert len(tasks) == 2, tasks
+        rank0, other = tasks
+        beat(scheduler, other, step=0)
+        assert scheduler.get(job.job_id).progress.step == 0
+        assert scheduler.estimates.version(job.job_id) == 0
+        beat(scheduler, rank0, step=5, loss=0.5, samples_per_second=32.0)
+        assert scheduler.get(job.job_id).progress.loss == 0.5
+        record = scheduler.get(job.job_id)
+        assert scheduler.estimates.capability(record, ["t4"]) == {"t4": pytest.approx(2.0)}
+        clock.now += 1.0
+        beat(scheduler, rank0, step=7, samples_per_second=32.0)
+        beat(scheduler, rank0, step=6, samples_per_second=32.0)  # behind the job: not its
+        assert scheduler.get(job.job_id).progress.step == 7
+        assert count_events(scheduler, job.job_id, S.JOB_EVENT_TYPE_PROGRESS) == 1  # throttled
+
+        failed = C.TaskStatus(task_id=other.task_id, job_id=job.job_id, state=C.TASK_STATE_FAILED)
+        scheduler.task_finished(other.worker_id, failed)  # the job restarts
+        wait_until(lambda: not scheduler.state.stopping, 10.0, "rank 0's task stopped")
+        clock.now += 1.0
+        scheduler.run_round()
+        fresh = next(t for t in scheduler.state.tasks.values() if 0 in t.local_ranks)
+        assert fresh.generation == 2
+        for _ in range(2):
+            beat(scheduler, fresh, step=0, started_fresh=True)
+        assert count_events(scheduler, job.job_id, S.JOB_EVENT_TYPE_STARTED_FRESH) == 1
+        assert scheduler.get(job.job_id).progress.step == 7
+        beat(scheduler, fresh, step=2, started_fresh=True)
+        assert scheduler.get(job.job_id).progress.step == 2
+        assert count_events(scheduler, job.job_id, S.JOB_EVENT_TYPE_STARTED_FRESH) == 1
+    finally:
+        scheduler.stop()
+
+
+class Unreachable(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "the worker cannot be reached"
+
+
+class FailingStops(SimulatedAgents):
+    """Workers whose StopTask fails (with `error`) once the test lets it go on."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+        self.entered = threading.Event()
+        self.go_on = threading.Event()
+
+    def stop(
+        self, address: str, task_id: str, *, checkpoint: bool, reason: str, timeout: float
+    ) -> C.TaskStatus:
+        self.entered.set()
+        assert self.go_on.wait(10.0)
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [Unreachable(), RuntimeError("a bug in the call")])
+def test_a_stop_that_cannot_reach_the_worker_still_ends_through_the_lease(
+    error: Exception,
+) -> None:
+    """StopTask is the one stop request and a lease only a fence: a task the scheduler holds
+    for its worker keeps its lease, even while a stop is under way and its job is gone; once
+    a StopTask fails, the task is given up all the same, and its worker's next renewal is
+    refused (the worker then terminates it)."""
+    clock = Clock()
+    agents = FailingStops(error)
+    scheduler, _ = make_scheduler(settings(), clock=clock, agents=agents)
+    try:
+        register(scheduler, "a", {"t4": 1})
+        job, _ = scheduler.submit(job_spec("j", 1), "")
+        scheduler.run_round()
+        (task,) = scheduler.state.tasks.values()
+        renewed, lease = scheduler.renew_lease("a", task.task_id)
+        assert renewed and lease.expires_at == clock.now + scheduler.settings.lease_seconds
+        assert scheduler.renew_lease("b", task.task_id) == (False, C.Lease(task_id=task.task_id))
+        assert not scheduler.renew_lease("a", "job-x.g1.a")[0]
+        scheduler.cancel(job.job_id, "")
+        assert agents.entered.wait(10.0)
+        clock.now += 1.0
+        assert scheduler.renew_lease("a", task.task_id)[0]  # the stop is StopTask's
+        agents.go_on.set()
+        wait_until(lambda: not scheduler.state.stopping, 10.0, "the stop ended")
+        assert scheduler.renew_lease("a", task.task_id) == (False, C.Lease(task_id=task.task_id))
+        assert task.task_id not in scheduler.state.tasks and task.state == C.TASK_STATE_FAILED
+    finally:
+        scheduler.stop()
+
+
+def test_a_task_its_job_no_longer_runs_is_stopped() -> None:
+    """A scheduler stopped between requeuing a job and stopping its task comes back with both:
+    the job runs again, and after the heartbeat timeout the old task is stopped (StopTask, no
+    checkpoint), which its lease, a fence only, would never do."""
+    clock = Clock()
+    scheduler, agents = make_scheduler(settings(), clock=clock)
+    try:
+        register(scheduler, "a", {"t4": 2})
+        job, _ = scheduler.submit(job_spec("j", 1), "")
+        scheduler.run_round()
+        (old,) = scheduler.state.tasks.values()
+        with scheduler.state.lock:  # what recovery finds after such a crash
+            scheduler.state.requeue(scheduler.get(job.job_id), S.JOB_EVENT_TYPE_PREEMPTED, "")
+        scheduler.run_round()
+        assert scheduler.get(job.job_id).state == C.JOB_STATE_RUNNING
+        listed = [
+            C.TaskStatus(task_id=t.task_id, job_id=job.job_id, state=C.TASK_STATE_RUNNING)
+            for t in scheduler.state.tasks.values()
+        ]
+        assert len(listed) == 2
+        for step in range(7):
+            clock.now += 1.0
+            scheduler.heartbeat("a", listed)
+            scheduler.run_round()
+            if step < 4:  # within the 5 s heartbeat timeout: left alone
+                assert agents.stopped == []
+        wait_until(lambda: agents.stopped == [(old.task_id, False)], 10.0, "the old task stopped")
+        wait_until(lambda: not scheduler.state.stopping, 10.0, "its record closed")
+        assert old.task_id not in scheduler.state.tasks
+        assert scheduler.get(job.job_id).state == C.JOB_STATE_RUNNING
+        assert len(scheduler.state.tasks) == 1
     finally:
         scheduler.stop()
 

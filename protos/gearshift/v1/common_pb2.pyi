@@ -681,7 +681,10 @@ class TaskStatus(_message.Message):
     """Directory of the last checkpoint written, if any."""
     @_builtins.property
     def progress(self) -> Global___JobProgress:
-        """Progress seen by this task's processes."""
+        """The job's progress where this task runs rank 0 (its worker reads what
+        rank 0 keeps); elsewhere only total_steps, at step 0. Heartbeats carry it
+        to the scheduler: the one path progress takes.
+        """
 
     def __init__(
         self,
@@ -705,32 +708,31 @@ Global___TaskStatus: _TypeAlias = TaskStatus  # noqa: Y015
 
 @_typing.final
 class Lease(_message.Message):
-    """Permission to run a task for a bounded time (Gavel section 5). The worker
-    renews it before it expires; an unrenewed lease lets the scheduler take the
-    devices back.
+    """A task's lease (Gavel section 5), kept only as a fence: the worker daemon
+    renews it (WorkerRegistry.RenewLease) and terminates the task when the
+    scheduler refuses, which it does only for a task it no longer holds for
+    that worker. A lease that runs out stops nothing (a scheduler that is down
+    costs no task), and the scheduler never stops a task through it: a stop is
+    WorkerAgent.StopTask.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
-    MAX_STEPS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task the lease covers."""
     expires_at: _builtins.float
     """Wall-clock expiry, seconds since the Unix epoch."""
-    max_steps: _builtins.int
-    """Global steps the task may run under this lease (0: unbounded)."""
     def __init__(
         self,
         *,
         task_id: _builtins.str = ...,
         expires_at: _builtins.float = ...,
-        max_steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "max_steps", b"max_steps", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -462,8 +462,16 @@ class JobService:
 
 
 class WorkerRegistryStub:
-    """Workers API: worker daemons register and heartbeat; training processes
-    renew leases, report progress and say when a task ends.
+    """Workers API, called by the worker daemons (never by training processes).
+
+    Progress takes one path: rank 0 of a job keeps its latest progress in a
+    file its worker daemon reads, and every Heartbeat carries it
+    (TaskStatus.progress); the scheduler takes the progress that advances the
+    job (and a fresh start's, which says so in started_fresh).
+
+    A stop takes one path too: the scheduler calls WorkerAgent.StopTask, with a
+    checkpoint to move or preempt a job, without one to end it. A lease is only
+    a fence (RenewLease), never a stop request.
     """
 
     def __init__(self, channel):
@@ -487,11 +495,6 @@ class WorkerRegistryStub:
                 request_serializer=gearshift_dot_v1_dot_scheduler__pb2.RenewLeaseRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_scheduler__pb2.RenewLeaseResponse.FromString,
                 _registered_method=True)
-        self.ReportProgress = channel.unary_unary(
-                '/gearshift.v1.WorkerRegistry/ReportProgress',
-                request_serializer=gearshift_dot_v1_dot_scheduler__pb2.ReportProgressRequest.SerializeToString,
-                response_deserializer=gearshift_dot_v1_dot_scheduler__pb2.ReportProgressResponse.FromString,
-                _registered_method=True)
         self.TaskFinished = channel.unary_unary(
                 '/gearshift.v1.WorkerRegistry/TaskFinished',
                 request_serializer=gearshift_dot_v1_dot_scheduler__pb2.TaskFinishedRequest.SerializeToString,
@@ -505,8 +508,16 @@ class WorkerRegistryStub:
 
 
 class WorkerRegistryServicer:
-    """Workers API: worker daemons register and heartbeat; training processes
-    renew leases, report progress and say when a task ends.
+    """Workers API, called by the worker daemons (never by training processes).
+
+    Progress takes one path: rank 0 of a job keeps its latest progress in a
+    file its worker daemon reads, and every Heartbeat carries it
+    (TaskStatus.progress); the scheduler takes the progress that advances the
+    job (and a fresh start's, which says so in started_fresh).
+
+    A stop takes one path too: the scheduler calls WorkerAgent.StopTask, with a
+    checkpoint to move or preempt a job, without one to end it. A lease is only
+    a fence (RenewLease), never a stop request.
     """
 
     def RegisterWorker(self, request, context):
@@ -518,24 +529,18 @@ class WorkerRegistryServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
-        """Liveness plus the state of the worker's tasks. A worker that misses
-        heartbeats for the configured timeout is declared lost.
+        """Liveness plus the state and progress of the worker's tasks. A worker
+        that misses heartbeats for the configured timeout is declared lost.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RenewLease(self, request, context):
-        """Extends a running task's lease; answers with the new lease, or with
-        renewed = false when the scheduler wants the task stopped at the end of
-        the current one.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ReportProgress(self, request, context):
-        """Training progress of a job (step, loss, throughput).
+        """Extends a running task's lease while the scheduler holds the task for
+        this worker, whatever the task's job is doing (even while a StopTask for
+        it is under way); answers renewed = false otherwise (see
+        RenewLeaseResponse).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -574,11 +579,6 @@ def add_WorkerRegistryServicer_to_server(servicer, server):
                     request_deserializer=gearshift_dot_v1_dot_scheduler__pb2.RenewLeaseRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_scheduler__pb2.RenewLeaseResponse.SerializeToString,
             ),
-            'ReportProgress': grpc.unary_unary_rpc_method_handler(
-                    servicer.ReportProgress,
-                    request_deserializer=gearshift_dot_v1_dot_scheduler__pb2.ReportProgressRequest.FromString,
-                    response_serializer=gearshift_dot_v1_dot_scheduler__pb2.ReportProgressResponse.SerializeToString,
-            ),
             'TaskFinished': grpc.unary_unary_rpc_method_handler(
                     servicer.TaskFinished,
                     request_deserializer=gearshift_dot_v1_dot_scheduler__pb2.TaskFinishedRequest.FromString,
@@ -598,8 +598,16 @@ def add_WorkerRegistryServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class WorkerRegistry:
-    """Workers API: worker daemons register and heartbeat; training processes
-    renew leases, report progress and say when a task ends.
+    """Workers API, called by the worker daemons (never by training processes).
+
+    Progress takes one path: rank 0 of a job keeps its latest progress in a
+    file its worker daemon reads, and every Heartbeat carries it
+    (TaskStatus.progress); the scheduler takes the progress that advances the
+    job (and a fresh start's, which says so in started_fresh).
+
+    A stop takes one path too: the scheduler calls WorkerAgent.StopTask, with a
+    checkpoint to move or preempt a job, without one to end it. A lease is only
+    a fence (RenewLease), never a stop request.
     """
 
     @staticmethod
@@ -673,33 +681,6 @@ class WorkerRegistry:
             '/gearshift.v1.WorkerRegistry/RenewLease',
             gearshift_dot_v1_dot_scheduler__pb2.RenewLeaseRequest.SerializeToString,
             gearshift_dot_v1_dot_scheduler__pb2.RenewLeaseResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ReportProgress(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/gearshift.v1.WorkerRegistry/ReportProgress',
-            gearshift_dot_v1_dot_scheduler__pb2.ReportProgressRequest.SerializeToString,
-            gearshift_dot_v1_dot_scheduler__pb2.ReportProgressResponse.FromString,
             options,
             channel_credentials,
             insecure,

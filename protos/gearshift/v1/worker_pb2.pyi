@@ -23,15 +23,15 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class ServiceEndpoints(_message.Message):
-    """Addresses of the services a training process talks to."""
+    """Addresses of the services a training process talks to. It never calls the
+    scheduler: its worker daemon reports its progress (heartbeats) and stops it
+    (StopTask).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    SCHEDULER_FIELD_NUMBER: _builtins.int
     BRAIN_FIELD_NUMBER: _builtins.int
     SHARD_MANAGER_FIELD_NUMBER: _builtins.int
-    scheduler: _builtins.str
-    """Scheduler (progress, leases)."""
     brain: _builtins.str
     """Brain (runtime samples)."""
     shard_manager: _builtins.str
@@ -39,13 +39,12 @@ class ServiceEndpoints(_message.Message):
     def __init__(
         self,
         *,
-        scheduler: _builtins.str = ...,
         brain: _builtins.str = ...,
         shard_manager: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["brain", b"brain", "scheduler", b"scheduler", "shard_manager", b"shard_manager"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["brain", b"brain", "shard_manager", b"shard_manager"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -102,7 +101,7 @@ class StartTaskRequest(_message.Message):
 
     @_builtins.property
     def lease(self) -> _common_pb2.Lease:
-        """The lease the task starts with."""
+        """The lease the task starts with (a fence only: see Lease)."""
 
     @_builtins.property
     def endpoints(self) -> Global___ServiceEndpoints:

@@ -78,7 +78,10 @@ class WorkerAgentServicer:
     def StopTask(self, request, context):
         """Stops a task: with checkpoint set, its processes write a checkpoint at
         the next global-step boundary and exit; otherwise they are terminated.
-        Returns once the processes have exited or the deadline passes.
+        Returns once the processes have exited or the deadline passes (they are
+        killed then). The one way the scheduler stops a task: when it cannot
+        reach the worker, it gives the task up, and the worker terminates it once
+        its lease renewal is refused (WorkerRegistry.RenewLease).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -43,7 +43,10 @@ class WorkerAgentStub:
     StopTask: _grpc.UnaryUnaryMultiCallable[_worker_pb2.StopTaskRequest, _common_pb2.TaskStatus]
     """Stops a task: with checkpoint set, its processes write a checkpoint at
     the next global-step boundary and exit; otherwise they are terminated.
-    Returns once the processes have exited or the deadline passes.
+    Returns once the processes have exited or the deadline passes (they are
+    killed then). The one way the scheduler stops a task: when it cannot
+    reach the worker, it gives the task up, and the worker terminates it once
+    its lease renewal is refused (WorkerRegistry.RenewLease).
     """
     GetTaskStatus: _grpc.UnaryUnaryMultiCallable[_worker_pb2.GetTaskStatusRequest, _common_pb2.TaskStatus]
     """Status of one task."""
@@ -67,7 +70,10 @@ class WorkerAgentAsyncStub(WorkerAgentStub):
     StopTask: _aio.UnaryUnaryMultiCallable[_worker_pb2.StopTaskRequest, _common_pb2.TaskStatus]  # type: ignore[assignment]
     """Stops a task: with checkpoint set, its processes write a checkpoint at
     the next global-step boundary and exit; otherwise they are terminated.
-    Returns once the processes have exited or the deadline passes.
+    Returns once the processes have exited or the deadline passes (they are
+    killed then). The one way the scheduler stops a task: when it cannot
+    reach the worker, it gives the task up, and the worker terminates it once
+    its lease renewal is refused (WorkerRegistry.RenewLease).
     """
     GetTaskStatus: _aio.UnaryUnaryMultiCallable[_worker_pb2.GetTaskStatusRequest, _common_pb2.TaskStatus]  # type: ignore[assignment]
     """Status of one task."""
@@ -100,7 +106,10 @@ class WorkerAgentServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_common_pb2.TaskStatus, _abc.Awaitable[_common_pb2.TaskStatus]]:
         """Stops a task: with checkpoint set, its processes write a checkpoint at
         the next global-step boundary and exit; otherwise they are terminated.
-        Returns once the processes have exited or the deadline passes.
+        Returns once the processes have exited or the deadline passes (they are
+        killed then). The one way the scheduler stops a task: when it cannot
+        reach the worker, it gives the task up, and the worker terminates it once
+        its lease renewal is refused (WorkerRegistry.RenewLease).
         """
 
     @_abc_1.abstractmethod
