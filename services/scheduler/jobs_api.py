@@ -14,8 +14,8 @@ from gearshift.scheduler.task_control import TaskControl
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 log = logging.getLogger("gearshift.scheduler")
-S = common_pb2
-E = scheduler_pb2
+C = common_pb2
+S = scheduler_pb2
 
 
 class JobsApi:
@@ -56,13 +56,13 @@ class JobsApi:
         job = JobRecord(
             job_id=new_job_id(),
             spec=spec,
-            state=S.JOB_STATE_QUEUED,
+            state=C.JOB_STATE_QUEUED,
             submitted_at=now,
             idempotency_key=key or None,
             last_sequence=1,
         )
         job.progress.total_steps = total_steps(spec)
-        event = EventRecord(job.job_id, 1, now, E.JOB_EVENT_TYPE_SUBMITTED, job.state, "")
+        event = EventRecord(job.job_id, 1, now, S.JOB_EVENT_TYPE_SUBMITTED, job.state, "")
         try:
             state.store.create_job(job, event)
         except Exception:
@@ -138,11 +138,11 @@ class JobsApi:
                 if stored is None:
                     raise NotFoundError("job", job_id)
                 raise PreconditionError(
-                    f"job {job_id!r} already ended ({S.JobState.Name(stored.state)})"  # type: ignore[arg-type]
+                    f"job {job_id!r} already ended ({C.JobState.Name(stored.state)})"  # type: ignore[arg-type]
                 )
             tasks = state.open_tasks(job_id)
             message = reason or "cancelled by a user"
-            state.finish(job, S.JOB_STATE_CANCELLED, E.JOB_EVENT_TYPE_CANCELLED, message)
+            state.finish(job, C.JOB_STATE_CANCELLED, S.JOB_EVENT_TYPE_CANCELLED, message)
         self.control.kill(tasks, "job cancelled")
         self.wake()
         return job
@@ -169,10 +169,10 @@ class JobsApi:
                 if job.last_sequence <= sequence:
                     state.changed.wait(timeout=1.0)
 
-    def cluster_state(self) -> E.ClusterState:
+    def cluster_state(self) -> S.ClusterState:
         state = self.state
         with state.lock:
-            out = E.ClusterState(
+            out = S.ClusterState(
                 round=self.round_number(),
                 round_seconds=state.settings.round_seconds,
                 policy=state.settings.policy + (" (elastic)" if state.settings.elastic else ""),

@@ -23,8 +23,8 @@ from gearshift.scheduler.task_control import TaskControl
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 log = logging.getLogger("gearshift.scheduler")
-S = common_pb2
-E = scheduler_pb2
+C = common_pb2
+S = scheduler_pb2
 
 
 class WorkerRegistry:
@@ -110,7 +110,7 @@ class WorkerRegistry:
         self.state.started_fresh[job.job_id] = generation
         self.state.record(
             job,
-            E.JOB_EVENT_TYPE_STARTED_FRESH,
+            S.JOB_EVENT_TYPE_STARTED_FRESH,
             "no checkpoint to resume from (the job never wrote one): started again at step 0",
         )
 
@@ -203,7 +203,7 @@ class WorkerRegistry:
             log.warning("running job without tasks", extra={"job_id": job_id})
             state.release_holders(job, "the job has no task left")
             state.requeue(
-                job, E.JOB_EVENT_TYPE_PREEMPTED, "no task of the job runs any more; rescheduling"
+                job, S.JOB_EVENT_TYPE_PREEMPTED, "no task of the job runs any more; rescheduling"
             )
             requeued.append(job_id)
         return requeued
@@ -253,7 +253,7 @@ class WorkerRegistry:
             by_job.setdefault(task.job_id, []).append(task)
         for job_id, tasks in by_job.items():
             for task in tasks:
-                task.state = S.TASK_STATE_FAILED
+                task.state = C.TASK_STATE_FAILED
                 task.ended_at = now
                 task.message = message
                 state.tasks.pop(task.task_id, None)
@@ -264,7 +264,7 @@ class WorkerRegistry:
             survivors = state.open_tasks(job_id)
             state.release_holders(job, f"a task of the job ended: {message}")
             workers = ", ".join(sorted({t.worker_id for t in tasks}))
-            state.requeue(job, E.JOB_EVENT_TYPE_WORKER_LOST, f"{event(workers)}; rescheduling")
+            state.requeue(job, S.JOB_EVENT_TYPE_WORKER_LOST, f"{event(workers)}; rescheduling")
             self.control.kill(survivors, f"a task of the job ended: {message}")
 
     # Task reports -----------------------------------------------------------------------
@@ -283,7 +283,7 @@ class WorkerRegistry:
                 job = state.jobs.get(task.job_id)
                 if job is not None and status.HasField("progress"):
                     self._progress(job, task, status.progress, now)
-                if status.state in (S.TASK_STATE_STARTING, S.TASK_STATE_RUNNING):
+                if status.state in (C.TASK_STATE_STARTING, C.TASK_STATE_RUNNING):
                     task.state = status.state
                     continue
                 if status.state not in ENDED_TASK_STATES or task.task_id in state.stopping:
@@ -314,12 +314,12 @@ class WorkerRegistry:
             return
         job.progress.CopyFrom(progress)
         state = self.state
-        if job.state == S.JOB_STATE_RUNNING and job.placement.processes:
+        if job.state == C.JOB_STATE_RUNNING and job.placement.processes:
             self.estimates.observe(job, task.generation, progress, now)
         last = state.last_progress_event.get(job.job_id, 0.0)
         if now - last >= state.settings.progress_event_seconds:
             state.last_progress_event[job.job_id] = now
-            state.record(job, E.JOB_EVENT_TYPE_PROGRESS, "")
+            state.record(job, S.JOB_EVENT_TYPE_PROGRESS, "")
 
     def _task_ended(
         self, job: JobRecord, task: TaskRecord, worker_id: str, status: common_pb2.TaskStatus
@@ -327,25 +327,25 @@ class WorkerRegistry:
         """What one ended task means for its job; returns the peers to kill."""
         state = self.state
         others = state.open_tasks(job.job_id)
-        if status.state == S.TASK_STATE_COMPLETED:
+        if status.state == C.TASK_STATE_COMPLETED:
             job.final_digest = status.digest
             if job.progress.total_steps:
                 job.progress.step = max(job.progress.step, job.progress.total_steps)
             for other in others:  # its peers finish the same step; close them
-                other.state = S.TASK_STATE_COMPLETED
+                other.state = C.TASK_STATE_COMPLETED
                 other.ended_at = state.clock()
                 state.tasks.pop(other.task_id, None)
             state.store.save_tasks(others)
-            state.finish(job, S.JOB_STATE_SUCCEEDED, E.JOB_EVENT_TYPE_SUCCEEDED, "done")
+            state.finish(job, C.JOB_STATE_SUCCEEDED, S.JOB_EVENT_TYPE_SUCCEEDED, "done")
             return []
-        if status.state == S.TASK_STATE_FAILED:
+        if status.state == C.TASK_STATE_FAILED:
             detail = status.message or f"exit code {status.exit_code}"
             state.release_holders(job, f"task {task.task_id} failed")
             restarts = job.restart_count
             limit = state.settings.max_restarts
             what = f"task {task.task_id} on {worker_id} failed: {detail}"
             if status.exit_code == EXIT_BAD_INPUT or restarts >= limit:
-                state.finish(job, S.JOB_STATE_FAILED, E.JOB_EVENT_TYPE_FAILED, what)
+                state.finish(job, C.JOB_STATE_FAILED, S.JOB_EVENT_TYPE_FAILED, what)
             else:
                 # A peer that died (a lost node) fails the others' collectives before its
                 # worker is declared lost; and a crash may be transient. Resume from the
@@ -353,13 +353,13 @@ class WorkerRegistry:
                 job.restart_count = restarts + 1  # saved with the event below
                 state.requeue(
                     job,
-                    E.JOB_EVENT_TYPE_PREEMPTED,
+                    S.JOB_EVENT_TYPE_PREEMPTED,
                     f"{what}; restarting from the last checkpoint "
                     f"(restart {restarts + 1} of {limit})",
                 )
             return others
         if not others and job.state in RUNNING_STATES:
-            state.requeue(job, E.JOB_EVENT_TYPE_CHECKPOINTED, "stopped after a checkpoint")
+            state.requeue(job, S.JOB_EVENT_TYPE_CHECKPOINTED, "stopped after a checkpoint")
         return []
 
 

@@ -42,8 +42,8 @@ from gearshift.scheduler.task_control import TaskControl
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 log = logging.getLogger("gearshift.scheduler")
-S = common_pb2
-E = scheduler_pb2
+C = common_pb2
+S = scheduler_pb2
 
 
 @dataclass
@@ -355,8 +355,8 @@ class Rounds:
             if stop:
                 self.estimates.stopping(job.job_id, now)
             if change.kind == "rescale":
-                job.state = S.JOB_STATE_RESCALING
-                state.record(job, E.JOB_EVENT_TYPE_RESCALING, "moving to a new placement")
+                job.state = C.JOB_STATE_RESCALING
+                state.record(job, S.JOB_EVENT_TYPE_RESCALING, "moving to a new placement")
                 report.rescaled.append(job.job_id)
             elif change.kind == "preempt":
                 report.preempted.append(job.job_id)
@@ -386,12 +386,12 @@ class Rounds:
                     paths = sorted({t.checkpoint_path for t in move.stop if t.checkpoint_path})
                     state.record(
                         job,
-                        E.JOB_EVENT_TYPE_CHECKPOINTED,
+                        S.JOB_EVENT_TYPE_CHECKPOINTED,
                         f"checkpoint at step {job.progress.step}"
                         + (f" in {paths[0]}" if paths else ""),
                     )
                 if change.kind == "preempt":
-                    state.requeue(job, E.JOB_EVENT_TYPE_PREEMPTED, "devices given to other jobs")
+                    state.requeue(job, S.JOB_EVENT_TYPE_PREEMPTED, "devices given to other jobs")
                     return False
             return True
         except Exception:
@@ -429,7 +429,7 @@ class Rounds:
     def _started(self, job: JobRecord, placement: common_pb2.Placement, *, rescaled: bool) -> None:
         state = self.state
         job.placement.CopyFrom(placement)  # published once its tasks run
-        job.state = S.JOB_STATE_RUNNING
+        job.state = C.JOB_STATE_RUNNING
         if not job.started_at:
             job.started_at = state.clock()
         if job.spec.determinism in ONE_TYPE_LEVELS and not job.locked_type:
@@ -439,7 +439,7 @@ class Rounds:
         count = len(job.placement.processes)
         state.record(
             job,
-            E.JOB_EVENT_TYPE_RESCALED if rescaled else E.JOB_EVENT_TYPE_STARTED,
+            S.JOB_EVENT_TYPE_RESCALED if rescaled else S.JOB_EVENT_TYPE_STARTED,
             f"{count} process{'' if count == 1 else 'es'} on {', '.join(workers_of(placement))}",
             placement=True,
         )
@@ -449,11 +449,11 @@ class Rounds:
     ) -> None:
         state = self.state
         for task in tasks:
-            task.state = S.TASK_STATE_FAILED
+            task.state = C.TASK_STATE_FAILED
             task.ended_at = state.clock()
             state.tasks.pop(task.task_id, None)
         state.store.save_tasks(tasks)
-        state.requeue(job, E.JOB_EVENT_TYPE_PREEMPTED, "could not start: " + "; ".join(failures))
+        state.requeue(job, S.JOB_EVENT_TYPE_PREEMPTED, "could not start: " + "; ".join(failures))
         # A worker that cannot be reached is as good as lost: waiting for its heartbeats to
         # time out would only retry the same placement. If it is alive after all, its next
         # heartbeat makes it register again.
@@ -465,8 +465,8 @@ class Rounds:
         """A change that broke half-way: a moving job goes back to the queue."""
         with self.state.lock:
             job = self.state.jobs.get(job_id)
-            if job is not None and not job.terminal and job.state == S.JOB_STATE_RESCALING:
-                self.state.requeue(job, E.JOB_EVENT_TYPE_PREEMPTED, "rescale failed")
+            if job is not None and not job.terminal and job.state == C.JOB_STATE_RESCALING:
+                self.state.requeue(job, S.JOB_EVENT_TYPE_PREEMPTED, "rescale failed")
 
     def forget(self, job_id: str) -> None:
         self._attained.pop(job_id, None)

@@ -53,7 +53,7 @@ from gearshift.scheduler.workers import WorkerAgents
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 log = logging.getLogger("gearshift.scheduler")
-S = common_pb2
+C = common_pb2
 
 __all__ = ["RoundReport", "Scheduler", "SchedulerSettings"]
 
@@ -138,8 +138,8 @@ class Scheduler:
         now = state.clock()
         with state.lock:
             for job in state.store.active_jobs():
-                if job.state == S.JOB_STATE_RESCALING:
-                    job.state = S.JOB_STATE_RUNNING  # the next round finishes the move
+                if job.state == C.JOB_STATE_RESCALING:
+                    job.state = C.JOB_STATE_RUNNING  # the next round finishes the move
                 state.add(job)
             for worker in state.store.workers():
                 worker.last_heartbeat_at = max(worker.last_heartbeat_at, now)

@@ -26,23 +26,23 @@ from gearshift.scheduler.store import EventRecord, JobRecord, Store, TaskRecord,
 from gearshift.v1 import brain_pb2, common_pb2, scheduler_pb2
 
 M = TypeVar("M", bound=Message)
-S = common_pb2
-E = scheduler_pb2
+C = common_pb2
+S = scheduler_pb2
 # Job events the Brain records (JobEventType -> brain JobEventKind).
 BRAIN_EVENTS: dict[int, int] = {
-    E.JOB_EVENT_TYPE_SUBMITTED: brain_pb2.JOB_EVENT_KIND_SUBMITTED,
-    E.JOB_EVENT_TYPE_STARTED: brain_pb2.JOB_EVENT_KIND_STARTED,
-    E.JOB_EVENT_TYPE_SUCCEEDED: brain_pb2.JOB_EVENT_KIND_SUCCEEDED,
-    E.JOB_EVENT_TYPE_FAILED: brain_pb2.JOB_EVENT_KIND_FAILED,
-    E.JOB_EVENT_TYPE_CANCELLED: brain_pb2.JOB_EVENT_KIND_CANCELLED,
+    S.JOB_EVENT_TYPE_SUBMITTED: brain_pb2.JOB_EVENT_KIND_SUBMITTED,
+    S.JOB_EVENT_TYPE_STARTED: brain_pb2.JOB_EVENT_KIND_STARTED,
+    S.JOB_EVENT_TYPE_SUCCEEDED: brain_pb2.JOB_EVENT_KIND_SUCCEEDED,
+    S.JOB_EVENT_TYPE_FAILED: brain_pb2.JOB_EVENT_KIND_FAILED,
+    S.JOB_EVENT_TYPE_CANCELLED: brain_pb2.JOB_EVENT_KIND_CANCELLED,
 }
-RUNNING_STATES = (S.JOB_STATE_RUNNING, S.JOB_STATE_RESCALING)
+RUNNING_STATES = (C.JOB_STATE_RUNNING, C.JOB_STATE_RESCALING)
 # Determinism levels that keep bits on one kind of device only: such a job keeps the
 # accelerator type of its first placement for its whole life.
 ONE_TYPE_LEVELS = (
-    S.DETERMINISM_LEVEL_UNSPECIFIED,
-    S.DETERMINISM_LEVEL_D0,
-    S.DETERMINISM_LEVEL_D1,
+    C.DETERMINISM_LEVEL_UNSPECIFIED,
+    C.DETERMINISM_LEVEL_D0,
+    C.DETERMINISM_LEVEL_D1,
 )
 
 
@@ -129,7 +129,7 @@ class SchedulerState:
     def track(self, job: JobRecord) -> None:
         """Keep `queued` in step with the job's state."""
         tenant = job.spec.tenant
-        if job.state == S.JOB_STATE_QUEUED and job.job_id in self.jobs:
+        if job.state == C.JOB_STATE_QUEUED and job.job_id in self.jobs:
             self.queued.setdefault(tenant, set()).add(job.job_id)
         elif (ids := self.queued.get(tenant)) is not None:
             ids.discard(job.job_id)
@@ -152,7 +152,7 @@ class SchedulerState:
             progress=copy_message(job.progress),
             placement=copy_message(job.placement) if placement else None,
         )
-        if kind != E.JOB_EVENT_TYPE_PROGRESS:
+        if kind != S.JOB_EVENT_TYPE_PROGRESS:
             job.message = message
         self.store.save_job(job, [event])
         self.track(job)
@@ -174,7 +174,7 @@ class SchedulerState:
                 event.time,
                 spec=job.spec if kind == brain_pb2.JOB_EVENT_KIND_SUBMITTED else None,
                 exit_reason=event.message
-                if event.type != E.JOB_EVENT_TYPE_SUCCEEDED
+                if event.type != S.JOB_EVENT_TYPE_SUCCEEDED
                 else "completed",
             )
 
@@ -195,13 +195,13 @@ class SchedulerState:
 
     def requeue(self, job: JobRecord, kind: int, message: str) -> None:
         """Back to the queue (its processes are gone or going): no placement."""
-        job.state = S.JOB_STATE_QUEUED
+        job.state = C.JOB_STATE_QUEUED
         job.placement.Clear()
         self.record(job, kind, message)
 
     def release_holders(self, job: JobRecord, reason: str) -> None:
         """Dynamic-mode jobs: give the ESTs' held shards back now (their processes are gone)."""
-        if job.spec.dataset.mode != S.DATA_MODE_DYNAMIC or not self.datasets.address:
+        if job.spec.dataset.mode != C.DATA_MODE_DYNAMIC or not self.datasets.address:
             return
         with contextlib.suppress(RuntimeError):  # shutting down
             self.pool.submit(

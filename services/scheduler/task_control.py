@@ -30,7 +30,7 @@ from gearshift.v1 import common_pb2, worker_pb2
 
 log = logging.getLogger("gearshift.scheduler")
 T = TypeVar("T")
-S = common_pb2
+C = common_pb2
 # Rendezvous ports handed out per worker, from --rendezvous-port-base on, in turn.
 RENDEZVOUS_PORTS = 100
 # StartTask errors that mean the worker is gone (or unreachable) rather than the request bad.
@@ -76,7 +76,7 @@ class TaskControl:
                 job_id=job.job_id,
                 worker_id=worker_id,
                 generation=job.generation,
-                state=S.TASK_STATE_STARTING,
+                state=C.TASK_STATE_STARTING,
                 local_ranks=tuple(ranks),
                 rendezvous_address=rendezvous,
                 lease_expires_at=now + settings.lease_seconds,
@@ -204,9 +204,9 @@ class TaskControl:
             task.state = (
                 status.state
                 if status is not None and status.state in ENDED_TASK_STATES
-                else S.TASK_STATE_CHECKPOINTED
+                else C.TASK_STATE_CHECKPOINTED
                 if checkpoint
-                else S.TASK_STATE_FAILED
+                else C.TASK_STATE_FAILED
             )
             if status is not None and status.checkpoint_path:
                 task.checkpoint_path = status.checkpoint_path
