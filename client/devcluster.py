@@ -182,7 +182,7 @@ class ClusterConfig:
     round_seconds: float = 5.0
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 6.0
-    report_interval: float = 1.0  # seconds between a job's progress reports (workers)
+    report_interval: float = 1.0  # seconds between rank 0's runtime samples to the Brain (workers)
     token: str = ""
     log_level: str = "info"
     metrics: bool = True  # every daemon serves Prometheus metrics (--metrics-listen)

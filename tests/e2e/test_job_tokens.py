@@ -1,6 +1,6 @@
 """A cluster with identities (--tokens-file) runs a dynamic-mode job end to end on tokens
 scoped to it: the scheduler mints the job's token, the worker hands it to the training
-processes, and with it they create and read their dataset, report progress and samples -
+processes, and with it they create and read their dataset, report samples -
 none of which the worker's own token may do any more."""
 
 from __future__ import annotations

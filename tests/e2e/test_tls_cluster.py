@@ -2,7 +2,7 @@
 
 The worker registers with the scheduler, the scheduler starts the task on the worker and
 asks the Brain and the shard manager, and the training processes read their data from the
-shard manager and report progress to the scheduler, each call over TLS with a client
+shard manager and report samples to the Brain, each call over TLS with a client
 certificate (`--tls-ca` for outgoing calls; `--tls-client-ca` makes each server insist).
 """
 
