@@ -94,7 +94,10 @@ def test_zero_dp_splits_the_optimizer_step() -> None:
 
 
 def test_offload_gets_faster_with_cpus() -> None:
-    times = [iter_time(PARAMS, WL, cfg(Plan(dp=2, zero=Zero.OFFLOAD), (2,), c), ENV) for c in (1, 2, 4, 8)]
+    times = [
+        iter_time(PARAMS, WL, cfg(Plan(dp=2, zero=Zero.OFFLOAD), (2,), c), ENV)
+        for c in (1, 2, 4, 8)
+    ]
     assert times == sorted(times, reverse=True) and times[0] > times[-1]
 
 
@@ -109,7 +112,9 @@ def test_memory_llama7b_needs_offload_on_one_gpu() -> None:
 
 def test_forward_profile_drops_impossible_samples() -> None:
     """A forward time below that of less work (t5's 4 ms at 4 GPUs) is not used."""
-    wl = Workload("w", 100.0, 8, 1.0, 1, (ForwardSample(1, 54), ForwardSample(2, 4), ForwardSample(2, 91)))
+    wl = Workload(
+        "w", 100.0, 8, 1.0, 1, (ForwardSample(1, 54), ForwardSample(2, 4), ForwardSample(2, 91))
+    )
     assert wl.forward_ms(2) == 91
     wl2 = Workload("w", 100.0, 8, 1.0, 1, (ForwardSample(1, 54), ForwardSample(2, 4)))
     assert wl2.forward_ms(2) == pytest.approx(108)

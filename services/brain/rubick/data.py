@@ -46,8 +46,9 @@ PLACEMENT_FILES: dict[str, str] = {
     "llama30b": "llama30.csv",
 }
 HISTORY_COLUMNS = ("k_bwd", "k_sync", "k_opt", "k_os_offload", "k_off", "k_swap", "k_const")
-# Offload runs whose CPU count the placements file does not give: the profile's own.
-DEFAULT_CPUS = 4
+# CPU cores per GPU where a placements file gives none: the profiles' own (4 under
+# ZeRO-Offload, 1 otherwise; only ZeRO-Offload's T_opt reads it).
+OFFLOAD_CPUS = 4
 
 
 @dataclass(frozen=True)
@@ -143,12 +144,13 @@ def load_placements(root: Path, model: str) -> tuple[tuple[Measurement, ...], tu
     for row in _read(path):
         placement = tuple(int(ch) for ch in row["placement"])
         secs = float(row["iter_time"])
-        cpus = int(row.get("cpu_threads") or DEFAULT_CPUS)
         try:
             plan = plan_from_code(row["exec_plan"], sum(placement))
         except ValueError as exc:
             skipped.append(f"{row['exec_plan']}@{row['placement']}: {exc}")
             continue
+        default_cpus = OFFLOAD_CPUS if plan.zero is Zero.OFFLOAD else 1
+        cpus = int(row.get("cpu_threads") or default_cpus)
         if secs <= 0:
             skipped.append(f"{row['exec_plan']}@{row['placement']}: no time (OOM)")
             continue

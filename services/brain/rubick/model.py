@@ -63,6 +63,9 @@ class Env:
     usable_memory: float = 0.9  # headroom for the framework's buffers and fragmentation
 
 
+A800 = Env()  # the default environment: the paper's testbed
+
+
 @dataclass(frozen=True)
 class Params:
     """The 7 fitted parameters of Table 1 (times in ms, P in millions)."""
@@ -215,12 +218,12 @@ def iter_time_from_terms(params: Params | FloatArray, tm: Terms) -> FloatArray:
     return np.asarray(t_cc + t_oo + k_const, dtype=np.float64)
 
 
-def iter_time(params: Params, workload: Workload, config: Config, env: Env = Env()) -> float:
+def iter_time(params: Params, workload: Workload, config: Config, env: Env = A800) -> float:
     """Predicted iteration time (ms) of one plan on one set of resources."""
     return float(iter_time_from_terms(params, terms(workload, [config], env))[0])
 
 
-def throughput(params: Params, workload: Workload, config: Config, env: Env = Env()) -> float:
+def throughput(params: Params, workload: Workload, config: Config, env: Env = A800) -> float:
     """Samples per second: b / T_iter."""
     return workload.global_batch / iter_time(params, workload, config, env) * 1e3
 
@@ -251,7 +254,7 @@ def host_memory(workload: Workload, plan: Plan) -> float:
     return 14 * workload.params_m * 1e6 if plan.zero is Zero.OFFLOAD else 0.0
 
 
-def fits(workload: Workload, plan: Plan, env: Env = Env()) -> bool:
+def fits(workload: Workload, plan: Plan, env: Env = A800) -> bool:
     """Whether the plan fits in GPU memory (an OOM plan is infeasible)."""
     return memory_per_gpu(workload, plan) <= env.gpu_memory_gb * GB * env.usable_memory
 
@@ -270,8 +273,8 @@ class Fit:
 def fit(
     workload: Workload,
     configs: Sequence[Config],
-    measured_ms: Sequence[float],
-    env: Env = Env(),
+    measured_ms: Sequence[float] | FloatArray,
+    env: Env = A800,
     *,
     starts: int = 8,
     seed: int = 0,
@@ -316,8 +319,8 @@ def relative_errors(
     params: Params,
     workload: Workload,
     configs: Sequence[Config],
-    measured_ms: Sequence[float],
-    env: Env = Env(),
+    measured_ms: Sequence[float] | FloatArray,
+    env: Env = A800,
 ) -> FloatArray:
     """|predicted - measured| / measured per config (Table 2's error)."""
     y = np.asarray(measured_ms, dtype=np.float64)

@@ -155,8 +155,6 @@ def enumerate_plans(
                 micro = [1] if p == 1 else [m for m in _divisors(per_rank // a) if m >= p]
                 for m in micro:
                     for gc in (False, True):
-                        zeros = (
-                            (Zero.NONE, Zero.DP, Zero.OFFLOAD) if t == p == 1 else (Zero.NONE,)
-                        )
+                        zeros = (Zero.NONE, Zero.DP, Zero.OFFLOAD) if t == p == 1 else (Zero.NONE,)
                         for z in zeros:
                             yield Plan(dp=d, tp=t, pp=p, ga=a, gc=gc, zero=z, micro_batches=m)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gearshift.brain.rubick.data import Measurement, ModelData
-from gearshift.brain.rubick.model import Env, Fit, fit, relative_errors
+from gearshift.brain.rubick.model import A800, Env, Fit, fit, relative_errors
 from gearshift.brain.rubick.plans import Plan, Zero
 
 FIT_RUNS = 7
@@ -88,7 +88,7 @@ class ModelReport:
     note: str = ""
 
 
-def validate(data: ModelData, env: Env = Env(), *, families: Sequence[str] = ()) -> ModelReport:
+def validate(data: ModelData, env: Env = A800, *, families: Sequence[str] = ()) -> ModelReport:
     """Fit on 7 runs, predict the rest of the placements file (only `families` if given)."""
     model = data.workload.name
     runs = fit_runs(data)
