@@ -94,6 +94,15 @@ def gavel_data() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def rubick_data() -> Path:
+    """../shared/data/rubick beside the checkout (Rubick's profiles and placement runs)."""
+    path = Path(os.environ.get("GEARSHIFT_SHARED_DIR", REPO.parent / "shared")) / "data" / "rubick"
+    if not (path / "profile" / "history.csv").exists():
+        _unavailable(f"Rubick data not found at {path} (set GEARSHIFT_SHARED_DIR)")
+    return path
+
+
 CHROMIUM = "/usr/bin/chromium"
 
 

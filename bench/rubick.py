@@ -1,0 +1,119 @@
+"""Rubick's performance model: fit time per job, and prediction errors next to Table 2.
+
+    python bench/rubick.py [--data ../shared/data/rubick] [--repeat 5]
+
+1. Fit time: `fit` on a model's 7 profiled runs (8 starts of bounded least squares),
+   the median of --repeat runs per model. Target: < 1 s per job.
+2. Check (b): per model, fit on 7 single-node runs and predict every other run of its
+   placements file (gearshift.brain.rubick.validation); mean and max relative error per
+   plan family, Table 2's figures beside them, and the single-node runs alone (which do
+   not depend on the inter-node bandwidth that the data do not give).
+3. Algorithm 1's decision time: not measured yet - the `rubick` policy does not exist;
+   add it here, with the simulator's traces, when it does.
+
+The CPU is shared: figures are what one run measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gearshift.brain.rubick.data import load_model, profiled_models
+from gearshift.brain.rubick.model import Env, fit, relative_errors
+from gearshift.brain.rubick.validation import TABLE2, family, fit_runs, validate
+
+DEFAULT_DATA = (
+    Path(os.environ.get("GEARSHIFT_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
+    / "data"
+    / "rubick"
+)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:5.1f}%"
+
+
+def fit_times(root: Path, repeat: int, env: Env) -> None:
+    print("1. fit time per job (7 runs, median of", repeat, "runs; target < 1 s)")
+    for model in profiled_models(root):
+        data = load_model(root, model)
+        runs = fit_runs(data)
+        if len(runs) < 7:
+            print(f"   {model:9s} -  ({len(runs)} runs: cannot fit 7 parameters)")
+            continue
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fit(data.workload, [m.config for m in runs], [m.iter_ms for m in runs], env)
+            times.append(time.perf_counter() - t0)
+        print(f"   {model:9s} {statistics.median(times):6.3f} s")
+
+
+def table(root: Path, env: Env) -> None:
+    print("\n2. check (b): mean / max error per plan family (ours | Table 2)")
+    print(
+        f"   env: B_intra {env.b_intra} GB/s, B_inter {env.b_inter} GB/s, B_pcie {env.b_pcie} GB/s"
+    )
+    for model in profiled_models(root):
+        data = load_model(root, model)
+        report = validate(data, env)
+        if report.fit is None:
+            print(f"   {model:9s} not fitted: {report.note}")
+            continue
+        print(f"   {model:9s} fit RMSLE {report.fit.rmsle:.3f}")
+        for fam, errs in sorted(report.errors.items()):
+            paper = TABLE2.get(model, {}).get(fam)
+            ref = f"{_pct(paper[0])} / {_pct(paper[1])}" if paper else "   -  /   -"
+            print(
+                f"     {fam:13s} n={len(errs):3d}  {_pct(errs.mean())} / {_pct(errs.max())}"
+                f"  | {ref}"
+            )
+        all_errs = np.concatenate(list(report.errors.values()))
+        seen = {m.config for m in fit_runs(data)}
+        single = [
+            m
+            for m in data.placements
+            if len(m.config.resources.placement) == 1
+            and m.config not in seen
+            and family(m.config.plan) in ("dp", "gc", "zero-dp", "zero-offload")
+        ]
+        e1 = relative_errors(
+            report.fit.params,
+            data.workload,
+            [m.config for m in single],
+            [m.iter_ms for m in single],
+            env,
+        )
+        print(
+            f"     {'all':13s} n={len(all_errs):3d}  {_pct(all_errs.mean())} / "
+            f"{_pct(all_errs.max())}  | <= 7.4% / <= 10.4%"
+        )
+        print(f"     {'single-node':13s} n={len(e1):3d}  {_pct(e1.mean())} / {_pct(e1.max())}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--b-inter", type=float, default=Env().b_inter, help="GB/s across nodes")
+    args = ap.parse_args()
+    if not (args.data / "profile").is_dir():
+        sys.exit(f"Rubick data not found at {args.data} (set GEARSHIFT_SHARED_DIR or --data)")
+    env = Env(b_inter=args.b_inter)
+    fit_times(args.data, args.repeat, env)
+    table(args.data, env)
+    print("\n3. Algorithm 1 decision time: not measured - the rubick policy is not written yet.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Rubick (EuroSys'25): execution plans, the 7-parameter performance model, sensitivity."""
