@@ -35,6 +35,7 @@ import sqlalchemy as sa
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.shared import shared_data
 from gearshift.brain import models
 from gearshift.brain.convert import sample_message
 from gearshift.brain.records import EventKind, JobEvent, JobKeys, Sample
@@ -325,11 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=100, help="batches per path per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=2_000)
-    shared = Path(
-        os.environ.get("GEARSHIFT_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared")
-    )
     parser.add_argument(
-        "--references", default=str(shared / "data" / "gavel" / "simulation_throughputs.json")
+        "--references", default=str(shared_data("gavel") / "simulation_throughputs.json")
     )
     args = parser.parse_args(argv)
     if not args.postgres_url:

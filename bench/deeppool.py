@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -29,13 +28,10 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.shared import shared_data
 from gearshift.brain.deeppool import LayerGraph, load_prof, plan
 
-DEFAULT_DATA = (
-    Path(os.environ.get("GEARSHIFT_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
-    / "data"
-    / "deeppool"
-)
+DEFAULT_DATA = shared_data("deeppool")
 # model, file, Table 3 seconds at 8 and at 1,024 GPUs
 MODELS = (
     ("VGG-16", "A100_vgg.prof", {8: 0.01, 1024: 0.05}),

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -40,6 +39,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.shared import shared_data
 from gearshift.common.gavel import ThroughputTable, load_throughputs
 from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.elastic import make_elastic_policy
@@ -58,11 +58,7 @@ from gearshift.scheduler.trace import generate_workload
 
 TYPES = ("k80", "p100", "v100")
 CLUSTER = {"v100": 8, "p100": 16, "k80": 24}
-DEFAULT_DATA = (
-    Path(os.environ.get("GEARSHIFT_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
-    / "data"
-    / "gavel"
-)
+DEFAULT_DATA = shared_data("gavel")
 
 
 def problem(table: ThroughputTable, jobs: int, seed: int, distinct: bool) -> PolicyInput:

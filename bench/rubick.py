@@ -17,7 +17,6 @@ The CPU is shared: figures are what one run measured.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -28,15 +27,12 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.shared import shared_data
 from gearshift.brain.rubick.data import load_model, profiled_models
 from gearshift.brain.rubick.model import Env, fit, relative_errors
 from gearshift.brain.rubick.validation import TABLE2, family, fit_runs, validate
 
-DEFAULT_DATA = (
-    Path(os.environ.get("GEARSHIFT_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared"))
-    / "data"
-    / "rubick"
-)
+DEFAULT_DATA = shared_data("rubick")
 
 
 def _pct(x: float) -> str:

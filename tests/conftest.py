@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.shared import shared_data
 from gearshift.client.processes import DaemonProcess, start_daemon
 
 REQUIRE_SERVICES = os.environ.get("GEARSHIFT_REQUIRE_SERVICES") == "1"
@@ -85,22 +86,29 @@ def redis_url() -> str:
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _shared(name: str, marker: str, what: str) -> Path:
+    path = shared_data(name)
+    if not (path / marker).exists():
+        _unavailable(f"{what} not found at {path} (set GEARSHIFT_SHARED_DIR)")
+    return path
+
+
 @pytest.fixture(scope="session")
 def gavel_data() -> Path:
     """../shared/data/gavel beside the checkout (Gavel's throughputs and traces)."""
-    path = Path(os.environ.get("GEARSHIFT_SHARED_DIR", REPO.parent / "shared")) / "data" / "gavel"
-    if not (path / "simulation_throughputs.json").exists():
-        _unavailable(f"Gavel data not found at {path} (set GEARSHIFT_SHARED_DIR)")
-    return path
+    return _shared("gavel", "simulation_throughputs.json", "Gavel data")
 
 
 @pytest.fixture(scope="session")
 def rubick_data() -> Path:
     """../shared/data/rubick beside the checkout (Rubick's profiles and placement runs)."""
-    path = Path(os.environ.get("GEARSHIFT_SHARED_DIR", REPO.parent / "shared")) / "data" / "rubick"
-    if not (path / "profile" / "history.csv").exists():
-        _unavailable(f"Rubick data not found at {path} (set GEARSHIFT_SHARED_DIR)")
-    return path
+    return _shared("rubick", "profile/history.csv", "Rubick data")
+
+
+@pytest.fixture(scope="session")
+def deeppool_data() -> Path:
+    """../shared/data/deeppool beside the checkout (DeepPool's per-layer A100 profiles)."""
+    return _shared("deeppool", "A100_vgg.prof", "DeepPool profiles")
 
 
 CHROMIUM = "/usr/bin/chromium"

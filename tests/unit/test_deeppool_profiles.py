@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -11,18 +10,6 @@ import pytest
 from gearshift.brain.deeppool import load_prof, plan, read_prof
 from gearshift.brain.deeppool.profiles import times_at_batches
 from gearshift.brain.deeppool.structure import Block, decompose
-from tests.conftest import REPO, _unavailable
-
-
-@pytest.fixture(scope="session")
-def deeppool_data() -> Path:
-    """../shared/data/deeppool beside the checkout (DeepPool's per-layer A100 profiles)."""
-    shared = Path(os.environ.get("GEARSHIFT_SHARED_DIR", REPO.parent / "shared"))
-    path = shared / "data" / "deeppool"
-    if not (path / "A100_vgg.prof").exists():
-        _unavailable(f"DeepPool profiles not found at {path} (set GEARSHIFT_SHARED_DIR)")
-    return path
-
 
 # (file, rows per batch, layers with concatenations, largest batch, ms at it, parameters)
 Model = tuple[str, int, int, int, float, int]
