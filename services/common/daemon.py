@@ -24,7 +24,12 @@ from gearshift.common.errors import ValidationError
 from gearshift.common.identity import Identity, JobTokens, TokenTable, hash_token, load_job_key
 from gearshift.common.limits import Limits
 from gearshift.common.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
-from gearshift.common.metrics import METRICS_OPTION, MetricsEndpoint, serve_metrics
+from gearshift.common.metrics import (
+    METRICS_OPTION,
+    MetricsEndpoint,
+    serve_metrics,
+    time_collections,
+)
 from gearshift.common.rpc_roles import Scopes
 from gearshift.common.server import (
     MB,
@@ -261,3 +266,9 @@ def quiet_collector() -> None:
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+    time_collections(
+        lambda generation, seconds, collected: log.info(
+            "long gc pause",
+            extra={"generation": generation, "ms": round(seconds * 1000), "collected": collected},
+        )
+    )

@@ -9,6 +9,7 @@ Every name starts with `gearshift_`. The endpoint is plain HTTP at any path
 
 from __future__ import annotations
 
+import gc
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -54,6 +55,36 @@ RPC_SECONDS = prometheus_client.Histogram(
     ["service", "method", "code"],
     buckets=RPC_BUCKETS,
 )
+
+
+GC_PAUSE_SECONDS = prometheus_client.Histogram(
+    "gearshift_gc_pause_seconds",
+    "Seconds a cycle-collector pass held the GIL, by generation (2: a full pass)",
+    ["generation"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
+LONG_GC_PAUSE_S = 0.05  # a pass this long is logged: it is an RPC's latency tail
+
+
+def time_collections(
+    log: Callable[[int, float, int], None],
+) -> Callable[[str, dict[str, int]], None]:
+    """Measure every cycle-collector pass (GC_PAUSE_SECONDS); `log(generation, seconds,
+    collected)` for the long ones. Returns the gc callback (gc.callbacks holds it)."""
+    started = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+            return
+        pause = time.perf_counter() - started[0]
+        generation = info["generation"]
+        GC_PAUSE_SECONDS.labels(str(generation)).observe(pause)
+        if pause >= LONG_GC_PAUSE_S:
+            log(generation, pause, info["collected"])
+
+    gc.callbacks.append(callback)
+    return callback
 
 
 def _split(method: str) -> tuple[str, str]:
