@@ -121,6 +121,9 @@ def test_contracts_cover_the_designed_rpc_surface() -> None:
         "EstimateThroughput",
         "PlanResources",
         "PlanEsts",
+        "StoreLayerProfile",
+        "GetLayerProfile",
+        "PlanBurstParallel",
     } <= services["Brain"]
     assert {
         "CreateDataset",

@@ -70,6 +70,21 @@ class BrainStub:
                 request_serializer=gearshift_dot_v1_dot_brain__pb2.PlanEstsRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_brain__pb2.EstPlan.FromString,
                 _registered_method=True)
+        self.StoreLayerProfile = channel.unary_unary(
+                '/gearshift.v1.Brain/StoreLayerProfile',
+                request_serializer=gearshift_dot_v1_dot_brain__pb2.StoreLayerProfileRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_brain__pb2.StoreLayerProfileResponse.FromString,
+                _registered_method=True)
+        self.GetLayerProfile = channel.unary_unary(
+                '/gearshift.v1.Brain/GetLayerProfile',
+                request_serializer=gearshift_dot_v1_dot_brain__pb2.GetLayerProfileRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_brain__pb2.StoredLayerProfile.FromString,
+                _registered_method=True)
+        self.PlanBurstParallel = channel.unary_unary(
+                '/gearshift.v1.Brain/PlanBurstParallel',
+                request_serializer=gearshift_dot_v1_dot_brain__pb2.PlanBurstParallelRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_brain__pb2.BurstParallelPlan.FromString,
+                _registered_method=True)
 
 
 class BrainServicer:
@@ -132,6 +147,32 @@ class BrainServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StoreLayerProfile(self, request, context):
+        """Stores a model's layer profile under a key. Storing the same profile
+        under the same key again is a no-op; a different profile replaces the
+        stored one (a newer measurement). Caller: `gearshift profile`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetLayerProfile(self, request, context):
+        """A stored layer profile, by key; NOT_FOUND when none is stored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PlanBurstParallel(self, request, context):
+        """DeepPool's burst-parallel plan (Algorithm 1): per-layer device counts of
+        least iteration time whose layers all keep their GPU-seconds
+        amplification within a limit. Computes only; stores nothing. Caller:
+        `gearshift plan --burst`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrainServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +210,21 @@ def add_BrainServicer_to_server(servicer, server):
                     servicer.PlanEsts,
                     request_deserializer=gearshift_dot_v1_dot_brain__pb2.PlanEstsRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_brain__pb2.EstPlan.SerializeToString,
+            ),
+            'StoreLayerProfile': grpc.unary_unary_rpc_method_handler(
+                    servicer.StoreLayerProfile,
+                    request_deserializer=gearshift_dot_v1_dot_brain__pb2.StoreLayerProfileRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_brain__pb2.StoreLayerProfileResponse.SerializeToString,
+            ),
+            'GetLayerProfile': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLayerProfile,
+                    request_deserializer=gearshift_dot_v1_dot_brain__pb2.GetLayerProfileRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_brain__pb2.StoredLayerProfile.SerializeToString,
+            ),
+            'PlanBurstParallel': grpc.unary_unary_rpc_method_handler(
+                    servicer.PlanBurstParallel,
+                    request_deserializer=gearshift_dot_v1_dot_brain__pb2.PlanBurstParallelRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_brain__pb2.BurstParallelPlan.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -361,6 +417,87 @@ class Brain:
             '/gearshift.v1.Brain/PlanEsts',
             gearshift_dot_v1_dot_brain__pb2.PlanEstsRequest.SerializeToString,
             gearshift_dot_v1_dot_brain__pb2.EstPlan.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StoreLayerProfile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.Brain/StoreLayerProfile',
+            gearshift_dot_v1_dot_brain__pb2.StoreLayerProfileRequest.SerializeToString,
+            gearshift_dot_v1_dot_brain__pb2.StoreLayerProfileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLayerProfile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.Brain/GetLayerProfile',
+            gearshift_dot_v1_dot_brain__pb2.GetLayerProfileRequest.SerializeToString,
+            gearshift_dot_v1_dot_brain__pb2.StoredLayerProfile.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PlanBurstParallel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.Brain/PlanBurstParallel',
+            gearshift_dot_v1_dot_brain__pb2.PlanBurstParallelRequest.SerializeToString,
+            gearshift_dot_v1_dot_brain__pb2.BurstParallelPlan.FromString,
             options,
             channel_credentials,
             insecure,
