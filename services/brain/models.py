@@ -1,7 +1,7 @@
 """The Brain's tables (SQLAlchemy 2.x declarative models); every name starts with `brain_`.
 
 The schema is created only by the Alembic history (migrations/versions/
-0001_brain.py); tests/integration/test_brain_storage.py checks that
+0001_brain.py, 0006_layer_profiles.py); tests/integration/test_brain_storage.py checks that
 autogenerate finds no difference between these models and the migrations.
 Times are seconds since the Unix epoch (float), as in the contracts.
 """
@@ -179,6 +179,25 @@ class ReferenceThroughput(Base):
     source: Mapped[str] = mapped_column(sa.String(256), default="")
 
 
+class LayerProfile(Base):
+    """A model's layer profile (DeepPool), the burst-parallel planner's input, stored by key.
+
+    `profile` is gearshift.brain.deeppool.profiles.graph_to_dict's plain data; `digest`
+    (its SHA-256) makes storing the same profile again a no-op.
+    """
+
+    __tablename__ = "brain_layer_profiles"
+
+    profile_key: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    model_type: Mapped[str] = mapped_column(sa.String(128), index=True)
+    device: Mapped[str] = mapped_column(sa.String(256))
+    num_layers: Mapped[int] = mapped_column(sa.Integer)
+    global_batch: Mapped[int] = mapped_column(sa.Integer)
+    digest: Mapped[str] = mapped_column(sa.String(64))
+    profile: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    stored_at: Mapped[float] = mapped_column(sa.Float)
+
+
 def _table(model: type[Base]) -> sa.Table:
     table = model.__table__
     assert isinstance(table, sa.Table)
@@ -194,3 +213,4 @@ samples = _table(Sample)
 plans = _table(Plan)
 job_throughputs = _table(JobThroughput)
 reference_throughputs = _table(ReferenceThroughput)
+layer_profiles = _table(LayerProfile)

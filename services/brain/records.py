@@ -129,6 +129,18 @@ class PlanRow:
 
 
 @dataclass(frozen=True)
+class ProfileRow:
+    """A stored layer profile: its key, model type, when, and the profile as plain data
+    (gearshift.brain.deeppool.profiles.graph_to_dict) with its digest."""
+
+    key: str
+    model_type: str
+    stored_at: float
+    digest: str
+    profile: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class History:
     """A job's record, nodes, samples (oldest first) and plans (oldest first)."""
 

@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from gearshift.brain import dlrover, estimator, metrics
+from gearshift.brain import deeppool, dlrover, estimator, metrics
+from gearshift.brain.deeppool.profiles import digest, graph_from_dict, graph_to_dict, rebatch
 from gearshift.brain.estimator import Column, LowRankModel
 from gearshift.brain.records import (
     Cursor,
@@ -26,6 +27,7 @@ from gearshift.brain.records import (
     JobFilter,
     JobPage,
     JobRow,
+    ProfileRow,
     Sample,
 )
 from gearshift.brain.references import as_rows
@@ -159,6 +161,30 @@ class EstPlanResult:
     plan: estplan.EstPlan
     proposals: list[estplan.ScaleOutProposal]
     estimated: dict[str, EstimateResult]
+
+
+@dataclass(frozen=True)
+class BurstRequest:
+    """Validated settings of a PlanBurstParallel request (0: the profile's batch / devices)."""
+
+    global_batch: int
+    max_devices: int
+    amp_limit: float
+    network: deeppool.Network
+    parallel_branches: bool
+
+
+@dataclass(frozen=True)
+class BurstResult:
+    """A burst-parallel plan over `graph` (the profile at the planned batch) and beside it:
+    each layer's amplification, plain data parallelism's time and the elastic count."""
+
+    graph: deeppool.LayerGraph
+    plan: deeppool.Plan
+    layer_amplification: tuple[float, ...]
+    data_parallel_seconds: float
+    elastic_devices: int
+    max_devices: int
 
 
 def _past_job(found: FinishedJob) -> dlrover.PastJob | None:
@@ -455,3 +481,57 @@ class BrainService:
             ]
         proposals = estplan.scale_out_proposals(num_ests, base, extra, top_k) if top_k else []
         return EstPlanResult(plan, proposals, estimated)
+
+    # -- layer profiles and burst-parallel plans (DeepPool) ---------------------
+
+    def store_profile(
+        self, key: str, model_type: str, graph: deeppool.LayerGraph, device: str
+    ) -> tuple[bool, bool]:
+        """Store a profile under its key: (written, replaced); the same one again is a no-op."""
+        data = graph_to_dict(graph, device)
+        return self.store.put_profile(ProfileRow(key, model_type, self.clock(), digest(data), data))
+
+    def layer_profile(self, key: str) -> ProfileRow:
+        return self.store.profile(key)
+
+    def plan_burst(self, source: str | deeppool.LayerGraph, request: BurstRequest) -> BurstResult:
+        """DeepPool's Algorithm 1 over a stored (by key) or given profile.
+
+        The global batch and device limit default to the profile's (the limit also to the
+        batch, the most devices that each get a whole sample).
+        """
+        graph = (
+            graph_from_dict(self.store.profile(source).profile)
+            if isinstance(source, str)
+            else source
+        )
+        batch = request.global_batch or graph.global_batch
+        limit = request.max_devices or min(graph.device_counts[-1], batch)
+        if limit > batch:
+            raise ValidationError(
+                "max_devices", f"{limit} devices would leave some without a sample of {batch}"
+            )
+        graph = rebatch(graph, batch, limit)
+        costs = deeppool.build_costs(graph, request.network)
+        best = deeppool.plan(
+            graph,
+            amp_limit=request.amp_limit,
+            max_devices=limit,
+            network=request.network,
+            parallel_branches=request.parallel_branches,
+            costs=costs,
+        )
+        amps = deeppool.evaluate(graph, best.counts, parallel=best.parallel, costs=costs)
+        widest = max(d for d in graph.device_counts if d <= limit)
+        data_parallel = deeppool.evaluate(graph, [widest] * graph.num_layers, costs=costs)
+        elastic = deeppool.elastic_device_count(
+            graph, amp_limit=request.amp_limit, max_devices=limit, network=request.network
+        )
+        return BurstResult(
+            graph,
+            best,
+            amps.layer_amplification,
+            data_parallel.iteration_time,
+            elastic,
+            widest,
+        )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import grpc
 
-from gearshift.brain import convert, metrics
+from gearshift.brain import convert, layer_profiles, metrics
 from gearshift.brain.service import BrainService
 from gearshift.common.validation import page_size
 from gearshift.v1 import brain_pb2, brain_pb2_grpc
@@ -71,3 +71,24 @@ class BrainServicer(brain_pb2_grpc.BrainServicer):
         job_id, num_ests, offers, current, top_k = convert.est_request(request)
         result = self.service.plan_ests(job_id, num_ests, offers, current, top_k)
         return convert.est_message(result)
+
+    def StoreLayerProfile(
+        self, request: brain_pb2.StoreLayerProfileRequest, context: grpc.ServicerContext
+    ) -> brain_pb2.StoreLayerProfileResponse:
+        key, model_type, graph = layer_profiles.store_request(request)
+        written, replaced = self.service.store_profile(
+            key, model_type, graph, request.profile.device
+        )
+        return brain_pb2.StoreLayerProfileResponse(written=written, replaced=replaced)
+
+    def GetLayerProfile(
+        self, request: brain_pb2.GetLayerProfileRequest, context: grpc.ServicerContext
+    ) -> brain_pb2.StoredLayerProfile:
+        layer_profiles.check_key(request.key, "key")
+        return layer_profiles.stored_message(self.service.layer_profile(request.key))
+
+    def PlanBurstParallel(
+        self, request: brain_pb2.PlanBurstParallelRequest, context: grpc.ServicerContext
+    ) -> brain_pb2.BurstParallelPlan:
+        source, settings = layer_profiles.plan_request(request)
+        return layer_profiles.plan_message(self.service.plan_burst(source, settings))

@@ -36,6 +36,7 @@ from gearshift.brain.records import (
     JobStatus,
     NodeInfo,
     PlanRow,
+    ProfileRow,
     Sample,
 )
 from gearshift.brain.references import ReferenceThroughput
@@ -118,6 +119,15 @@ class BrainStore(Protocol):
         self, job_id: str, stage: str, source: str, plan: dict[str, Any], now: float
     ) -> PlanRow:
         """Record an issued plan under a new id."""
+        ...
+
+    def put_profile(self, row: ProfileRow) -> tuple[bool, bool]:
+        """Store a layer profile under its key: (written, replaced). The same digest under
+        the key writes nothing; another replaces it."""
+        ...
+
+    def profile(self, key: str) -> ProfileRow:
+        """A stored layer profile; NotFoundError when none is stored under the key."""
         ...
 
 
@@ -680,3 +690,39 @@ class SqlBrainStore:
                 )
             )
         return row
+
+    # -- layer profiles ---------------------------------------------------------
+
+    def put_profile(self, row: ProfileRow) -> tuple[bool, bool]:
+        table = m.layer_profiles
+        values = {
+            "profile_key": row.key,
+            "model_type": row.model_type,
+            "device": str(row.profile.get("device", "")),
+            "num_layers": len(row.profile["names"]),
+            "global_batch": int(row.profile["global_batch"]),
+            "digest": row.digest,
+            "profile": row.profile,
+            "stored_at": row.stored_at,
+        }
+        insert = self._upsert(table)
+        statement = insert.on_conflict_do_update(
+            index_elements=["profile_key"],
+            set_={k: insert.excluded[k] for k in values if k != "profile_key"},
+        )
+        with self._tx() as conn:
+            digest = conn.execute(
+                sa.select(table.c.digest).where(table.c.profile_key == row.key)
+            ).scalar()
+            if digest == row.digest:
+                return False, False
+            conn.execute(statement, values)
+        return True, digest is not None
+
+    def profile(self, key: str) -> ProfileRow:
+        table = m.layer_profiles
+        with self._tx() as conn:
+            row = conn.execute(sa.select(table).where(table.c.profile_key == key)).first()
+        if row is None:
+            raise NotFoundError("layer profile", key)
+        return ProfileRow(row.profile_key, row.model_type, row.stored_at, row.digest, row.profile)

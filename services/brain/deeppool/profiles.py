@@ -2,15 +2,20 @@
 
 A profile is measured per *per-device batch size* (what a layer costs on one device
 at batch b); the planner thinks in *device counts* g for a fixed global batch B, so
-`graph_from_batch_times` turns one into the other (b = B/g). Counts are powers of two,
-as in DeepPool (section 7.4: it keeps the search space small).
+`graph_from_batch_times` turns one into the other (b = B/g), and `rebatch` re-derives a
+graph for another global batch. Counts are powers of two, as in DeepPool (section 7.4:
+it keeps the search space small). `graph_to_dict` is the form the Brain stores.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -149,4 +154,65 @@ def graph_from_batch_times(
         comp=times_at_batches(batch_times, batches),
         out_bytes=np.asarray(sample_bytes, dtype=np.float64) * global_batch,
         param_bytes=np.asarray(param_bytes, dtype=np.float64),
+    )
+
+
+def graph_to_dict(graph: LayerGraph, device: str = "") -> dict[str, Any]:
+    """The graph as JSON-able plain data, for storage (an infinite time is None: JSON has no
+    infinity). `device`: what it was measured on. Output bytes are per sample, so the data
+    does not depend on the global batch it was measured for."""
+    return {
+        "names": list(graph.names),
+        "edges": [[u, v] for u, v in graph.edges],
+        "device_counts": list(graph.device_counts),
+        "global_batch": graph.global_batch,
+        "seconds": [[t if math.isfinite(t) else None for t in row] for row in graph.comp.tolist()],
+        "output_bytes_per_sample": (graph.out_bytes / graph.global_batch).tolist(),
+        "parameter_bytes": graph.param_bytes.tolist(),
+        "device": device,
+    }
+
+
+def graph_from_dict(data: Mapping[str, Any]) -> LayerGraph:
+    """The inverse of graph_to_dict (ValueError naming the field on bad data)."""
+    batch = int(data["global_batch"])
+    seconds = [[math.inf if t is None else float(t) for t in row] for row in data["seconds"]]
+    return LayerGraph(
+        names=tuple(data["names"]),
+        edges=tuple((int(u), int(v)) for u, v in data["edges"]),
+        device_counts=tuple(int(d) for d in data["device_counts"]),
+        global_batch=batch,
+        comp=np.array(seconds, dtype=np.float64).reshape(len(seconds), -1),
+        out_bytes=np.asarray(data["output_bytes_per_sample"], dtype=np.float64) * batch,
+        param_bytes=np.asarray(data["parameter_bytes"], dtype=np.float64),
+    )
+
+
+def digest(data: Mapping[str, Any]) -> str:
+    """SHA-256 of graph_to_dict's data in a canonical form: equal profiles, equal digests."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def rebatch(graph: LayerGraph, global_batch: int, max_devices: int) -> LayerGraph:
+    """The graph for another global batch or device limit, from its measured per-device
+    batches (the whole-sample ones: global_batch / g where g divides it).
+
+    Unchanged when only fewer devices are asked for (the planner cuts the counts itself).
+    """
+    if global_batch == graph.global_batch and max_devices <= graph.device_counts[-1]:
+        return graph
+    batch_times = {
+        graph.global_batch // d: graph.comp[:, k].tolist()
+        for k, d in enumerate(graph.device_counts)
+        if graph.global_batch % d == 0 and np.isfinite(graph.comp[:, k]).all()
+    }
+    return graph_from_batch_times(
+        graph.names,
+        graph.edges,
+        batch_times,
+        (graph.out_bytes / graph.global_batch).tolist(),
+        graph.param_bytes.tolist(),
+        global_batch=global_batch,
+        max_devices=max_devices,
     )
