@@ -31,6 +31,7 @@ from gearshift.client.history import add_options as add_history_options
 from gearshift.client.history import cmd_history
 from gearshift.client.options import add_scheduler_options, add_tls_options
 from gearshift.client.processes import DaemonError, http_status
+from gearshift.client.profiles import add_plan_options, add_profile_options, cmd_plan, cmd_profile
 from gearshift.client.render import parse_states, table
 from gearshift.common.errors import ValidationError
 from gearshift.common.facts import DEFAULT_DETERMINISM, DETERMINISM_LEVELS
@@ -218,6 +219,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_history_options(history)
     history.add_argument("--json", action="store_true", help="print JSON")
     history.set_defaults(func=cmd_history)
+
+    profile = sub.add_parser(
+        "profile",
+        help="measure a job's model layer by layer and store the profile in the Brain",
+        description="Trace the job's model (torch.fx; branches allowed) and measure each "
+        "layer's forward + backward time at per-device batch B/g for g = 1, 2, 4, ..., its "
+        "output and parameter bytes; store the profile in the Brain under the job spec's "
+        "fingerprint (what `gearshift plan --burst` plans over). Runs "
+        "python -m gearshift.brain.deeppool.profile_job; needs the worker extra (torch).",
+    )
+    add_profile_options(profile)
+    profile.set_defaults(func=cmd_profile)
+
+    plan = sub.add_parser(
+        "plan",
+        help="DeepPool's burst-parallel plan of a profiled job",
+        description="Ask the Brain (PlanBurstParallel) for the per-layer device counts of "
+        "least iteration time within an amplification limit, over the profile `gearshift "
+        "profile` stored for the same job file; print them with the predicted iteration "
+        "time, device-seconds and amplification. The runtime executes data-parallel plans: "
+        "the plan decides how many devices the job should hold.",
+    )
+    add_plan_options(plan)
+    plan.set_defaults(func=cmd_plan)
 
     job = sub.add_parser("job", parents=[shared], help="show one job")
     job.add_argument("job_id", metavar="ID")

@@ -1270,7 +1270,7 @@ class StoreLayerProfileRequest(_message.Message):
     """The profile's key (1-128 characters: letters, digits, '.', '_', '-', ':',
     '/'). `gearshift profile` uses the job spec's fingerprint
     (gearshift.common.profiles.profile_key: a digest of the entrypoint's
-    module, code and config, the global batch and the device), so that
+    module, code and config, and the device), so that
     `gearshift plan --burst` finds the profile of the same job file.
     """
     model_type: _builtins.str

@@ -5,8 +5,8 @@ input is one too, with no time of its own, so that the graph has one source), an
 tensor arguments are its edges, so residual additions and concatenations become joins.
 For each per-device batch B/g the module runs once to capture every node's inputs; each
 layer then replays alone on copies of them, forward then backward, and the least of a
-few timings counts (the CPU is shared). Output bytes come from the tensors themselves,
-parameter bytes from the node's submodule.
+few timings counts (the CPU is shared; on CUDA each timing waits for the kernels).
+Output bytes come from the tensors themselves, parameter bytes from the node's submodule.
 """
 
 from __future__ import annotations
@@ -86,6 +86,12 @@ def _callable(traced: fx.GraphModule, node: fx.Node) -> Callable[..., Any]:
     return lambda obj, *args, **kwargs: getattr(obj, str(node.target))(*args, **kwargs)
 
 
+def _synchronize() -> None:
+    """Wait for queued CUDA kernels, so that a timing covers them (no-op without CUDA)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _time_layer(
     traced: fx.GraphModule, node: fx.Node, values: dict[fx.Node, Any], repeats: int
 ) -> float:
@@ -105,10 +111,12 @@ def _time_layer(
     for _ in range(repeats + 1):  # the first is a warm-up
         args = fx.node.map_arg(node.args, fresh)
         kwargs = fx.node.map_arg(node.kwargs, fresh)
+        _synchronize()
         start = time.perf_counter()
         out = run(*args, **kwargs)
         if isinstance(out, torch.Tensor) and out.requires_grad:
             torch.autograd.backward(out, torch.ones_like(out))
+        _synchronize()
         best = min(best, time.perf_counter() - start)
     return best if repeats > 0 else 0.0
 
@@ -128,14 +136,16 @@ def profile_module(
     max_devices: int,
     repeats: int = 3,
     threads: int | None = 1,
+    make_input: Callable[[int], torch.Tensor] | None = None,
 ) -> LayerGraph:
     """Per-layer fwd+bwd times on this machine at per-device batch global_batch / g for
-    g = 1, 2, 4, ... max_devices, as a LayerGraph (inputs: float32 of sample_shape).
+    g = 1, 2, 4, ... max_devices, as a LayerGraph.
 
-    global_batch must be a multiple of max_devices (a power of two): every count gets
-    whole samples. threads: intra-op threads while measuring (one CPU slot is one
-    device; None keeps torch's setting). The module is left in training mode with its
-    gradients cleared.
+    Inputs: make_input(batch) (e.g. real samples of the job's dataset, on the module's
+    device), else float32 noise of sample_shape. global_batch must be a multiple of
+    max_devices (a power of two): every count gets whole samples. threads: intra-op
+    threads while measuring (one CPU slot is one device; None keeps torch's setting).
+    The module is left in training mode with its gradients cleared.
     """
     counts = power_of_two_counts(max_devices)
     if counts[-1] != max_devices or global_batch % max_devices:
@@ -144,7 +154,8 @@ def profile_module(
             f"got {max_devices}"
         )
     module.train()
-    layers = trace_layers(module, torch.randn(1, *sample_shape))
+    make = make_input or (lambda batch: torch.randn(batch, *sample_shape))
+    layers = trace_layers(module, make(1))
     traced = layers.module
     batch_times: dict[int, list[float]] = {}
     sample_bytes: list[float] = []
@@ -152,7 +163,7 @@ def profile_module(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        batch_times, sample_bytes = _measure(layers, sample_shape, global_batch, counts, repeats)
+        batch_times, sample_bytes = _measure(layers, make, global_batch, counts, repeats)
     finally:
         torch.set_num_threads(saved_threads)
         module.zero_grad(set_to_none=True)
@@ -169,7 +180,7 @@ def profile_module(
 
 def _measure(
     layers: TracedLayers,
-    sample_shape: tuple[int, ...],
+    make_input: Callable[[int], torch.Tensor],
     global_batch: int,
     counts: tuple[int, ...],
     repeats: int,
@@ -182,7 +193,7 @@ def _measure(
         torch.manual_seed(0)
         for count in counts:
             batch = global_batch // count
-            values = _record(traced, torch.randn(batch, *sample_shape))
+            values = _record(traced, make_input(batch))
             batch_times[batch] = [_time_layer(traced, n, values, repeats) for n in layers.nodes]
             if not sample_bytes:
                 sample_bytes = [

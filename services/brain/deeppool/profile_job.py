@@ -1,0 +1,145 @@
+"""`python -m gearshift.brain.deeppool.profile_job`: a job's layer profile, as JSON.
+
+Loads the job as the runtime does - import `--job` (with `--code-dir` first on the
+import path), seed torch, call its `build(config)` - and profiles the model it returns
+with the torch.fx profiler at per-device batch B/g for g = 1, 2, 4, ... --max-devices,
+feeding it real samples of the job's dataset (collated by the job's own collate).
+Prints the LayerProfile message as JSON (or writes it to --out); `gearshift profile`
+runs this and stores the result in the Brain. Needs torch (the `worker` extra).
+
+Exit status: 0 done, 2 bad input (a module that does not import, a model torch.fx
+cannot trace, a batch the device counts do not divide).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+
+from gearshift.common.errors import ValidationError
+from gearshift.common.facts import EXIT_BAD_INPUT
+
+DEVICES = ("cpu", "cuda")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m gearshift.brain.deeppool.profile_job",
+        description="Profile a job's model layer by layer (torch.fx) and print the profile.",
+    )
+    parser.add_argument("--job", required=True, help="module defining build(config) -> Job")
+    parser.add_argument("--config", default="{}", help="the job's config, a JSON object")
+    parser.add_argument("--code-dir", type=Path, help="folder put first on the import path")
+    parser.add_argument("--global-batch", type=int, required=True, help="B, the global batch")
+    parser.add_argument(
+        "--max-devices", type=int, required=True, help="G: profile g = 1, 2, 4, ... G (divides B)"
+    )
+    parser.add_argument("--device", choices=DEVICES, default="cpu", help="where to measure")
+    parser.add_argument("--repeats", type=int, default=3, help="timings per layer (least counts)")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads on CPU")
+    parser.add_argument("--seed", type=int, default=0, help="seed before build(config)")
+    parser.add_argument("--out", type=Path, help="write the JSON here instead of stdout")
+    return parser
+
+
+def _config(text: str) -> dict[str, Any]:
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValidationError("--config", f"not JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValidationError("--config", "must be a JSON object")
+    return config
+
+
+def _build(module: str, config: dict[str, Any]) -> Any:
+    """What the job's build(config) returns (duck-typed: a Job has .model, .dataset, .collate)."""
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # a user's module may fail at import in any way: bad input
+        raise ValidationError(
+            "--job", f"cannot import module {module!r}: {type(exc).__name__}: {exc}"
+        ) from None
+    build = getattr(mod, "build", None)
+    if not callable(build):
+        raise ValidationError("--job", f"module {module!r} has no build(config) function")
+    job = build(config)
+    for attribute in ("model", "dataset", "collate"):
+        if not hasattr(job, attribute):
+            raise ValidationError("--job", f"{module}.build(config) returned no Job")
+    if len(job.dataset) == 0:
+        raise ValidationError("--job", f"{module}.build(config) returned an empty dataset")
+    return job
+
+
+def profile(args: argparse.Namespace) -> str:
+    """The profile of the job, as the LayerProfile message's JSON."""
+    import torch  # noqa: PLC0415 - after the arguments are checked: it takes a second
+
+    from gearshift.brain.deeppool.fxprofile import profile_module  # noqa: PLC0415
+    from gearshift.brain.profile_messages import profile_message  # noqa: PLC0415
+
+    if args.code_dir is not None:
+        sys.path.insert(0, str(args.code_dir.resolve()))
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValidationError("--device", "cuda: no CUDA device here")
+    device = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    job = _build(args.job, _config(args.config))
+    model = job.model.to(device)
+    dataset, collate = job.dataset, job.collate
+
+    def make_input(batch: int) -> torch.Tensor:
+        samples = collate([dataset[i % len(dataset)] for i in range(batch)])
+        inputs = samples[0] if isinstance(samples, (tuple, list)) else samples
+        if not isinstance(inputs, torch.Tensor):
+            raise ValidationError("--job", "the dataset's inputs must collate to one tensor")
+        return inputs.to(device)
+
+    try:
+        graph = profile_module(
+            model,
+            (),
+            global_batch=args.global_batch,
+            max_devices=args.max_devices,
+            repeats=args.repeats,
+            threads=args.threads if args.device == "cpu" else None,
+            make_input=make_input,
+        )
+    except ValueError as exc:
+        field, sep, problem = str(exc).partition(": ")
+        raise ValidationError(f"--{field.replace('_', '-')}" if sep else "--job", problem) from None
+    except torch.fx.proxy.TraceError as exc:
+        raise ValidationError("--job", f"torch.fx cannot trace the model: {exc}") from None
+    name = torch.cuda.get_device_name(device) if args.device == "cuda" else "cpu"
+    label = f"cuda: {name}" if args.device == "cuda" else f"cpu ({args.threads} thread(s))"
+    return json_format.MessageToJson(profile_message(graph, label), indent=1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.global_batch < 1:
+            raise ValidationError("--global-batch", "must be >= 1")
+        if args.repeats < 1:
+            raise ValidationError("--repeats", "must be >= 1")
+        text = profile(args)
+    except ValidationError as exc:
+        print(f"profile_job: {exc.message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
