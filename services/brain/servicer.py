@@ -10,6 +10,7 @@ from __future__ import annotations
 import grpc
 
 from gearshift.brain import convert, layer_profiles, metrics
+from gearshift.brain.profile_messages import check_key
 from gearshift.brain.service import BrainService
 from gearshift.common.validation import page_size
 from gearshift.v1 import brain_pb2, brain_pb2_grpc
@@ -84,7 +85,7 @@ class BrainServicer(brain_pb2_grpc.BrainServicer):
     def GetLayerProfile(
         self, request: brain_pb2.GetLayerProfileRequest, context: grpc.ServicerContext
     ) -> brain_pb2.StoredLayerProfile:
-        layer_profiles.check_key(request.key, "key")
+        check_key(request.key, "key")
         return layer_profiles.stored_message(self.service.layer_profile(request.key))
 
     def PlanBurstParallel(

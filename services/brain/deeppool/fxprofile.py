@@ -88,7 +88,7 @@ def _callable(traced: fx.GraphModule, node: fx.Node) -> Callable[..., Any]:
 
 def _synchronize() -> None:
     """Wait for queued CUDA kernels, so that a timing covers them (no-op without CUDA)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         torch.cuda.synchronize()
 
 
