@@ -10,12 +10,15 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from gearshift.common.errors import ValidationError
 from gearshift.shardmanager.model import AcquireStatus, DatasetSettings, Mode
 from gearshift.shardmanager.store import ShardStore
+from gearshift.worker.shard_client import ShardClient
+from tests.integration.test_shard_service import sm  # noqa: F401 (the fixture)
 
 
 @pytest.fixture
@@ -126,3 +129,28 @@ def test_without_provisional_acks_a_release_keeps_acknowledged_shards(store: Sha
     read(store, "a", 2)
     assert store.release("ds", "a").requeued == ()
     assert store.describe("ds").epochs[0].shards_done == 2
+
+
+def test_cover_shards_over_grpc(sm: Callable[..., str]) -> None:  # noqa: F811
+    """The client's view: provisional acks become final with CoverShards; a release undoes
+    the rest, which the next reader gets back; bad refs are INVALID_ARGUMENT naming them."""
+    with ShardClient(sm()) as client:
+        client.create_dataset(
+            "ds", job_id="j", size=40, shard_size=10, num_epochs=1, provisional_acks=True
+        )
+        assert client.describe("ds").config.provisional_acks
+        reader = client.consumer("ds", "a", renew=False)
+        read = []
+        for _ in range(3):
+            shard = reader.acquire()
+            assert shard is not None and reader.ack(shard)
+            read.append((shard.epoch, shard.shard_id))
+        assert client.cover("ds", "a", read[:2]) == 2
+        assert client.release_holder("ds", "a").requeued == 1
+        progress = client.describe("ds").epochs[0]
+        assert (progress.shards_done, progress.shards_undone) == (2, 1)
+        again = client.consumer("ds", "b", renew=False).acquire()
+        assert again is not None and (again.epoch, again.shard_id) == read[2]
+        assert again.attempt == 2
+        with pytest.raises(ValidationError, match=r"shards\[0\]\.shard_id"):
+            client.cover("ds", "b", [(0, -1)])
