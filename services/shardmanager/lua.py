@@ -21,6 +21,18 @@ Keys of one dataset (KEYS, in this order, see `KEY_NAMES`):
   lapsed    hash   shard -> "expired|holder" / "released|holder" (error messages)
   grants    hash   holder -> "epoch|shard|request_id" of its last grant
   ckpts     hash   checkpoint id -> JSON snapshot
+  uncovered hash   "<epoch>:<shard>" -> holder of a provisional acknowledgement
+  late      list   "<epoch>:<shard>" undone after their epoch rolled over, read again first
+
+Provisional acknowledgements (a dataset created with `provisional_acks`): an
+acknowledged shard is DONE, so an epoch rolls over as soon as it is read (a
+synchronous job's ESTs never wait on each other's checkpoints), but it stays in
+`uncovered` under its holder until CoverShards says a durable checkpoint holds
+its step. Releasing the holder undoes its uncovered shards: those of the current
+epoch go back to TODO like a taken-back DOING shard; those of an epoch already
+rolled over go to `late` and are handed out, as shards of their own epoch,
+before anything else; their grant is at once a provisional acknowledgement of
+the new holder (the epoch is over: no lease). Both count as redeliveries.
 
 TODO of the current epoch is `requeue` followed by `order[cursor:]`; a shard
 delivered in this epoch and in none of requeue/doing/failed is DONE. The job
@@ -50,6 +62,8 @@ KEY_NAMES = (
     "lapsed",
     "grants",
     "ckpts",
+    "uncovered",
+    "late",
 )
 
 # Most expired leases one acquire takes back; the rest go on the next calls.
@@ -73,7 +87,7 @@ _PRELUDE = """
 local K_META, K_ORDER, K_REQUEUE, K_DOING = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_LEASES, K_ATTEMPTS, K_DONE, K_DONE_PREV = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local K_STATS, K_FAILED, K_LAPSED = KEYS[9], KEYS[10], KEYS[11]
-local K_GRANTS, K_CKPTS = KEYS[12], KEYS[13]
+local K_GRANTS, K_CKPTS, K_UNCOVERED, K_LATE = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
 
 -- Integers leave Lua through string.format: tostring would print 1e+15.
 local function I(x) return string.format('%d', x) end
@@ -84,7 +98,7 @@ local function now_ms()
 end
 
 local FIELDS = {'deleted', 'mode', 'size', 'shard_size', 'num_shards', 'num_epochs', 'lease_ms',
-                'max_attempts', 'epoch', 'cursor', 'prev_epoch', 'seed', 'shuffle'}
+                'max_attempts', 'epoch', 'cursor', 'prev_epoch', 'seed', 'shuffle', 'provisional'}
 local NUMERIC = {'size', 'shard_size', 'num_shards', 'num_epochs', 'lease_ms', 'max_attempts',
                  'epoch', 'cursor', 'prev_epoch'}
 
@@ -139,6 +153,26 @@ local function take_back(m, s, holder, reason)
   return true
 end
 
+-- A provisional acknowledgement of a released holder is undone: the shard is not DONE any
+-- more; it goes back to TODO (current epoch) or to `late` (an epoch already rolled over).
+local function undo_ack(m, key, holder)
+  local e, s = string.match(key, '^(%d+):(%d+)$')
+  e = tonumber(e)
+  redis.call('HDEL', K_UNCOVERED, key)
+  bump(e, 'done', -samples(m, tonumber(s)))
+  bump(e, 'shards_done', -1)
+  bump(e, 'shards_undone', 1)
+  redis.call('HSET', K_META, 'finished', '0')
+  if e == m.epoch then
+    redis.call('HDEL', K_DONE, s)
+    redis.call('HSET', K_LAPSED, s, 'released|' .. holder)
+    redis.call('RPUSH', K_REQUEUE, s)
+  else
+    redis.call('RPUSH', K_LATE, key)
+  end
+  return s
+end
+
 -- The refusals every dynamic-mode script may reply with.
 local NOTFOUND = {'status', 'NOTFOUND'}
 local function wrong_mode(m) return {'status', 'MODE', 'mode', m.mode} end
@@ -150,6 +184,9 @@ local function do_ack(m, holder, e, s)
   if sn >= m.num_shards then return nil, {'status', 'RANGE', 'num_shards', I(m.num_shards)} end
   if e ~= m.epoch then
     if e == m.prev_epoch and redis.call('HGET', K_DONE_PREV, s) == holder then return 'DUP' end
+    if m.provisional == '1' and redis.call('HGET', K_UNCOVERED, I(e) .. ':' .. s) == holder then
+      return 'DUP'
+    end
     if e > m.epoch then return nil, {'status', 'FUTURE', 'epoch', I(m.epoch)} end
     return nil, {'status', 'PAST', 'epoch', I(m.epoch)}
   end
@@ -163,6 +200,7 @@ local function do_ack(m, holder, e, s)
       redis.call('HSET', K_DONE, s, holder)
       bump(e, 'done', samples(m, sn))
       bump(e, 'shards_done', 1)
+      if m.provisional == '1' then redis.call('HSET', K_UNCOVERED, I(e) .. ':' .. s, holder) end
       return 'OK'
     end
     other = h
@@ -214,8 +252,8 @@ local holder, rid = ARGV[1], ARGV[2]
 local m = load_meta()
 if not m then return NOTFOUND end
 if m.mode ~= 'dynamic' then return wrong_mode(m) end
-local function granted(s, attempt, deadline, acked)
-  return {'status', 'GRANTED', 'epoch', I(m.epoch), 'shard', s, 'attempt', I(attempt),
+local function granted(s, attempt, deadline, acked, e)
+  return {'status', 'GRANTED', 'epoch', I(e or m.epoch), 'shard', s, 'attempt', I(attempt),
           'deadline_ms', I(deadline), 'acked', acked, 'lease_ms', I(m.lease_ms),
           'size', I(m.size), 'shard_size', I(m.shard_size), 'seed', m.seed, 'shuffle', m.shuffle}
 end
@@ -262,6 +300,22 @@ for _, s in ipairs(due) do
     take_back(m, s, h, 'expired')
   else
     redis.call('ZREM', K_LEASES, s)
+  end
+end
+
+-- 4a. Shards of a past epoch undone by a release: read again first, as shards of their
+-- epoch, and provisionally acknowledged by this grant (their epoch has no DOING any more).
+if m.provisional == '1' then
+  local key = redis.call('LPOP', K_LATE)
+  if key then
+    local le, ls = string.match(key, '^(%d+):(%d+)$')
+    local n = samples(m, tonumber(ls))
+    redis.call('HSET', K_UNCOVERED, key, holder)
+    bump(tonumber(le), 'done', n)
+    bump(tonumber(le), 'shards_done', 1)
+    bump(tonumber(le), 'redelivered', n)
+    bump(tonumber(le), 'shards_redelivered', 1)
+    return granted(ls, 2, now + m.lease_ms, acked, tonumber(le))
   end
 end
 
@@ -399,6 +453,14 @@ for _, x in ipairs(mine) do
     failed[#failed + 1] = x[2]
   end
 end
+if m.provisional == '1' then
+  local uncovered = redis.call('HGETALL', K_UNCOVERED)
+  for i = 1, #uncovered, 2 do
+    if uncovered[i + 1] == holder then
+      requeued[#requeued + 1] = undo_ack(m, uncovered[i], holder)
+    end
+  end
+end
 redis.call('HDEL', K_GRANTS, holder)
 return {'status', 'OK', 'epoch', I(m.epoch), 'requeued', table.concat(requeued, ','),
         'failed', table.concat(failed, ',')}
@@ -406,6 +468,27 @@ return {'status', 'OK', 'epoch', I(m.epoch), 'requeued', table.concat(requeued, 
 )
 
 RELEASE_REPLIES: Replies = {**REFUSALS, "OK": ("epoch", "requeued", "failed")}
+
+COVER = (
+    _PRELUDE
+    + """
+-- ARGV: holder, comma-separated '<epoch>:<shard>' keys a durable checkpoint now holds
+local holder = ARGV[1]
+local m = load_meta()
+if not m then return NOTFOUND end
+if m.mode ~= 'dynamic' then return wrong_mode(m) end
+local covered = 0
+for key in string.gmatch(ARGV[2], '[^,]+') do
+  if redis.call('HGET', K_UNCOVERED, key) == holder then
+    redis.call('HDEL', K_UNCOVERED, key)
+    covered = covered + 1
+  end
+end
+return {'status', 'OK', 'covered', I(covered), 'uncovered', I(redis.call('HLEN', K_UNCOVERED))}
+"""
+)
+
+COVER_REPLIES: Replies = {**REFUSALS, "OK": ("covered", "uncovered")}
 
 CREATE = (
     _PRELUDE
@@ -501,7 +584,7 @@ if sm.epoch ~= I(m.epoch) then
   redis.call('SET', K_ORDER, ARGV[3])
 end
 redis.call('DEL', K_REQUEUE, K_DOING, K_LEASES, K_ATTEMPTS, K_DONE, K_DONE_PREV, K_STATS,
-           K_FAILED, K_LAPSED, K_GRANTS)
+           K_FAILED, K_LAPSED, K_GRANTS, K_UNCOVERED, K_LATE)
 -- DOING shards go back to TODO first, in the order they were handed out.
 local doing = {}
 for i = 1, #st.doing, 2 do

@@ -37,6 +37,9 @@ class DatasetSettings:
     lease_ms: int = int(DEFAULT_LEASE_SECONDS * 1000)
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     shuffle_within_shard: bool = False
+    # Acknowledgements stay provisional until the holder's checkpoint covers them
+    # (CoverShards); releasing the holder undoes the provisional ones (see lua.py).
+    provisional_acks: bool = False
 
     @property
     def num_shards(self) -> int:
@@ -56,6 +59,7 @@ class DatasetSettings:
             "max_attempts": str(self.max_attempts),
             "shuffle": "1" if self.shuffle_within_shard else "0",
             "num_shards": str(self.num_shards),
+            "provisional": "1" if self.provisional_acks else "0",
         }
 
     @classmethod
@@ -71,6 +75,7 @@ class DatasetSettings:
             lease_ms=int(fields["lease_ms"]),
             max_attempts=int(fields["max_attempts"]),
             shuffle_within_shard=fields["shuffle"] == "1",
+            provisional_acks=fields.get("provisional") == "1",
         )
 
 
@@ -87,6 +92,7 @@ class EpochProgress:
     failed_shards: tuple[int, ...] = ()
     shards_done: int = 0
     shards_redelivered: int = 0
+    shards_undone: int = 0  # provisional acks undone by releasing their holder
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,7 @@ def settings_from_request(config: shardmanager_pb2.DatasetConfig) -> DatasetSett
         lease_ms=round(lease * 1000),
         max_attempts=attempts,
         shuffle_within_shard=config.shuffle_within_shard,
+        provisional_acks=mode is Mode.DYNAMIC and config.provisional_acks,
     )
 
 
@@ -165,6 +166,7 @@ def config_message(settings: DatasetSettings) -> shardmanager_pb2.DatasetConfig:
         lease_seconds=settings.lease_ms / 1000.0,
         max_attempts=settings.max_attempts,
         shuffle_within_shard=settings.shuffle_within_shard,
+        provisional_acks=settings.provisional_acks,
     )
 
 
@@ -189,6 +191,7 @@ def dataset_message(status: DatasetStatus) -> shardmanager_pb2.Dataset:
                 failed_shards=p.failed_shards,
                 shards_done=p.shards_done,
                 shards_redelivered=p.shards_redelivered,
+                shards_undone=p.shards_undone,
             )
             for p in status.epochs
         ],
@@ -320,6 +323,24 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
         )
         metrics.transition("acked", int(acked))
         return shardmanager_pb2.AckShardResponse(acknowledged=acked)
+
+    async def CoverShards(
+        self, request: shardmanager_pb2.CoverShardsRequest, context: Context
+    ) -> shardmanager_pb2.CoverShardsResponse:
+        check_name(request.dataset_id, "dataset_id")
+        check_holder(request.holder_id)
+        require(
+            len(request.shards) <= MAX_RENEW_IDS,
+            "shards",
+            f"must list at most {MAX_RENEW_IDS} shards",
+        )
+        for i, ref in enumerate(request.shards):
+            _non_negative(ref.epoch, f"shards[{i}].epoch")
+            _non_negative(ref.shard_id, f"shards[{i}].shard_id")
+        refs = [(ref.epoch, ref.shard_id) for ref in request.shards]
+        covered = await self.store.cover(request.dataset_id, request.holder_id, refs)
+        metrics.transition("covered", covered)
+        return shardmanager_pb2.CoverShardsResponse(covered=covered)
 
     async def RenewLeases(
         self, request: shardmanager_pb2.RenewLeasesRequest, context: Context

@@ -172,7 +172,8 @@ _CREATE = Script("create", lua.CREATE, lua.CREATE_REPLIES)
 _DELETE = Script("delete", lua.DELETE, lua.DELETE_REPLIES)
 _STATE = Script("state", lua.STATE, lua.STATE_REPLIES)
 _RESTORE = Script("restore", lua.RESTORE, lua.RESTORE_REPLIES)
-SCRIPTS = (_ACQUIRE, _ACK, _RENEW, _RELEASE, _CREATE, _DELETE, _STATE, _RESTORE)
+_COVER = Script("cover", lua.COVER, lua.COVER_REPLIES)
+SCRIPTS = (_ACQUIRE, _ACK, _RENEW, _RELEASE, _CREATE, _DELETE, _STATE, _RESTORE, _COVER)
 
 
 class _Memo:
@@ -408,6 +409,12 @@ class _Operations:
         self._check(reply, dataset_id, "ReleaseHolder", holder)
         return ReleaseResult(reply.number("epoch"), reply.ids("requeued"), reply.ids("failed"))
 
+    def _cover(self, dataset_id: str, holder: str, shards: Sequence[tuple[int, int]]) -> Steps[int]:
+        csv = ",".join(f"{epoch}:{shard}" for epoch, shard in shards)
+        reply: Reply = yield self._script(_COVER, dataset_id, [holder, csv])
+        self._check(reply, dataset_id, "CoverShards", holder)
+        return reply.number("covered")
+
     def _checkpoint(self, dataset_id: str, checkpoint_id: str) -> Steps[DatasetStatus]:
         reply: Reply = yield self._script(_STATE, dataset_id, ["checkpoint", checkpoint_id])
         self._check(reply, dataset_id, "CheckpointDataset")
@@ -563,6 +570,7 @@ class _Operations:
                         failed_shards=tuple(sorted(failed.get(e, []))),
                         shards_done=stats.get(f"{e}:shards_done", 0),
                         shards_redelivered=stats.get(f"{e}:shards_redelivered", 0),
+                        shards_undone=stats.get(f"{e}:shards_undone", 0),
                     )
                 )
         return DatasetStatus(
@@ -681,6 +689,10 @@ class ShardStore(_Operations):
         """A holder is gone: its DOING shards go back to TODO (or FAILED past the limit)."""
         return self._drive(self._release(dataset_id, holder))
 
+    def cover(self, dataset_id: str, holder: str, shards: Sequence[tuple[int, int]]) -> int:
+        """Make the holder's provisional acks of these (epoch, shard) final; how many were."""
+        return self._drive(self._cover(dataset_id, holder, shards))
+
     def checkpoint(self, dataset_id: str, checkpoint_id: str) -> DatasetStatus:
         """Snapshot TODO/DOING/DONE, epoch and counters under checkpoint_id (replacing it)."""
         return self._drive(self._checkpoint(dataset_id, checkpoint_id))
@@ -782,6 +794,9 @@ class AsyncShardStore(_Operations):
 
     async def release(self, dataset_id: str, holder: str) -> ReleaseResult:
         return await self._drive(self._release(dataset_id, holder))
+
+    async def cover(self, dataset_id: str, holder: str, shards: Sequence[tuple[int, int]]) -> int:
+        return await self._drive(self._cover(dataset_id, holder, shards))
 
     async def checkpoint(self, dataset_id: str, checkpoint_id: str) -> DatasetStatus:
         return await self._drive(self._checkpoint(dataset_id, checkpoint_id))

@@ -32,7 +32,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -170,6 +170,7 @@ class ShardClient:
         lease_seconds: float = 0.0,
         max_attempts: int = 0,
         shuffle_within_shard: bool = False,
+        provisional_acks: bool = False,
     ) -> shardmanager_pb2.Dataset:
         """Create a dataset (the same settings again return it). mode: dynamic | deterministic."""
         if mode not in _MODES:
@@ -185,6 +186,7 @@ class ShardClient:
             lease_seconds=lease_seconds,
             max_attempts=max_attempts,
             shuffle_within_shard=shuffle_within_shard,
+            provisional_acks=provisional_acks,
         )
         request = shardmanager_pb2.CreateDatasetRequest(dataset_id=dataset_id, config=config)
         reply: shardmanager_pb2.Dataset = self.call("CreateDataset", request)
@@ -220,6 +222,16 @@ class ShardClient:
         )
         reply: shardmanager_pb2.Dataset = self.call("RestoreDataset", request)
         return reply
+
+    def cover(self, dataset_id: str, holder_id: str, shards: Iterable[tuple[int, int]]) -> int:
+        """Make a holder's provisional acks of (epoch, shard) final: call it once the
+        checkpoint of the steps that read them is durable. Returns how many became final."""
+        refs = [shardmanager_pb2.ShardRef(epoch=e, shard_id=s) for e, s in shards]
+        request = shardmanager_pb2.CoverShardsRequest(
+            dataset_id=dataset_id, holder_id=holder_id, shards=refs
+        )
+        reply: shardmanager_pb2.CoverShardsResponse = self.call("CoverShards", request)
+        return reply.covered
 
     def release_holder(
         self, dataset_id: str, holder_id: str, reason: str = ""

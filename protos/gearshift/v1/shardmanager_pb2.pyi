@@ -95,6 +95,7 @@ class DatasetConfig(_message.Message):
     LEASE_SECONDS_FIELD_NUMBER: _builtins.int
     MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
     SHUFFLE_WITHIN_SHARD_FIELD_NUMBER: _builtins.int
+    PROVISIONAL_ACKS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Job the dataset belongs to (keys expire when it ends)."""
     size: _builtins.int
@@ -121,6 +122,12 @@ class DatasetConfig(_message.Message):
     """Deliveries of a shard before it is marked failed (0: 3; at most 1000)."""
     shuffle_within_shard: _builtins.bool
     """Shuffle the indices inside each shard too (shards become index lists)."""
+    provisional_acks: _builtins.bool
+    """Dynamic mode: an acknowledgement stays provisional until CoverShards;
+    ReleaseHolder undoes the holder's provisional ones (their shards are
+    read again, in their own epoch), so a reader that rolls back to its last
+    checkpoint after a crash reads every sample at least once per epoch.
+    """
     def __init__(
         self,
         *,
@@ -134,10 +141,11 @@ class DatasetConfig(_message.Message):
         lease_seconds: _builtins.float = ...,
         max_attempts: _builtins.int = ...,
         shuffle_within_shard: _builtins.bool = ...,
+        provisional_acks: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "lease_seconds", b"lease_seconds", "max_attempts", b"max_attempts", "mode", b"mode", "num_epochs", b"num_epochs", "num_ranks", b"num_ranks", "seed", b"seed", "shard_size", b"shard_size", "shuffle_within_shard", b"shuffle_within_shard", "size", b"size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "lease_seconds", b"lease_seconds", "max_attempts", b"max_attempts", "mode", b"mode", "num_epochs", b"num_epochs", "num_ranks", b"num_ranks", "provisional_acks", b"provisional_acks", "seed", b"seed", "shard_size", b"shard_size", "shuffle_within_shard", b"shuffle_within_shard", "size", b"size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -158,6 +166,7 @@ class EpochProgress(_message.Message):
     FAILED_SHARDS_FIELD_NUMBER: _builtins.int
     SHARDS_DONE_FIELD_NUMBER: _builtins.int
     SHARDS_REDELIVERED_FIELD_NUMBER: _builtins.int
+    SHARDS_UNDONE_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     """Epoch number (0-based)."""
     samples_done: _builtins.int
@@ -176,6 +185,10 @@ class EpochProgress(_message.Message):
     """Deliveries of a shard after its first one (its holder died, its lease
     expired, or a restore put it back from DOING to TODO).
     """
+    shards_undone: _builtins.int
+    """Provisional acknowledgements undone by ReleaseHolder (provisional_acks):
+    each shard is handed out again, so it is also a redelivery.
+    """
     @_builtins.property
     def failed_shards(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Ids of the failed shards."""
@@ -192,10 +205,11 @@ class EpochProgress(_message.Message):
         failed_shards: _abc.Iterable[_builtins.int] | None = ...,
         shards_done: _builtins.int = ...,
         shards_redelivered: _builtins.int = ...,
+        shards_undone: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "failed_shards", b"failed_shards", "samples_done", b"samples_done", "samples_failed", b"samples_failed", "samples_in_flight", b"samples_in_flight", "samples_redelivered", b"samples_redelivered", "samples_todo", b"samples_todo", "shards_done", b"shards_done", "shards_redelivered", b"shards_redelivered"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "failed_shards", b"failed_shards", "samples_done", b"samples_done", "samples_failed", b"samples_failed", "samples_in_flight", b"samples_in_flight", "samples_redelivered", b"samples_redelivered", "samples_todo", b"samples_todo", "shards_done", b"shards_done", "shards_redelivered", b"shards_redelivered", "shards_undone", b"shards_undone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -668,6 +682,60 @@ class AckShardResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AckShardResponse: _TypeAlias = AckShardResponse  # noqa: Y015
+
+@_typing.final
+class CoverShardsRequest(_message.Message):
+    """Make provisional acknowledgements final."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATASET_ID_FIELD_NUMBER: _builtins.int
+    HOLDER_ID_FIELD_NUMBER: _builtins.int
+    SHARDS_FIELD_NUMBER: _builtins.int
+    dataset_id: _builtins.str
+    """Dataset id."""
+    holder_id: _builtins.str
+    """The holder that acknowledged them."""
+    @_builtins.property
+    def shards(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShardRef]:
+        """The shards (at most 10000)."""
+
+    def __init__(
+        self,
+        *,
+        dataset_id: _builtins.str = ...,
+        holder_id: _builtins.str = ...,
+        shards: _abc.Iterable[Global___ShardRef] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_id", b"dataset_id", "holder_id", b"holder_id", "shards", b"shards"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CoverShardsRequest: _TypeAlias = CoverShardsRequest  # noqa: Y015
+
+@_typing.final
+class CoverShardsResponse(_message.Message):
+    """Result of CoverShards."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COVERED_FIELD_NUMBER: _builtins.int
+    covered: _builtins.int
+    """Shards whose acknowledgement became final in this call."""
+    def __init__(
+        self,
+        *,
+        covered: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["covered", b"covered"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CoverShardsResponse: _TypeAlias = CoverShardsResponse  # noqa: Y015
 
 @_typing.final
 class RenewLeasesRequest(_message.Message):

@@ -70,6 +70,11 @@ class ShardManagerStub:
                 request_serializer=gearshift_dot_v1_dot_shardmanager__pb2.AckShardRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_shardmanager__pb2.AckShardResponse.FromString,
                 _registered_method=True)
+        self.CoverShards = channel.unary_unary(
+                '/gearshift.v1.ShardManager/CoverShards',
+                request_serializer=gearshift_dot_v1_dot_shardmanager__pb2.CoverShardsRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_shardmanager__pb2.CoverShardsResponse.FromString,
+                _registered_method=True)
         self.RenewLeases = channel.unary_unary(
                 '/gearshift.v1.ShardManager/RenewLeases',
                 request_serializer=gearshift_dot_v1_dot_shardmanager__pb2.RenewLeasesRequest.SerializeToString,
@@ -169,6 +174,16 @@ class ShardManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CoverShards(self, request, context):
+        """Dynamic mode, datasets with provisional_acks: the listed acknowledgements
+        of the holder become final (a durable checkpoint holds the steps that
+        read them); until then ReleaseHolder undoes them. Shards not held
+        provisionally by the holder are skipped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RenewLeases(self, request, context):
         """Dynamic mode: extends the leases of every shard a holder has in DOING.
         """
@@ -249,6 +264,11 @@ def add_ShardManagerServicer_to_server(servicer, server):
                     servicer.AckShard,
                     request_deserializer=gearshift_dot_v1_dot_shardmanager__pb2.AckShardRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_shardmanager__pb2.AckShardResponse.SerializeToString,
+            ),
+            'CoverShards': grpc.unary_unary_rpc_method_handler(
+                    servicer.CoverShards,
+                    request_deserializer=gearshift_dot_v1_dot_shardmanager__pb2.CoverShardsRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_shardmanager__pb2.CoverShardsResponse.SerializeToString,
             ),
             'RenewLeases': grpc.unary_unary_rpc_method_handler(
                     servicer.RenewLeases,
@@ -466,6 +486,33 @@ class ShardManager:
             '/gearshift.v1.ShardManager/AckShard',
             gearshift_dot_v1_dot_shardmanager__pb2.AckShardRequest.SerializeToString,
             gearshift_dot_v1_dot_shardmanager__pb2.AckShardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CoverShards(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.ShardManager/CoverShards',
+            gearshift_dot_v1_dot_shardmanager__pb2.CoverShardsRequest.SerializeToString,
+            gearshift_dot_v1_dot_shardmanager__pb2.CoverShardsResponse.FromString,
             options,
             channel_credentials,
             insecure,

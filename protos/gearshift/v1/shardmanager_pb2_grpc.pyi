@@ -74,6 +74,12 @@ class ShardManagerStub:
     the acknowledgement is FAILED_PRECONDITION, so each shard is
     acknowledged exactly once per epoch.
     """
+    CoverShards: _grpc.UnaryUnaryMultiCallable[_shardmanager_pb2.CoverShardsRequest, _shardmanager_pb2.CoverShardsResponse]
+    """Dynamic mode, datasets with provisional_acks: the listed acknowledgements
+    of the holder become final (a durable checkpoint holds the steps that
+    read them); until then ReleaseHolder undoes them. Shards not held
+    provisionally by the holder are skipped.
+    """
     RenewLeases: _grpc.UnaryUnaryMultiCallable[_shardmanager_pb2.RenewLeasesRequest, _shardmanager_pb2.RenewLeasesResponse]
     """Dynamic mode: extends the leases of every shard a holder has in DOING."""
     ReleaseHolder: _grpc.UnaryUnaryMultiCallable[_shardmanager_pb2.ReleaseHolderRequest, _shardmanager_pb2.ReleaseHolderResponse]
@@ -139,6 +145,12 @@ class ShardManagerAsyncStub(ShardManagerStub):
     was taken back (requeued, redelivered, acknowledged by its new holder)
     the acknowledgement is FAILED_PRECONDITION, so each shard is
     acknowledged exactly once per epoch.
+    """
+    CoverShards: _aio.UnaryUnaryMultiCallable[_shardmanager_pb2.CoverShardsRequest, _shardmanager_pb2.CoverShardsResponse]  # type: ignore[assignment]
+    """Dynamic mode, datasets with provisional_acks: the listed acknowledgements
+    of the holder become final (a durable checkpoint holds the steps that
+    read them); until then ReleaseHolder undoes them. Shards not held
+    provisionally by the holder are skipped.
     """
     RenewLeases: _aio.UnaryUnaryMultiCallable[_shardmanager_pb2.RenewLeasesRequest, _shardmanager_pb2.RenewLeasesResponse]  # type: ignore[assignment]
     """Dynamic mode: extends the leases of every shard a holder has in DOING."""
@@ -244,6 +256,18 @@ class ShardManagerServicer(metaclass=_abc_1.ABCMeta):
         was taken back (requeued, redelivered, acknowledged by its new holder)
         the acknowledgement is FAILED_PRECONDITION, so each shard is
         acknowledged exactly once per epoch.
+        """
+
+    @_abc_1.abstractmethod
+    def CoverShards(
+        self,
+        request: _shardmanager_pb2.CoverShardsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_shardmanager_pb2.CoverShardsResponse, _abc.Awaitable[_shardmanager_pb2.CoverShardsResponse]]:
+        """Dynamic mode, datasets with provisional_acks: the listed acknowledgements
+        of the holder become final (a durable checkpoint holds the steps that
+        read them); until then ReleaseHolder undoes them. Shards not held
+        provisionally by the holder are skipped.
         """
 
     @_abc_1.abstractmethod

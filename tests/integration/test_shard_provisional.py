@@ -1,0 +1,156 @@
+"""Provisional acknowledgements (dynamic mode, `provisional_acks`) against the real Redis.
+
+An acknowledged shard is DONE (the epoch rolls over without waiting for any
+checkpoint) but stays provisional until CoverShards; releasing its holder undoes
+it, and the shard is read again in its own epoch, even after that epoch ended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from gearshift.common.errors import ValidationError
+from gearshift.shardmanager.model import AcquireStatus, DatasetSettings, Mode
+from gearshift.shardmanager.store import ShardStore
+from gearshift.worker.shard_client import ShardClient
+from tests.integration.test_shard_service import sm  # noqa: F401 (the fixture)
+
+
+@pytest.fixture
+def store(redis_url: str, unique_id: str) -> Iterator[ShardStore]:
+    prefix = f"gstest:{unique_id}"
+    s = ShardStore.from_url(redis_url, prefix=prefix, deleted_ttl_seconds=30)
+    s.load_scripts()
+    yield s
+    keys = list(s.client.scan_iter(match=f"{prefix}:*", count=1000))
+    if keys:
+        s.client.delete(*keys)
+    s.close()
+
+
+def provisional(num_epochs: int = 2, **kw: object) -> DatasetSettings:
+    return DatasetSettings(
+        job_id="job-1", size=50, shard_size=10, seed=7, num_epochs=num_epochs,
+        mode=Mode.DYNAMIC, provisional_acks=True, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def read(store: ShardStore, holder: str, count: int) -> list[tuple[int, int]]:
+    """Acquire and acknowledge `count` shards (fewer at the end of data)."""
+    seen: list[tuple[int, int]] = []
+    for _ in range(count):
+        result = store.acquire("ds", holder, uuid.uuid4().hex)
+        if result.status is AcquireStatus.END_OF_DATA:
+            break
+        assert result.shard is not None, result
+        ref = (result.shard.epoch, result.shard.shard_id)
+        store.ack("ds", holder, *ref)
+        seen.append(ref)
+    return seen
+
+
+def test_release_undoes_uncovered_acks_of_this_epoch_and_keeps_covered_ones(
+    store: ShardStore,
+) -> None:
+    store.create("ds", provisional())
+    first = read(store, "a", 3)
+    assert store.cover("ds", "a", first[:2]) == 2
+    assert store.cover("ds", "a", first[:2]) == 0  # a retry covers nothing more
+    assert store.cover("ds", "b", first[2:]) == 0  # not b's
+    undone = store.release("ds", "a")
+    assert undone.requeued == (first[2][1],)
+    progress = store.describe("ds").epochs[0]
+    assert (progress.shards_done, progress.shards_undone, progress.samples_todo) == (2, 1, 30)
+    rest = read(store, "b", 3)
+    assert rest[0] == first[2]  # the undone shard comes back first, in its epoch
+    progress = store.describe("ds").epochs[0]
+    assert (progress.shards_done, progress.shards_redelivered) == (5, 1)
+    assert Counter(first[:2] + rest) == Counter((0, s) for s in range(5))
+
+
+def test_an_epoch_rolls_over_while_acks_are_provisional_and_is_read_again_after_a_release(
+    store: ShardStore,
+) -> None:
+    store.create("ds", provisional(num_epochs=3))
+    epoch0 = read(store, "a", 5)
+    assert read(store, "b", 1)[0][0] == 1  # no WAIT: epoch 0 is DONE though uncovered
+    undone = store.release("ds", "a")
+    assert len(undone.requeued) == 5
+    status = store.describe("ds")
+    assert status.epochs[0].shards_done == 0 and status.epochs[0].shards_undone == 5
+    again = read(store, "c", 5)
+    assert sorted(again) == sorted(epoch0)  # read again as shards of epoch 0
+    assert store.ack("ds", "c", *again[0]) is False  # acked by the grant: a retry
+    status = store.describe("ds")
+    assert (status.epochs[0].shards_done, status.epochs[0].shards_redelivered) == (5, 5)
+    assert status.epoch == 1 and status.epochs[1].shards_done == 1
+    assert store.release("ds", "c").requeued == tuple(s for _, s in again)  # still provisional
+    assert store.cover("ds", "c", again) == 0
+    assert sorted(read(store, "d", 5)) == sorted(epoch0)
+    assert store.cover("ds", "d", epoch0) == 5
+    assert store.release("ds", "d").requeued == ()
+
+
+def test_every_sample_is_read_at_least_once_per_epoch_through_releases(
+    store: ShardStore,
+) -> None:
+    """A reader covers every 2 shards and is killed (released) every 7: each epoch's
+    shards all end up covered, and redeliveries equal the acknowledgements undone."""
+    store.create("ds", provisional(num_epochs=3))
+    covered: Counter[tuple[int, int]] = Counter()
+    undone = 0
+    generation = 0
+    while not store.describe("ds").finished:
+        holder = f"h{generation}"
+        pending: list[tuple[int, int]] = []
+        refs = read(store, holder, 7)
+        for i, ref in enumerate(refs, start=1):
+            pending.append(ref)
+            if i % 2 == 0 or len(refs) < 7:  # the end of data: the last checkpoint
+                store.cover("ds", holder, pending)
+                covered.update(pending)
+                pending = []
+        undone += len(store.release("ds", holder).requeued)
+        generation += 1
+    assert set(covered) == {(e, s) for e in range(3) for s in range(5)}
+    status = store.describe("ds")
+    assert sum(p.shards_redelivered for p in status.epochs) == undone > 0
+    assert sum(p.shards_undone for p in status.epochs) == undone
+    assert all(p.shards_done == 5 for p in status.epochs)
+
+
+def test_without_provisional_acks_a_release_keeps_acknowledged_shards(store: ShardStore) -> None:
+    store.create("ds", dataclasses.replace(provisional(), provisional_acks=False))
+    read(store, "a", 2)
+    assert store.release("ds", "a").requeued == ()
+    assert store.describe("ds").epochs[0].shards_done == 2
+
+
+def test_cover_shards_over_grpc(sm: Callable[..., str]) -> None:  # noqa: F811
+    """The client's view: provisional acks become final with CoverShards; a release undoes
+    the rest, which the next reader gets back; bad refs are INVALID_ARGUMENT naming them."""
+    with ShardClient(sm()) as client:
+        client.create_dataset(
+            "ds", job_id="j", size=40, shard_size=10, num_epochs=1, provisional_acks=True
+        )
+        assert client.describe("ds").config.provisional_acks
+        reader = client.consumer("ds", "a", renew=False)
+        read = []
+        for _ in range(3):
+            shard = reader.acquire()
+            assert shard is not None and reader.ack(shard)
+            read.append((shard.epoch, shard.shard_id))
+        assert client.cover("ds", "a", read[:2]) == 2
+        assert client.release_holder("ds", "a").requeued == 1
+        progress = client.describe("ds").epochs[0]
+        assert (progress.shards_done, progress.shards_undone) == (2, 1)
+        again = client.consumer("ds", "b", renew=False).acquire()
+        assert again is not None and (again.epoch, again.shard_id) == read[2]
+        assert again.attempt == 2
+        with pytest.raises(ValidationError, match=r"shards\[0\]\.shard_id"):
+            client.cover("ds", "b", [(0, -1)])
