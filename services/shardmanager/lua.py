@@ -494,11 +494,14 @@ CREATE = (
     _PRELUDE
     + """
 -- ARGV: dataset_id, job index key prefix, order ('' in deterministic mode), then
--- setting name/value pairs (stored form).
+-- setting name/value pairs (stored form). A setting added after a dataset was stored
+-- compares as its default (ADDED): re-creating a dataset that a shard manager of the
+-- previous version stored is not a conflict.
+local ADDED = {provisional = '0'}
 local deleted = redis.call('HGET', K_META, 'deleted')
 if deleted == '0' then
   for i = 4, #ARGV, 2 do
-    local current = redis.call('HGET', K_META, ARGV[i])
+    local current = redis.call('HGET', K_META, ARGV[i]) or ADDED[ARGV[i]]
     if current ~= ARGV[i + 1] then
       return {'status', 'CONFLICT', 'field', ARGV[i], 'current', current or '',
               'wanted', ARGV[i + 1]}

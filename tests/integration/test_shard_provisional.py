@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gearshift.common.errors import ValidationError
+from gearshift.common.errors import ConflictError, ValidationError
 from gearshift.shardmanager.model import AcquireStatus, DatasetSettings, Mode
 from gearshift.shardmanager.store import ShardStore
 from gearshift.worker.shard_client import ShardClient
@@ -154,3 +154,17 @@ def test_cover_shards_over_grpc(sm: Callable[..., str]) -> None:  # noqa: F811
         assert again.attempt == 2
         with pytest.raises(ValidationError, match=r"shards\[0\]\.shard_id"):
             client.cover("ds", "b", [(0, -1)])
+
+
+def test_a_dataset_stored_before_provisional_acks_existed_is_not_a_conflict(
+    store: ShardStore,
+) -> None:
+    """A shard manager upgraded under a running job: the job's processes create their
+    dataset again (as every restart does) with the new setting at its default."""
+    plain = dataclasses.replace(provisional(), provisional_acks=False)
+    store.create("ds", plain)
+    meta = store.keys("ds")[0]
+    assert store.client.hdel(meta, "provisional") == 1  # as the previous version stored it
+    store.create("ds", plain)  # EXISTS, not a conflict
+    with pytest.raises(ConflictError, match="provisional"):
+        store.create("ds", provisional())
