@@ -96,6 +96,7 @@ RULES: Mapping[str, Rule] = {
     _SHARDS + "AcquireShard": _rule(SERVICE, job=_DATASET),
     _SHARDS + "StreamShards": _rule(SERVICE, job="acquire.dataset_id"),  # each message
     _SHARDS + "AckShard": _rule(SERVICE, job=_DATASET),
+    _SHARDS + "CoverShards": _rule(SERVICE, job=_DATASET),
     _SHARDS + "RenewLeases": _rule(SERVICE, job=_DATASET),
     _SHARDS + "ReleaseHolder": _rule(SERVICE, job=_DATASET),
     _SHARDS + "GetShardsAt": _rule(SERVICE, job=_DATASET),
