@@ -2,7 +2,7 @@
 burst-parallel plan over it.
 
 `profile` runs the torch.fx profiler on the job's model as a subprocess
-(`python -m gearshift.brain.deeppool.profile_job`: the client imports no service package,
+(`python -m gearshift.worker.profiling.profile_job`: the client imports no service package,
 and torch is the worker extra's) and stores the profile in the Brain under the job spec's
 fingerprint (gearshift.common.profiles.profile_key). `plan --burst` asks the Brain to plan
 over the profile stored for the same job file (PlanBurstParallel) and prints the per-layer
@@ -31,7 +31,7 @@ from gearshift.common.errors import NotFoundError, ValidationError, typed_call
 from gearshift.common.profiles import profile_key
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2
 
-PROFILER_MODULE = "gearshift.brain.deeppool.profile_job"
+PROFILER_MODULE = "gearshift.worker.profiling.profile_job"
 DEFAULT_BRAIN = "127.0.0.1:50052"
 DEVICES = ("cpu", "cuda")
 

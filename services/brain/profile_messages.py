@@ -1,6 +1,5 @@
-"""LayerProfile messages to validated LayerGraphs and back, with nothing but NumPy and the
-contracts: the profiler's entry point (gearshift.brain.deeppool.profile_job) uses it on a
-worker, which has no database driver.
+"""LayerProfile messages (what the worker's profiler, gearshift.worker.profiling, measures)
+to validated LayerGraphs and back, with nothing but NumPy and the contracts.
 
 The message is checked field by field (ValidationError names the dotted path, e.g.
 `profile.layers[3].seconds`) before a LayerGraph is built, so that the graph's own checks

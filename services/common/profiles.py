@@ -1,4 +1,6 @@
-"""The key a job's layer profile is stored under in the Brain: the job spec's fingerprint.
+"""What the worker's profiler and the Brain agree on about layer profiles: the device
+counts a profile is measured at (1, 2, 4, ...), and the key it is stored under in the
+Brain, the job spec's fingerprint.
 
 A layer profile depends on the model (the entrypoint's module, its code package and its
 config) and on the device it was measured on - not on the job's name, tenant, steps or
@@ -37,3 +39,10 @@ def profile_key(spec: common_pb2.JobSpec, device: str) -> str:
         separators=(",", ":"),
     )
     return PREFIX + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def power_of_two_counts(limit: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to limit."""
+    if limit < 1:
+        raise ValueError(f"max_devices: must be >= 1, got {limit}")
+    return tuple(1 << e for e in range(limit.bit_length()))

@@ -35,6 +35,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import json_format
 
@@ -185,6 +186,17 @@ def load_spec_file(path: Path) -> common_pb2.JobSpec:
         raise ValidationError("--spec", f"{path} is not a JobSpec in JSON: {exc}") from None
     validate_job_spec(spec, "spec")
     return with_defaults(spec)
+
+
+def parse_config(text: str, flag: str) -> dict[str, Any]:
+    """A job's config from its JSON text; errors name `flag`, where the text came from."""
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise ValidationError(flag, f"is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValidationError(flag, "must be a JSON object")
+    return config
 
 
 def config_text(spec: common_pb2.JobSpec) -> str:

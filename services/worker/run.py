@@ -37,7 +37,12 @@ from typing import Any
 from gearshift.common.errors import ValidationError
 from gearshift.common.facts import CLEAN_EXITS, EXIT_BAD_INPUT, EXIT_COMPLETED, EXIT_STOPPED
 from gearshift.common.ports import free_port
-from gearshift.worker.command import DEFAULT_CHECKPOINT_EVERY, load_spec_file, spec_args
+from gearshift.worker.command import (
+    DEFAULT_CHECKPOINT_EVERY,
+    load_spec_file,
+    parse_config,
+    spec_args,
+)
 from gearshift.worker.runtime.backend import BACKENDS
 from gearshift.worker.runtime.determinism import environment
 from gearshift.worker.runtime.settings import (
@@ -174,14 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _config(args: argparse.Namespace) -> dict[str, Any]:
     text = args.config_file.read_text() if args.config_file else args.config
-    flag = "--config-file" if args.config_file else "--config"
-    try:
-        config = json.loads(text)
-    except ValueError as exc:
-        raise ValidationError(flag, f"is not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise ValidationError(flag, "must be a JSON object")
-    return config
+    return parse_config(text, "--config-file" if args.config_file else "--config")
 
 
 def _threads(text: str, procs: int) -> list[int]:

@@ -1,9 +1,10 @@
 """DeepPool's burst-parallel planner as plain functions over plain data.
 
 profiles (LayerGraph), prof (the paper's .prof files), costs (the network model),
-structure (branch-join blocks), planner (Algorithm 1). The torch parts - reference
-models and the torch.fx profiler - are separate modules (`reference_models`,
-`fxprofile`) so that planning needs only NumPy.
+structure (branch-join blocks), planner (Algorithm 1); planning needs only NumPy. The
+measuring - the torch.fx profiler and the reference models - is the worker's
+(gearshift.worker.profiling): it sends a LayerProfile message, which the Brain turns
+into a LayerGraph (gearshift.brain.profile_messages).
 """
 
 from .costs import FREE_NETWORK, Network, build_costs

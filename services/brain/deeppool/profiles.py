@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gearshift.common.profiles import power_of_two_counts
+
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -91,13 +93,6 @@ class LayerGraph:
     def single_device_time(self) -> float:
         """One iteration on one device: the denominator of GPU-sec amplification."""
         return float(self.comp[:, 0].sum())
-
-
-def power_of_two_counts(limit: int) -> tuple[int, ...]:
-    """1, 2, 4, ... up to limit."""
-    if limit < 1:
-        raise ValueError(f"max_devices: must be >= 1, got {limit}")
-    return tuple(1 << e for e in range(limit.bit_length()))
 
 
 def times_at_batches(batch_times: Mapping[int, Sequence[float]], batches: FloatArray) -> FloatArray:

@@ -1,4 +1,4 @@
-"""`python -m gearshift.brain.deeppool.profile_job`: a job's layer profile, as JSON.
+"""`python -m gearshift.worker.profiling.profile_job`: a job's layer profile, as JSON.
 
 Loads the job as the runtime does - import `--job` (with `--code-dir` first on the
 import path), seed torch, call its `build(config)` - and profiles the model it returns
@@ -14,24 +14,22 @@ cannot trace, a batch the device counts do not divide).
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from google.protobuf import json_format
 
 from gearshift.common.errors import ValidationError
 from gearshift.common.facts import EXIT_BAD_INPUT
+from gearshift.worker.command import parse_config
 
 DEVICES = ("cpu", "cuda")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m gearshift.brain.deeppool.profile_job",
+        prog="python -m gearshift.worker.profiling.profile_job",
         description="Profile a job's model layer by layer (torch.fx) and print the profile.",
     )
     parser.add_argument("--job", required=True, help="module defining build(config) -> Job")
@@ -49,42 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config(text: str) -> dict[str, Any]:
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValidationError("--config", f"not JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise ValidationError("--config", "must be a JSON object")
-    return config
-
-
-def _build(module: str, config: dict[str, Any]) -> Any:
-    """What the job's build(config) returns (duck-typed: a Job has .model, .dataset, .collate)."""
-    try:
-        mod = importlib.import_module(module)
-    except Exception as exc:  # a user's module may fail at import in any way: bad input
-        raise ValidationError(
-            "--job", f"cannot import module {module!r}: {type(exc).__name__}: {exc}"
-        ) from None
-    build = getattr(mod, "build", None)
-    if not callable(build):
-        raise ValidationError("--job", f"module {module!r} has no build(config) function")
-    job = build(config)
-    for attribute in ("model", "dataset", "collate"):
-        if not hasattr(job, attribute):
-            raise ValidationError("--job", f"{module}.build(config) returned no Job")
-    if len(job.dataset) == 0:
-        raise ValidationError("--job", f"{module}.build(config) returned an empty dataset")
-    return job
-
-
 def profile(args: argparse.Namespace) -> str:
     """The profile of the job, as the LayerProfile message's JSON."""
     import torch  # noqa: PLC0415 - after the arguments are checked: it takes a second
 
-    from gearshift.brain.deeppool.fxprofile import profile_module  # noqa: PLC0415
-    from gearshift.brain.profile_messages import profile_message  # noqa: PLC0415
+    from gearshift.worker.profiling.fxprofile import profile_module  # noqa: PLC0415
+    from gearshift.worker.runtime.job import load_job  # noqa: PLC0415
 
     if args.code_dir is not None:
         sys.path.insert(0, str(args.code_dir.resolve()))
@@ -92,7 +60,7 @@ def profile(args: argparse.Namespace) -> str:
         raise ValidationError("--device", "cuda: no CUDA device here")
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
-    job = _build(args.job, _config(args.config))
+    job = load_job(args.job, parse_config(args.config, "--config"))
     model = job.model.to(device)
     dataset, collate = job.dataset, job.collate
 
@@ -103,8 +71,10 @@ def profile(args: argparse.Namespace) -> str:
             raise ValidationError("--job", "the dataset's inputs must collate to one tensor")
         return inputs.to(device)
 
+    name = torch.cuda.get_device_name(device) if args.device == "cuda" else "cpu"
+    label = f"cuda: {name}" if args.device == "cuda" else f"cpu ({args.threads} thread(s))"
     try:
-        graph = profile_module(
+        message = profile_module(
             model,
             (),
             global_batch=args.global_batch,
@@ -112,15 +82,14 @@ def profile(args: argparse.Namespace) -> str:
             repeats=args.repeats,
             threads=args.threads if args.device == "cpu" else None,
             make_input=make_input,
+            device=label,
         )
     except ValueError as exc:
         field, sep, problem = str(exc).partition(": ")
         raise ValidationError(f"--{field.replace('_', '-')}" if sep else "--job", problem) from None
     except torch.fx.proxy.TraceError as exc:
         raise ValidationError("--job", f"torch.fx cannot trace the model: {exc}") from None
-    name = torch.cuda.get_device_name(device) if args.device == "cuda" else "cpu"
-    label = f"cuda: {name}" if args.device == "cuda" else f"cpu ({args.threads} thread(s))"
-    return json_format.MessageToJson(profile_message(graph, label), indent=1)
+    return json_format.MessageToJson(message, indent=1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

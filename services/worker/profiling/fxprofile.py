@@ -1,4 +1,4 @@
-"""Profile a torch module layer by layer into a LayerGraph, with torch.fx.
+"""Profile a torch module layer by layer into a LayerProfile message, with torch.fx.
 
 The module is traced symbolically; every graph node that yields a tensor is a layer (the
 input is one too, with no time of its own, so that the graph has one source), and the
@@ -7,6 +7,7 @@ For each per-device batch B/g the module runs once to capture every node's input
 layer then replays alone on copies of them, forward then backward, and the least of a
 few timings counts (the CPU is shared; on CUDA each timing waits for the kernels).
 Output bytes come from the tensors themselves, parameter bytes from the node's submodule.
+The worker measures; the Brain plans over the message (gearshift.brain.deeppool).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from .profiles import LayerGraph, graph_from_batch_times, power_of_two_counts
+from gearshift.common.profiles import power_of_two_counts
+from gearshift.v1 import brain_pb2
 
 
 @dataclass(frozen=True)
@@ -137,9 +139,11 @@ def profile_module(
     repeats: int = 3,
     threads: int | None = 1,
     make_input: Callable[[int], torch.Tensor] | None = None,
-) -> LayerGraph:
+    device: str = "",
+) -> brain_pb2.LayerProfile:
     """Per-layer fwd+bwd times on this machine at per-device batch global_batch / g for
-    g = 1, 2, 4, ... max_devices, as a LayerGraph.
+    g = 1, 2, 4, ... max_devices, as the LayerProfile the Brain stores and plans over
+    (`device`: what it was measured on, in words).
 
     Inputs: make_input(batch) (e.g. real samples of the job's dataset, on the module's
     device), else float32 noise of sample_shape. global_batch must be a multiple of
@@ -156,25 +160,28 @@ def profile_module(
     module.train()
     make = make_input or (lambda batch: torch.randn(batch, *sample_shape))
     layers = trace_layers(module, make(1))
-    traced = layers.module
-    batch_times: dict[int, list[float]] = {}
-    sample_bytes: list[float] = []
     saved_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        batch_times, sample_bytes = _measure(layers, make, global_batch, counts, repeats)
+        seconds, sample_bytes = _measure(layers, make, global_batch, counts, repeats)
     finally:
         torch.set_num_threads(saved_threads)
         module.zero_grad(set_to_none=True)
-    return graph_from_batch_times(
-        layers.names,
-        layers.edges,
-        batch_times,
-        sample_bytes,
-        [_param_bytes(traced, n) for n in layers.nodes],
+    return brain_pb2.LayerProfile(
+        layers=[
+            brain_pb2.ProfiledLayer(
+                name=name,
+                seconds=[seconds[count][i] for count in counts],
+                output_bytes_per_sample=sample_bytes[i],
+                parameter_bytes=_param_bytes(layers.module, node),
+            )
+            for i, (name, node) in enumerate(zip(layers.names, layers.nodes, strict=True))
+        ],
+        edges=[brain_pb2.LayerEdge(source=u, target=v) for u, v in sorted(set(layers.edges))],
+        device_counts=list(counts),
         global_batch=global_batch,
-        max_devices=max_devices,
+        device=device,
     )
 
 
@@ -185,18 +192,19 @@ def _measure(
     counts: tuple[int, ...],
     repeats: int,
 ) -> tuple[dict[int, list[float]], list[float]]:
-    """Seconds per layer at each per-device batch, and output bytes per sample."""
+    """Seconds per layer for each device count (at its per-device batch), and output
+    bytes per sample."""
     traced = layers.module
-    batch_times: dict[int, list[float]] = {}
+    seconds: dict[int, list[float]] = {}
     sample_bytes: list[float] = []
     with torch.random.fork_rng():
         torch.manual_seed(0)
         for count in counts:
             batch = global_batch // count
             values = _record(traced, make_input(batch))
-            batch_times[batch] = [_time_layer(traced, n, values, repeats) for n in layers.nodes]
+            seconds[count] = [_time_layer(traced, n, values, repeats) for n in layers.nodes]
             if not sample_bytes:
                 sample_bytes = [
                     values[n].numel() * values[n].element_size() / batch for n in layers.nodes
                 ]
-    return batch_times, sample_bytes
+    return seconds, sample_bytes

@@ -1,4 +1,5 @@
-"""The torch.fx profiler on a small branching module, and the three reference models."""
+"""The worker's torch.fx profiler on a small branching module, and the three reference
+models; the Brain plans over what it measures."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import torch
 from torch import nn
 
 from gearshift.brain.deeppool import FREE_NETWORK, LayerGraph, plan
-from gearshift.brain.deeppool.fxprofile import TracedLayers, profile_module, trace_layers
-from gearshift.brain.deeppool.reference_models import inception_v3, vgg16, wide_resnet101_2
 from gearshift.brain.deeppool.structure import Block, decompose
+from gearshift.brain.profile_messages import graph_from_message
+from gearshift.worker.profiling.fxprofile import TracedLayers, profile_module, trace_layers
+from gearshift.worker.profiling.reference_models import inception_v3, vgg16, wide_resnet101_2
 
 
 class Tiny(nn.Module):
@@ -36,7 +38,11 @@ class Tiny(nn.Module):
 
 
 def test_profiles_a_small_branching_module() -> None:
-    graph = profile_module(Tiny(), (3, 8, 8), global_batch=4, max_devices=4, repeats=2)
+    message = profile_module(
+        Tiny(), (3, 8, 8), global_batch=4, max_devices=4, repeats=2, device="cpu"
+    )
+    assert message.device == "cpu" and message.global_batch == 4
+    graph = graph_from_message(message)  # what the Brain plans over: it checks the message
     names = graph.names
     assert names == (
         "x", "stem", "relu", "conv", "relu_1", "pool", "cat", "res", "add", "flatten", "fc"
