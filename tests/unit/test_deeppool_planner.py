@@ -19,6 +19,7 @@ from gearshift.brain.deeppool import (
     evaluate,
     plan,
 )
+from gearshift.brain.deeppool.planner import AMP_TOLERANCE
 from gearshift.brain.deeppool.structure import Block, decompose
 
 COUNTS = (1, 2, 4, 8)
@@ -115,7 +116,7 @@ def brute_force(graph: LayerGraph, network: Network, limit: float) -> float:
     for v in range(n):
         base = graph.comp[v, 0]
         if base > 0:
-            ok &= T[:, v] * d[A[:, v]] <= limit * base * (1 + 1e-12)
+            ok &= T[:, v] * d[A[:, v]] <= limit * base * (1 + AMP_TOLERANCE)
     return float(time[ok].min())
 
 
@@ -231,3 +232,23 @@ def test_refuses_a_limit_below_one_and_a_graph_that_is_not_series_parallel() -> 
         plan(graph, amp_limit=0.9)
     with pytest.raises(ValueError, match="edges"):
         plan(graph, amp_limit=2.0)
+
+
+def test_an_amplification_at_the_limit_but_for_rounding_is_within_it() -> None:
+    """Hypothesis found it: a 1e-16 latency put layer 4 on 2 devices at Amp 1 + 1 ulp, which
+    the planner refused and brute force (with a tolerance) allowed."""
+    comp = np.full((5, 4), 0.0078125)
+    comp[4, 1] = 0.00390625
+    graph = LayerGraph(
+        names=tuple(f"l{i}" for i in range(5)), edges=((0, 1), (1, 2), (2, 3), (3, 4)),
+        device_counts=(1, 2, 4, 8), global_batch=8, comp=comp,
+        out_bytes=np.zeros(5), param_bytes=np.zeros(5),
+    )  # fmt: skip
+    network = Network(
+        intra_bandwidth=1000.0, inter_bandwidth=100.0, latency=2.220446049250313e-16,
+        devices_per_node=1,
+    )  # fmt: skip
+    _check(graph, network, 1.0)
+    assert plan(graph, amp_limit=1.0, network=network).iteration_time == pytest.approx(
+        4 * 0.0078125 + 0.00390625
+    )
