@@ -67,6 +67,15 @@ def postgres_db(postgres_url: str) -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database on each backend the services support: SQLite, then PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'service.db'}"
+    url: str = request.getfixturevalue("postgres_db")
+    return url
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     """URL of the test Redis server, checked reachable."""

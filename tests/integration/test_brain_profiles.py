@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -21,14 +20,6 @@ from gearshift.v1 import brain_pb2, brain_pb2_grpc
 from tests.conftest import DaemonFactory
 
 B = brain_pb2
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'brain.db'}"
-    url: str = request.getfixturevalue("postgres_db")
-    return url
 
 
 @pytest.fixture

@@ -22,14 +22,6 @@ from tests.conftest import DaemonFactory
 GIB = 1024**3
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'brain.db'}"
-    url: str = request.getfixturevalue("postgres_db")
-    return url
-
-
 @pytest.fixture
 def brain(
     daemons: DaemonFactory, db_url: str, gavel_data: Path

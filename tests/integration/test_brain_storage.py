@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -52,14 +51,6 @@ BRAIN_TABLES = {
     "brain_job_throughputs",
     "brain_reference_throughputs",
 }
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'brain.db'}"
-    url: str = request.getfixturevalue("postgres_db")
-    return url
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -18,19 +18,10 @@ from gearshift.common.errors import ConflictError, ValidationError
 from gearshift.shardmanager.model import AcquireStatus, DatasetSettings, Mode
 from gearshift.shardmanager.store import ShardStore
 from gearshift.worker.shard_client import ShardClient
+from tests.integration import test_shard_store
 from tests.integration.test_shard_service import sm  # noqa: F401 (the fixture)
 
-
-@pytest.fixture
-def store(redis_url: str, unique_id: str) -> Iterator[ShardStore]:
-    prefix = f"gstest:{unique_id}"
-    s = ShardStore.from_url(redis_url, prefix=prefix, deleted_ttl_seconds=30)
-    s.load_scripts()
-    yield s
-    keys = list(s.client.scan_iter(match=f"{prefix}:*", count=1000))
-    if keys:
-        s.client.delete(*keys)
-    s.close()
+store = test_shard_store.store  # the fixture: a ShardStore on the test Redis
 
 
 def provisional(num_epochs: int = 2, **kw: object) -> DatasetSettings:
