@@ -29,7 +29,7 @@ from gearshift.client.devcluster import (
 )
 from gearshift.client.history import add_options as add_history_options
 from gearshift.client.history import cmd_history
-from gearshift.client.options import add_scheduler_options, add_tls_options
+from gearshift.client.options import add_scheduler_options, add_tls_options, pem_file
 from gearshift.client.processes import DaemonError, http_status
 from gearshift.client.profiles import add_plan_options, add_profile_options, cmd_plan, cmd_profile
 from gearshift.client.render import parse_states, table
@@ -61,14 +61,9 @@ def cluster_tls(args: argparse.Namespace) -> ClusterTls | None:
             raise ValidationError(
                 flag, "is required for TLS (with --tls-cert, --tls-key, --tls-ca)"
             )
-        if value and not Path(value).is_file():
-            raise ValidationError(flag, f"{value} is not a file")
-    client_ca = given["--tls-client-ca"]
+    files = {flag: pem_file(flag, value).resolve() for flag, value in given.items() if value}
     return ClusterTls(
-        Path(given["--tls-cert"]).resolve(),
-        Path(given["--tls-key"]).resolve(),
-        Path(given["--tls-ca"]).resolve(),
-        Path(client_ca).resolve() if client_ca else None,
+        files["--tls-cert"], files["--tls-key"], files["--tls-ca"], files.get("--tls-client-ca")
     )
 
 

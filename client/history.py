@@ -8,18 +8,15 @@ history the Brain's estimates learn from), or one job's samples and plans.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from collections.abc import Sequence
 
 from gearshift.client import render
-from gearshift.client.options import add_tls_options, add_token_option, client_tls
-from gearshift.common.channel import connect
+from gearshift.client.options import add_brain_options, brain_channel, client_tls
 from gearshift.common.errors import ValidationError, typed_call
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2
 
-DEFAULT_BRAIN = "127.0.0.1:50052"
 STATUSES = ("submitted", "running", "succeeded", "failed", "cancelled")
 Record = brain_pb2.JobRecord
 
@@ -32,18 +29,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         metavar="MODEL_TYPE",
         help="only jobs of this model type (default: every job)",
     )
-    parser.add_argument(
-        "--brain",
-        default=os.environ.get("GEARSHIFT_BRAIN", DEFAULT_BRAIN),
-        help="Brain host:port [env GEARSHIFT_BRAIN] (default %(default)s)",
-    )
-    add_token_option(parser, "bearer token (an admin's or a service's)")
-    add_tls_options(parser)
+    add_brain_options(parser, "bearer token (an admin's or a service's)")
     parser.add_argument("--tenant", default="", help="only this tenant's jobs")
     parser.add_argument("--status", default="", help=f"only jobs {'/'.join(STATUSES)}")
     parser.add_argument("--limit", type=int, default=50, help="jobs to show (default 50)")
     parser.add_argument("--job", default="", metavar="ID", help="one job: its samples and plans")
-    parser.add_argument("--rpc-timeout", type=float, default=30.0, help="seconds per call")
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -51,10 +41,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         raise ValidationError("--status", f"{args.status!r}: one of {', '.join(STATUSES)}")
     if args.limit < 1:
         raise ValidationError("--limit", "must be >= 1")
-    tls = client_tls(args)
-    with connect(
-        args.brain, token=args.token or None, tls=tls, timeout=args.rpc_timeout
-    ) as channel:
+    with brain_channel(args, client_tls(args)) as channel:
         brain = brain_pb2_grpc.BrainStub(channel)
         if args.job:
             request = brain_pb2.GetJobHistoryRequest(job_id=args.job)

@@ -6,10 +6,14 @@ import argparse
 import os
 from pathlib import Path
 
+import grpc
+
 from gearshift.common.auth import CA_VARIABLE, CERT_VARIABLE, KEY_VARIABLE, ClientTls
+from gearshift.common.channel import connect
 from gearshift.common.errors import ValidationError
 
 DEFAULT_SCHEDULER = "127.0.0.1:50051"
+DEFAULT_BRAIN = "127.0.0.1:50052"
 
 
 def add_scheduler_options(
@@ -60,15 +64,34 @@ def client_tls(args: argparse.Namespace) -> ClientTls | None:
         return None
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValidationError("--tls-cert", "and --tls-key must be given together")
-    for flag, value in (
-        ("--tls-ca", args.tls_ca),
-        ("--tls-cert", args.tls_cert),
-        ("--tls-key", args.tls_key),
-    ):
-        if value and not Path(value).is_file():
-            raise ValidationError(flag, f"{value} is not a file")
     return ClientTls(
-        Path(args.tls_ca),
-        Path(args.tls_cert) if args.tls_cert else None,
-        Path(args.tls_key) if args.tls_key else None,
+        pem_file("--tls-ca", args.tls_ca),
+        pem_file("--tls-cert", args.tls_cert) if args.tls_cert else None,
+        pem_file("--tls-key", args.tls_key) if args.tls_key else None,
     )
+
+
+def pem_file(flag: str, value: str) -> Path:
+    """A TLS file given with `flag`; ValidationError naming the flag when it is not a file."""
+    path = Path(value)
+    if not path.is_file():
+        raise ValidationError(flag, f"{value} is not a file")
+    return path
+
+
+def add_brain_options(parser: argparse.ArgumentParser, token_help: str = "bearer token") -> None:
+    """--brain (GEARSHIFT_BRAIN), --token, TLS and --rpc-timeout: the commands that ask the
+    Brain (see brain_channel)."""
+    parser.add_argument(
+        "--brain",
+        default=os.environ.get("GEARSHIFT_BRAIN", DEFAULT_BRAIN),
+        help="Brain host:port [env GEARSHIFT_BRAIN] (default %(default)s)",
+    )
+    add_token_option(parser, token_help)
+    add_tls_options(parser)
+    parser.add_argument("--rpc-timeout", type=float, default=30.0, help="seconds per call")
+
+
+def brain_channel(args: argparse.Namespace, tls: ClientTls | None) -> grpc.Channel:
+    """A channel to the Brain of add_brain_options (`tls`: client_tls(args), checked first)."""
+    return connect(args.brain, token=args.token or None, tls=tls, timeout=args.rpc_timeout)

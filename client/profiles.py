@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import subprocess
 import sys
 import tempfile
@@ -23,28 +22,19 @@ from pathlib import Path
 from google.protobuf import json_format
 
 from gearshift.client import render
-from gearshift.client.options import add_tls_options, add_token_option, client_tls
+from gearshift.client.options import add_brain_options, brain_channel, client_tls
 from gearshift.client.spec import JobFile, load_job
 from gearshift.common import codepkg
-from gearshift.common.channel import connect
 from gearshift.common.errors import NotFoundError, ValidationError, typed_call
 from gearshift.common.profiles import profile_key
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2
 
 PROFILER_MODULE = "gearshift.worker.profiling.profile_job"
-DEFAULT_BRAIN = "127.0.0.1:50052"
 DEVICES = ("cpu", "cuda")
 
 
 def _brain_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--brain",
-        default=os.environ.get("GEARSHIFT_BRAIN", DEFAULT_BRAIN),
-        help="Brain host:port [env GEARSHIFT_BRAIN] (default %(default)s)",
-    )
-    add_token_option(parser)
-    add_tls_options(parser)
-    parser.add_argument("--rpc-timeout", type=float, default=30.0, help="seconds per call")
+    add_brain_options(parser)
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -166,7 +156,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         request = brain_pb2.StoreLayerProfileRequest(
             key=key, model_type=spec.model_type, profile=profile
         )
-        with connect(args.brain, token=args.token or None, tls=tls, timeout=args.rpc_timeout) as ch:
+        with brain_channel(args, tls) as ch:
             reply = typed_call(lambda: brain_pb2_grpc.BrainStub(ch).StoreLayerProfile(request))
         what = "replaced" if reply.replaced else "stored" if reply.written else "unchanged"
         outcome = f"{what} in the Brain at {args.brain}"
@@ -214,7 +204,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         parallel_branches=args.parallel_branches,
     )
     tls = client_tls(args)
-    with connect(args.brain, token=args.token or None, tls=tls, timeout=args.rpc_timeout) as ch:
+    with brain_channel(args, tls) as ch:
         try:
             plan = typed_call(lambda: brain_pb2_grpc.BrainStub(ch).PlanBurstParallel(request))
         except NotFoundError as exc:
