@@ -200,6 +200,44 @@ TASK_STATE_FAILED: TaskState.ValueType  # 6
 """A process exited with an error or was killed."""
 Global___TaskState: _TypeAlias = TaskState  # noqa: Y015
 
+class _CollocationRole:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CollocationRoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CollocationRole.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    COLLOCATION_ROLE_UNSPECIFIED: _CollocationRole.ValueType  # 0
+    """Alone on its devices."""
+    COLLOCATION_ROLE_FOREGROUND: _CollocationRole.ValueType  # 1
+    """Holds the devices and lends their idle time to one background task; runs at
+    normal priority (DeepPool's foreground job).
+    """
+    COLLOCATION_ROLE_BACKGROUND: _CollocationRole.ValueType  # 2
+    """Runs on a foreground job's device at the lowest priority (SCHED_IDLE, nice 19,
+    a thread cap on CPU), paused at a global-step boundary whenever the foreground's
+    measured step time rises above its bound (DeepPool's background job).
+    """
+    COLLOCATION_ROLE_SHARED: _CollocationRole.ValueType  # 3
+    """Space sharing at equal priority (Gavel's packed policies): both jobs run."""
+
+class CollocationRole(_CollocationRole, metaclass=_CollocationRoleEnumTypeWrapper):
+    """How a task shares its devices with another job's tasks."""
+
+COLLOCATION_ROLE_UNSPECIFIED: CollocationRole.ValueType  # 0
+"""Alone on its devices."""
+COLLOCATION_ROLE_FOREGROUND: CollocationRole.ValueType  # 1
+"""Holds the devices and lends their idle time to one background task; runs at
+normal priority (DeepPool's foreground job).
+"""
+COLLOCATION_ROLE_BACKGROUND: CollocationRole.ValueType  # 2
+"""Runs on a foreground job's device at the lowest priority (SCHED_IDLE, nice 19,
+a thread cap on CPU), paused at a global-step boundary whenever the foreground's
+measured step time rises above its bound (DeepPool's background job).
+"""
+COLLOCATION_ROLE_SHARED: CollocationRole.ValueType  # 3
+"""Space sharing at equal priority (Gavel's packed policies): both jobs run."""
+Global___CollocationRole: _TypeAlias = CollocationRole  # noqa: Y015
+
 @_typing.final
 class Entrypoint(_message.Message):
     """The Python module a job runs and its configuration."""
@@ -663,6 +701,9 @@ class TaskStatus(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     DIGEST_FIELD_NUMBER: _builtins.int
     CHECKPOINT_PATH_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
+    PAUSE_REASON_FIELD_NUMBER: _builtins.int
+    PAUSE_COUNT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id, assigned by the scheduler."""
     job_id: _builtins.str
@@ -679,6 +720,14 @@ class TaskStatus(_message.Message):
     """
     checkpoint_path: _builtins.str
     """Directory of the last checkpoint written, if any."""
+    paused: _builtins.bool
+    """A background task the worker holds paused (its foreground job slowed down
+    past the bound); it resumes by itself. Heartbeats carry it to the job's events.
+    """
+    pause_reason: _builtins.str
+    """Why it is paused, or why it was last resumed (the measured step times)."""
+    pause_count: _builtins.int
+    """Times the worker has paused this task so far."""
     @_builtins.property
     def progress(self) -> Global___JobProgress:
         """The job's progress where this task runs rank 0 (its worker reads what
@@ -697,14 +746,50 @@ class TaskStatus(_message.Message):
         message: _builtins.str = ...,
         digest: _builtins.str = ...,
         checkpoint_path: _builtins.str = ...,
+        paused: _builtins.bool = ...,
+        pause_reason: _builtins.str = ...,
+        pause_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "digest", b"digest", "exit_code", b"exit_code", "job_id", b"job_id", "message", b"message", "progress", b"progress", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "digest", b"digest", "exit_code", b"exit_code", "job_id", b"job_id", "message", b"message", "pause_count", b"pause_count", "pause_reason", b"pause_reason", "paused", b"paused", "progress", b"progress", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskStatus: _TypeAlias = TaskStatus  # noqa: Y015
+
+@_typing.final
+class Collocation(_message.Message):
+    """A task's collocation: its role and the job on the same devices."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    PARTNER_JOB_ID_FIELD_NUMBER: _builtins.int
+    MAX_FOREGROUND_SLOWDOWN_FIELD_NUMBER: _builtins.int
+    role: Global___CollocationRole.ValueType
+    """Its role; UNSPECIFIED: alone."""
+    partner_job_id: _builtins.str
+    """The other job on the same devices (empty when alone)."""
+    max_foreground_slowdown: _builtins.float
+    """BACKGROUND only: pause while the foreground's step time is more than
+    (1 + this) times its step time alone (0: the worker's default,
+    --max-foreground-slowdown).
+    """
+    def __init__(
+        self,
+        *,
+        role: Global___CollocationRole.ValueType = ...,
+        partner_job_id: _builtins.str = ...,
+        max_foreground_slowdown: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_foreground_slowdown", b"max_foreground_slowdown", "partner_job_id", b"partner_job_id", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Collocation: _TypeAlias = Collocation  # noqa: Y015
 
 @_typing.final
 class Lease(_message.Message):

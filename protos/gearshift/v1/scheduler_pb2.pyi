@@ -56,6 +56,12 @@ class _JobEventTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobEvent
     """A placement that was to resume found no checkpoint (the job never wrote
     one) and started again at step 0.
     """
+    JOB_EVENT_TYPE_PAUSED: _JobEventType.ValueType  # 13
+    """A background job was paused: its foreground job's step time rose above the
+    bound (the message gives the measured times).
+    """
+    JOB_EVENT_TYPE_RESUMED: _JobEventType.ValueType  # 14
+    """A paused background job runs again."""
 
 class JobEventType(_JobEventType, metaclass=_JobEventTypeEnumTypeWrapper):
     """Kind of a job lifecycle event."""
@@ -88,6 +94,12 @@ JOB_EVENT_TYPE_STARTED_FRESH: JobEventType.ValueType  # 12
 """A placement that was to resume found no checkpoint (the job never wrote
 one) and started again at step 0.
 """
+JOB_EVENT_TYPE_PAUSED: JobEventType.ValueType  # 13
+"""A background job was paused: its foreground job's step time rose above the
+bound (the message gives the measured times).
+"""
+JOB_EVENT_TYPE_RESUMED: JobEventType.ValueType  # 14
+"""A paused background job runs again."""
 Global___JobEventType: _TypeAlias = JobEventType  # noqa: Y015
 
 @_typing.final
@@ -108,6 +120,8 @@ class Job(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     FINAL_DIGEST_FIELD_NUMBER: _builtins.int
     LAST_SEQUENCE_FIELD_NUMBER: _builtins.int
+    COLLOCATION_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Server-assigned id, e.g. "job-7f3a2c"."""
     state: _common_pb2.JobState.ValueType
@@ -132,6 +146,8 @@ class Job(_message.Message):
     """Sequence number of the job's latest event: WatchJob from 0 has sent every
     event so far once it sent this one.
     """
+    paused: _builtins.bool
+    """A background job its worker holds paused for its foreground job."""
     @_builtins.property
     def spec(self) -> _common_pb2.JobSpec:
         """The specification as submitted (with defaults filled in)."""
@@ -143,6 +159,10 @@ class Job(_message.Message):
     @_builtins.property
     def placement(self) -> _common_pb2.Placement:
         """Where the job runs now (empty when not running)."""
+
+    @_builtins.property
+    def collocation(self) -> _common_pb2.Collocation:
+        """How the job shares its devices now (unset: alone or not running)."""
 
     def __init__(
         self,
@@ -159,10 +179,12 @@ class Job(_message.Message):
         message: _builtins.str = ...,
         final_digest: _builtins.str = ...,
         last_sequence: _builtins.int = ...,
+        collocation: _common_pb2.Collocation | None = ...,
+        paused: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["placement", b"placement", "progress", b"progress", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "placement", b"placement", "progress", b"progress", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["final_digest", b"final_digest", "finished_at", b"finished_at", "job_id", b"job_id", "last_sequence", b"last_sequence", "message", b"message", "placement", b"placement", "progress", b"progress", "rescale_count", b"rescale_count", "spec", b"spec", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "final_digest", b"final_digest", "finished_at", b"finished_at", "job_id", b"job_id", "last_sequence", b"last_sequence", "message", b"message", "paused", b"paused", "placement", b"placement", "progress", b"progress", "rescale_count", b"rescale_count", "spec", b"spec", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -68,6 +68,7 @@ class StartTaskRequest(_message.Message):
     ENDPOINTS_FIELD_NUMBER: _builtins.int
     DATASET_ID_FIELD_NUMBER: _builtins.int
     JOB_TOKEN_FIELD_NUMBER: _builtins.int
+    COLLOCATION_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id, unique per scheduler."""
     job_id: _builtins.str
@@ -107,6 +108,12 @@ class StartTaskRequest(_message.Message):
     def endpoints(self) -> Global___ServiceEndpoints:
         """Where the other services are."""
 
+    @_builtins.property
+    def collocation(self) -> _common_pb2.Collocation:
+        """Whether the task shares its devices with another job's (multiplexing, space
+        sharing); unset: it runs alone.
+        """
+
     def __init__(
         self,
         *,
@@ -122,10 +129,11 @@ class StartTaskRequest(_message.Message):
         endpoints: Global___ServiceEndpoints | None = ...,
         dataset_id: _builtins.str = ...,
         job_token: _builtins.str = ...,
+        collocation: _common_pb2.Collocation | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoints", b"endpoints", "lease", b"lease", "placement", b"placement", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "endpoints", b"endpoints", "lease", b"lease", "placement", b"placement", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "job_id", b"job_id", "job_token", b"job_token", "lease", b"lease", "local_ranks", b"local_ranks", "placement", b"placement", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "collocation", b"collocation", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "job_id", b"job_id", "job_token", b"job_token", "lease", b"lease", "local_ranks", b"local_ranks", "placement", b"placement", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
