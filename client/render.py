@@ -101,6 +101,16 @@ def jobs_table(jobs: Sequence[scheduler_pb2.Job]) -> str:
     return table(rows, header)
 
 
+def collocation_text(collocation: common_pb2.Collocation, paused: bool) -> str:
+    """How a job shares its devices, in words."""
+    role = common_pb2.CollocationRole.Name(collocation.role)
+    role = role.removeprefix("COLLOCATION_ROLE_").lower()
+    text = f"{role} with {collocation.partner_job_id}"
+    if collocation.max_foreground_slowdown:
+        text += f" (paused while it is over {collocation.max_foreground_slowdown:.0%} slower)"
+    return text + ("  PAUSED" if paused else "")
+
+
 def job_details(job: scheduler_pb2.Job) -> str:
     spec = job.spec
     length = (
@@ -117,6 +127,8 @@ def job_details(job: scheduler_pb2.Job) -> str:
         f"devices     {devices_by_type(job.placement)}  ESTs/device "
         f"{ests_per_device(job.placement)}  rescales {job.rescale_count}",
     ]
+    if job.collocation.role:
+        lines.append(f"sharing     {collocation_text(job.collocation, job.paused)}")
     if job.placement.processes:
         rows = [
             (p.rank, p.worker_id, p.accelerator_type, p.device_index, ",".join(map(str, p.est_ids)))

@@ -46,6 +46,11 @@ class GavelRounds:
     def name(self) -> str:
         return self.mechanism.policy.name
 
+    @property
+    def space_sharing(self) -> bool:
+        """Whether the policy pairs jobs on devices (the round then tells it pair rates)."""
+        return bool(getattr(self.mechanism.policy, "space_sharing", False))
+
     def allocate(self, snapshot: Snapshot) -> dict[str, Target]:
         mech = self.mechanism
         types = snapshot.worker_types
@@ -83,6 +88,7 @@ class GavelRounds:
                     config,
                     split_ests(job.elastic_job(), config),
                     tuple(j for j in combo if j != job_id),
+                    "shared" if len(combo) > 1 else "",
                 )
         return out
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 
 import grpc
 
@@ -77,6 +78,30 @@ class BrainAdvisor:
             self._fallback("EstimateThroughput", code.name if code else rpc_details(exc))
             return DEFAULT_THROUGHPUT
         return reply.steps_per_second if reply.steps_per_second > 0 else DEFAULT_THROUGHPUT
+
+    def burst_plan(
+        self, keys: Sequence[str], *, global_batch: int, max_devices: int, amp_limit: float
+    ) -> brain_pb2.BurstParallelPlan | None:
+        """DeepPool's plan over the first of these layer-profile keys the Brain holds; None
+        when it holds none of them (the job was never profiled) or cannot be asked."""
+        if self._stub is None:
+            return None
+        for key in keys:
+            request = brain_pb2.PlanBurstParallelRequest(
+                profile_key=key,
+                global_batch=global_batch,
+                max_devices=max_devices,
+                amp_limit=amp_limit,
+            )
+            try:
+                return self._stub.PlanBurstParallel(request, timeout=self._timeout)
+            except grpc.RpcError as exc:
+                code = rpc_code(exc)
+                if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                    continue  # not profiled on this device, or not at this batch
+                self._fallback("PlanBurstParallel", code.name if code else rpc_details(exc))
+                return None
+        return None
 
     def report_event(
         self,

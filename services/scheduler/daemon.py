@@ -139,6 +139,37 @@ OPTIONS = [
         int,
     ),
     Option(
+        "collocation",
+        "the collocate stage: none, or deeppool (a best-effort one-device job the policy "
+        "leaves waiting runs at the lowest priority on a device of a job whose "
+        "burst-parallel plan leaves it idle; needs --brain-address and layer profiles, "
+        "gearshift profile)",
+        "none",
+        choices=["none", "deeppool"],
+    ),
+    Option(
+        "amp_limit",
+        "deeppool: the amplification limit of the burst-parallel plans that say how idle a "
+        "job leaves its devices and how many an elastic job asks for (>= 1)",
+        2.0,
+        float,
+    ),
+    Option(
+        "min_idle",
+        "deeppool: the least share of its devices' time a job's plan must leave idle for it "
+        "to lend one (0-1)",
+        0.1,
+        float,
+    ),
+    Option(
+        "max_foreground_slowdown",
+        "deeppool: a background job is paused while its foreground runs this much slower "
+        "than alone (a fraction; sent to the worker), and a foreground measured slower than "
+        "this lends no more",
+        0.2,
+        float,
+    ),
+    Option(
         "tenant_weights",
         "hierarchical policy: tenants' shares of the cluster, TENANT=WEIGHT,... (others: 1)",
         "",
@@ -190,6 +221,19 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         make_allocator(config.policy, elastic=config.elastic, field_name="--policy")
     except ValidationError as exc:
         raise ValueError(exc.message) from None
+    if config.amp_limit < 1:
+        raise ValueError(f"--amp-limit must be >= 1, got {config.amp_limit}")
+    if not 0 <= config.min_idle <= 1:
+        raise ValueError(f"--min-idle must be between 0 and 1, got {config.min_idle}")
+    if config.max_foreground_slowdown <= 0:
+        raise ValueError(
+            f"--max-foreground-slowdown must be > 0, got {config.max_foreground_slowdown}"
+        )
+    if config.collocation == "deeppool" and not config.brain_address:
+        raise ValueError(
+            "--collocation deeppool needs --brain-address: the burst-parallel plans that say "
+            "which jobs leave devices idle come from the Brain"
+        )
     if not 1024 <= config.rendezvous_port_base <= 65000:
         raise ValueError("--rendezvous-port-base must be between 1024 and 65000")
     weights: dict[str, float] = {}
@@ -226,6 +270,10 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         seed=config.seed,
         max_restarts=config.max_restarts,
         max_queued_jobs=config.max_queued_jobs,
+        collocation=config.collocation,
+        amp_limit=config.amp_limit,
+        min_idle=config.min_idle,
+        max_foreground_slowdown=config.max_foreground_slowdown,
     )
 
 

@@ -16,6 +16,14 @@ Units are mini-batches per second (one EST's step), as in the pipeline's snapsho
 - Otherwise 1.0 global step/s per device.
 - Restart cost: from the stop of a job's tasks to the first progress of its next
   placement, averaged the same way (the default until one is measured).
+- Collocated runs are kept apart from solo ones: a job sharing its devices (Gavel's
+  space sharing) measures its pair rate with that partner, which the packed
+  policies read (before a measurement: `pair_prior` times its solo rate); a
+  foreground job measures its rate with a background job beside it, against its
+  solo rate its slowdown; a background job's rate says nothing of its solo speed.
+- DeepPool (with `burst_amp_limit`): the Brain's burst-parallel plan over the job's
+  layer profile, when it holds one - the share of its devices' time it leaves idle
+  and the devices an elastic job should ask for.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gearshift.scheduler.brain import DEFAULT_THROUGHPUT, BrainAdvisor
+from gearshift.scheduler.collocation import idle_fraction
 from gearshift.scheduler.placement import count_by_type, placement_devices
 from gearshift.scheduler.policies.configs import Config, config_of
 from gearshift.scheduler.store import JobRecord
@@ -38,6 +47,19 @@ class EstimateRequest:
     job_id: str
     model_type: str
     max_devices: int
+    profile_keys: tuple[str, ...] = ()  # its layer profile's keys, preferred first
+    global_batch: int = 0
+
+
+@dataclass(frozen=True)
+class BurstFacts:
+    """What the job's burst-parallel plan says for scheduling."""
+
+    idle_fraction: float  # of the devices it holds, per iteration
+    elastic_devices: int  # the fewest devices as fast as its best plan
+
+
+DEFAULT_PAIR_PRIOR = 0.6
 
 
 def _blend(old: float | None, new: float, alpha: float) -> float:
@@ -54,8 +76,12 @@ class Estimates:
         refresh_seconds: float = 60.0,
         alpha: float = 0.3,
         default_restart_seconds: float = 10.0,
+        burst_amp_limit: float = 0.0,
+        pair_prior: float = DEFAULT_PAIR_PRIOR,
     ) -> None:
         self.brain = brain
+        self.burst_amp_limit = burst_amp_limit
+        self.pair_prior = pair_prior
         self.refresh_seconds = refresh_seconds
         self.alpha = alpha
         self.default_restart_seconds = default_restart_seconds
@@ -69,6 +95,9 @@ class Estimates:
         self._stopped_at: dict[str, float] = {}
         self._generation: dict[str, int] = {}
         self._version: dict[str, int] = {}  # bumped on every change of a job's rates
+        self._pair_rate: dict[str, dict[tuple[str, str], float]] = {}  # (partner, type)
+        self._fg_rate: dict[str, dict[Config, float]] = {}  # with a background beside it
+        self._burst: dict[str, BurstFacts] = {}
 
     # Measurements --------------------------------------------------------------------
     def observe(
@@ -88,6 +117,18 @@ class Estimates:
             steps = progress.samples_per_second / spec.global_batch_size
             self._bump(job.job_id)
             config = config_of(count_by_type(placement_devices(job.placement)))
+            role = job.collocation.role
+            if role == common_pb2.COLLOCATION_ROLE_BACKGROUND:
+                return
+            if role == common_pb2.COLLOCATION_ROLE_SHARED and len(config) == 1:
+                pairs = self._pair_rate.setdefault(job.job_id, {})
+                key = (job.collocation.partner_job_id, config[0][0])
+                pairs[key] = _blend(pairs.get(key), steps * spec.num_ests, self.alpha)
+                return
+            if role == common_pb2.COLLOCATION_ROLE_FOREGROUND:
+                beside = self._fg_rate.setdefault(job.job_id, {})
+                beside[config] = _blend(beside.get(config), steps * spec.num_ests, self.alpha)
+                return
             rates = self._config_rate.setdefault(job.job_id, {})
             rates[config] = _blend(rates.get(config), steps * spec.num_ests, self.alpha)
             if len(config) == 1:
@@ -125,6 +166,9 @@ class Estimates:
                 self._stopped_at,
                 self._generation,
                 self._version,
+                self._pair_rate,
+                self._fg_rate,
+                self._burst,
             ):
                 table.pop(job_id, None)
 
@@ -161,13 +205,57 @@ class Estimates:
                     if request.max_devices > 1
                     else single[kind]
                 )
+            burst = self._burst_facts(request)
             with self._lock:
+                if burst is not None:
+                    self._burst[request.job_id] = burst
                 self._single[request.job_id] = single
                 self._full[request.job_id] = full
                 self._fetched[request.job_id] = (now, tuple(sorted(types)))
                 self._bump(request.job_id)
 
+    def _burst_facts(self, request: EstimateRequest) -> BurstFacts | None:
+        if self.burst_amp_limit <= 0 or not request.profile_keys:
+            return None
+        plan = self.brain.burst_plan(
+            request.profile_keys,
+            global_batch=request.global_batch,
+            max_devices=request.max_devices,
+            amp_limit=self.burst_amp_limit,
+        )
+        if plan is None:
+            return None
+        idle = idle_fraction(plan.iteration_seconds, plan.device_seconds, plan.peak_devices)
+        return BurstFacts(idle, max(plan.elastic_devices, 1))
+
     # What the round reads ------------------------------------------------------------------
+    def burst(self, job_id: str) -> BurstFacts | None:
+        with self._lock:
+            return self._burst.get(job_id)
+
+    def collocated_slowdown(self, job_id: str) -> float:
+        """How much slower the job ran with a background job beside it than alone, in the
+        configurations it ran both ways (0: not measured)."""
+        with self._lock:
+            beside = self._fg_rate.get(job_id, {})
+            alone = self._config_rate.get(job_id, {})
+            ratios = [beside[c] / alone[c] for c in beside if alone.get(c, 0.0) > 0]
+        return max(0.0, 1.0 - sum(ratios) / len(ratios)) if ratios else 0.0
+
+    def pair_rates(
+        self, job: JobRecord, partners: Sequence[str], solo: Mapping[str, float]
+    ) -> dict[tuple[str, str], float]:
+        """The job's mini-batches/s sharing its devices with each partner, per type: measured,
+        else `pair_prior` times its solo rate there (Gavel's colocated throughputs)."""
+        with self._lock:
+            measured = dict(self._pair_rate.get(job.job_id, {}))
+        return {
+            (p, t): measured.get((p, t), self.pair_prior * rate)
+            for p in partners
+            for t, rate in solo.items()
+            if rate > 0
+        }
+
     def capability(self, job: JobRecord, types: Sequence[str]) -> dict[str, float]:
         """One EST's mini-batches/s on one device of each type: measured where the job ran
         alone on that type; elsewhere the Brain's (or the default) estimate, scaled by how

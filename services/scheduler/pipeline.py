@@ -14,7 +14,8 @@ In the manner of the Kubernetes scheduling framework, one round is
   background job). Gavel's objectives run in rounds (rigid or elastic),
   EasyScale's greedy allocator and YARN-CS are plugins too
   (gearshift.scheduler.allocators).
-- collocate: pairs a background job with a foreground one (`Collocator`; none yet).
+- collocate: pairs a background job with a foreground one (`Collocator`: DeepPool's
+  multiplexing, gearshift.scheduler.collocation).
 - place: maps targets to devices, consolidating and keeping jobs where they are
   (gearshift.scheduler.placement.place).
 - reconcile: diffs the desired placements against the actual ones
@@ -32,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from gearshift.scheduler.elastic import ElasticJob
 from gearshift.scheduler.mechanism import Device
@@ -65,6 +66,12 @@ class JobSnapshot:
     attained_seconds: float = 0.0  # time it has run so far, anywhere
     restart_seconds: float = 0.0  # what a checkpoint-and-restart costs it
     colocated: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    # DeepPool: it may run as a background job (best-effort, one device), and the share of
+    # its devices' time its burst-parallel plan leaves idle (0: unknown or none).
+    background: bool = False
+    idle_fraction: float = 0.0
+    # Measured: how much slower it ran with a background job beside it (0: not measured).
+    collocated_slowdown: float = 0.0
 
     @property
     def rigid(self) -> bool:
@@ -123,16 +130,21 @@ class Snapshot:
         raise KeyError(job_id)
 
 
+Role = Literal["", "shared", "foreground", "background"]
+
+
 @dataclass(frozen=True)
 class Target:
     """What a job should run on: devices per type and ESTs per device (per type, in the
-    order the place stage assigns devices). `partners` are jobs sharing the same devices
-    (Gavel's space sharing)."""
+    order the place stage assigns devices). `partners` are jobs sharing the same devices:
+    in `role` "shared" at equal priority (Gavel's space sharing), or a "foreground" job
+    lending its devices' idle time to a "background" one (DeepPool); "" alone."""
 
     job_id: str
     devices: Config
     ests: Mapping[str, tuple[int, ...]]
     partners: tuple[str, ...] = ()
+    role: Role = ""
 
     @property
     def size(self) -> int:

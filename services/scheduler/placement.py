@@ -6,7 +6,9 @@ largest targets first (as Gavel places decreasing scale factors); a job whose
 target is what it holds keeps its devices and ESTs (its lease is renewed, no
 restart); another takes the devices it holds that are still free, then the
 fewest workers that fit the rest (`mechanism.consolidate`). Jobs sharing devices
-(space sharing) are placed once, together.
+(space sharing, a background job on its foreground's) are placed once, together:
+the partner placed second takes the first one's devices (a background job the
+first device of its type, which hosts the foreground's rank 0).
 
 One process per device, ranks in the order given (rank 0 first, so its worker
 hosts the torch.distributed store); ESTs are numbered consecutively across
@@ -44,6 +46,7 @@ def place(
         held = list(current.get(target.job_id, ()))
         if (
             held
+            and target.role != "background"  # it follows its foreground, kept or moved
             and config_of(count_by_type(d for d, _ in held)) == target.devices
             and all(d in pools.get(d.worker_type, {}).get(d.worker_id, ()) for d, _ in held)
         ):
@@ -56,6 +59,8 @@ def place(
         picked: list[Device] | None
         if shared:  # space sharing: the partner's devices, this job's ESTs
             picked = [d for d, _ in out[shared[0]]]
+        elif target.role == "background":
+            continue  # runs only on its foreground's devices, which did not fit
         else:
             picked = _pick(pools, target, [d for d, _ in current.get(target.job_id, ())])
             if picked is None:

@@ -283,6 +283,8 @@ class WorkerRegistry:
                 job = state.jobs.get(task.job_id)
                 if job is not None and status.HasField("progress"):
                     self._progress(job, task, status.progress, now)
+                if job is not None and status.paused != job.paused and not job.terminal:
+                    self._paused(job, status)
                 if status.state in (C.TASK_STATE_STARTING, C.TASK_STATE_RUNNING):
                     task.state = status.state
                     continue
@@ -301,6 +303,12 @@ class WorkerRegistry:
         self.control.kill(kill, "a task of the job failed")
         if ended:
             self.wake()
+
+    def _paused(self, job: JobRecord, status: common_pb2.TaskStatus) -> None:
+        """A background job's worker paused it for its foreground, or let it run again."""
+        job.paused = status.paused
+        kind = S.JOB_EVENT_TYPE_PAUSED if status.paused else S.JOB_EVENT_TYPE_RESUMED
+        self.state.record(job, kind, status.pause_reason)
 
     def _progress(
         self, job: JobRecord, task: TaskRecord, progress: common_pb2.JobProgress, now: float

@@ -3,7 +3,8 @@ cluster. Read this file to know what a round does.
 
     with the lock:     lost workers  ->  snapshot (jobs, live devices, estimates)
     without the lock:  Brain estimates refreshed  ->  allocate -> collocate -> place
-    with the lock:     reconcile: diff desired against actual, record RESCALING
+    with the lock:     reconcile: diff desired against actual, record RESCALING; each
+                       job's collocation (alone, shared, foreground, background)
     without the lock:  stop every moving job's tasks (checkpoint), then start the new ones
 
 A round runs every `round_seconds`, and at once after an arrival, a completion
@@ -15,14 +16,24 @@ the next round tries again).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
+from gearshift.common.profiles import profile_key
 from gearshift.scheduler.estimates import EstimateRequest, Estimates
 from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.pipeline import Allocator, JobSnapshot, Ran, Snapshot, plan_round
+from gearshift.scheduler.pipeline import (
+    Allocator,
+    Collocator,
+    JobSnapshot,
+    Ran,
+    Snapshot,
+    Target,
+    plan_round,
+)
 from gearshift.scheduler.placement import (
     Assignment,
     count_by_type,
@@ -44,6 +55,11 @@ from gearshift.v1 import common_pb2, scheduler_pb2
 log = logging.getLogger("gearshift.scheduler")
 C = common_pb2
 S = scheduler_pb2
+ROLES = {
+    "shared": C.COLLOCATION_ROLE_SHARED,
+    "foreground": C.COLLOCATION_ROLE_FOREGROUND,
+    "background": C.COLLOCATION_ROLE_BACKGROUND,
+}
 
 
 @dataclass
@@ -120,8 +136,10 @@ class Rounds:
         allocator: Allocator,
         *,
         observers: list[Callable[[RoundReport, float], None]] | None = None,
+        collocator: Collocator | None = None,
     ) -> None:
         self.state = state
+        self.collocator = collocator
         self.control = control
         self.registry = registry
         self.estimates = estimates
@@ -214,15 +232,16 @@ class Rounds:
                 self._checked_at = now  # the loop need not look again before the interval
                 jobs = [j for j in state.jobs.values() if not j.terminal]
                 types = state.types()
-                asks = [EstimateRequest(j.job_id, j.spec.model_type, _most(j.spec)) for j in jobs]
+                asks = [_ask(j, types) for j in jobs]
             self.estimates.refresh(self.estimates.due(asks, types, now), types, now)
             with state.lock:
                 gathered = self._gather(now)
             snapshot, current = self._snapshot(now, gathered)  # estimates: outside the lock
-            _, desired = plan_round(snapshot, self.allocator, current)
+            targets, desired = plan_round(snapshot, self.allocator, current, self.collocator)
             with state.lock:
                 report.desired = desired
                 moves = self._reconcile(desired, current, report)
+                self._collocations(targets, desired)
                 state.store.set_state("round", str(self.round))
                 self.last_round_at = now
             going = [m for m, ok in zip(moves, self._stop_all(moves), strict=True) if ok]
@@ -273,6 +292,8 @@ class Rounds:
         """What the allocator sees."""
         types = sorted({d.worker_type for d in gathered.devices})
         jobs = tuple(self._job(view, types) for view in gathered.jobs)
+        if getattr(self.allocator, "space_sharing", False):
+            jobs = self._with_pairs(jobs, gathered.jobs)
         snapshot = Snapshot(now, gathered.devices, jobs, gathered.ran)
         return snapshot, gathered.current
 
@@ -297,11 +318,28 @@ class Rounds:
         self._snapshots[job.job_id] = (key, snapshot)
         return snapshot
 
+    def _with_pairs(
+        self, jobs: tuple[JobSnapshot, ...], views: list[_JobView]
+    ) -> tuple[JobSnapshot, ...]:
+        """Space sharing: each job's rate beside every other of its scale (Gavel pairs jobs
+        of one scale factor), measured or estimated; not cached, it depends on the others."""
+        records = {v.job.job_id: v.job for v in views}
+        out = []
+        for job in jobs:
+            scale = job.max_devices
+            partners = [o.job_id for o in jobs if o.job_id != job.job_id and o.max_devices == scale]
+            pairs = self.estimates.pair_rates(records[job.job_id], partners, job.throughputs)
+            out.append(dataclasses.replace(job, colocated=pairs))
+        return tuple(out)
+
     def _build_job(self, view: _JobView, types: list[str]) -> JobSnapshot:
         job, held = view.job, view.held
         spec = job.spec
         n = spec.num_ests
         most = _most(spec)
+        burst = self.estimates.burst(job.job_id)
+        if burst is not None and spec.elastic.max_devices:  # DeepPool: as many as help
+            most = max(min(most, burst.elastic_devices), min(spec.elastic.min_devices, most), 1)
         allowed = [t for t in types if not spec.accelerator_types or t in spec.accelerator_types]
         if view.locked_type:
             allowed = [t for t in allowed if t == view.locked_type]
@@ -324,7 +362,30 @@ class Rounds:
             current=config_of(count_by_type(d for d, _ in held)),
             attained_seconds=self._attained.get(job.job_id, 0.0),
             restart_seconds=self.estimates.restart_seconds(job.job_id),
+            background=most == 1 and spec.service_class != C.SERVICE_CLASS_GUARANTEED,
+            idle_fraction=burst.idle_fraction if burst is not None else 0.0,
+            collocated_slowdown=self.estimates.collocated_slowdown(job.job_id),
         )
+
+    def _collocations(
+        self, targets: Mapping[str, Target], desired: Mapping[str, Assignment]
+    ) -> None:
+        """Each job's collocation as the round decided it (under the lock): what a start
+        sends its worker, and what `gearshift job` shows."""
+        bound = self.state.settings.max_foreground_slowdown
+        for job in self.state.jobs.values():
+            target = targets.get(job.job_id)
+            if job.terminal or target is None or not target.role or job.job_id not in desired:
+                job.collocation.Clear()
+                job.paused = False
+                continue
+            job.collocation.CopyFrom(
+                C.Collocation(
+                    role=ROLES[target.role],
+                    partner_job_id=target.partners[0] if target.partners else "",
+                    max_foreground_slowdown=bound if target.role == "background" else 0.0,
+                )
+            )
 
     def _reconcile(
         self,
@@ -440,7 +501,8 @@ class Rounds:
         state.record(
             job,
             S.JOB_EVENT_TYPE_RESCALED if rescaled else S.JOB_EVENT_TYPE_STARTED,
-            f"{count} process{'' if count == 1 else 'es'} on {', '.join(workers_of(placement))}",
+            f"{count} process{'' if count == 1 else 'es'} on {', '.join(workers_of(placement))}"
+            + _sharing(job.collocation),
             placement=True,
         )
 
@@ -471,6 +533,25 @@ class Rounds:
     def forget(self, job_id: str) -> None:
         self._attained.pop(job_id, None)
         self._snapshots.pop(job_id, None)
+
+
+def _sharing(collocation: common_pb2.Collocation) -> str:
+    """How a started job shares its devices, for its event."""
+    partner = collocation.partner_job_id
+    return {
+        C.COLLOCATION_ROLE_SHARED: f", sharing its devices with {partner}",
+        C.COLLOCATION_ROLE_FOREGROUND: f", lending idle device time to {partner}",
+        C.COLLOCATION_ROLE_BACKGROUND: f", in the background on {partner}'s device",
+    }.get(collocation.role, "")
+
+
+def _ask(job: JobRecord, types: list[str]) -> EstimateRequest:
+    """What to ask the Brain of a job: its throughputs, and its layer profile's plan (the
+    profile measured on the cluster's kind of device first)."""
+    spec = job.spec
+    devices = ["cpu", "cuda"] if all(t == "cpu" for t in types) else ["cuda", "cpu"]
+    keys = tuple(profile_key(spec, d) for d in devices)
+    return EstimateRequest(job.job_id, spec.model_type, _most(spec), keys, spec.global_batch_size)
 
 
 def _most(spec: common_pb2.JobSpec) -> int:

@@ -39,11 +39,12 @@ from gearshift.common.identity import JobTokens
 from gearshift.scheduler import metrics
 from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.brain import BrainAdvisor
+from gearshift.scheduler.collocation import Multiplexing
 from gearshift.scheduler.datasets import DatasetKeeper
 from gearshift.scheduler.estimates import Estimates
 from gearshift.scheduler.job_logs import LogSources, TaskSource, job_log_lines
 from gearshift.scheduler.jobs_api import JobsApi
-from gearshift.scheduler.pipeline import Allocator
+from gearshift.scheduler.pipeline import Allocator, Collocator
 from gearshift.scheduler.registry import WorkerRegistry
 from gearshift.scheduler.rounds import RoundReport, Rounds
 from gearshift.scheduler.state import SchedulerSettings, SchedulerState
@@ -56,6 +57,13 @@ log = logging.getLogger("gearshift.scheduler")
 C = common_pb2
 
 __all__ = ["RoundReport", "Scheduler", "SchedulerSettings"]
+
+
+def collocator_for(settings: SchedulerSettings) -> Collocator | None:
+    """The collocate stage the settings name (--collocation and its knobs)."""
+    if settings.collocation == "deeppool":
+        return Multiplexing(settings.min_idle, settings.max_foreground_slowdown)
+    return None
 
 
 def allocator_for(settings: SchedulerSettings) -> Allocator:
@@ -99,6 +107,7 @@ class Scheduler:
             self.brain,
             refresh_seconds=settings.estimate_refresh_seconds,
             default_restart_seconds=settings.restart_seconds,
+            burst_amp_limit=settings.amp_limit if settings.collocation == "deeppool" else 0.0,
         )
         self.control = TaskControl(self.state, self.agents, job_tokens)
         self.registry = WorkerRegistry(self.state, self.control, self.estimates, self.wake)
@@ -109,6 +118,7 @@ class Scheduler:
             self.estimates,
             allocator or allocator_for(settings),
             observers=[metrics.round_finished],
+            collocator=collocator_for(settings),
         )
         self.jobs = JobsApi(
             self.state,

@@ -44,6 +44,8 @@ def job_message(job: JobRecord) -> scheduler_pb2.Job:
         message=job.message,
         final_digest=job.final_digest,
         last_sequence=job.last_sequence,
+        collocation=job.collocation if job.collocation.role else None,
+        paused=job.paused,
     )
 
 

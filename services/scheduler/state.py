@@ -72,6 +72,10 @@ class SchedulerSettings:
     prices: dict[str, float] = field(default_factory=dict)
     tenant_weights: dict[str, float] = field(default_factory=dict)
     tenant_policies: dict[str, EntityPolicy] = field(default_factory=dict)
+    collocation: str = "none"  # the collocate stage: none or deeppool
+    amp_limit: float = 2.0  # deeppool: the burst-parallel plans' amplification limit
+    min_idle: float = 0.1  # deeppool: least idle share of a lending job's devices
+    max_foreground_slowdown: float = 0.2  # deeppool: the worker's pause bound
 
     @property
     def lease_seconds(self) -> float:

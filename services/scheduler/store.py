@@ -48,6 +48,9 @@ class JobRecord:
     message: str = ""
     final_digest: str = ""
     last_sequence: int = 0
+    # Not stored: each round decides them again, and heartbeats say whether it is paused.
+    collocation: common_pb2.Collocation = field(default_factory=common_pb2.Collocation)
+    paused: bool = False
 
     @property
     def terminal(self) -> bool:

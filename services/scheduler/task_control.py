@@ -101,6 +101,7 @@ class TaskControl:
                 ),
                 dataset_id=job.job_id,
                 job_token=self.job_tokens.mint(job.job_id) if self.job_tokens else "",
+                collocation=job.collocation if job.collocation.role else None,
             )
             requests.append((state.workers[worker_id].address, request))
         state.store.save_tasks(tasks)
