@@ -217,7 +217,7 @@ def test_an_elastic_job_asks_for_the_planners_device_count() -> None:
     scheduler, agents = make_scheduler(deeppool("easyscale"), clock=Clock(), brain=brain)
     try:
         register(scheduler, "w", {"cpu": 4})
-        job, _ = scheduler.submit(job_spec("elastic", 4), "")
+        scheduler.submit(job_spec("elastic", 4), "")
         scheduler.run_round()
         assert len(agents.started[0].placement.processes) == 2
         assert brain.asked and len(brain.asked[0]) == 2  # the cpu profile first, then cuda
