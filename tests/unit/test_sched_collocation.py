@@ -145,9 +145,7 @@ def test_the_daemon_starts_a_background_job_on_a_lent_device_and_records_its_pau
         clock.now += 1.0  # FIFO: arrival order
         bg, _ = scheduler.submit(job_spec("bg", 1), "")
         clock.now += 1.0
-        scheduler.submit(
-            job_spec("g", 1, service_class=C.SERVICE_CLASS_GUARANTEED), ""
-        )
+        scheduler.submit(job_spec("g", 1, service_class=C.SERVICE_CLASS_GUARANTEED), "")
         scheduler.run_round()
         started = {r.job_id: r for r in agents.started}
         assert set(started) == {fg.job_id, bg.job_id}  # the guaranteed job is no background
