@@ -33,6 +33,7 @@ from gearshift.scheduler.prices import parse_prices
 from gearshift.scheduler.simulator import (
     DETERMINISM_CHOICES,
     GAVEL_RECOMPUTE_SECONDS,
+    Multiplexed,
     SimulationError,
     SimulationResult,
     isolated_reference,
@@ -155,6 +156,33 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--start-with", type=int, default=0, help="--generate: jobs present at time 0"
     )
+    parser.add_argument(
+        "--multiplex",
+        action="store_true",
+        help="DeepPool's multiplexing: a waiting one-device job runs in the background on a "
+        "device of a job whose plan idles it (rates below, as bench/multiplex.py measures)",
+    )
+    parser.add_argument(
+        "--idle-fraction",
+        type=float,
+        default=Multiplexed.idle_fraction,
+        help="--multiplex: the share of its devices' time every job's plan leaves idle "
+        "(the trace has no layer profiles; default %(default)s)",
+    )
+    parser.add_argument(
+        "--foreground-slowdown",
+        type=float,
+        default=Multiplexed.foreground_slowdown,
+        help="--multiplex: how much slower a job runs with a background job beside it "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--background-share",
+        type=float,
+        default=Multiplexed.background_share,
+        help="--multiplex: a background job's rate over its rate alone on that device "
+        "(default %(default)s)",
+    )
     parser.add_argument("--write-trace", type=Path, help="save the workload as a Gavel trace")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(
@@ -190,6 +218,9 @@ def check_numbers(args: argparse.Namespace) -> None:
     for flag in ("rescale_seconds", "rigid_rescale_seconds", "hysteresis", "recompute_seconds"):
         if getattr(args, flag) < 0:
             raise ValidationError(f"--{flag.replace('_', '-')}", "must be >= 0")
+    for flag in ("idle_fraction", "foreground_slowdown", "background_share"):
+        if not 0 <= getattr(args, flag) <= 1:
+            raise ValidationError(f"--{flag.replace('_', '-')}", "must be between 0 and 1")
 
 
 def entries(args: argparse.Namespace) -> list[tuple[str, bool]]:
@@ -246,6 +277,13 @@ def run_one(
         space_sharing=name.endswith("packed"),
         prices=prices,
         name=label if args.compare is not None else name,
+        multiplexed=Multiplexed(
+            idle_fraction=args.idle_fraction,
+            foreground_slowdown=args.foreground_slowdown,
+            background_share=args.background_share,
+        )
+        if args.multiplex
+        else None,
     )
 
 

@@ -33,6 +33,13 @@ only); under "D2" it may mix types and pays `D2_SLOWDOWN` of its model family;
 "auto" is EasyScale's own rule - D2 where it costs nothing (transformers,
 LSTMs, recommendation models), D1 for convolutional models.
 
+Collocation (`multiplexing`, DeepPool): the Multiplexing collocate stage lends a
+device of every job whose plan idles at least its minimum (the trace carries no
+layer profiles: `Multiplexed.idle_fraction` stands for every job's) to a waiting
+one-device job; the pair then runs at rates measured on real workers
+(bench/multiplex.py): the foreground `foreground_slowdown` slower than alone, the
+background at `background_share` of its rate alone on that device.
+
 Metrics: average and 99th-percentile JCT, makespan, utilization (busy
 device-seconds over capacity x makespan), rescales, cost (device-hours in use x
 `prices`), and - once `with_isolated` has seen a run of the same workload under
@@ -51,9 +58,17 @@ from dataclasses import asdict, dataclass, field, replace
 
 from gearshift.common.gavel import JobKey, ThroughputTable
 from gearshift.scheduler.allocators import GavelRounds, Greedy
+from gearshift.scheduler.collocation import Multiplexing
 from gearshift.scheduler.elastic import ElasticPolicy, rate
 from gearshift.scheduler.mechanism import Device, RoundScheduler
-from gearshift.scheduler.pipeline import Allocator, JobSnapshot, Ran, Snapshot, plan_round
+from gearshift.scheduler.pipeline import (
+    Allocator,
+    JobSnapshot,
+    Ran,
+    Role,
+    Snapshot,
+    plan_round,
+)
 from gearshift.scheduler.placement import Assignment, count_by_type
 from gearshift.scheduler.policies.base import Policy
 from gearshift.scheduler.policies.configs import Config, config_of, config_size
@@ -260,6 +275,21 @@ def sim_job(
     )
 
 
+@dataclass(frozen=True)
+class Multiplexed:
+    """DeepPool's multiplexing in the simulator: how idle every job's plan leaves its devices,
+    and the rates of a pair as measured (bench/multiplex.py)."""
+
+    idle_fraction: float = 0.3
+    foreground_slowdown: float = 0.1
+    background_share: float = 0.3
+    min_idle: float = 0.1
+    max_slowdown: float = 0.2
+
+    def collocator(self) -> Multiplexing:
+        return Multiplexing(self.min_idle, self.max_slowdown)
+
+
 @dataclass
 class _Running:
     """A job's changing state in the simulation."""
@@ -269,6 +299,7 @@ class _Running:
     held: Config = ()
     assignment: Assignment = field(default_factory=list)
     partners: tuple[str, ...] = ()
+    role: Role = ""
     locked: str = ""
     first_run: float | None = None
     resume_at: float = 0.0
@@ -277,7 +308,10 @@ class _Running:
 
 
 def _snapshot(
-    run: _Running, colocated: Mapping[tuple[str, str], float], restart_seconds: float
+    run: _Running,
+    colocated: Mapping[tuple[str, str], float],
+    restart_seconds: float,
+    multiplexed: Multiplexed | None = None,
 ) -> JobSnapshot:
     job = run.job
     types = (run.locked,) if run.locked else job.types
@@ -302,6 +336,8 @@ def _snapshot(
         attained_seconds=run.attained,
         restart_seconds=restart_seconds,
         colocated=colocated,
+        background=multiplexed is not None and job.max_devices == 1,
+        idle_fraction=multiplexed.idle_fraction if multiplexed is not None else 0.0,
     )
 
 
@@ -320,6 +356,7 @@ def simulate_pipeline(
     name: str | None = None,
     on_round: Callable[[float, dict[str, Config]], None] | None = None,
     max_rounds: int | None = None,
+    multiplexed: Multiplexed | None = None,
 ) -> SimulationResult:
     """Run `workload` (arrival order) to completion through `allocator` and the place stage;
     see the module docstring. `on_round(now, configs)` sees every round's decision (the
@@ -367,13 +404,15 @@ def simulate_pipeline(
             now,
             devices,
             tuple(
-                _snapshot(r, pairs.get(job_id, {}), rescale_seconds) for job_id, r in active.items()
+                _snapshot(r, pairs.get(job_id, {}), rescale_seconds, multiplexed)
+                for job_id, r in active.items()
             ),
             tuple(ran),
         )
         ran = []
         current = {job_id: r.assignment for job_id, r in active.items() if r.assignment}
-        targets, desired = plan_round(snapshot, allocator, current)
+        collocator = multiplexed.collocator() if multiplexed is not None else None
+        targets, desired = plan_round(snapshot, allocator, current, collocator)
         if on_round is not None:
             on_round(
                 now,
@@ -394,6 +433,7 @@ def simulate_pipeline(
             r.held = new
             r.assignment = list(desired.get(job_id, ()))
             r.partners = targets[job_id].partners if job_id in targets else ()
+            r.role = targets[job_id].role if job_id in targets else ""
         running = [r for r in active.values() if r.held]
         if not running:
             if not pending:
@@ -406,7 +446,7 @@ def simulate_pipeline(
             {d for r in running for d, _ in r.assignment}  # shared devices count once
         )
         usage.append((now, in_use))
-        speed = {r.job.job_id: _rate(r, pairs, gavel_rates) for r in running}
+        speed = {r.job.job_id: _rate(r, pairs, gavel_rates, multiplexed) for r in running}
         took: dict[str, float] = {}
         if events:
             end = now + round_seconds
@@ -441,8 +481,9 @@ def simulate_pipeline(
                 continue
             seen.add(group)
             longest = max(took.get(j, 0.0) for j in group)
-            busy += longest * config_size(r.held)
-            spent += longest * sum(price[t] * n for t, n in r.held) / 3600.0
+            held = max((active[j].held for j in group), key=config_size)  # the foreground's
+            busy += longest * config_size(held)
+            spent += longest * sum(price[t] * n for t, n in held) / 3600.0
         for r in running:
             if r.remaining <= 0:
                 job_id = r.job.job_id
@@ -481,9 +522,18 @@ def simulate_pipeline(
 
 
 def _rate(
-    run: _Running, pairs: Mapping[str, Mapping[tuple[str, str], float]], gavel_rates: bool
+    run: _Running,
+    pairs: Mapping[str, Mapping[tuple[str, str], float]],
+    gavel_rates: bool,
+    multiplexed: Multiplexed | None = None,
 ) -> float:
-    """The job's mini-batches/s where it runs now (sharing devices: its pair rate)."""
+    """The job's mini-batches/s where it runs now (sharing devices: its pair rate; lending
+    or borrowing one: as measured)."""
+    if multiplexed is not None and run.role in ("foreground", "background"):
+        alone = _rate(replace(run, role="", partners=()), pairs, gavel_rates)
+        if run.role == "foreground":
+            return alone * (1.0 - multiplexed.foreground_slowdown)
+        return alone * multiplexed.background_share
     job = run.job
     if gavel_rates:
         kind = run.held[0][0]

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 import pytest
 
+from gearshift.common.gavel import JobKey, ThroughputTable
+from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.collocation import Multiplexing, idle_fraction
 from gearshift.scheduler.estimates import Estimates
@@ -17,6 +19,8 @@ from gearshift.scheduler.pipeline import JobSnapshot, Snapshot, Target
 from gearshift.scheduler.placement import place
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.servicer import job_message
+from gearshift.scheduler.simulator import Multiplexed, simulate_pipeline
+from gearshift.scheduler.trace import TraceJob
 from gearshift.v1 import brain_pb2, common_pb2, scheduler_pb2
 from tests.sched_harness import Clock, job_spec, make_scheduler, register
 
@@ -243,3 +247,33 @@ def test_shared_runs_measure_pair_rates_apart_from_solo_ones() -> None:
         assert estimates.measured(job.job_id) == {}  # not a solo rate
     finally:
         scheduler.stop()
+
+
+def test_the_simulator_runs_a_waiting_job_in_the_background_at_the_measured_rates() -> None:
+    """One device type, two devices: a two-device job holds both for 1,000 s, a one-device
+    job waits behind it (strict FIFO). Multiplexed, the small job runs beside it at
+    `background_share` of its speed and ends sooner; the big one pays its slowdown."""
+    isolated = {"cpu": {JobKey("big", 2): 2.0, JobKey("small", 1): 1.0}}
+    table = ThroughputTable(isolated, {"cpu": {}})
+    workload = [TraceJob("big", 2000, 2, 0.0), TraceJob("small", 200, 1, 1.0)]
+
+    def run(multiplexed: Multiplexed | None) -> dict[str, float]:
+        result = simulate_pipeline(
+            workload,
+            {"cpu": 2},
+            table,
+            make_allocator("fifo_strict", round_seconds=60.0),
+            round_seconds=60.0,
+            multiplexed=multiplexed,
+        )
+        return {j.job_type: j.finish_time for j in result.jobs}
+
+    alone = run(None)
+    shared = run(Multiplexed(idle_fraction=0.5, foreground_slowdown=0.1, background_share=0.5))
+    assert alone["big"] == pytest.approx(1000.0, abs=61.0)
+    assert alone["small"] > alone["big"]
+    assert shared["small"] < 600.0  # 200 steps at 0.5 steps/s, from the first rounds
+    assert shared["big"] > alone["big"]  # 10% slower while the small job runs beside it
+    assert shared["big"] < alone["big"] * 1.1 + 61.0
+    never = run(Multiplexed(idle_fraction=0.05))  # below the least idle share: no lending
+    assert never == alone
