@@ -5,7 +5,7 @@
 1. Fit time: `fit` on a model's 7 profiled runs (8 starts of bounded least squares),
    the median of --repeat runs per model. Target: < 1 s per job.
 2. Check (b): per model, fit on 7 single-node runs and predict every other run of its
-   placements file (gearshift.brain.rubick.validation); mean and max relative error per
+   placements file (gearshift.common.rubick.validation); mean and max relative error per
    plan family, Table 2's figures beside them, and the single-node runs alone (which do
    not depend on the inter-node bandwidth that the data do not give).
 3. Algorithm 1's decision time: not measured yet - the `rubick` policy does not exist;
@@ -28,9 +28,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.shared import shared_data
-from gearshift.brain.rubick.data import load_model, profiled_models
-from gearshift.brain.rubick.model import Env, fit, relative_errors
-from gearshift.brain.rubick.validation import TABLE2, family, fit_runs, validate
+from gearshift.common.rubick.data import load_model, profiled_models
+from gearshift.common.rubick.model import Env, fit, relative_errors
+from gearshift.common.rubick.validation import TABLE2, family, fit_runs, validate
 
 DEFAULT_DATA = shared_data("rubick")
 
