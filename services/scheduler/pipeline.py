@@ -10,8 +10,8 @@ In the manner of the Kubernetes scheduling framework, one round is
   it from its state and the simulator from its trace; nothing after this stage
   reads a clock, a database or the network.
 - allocate: a policy plugin (`Allocator`) decides each job's `Target`: devices by
-  type and ESTs per device (later: an execution plan, resources per process, a
-  background job). Gavel's objectives run in rounds (rigid or elastic),
+  type and ESTs per device, and (Rubick) an execution plan and CPU cores per
+  process (later: a background job). Gavel's objectives run in rounds (rigid or elastic),
   EasyScale's greedy allocator and YARN-CS are plugins too
   (gearshift.scheduler.allocators).
 - collocate: pairs a background job with a foreground one (`Collocator`; none yet).
@@ -34,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gearshift.common.rubick.plans import Plan
+from gearshift.common.rubick.request import Request
 from gearshift.scheduler.elastic import ElasticJob
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.placement import Assignment, place
@@ -65,6 +67,7 @@ class JobSnapshot:
     attained_seconds: float = 0.0  # time it has run so far, anywhere
     restart_seconds: float = 0.0  # what a checkpoint-and-restart costs it
     colocated: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    request: Request | None = None  # Rubick: model, original plan, GPUs, CPUs, guaranteed
 
     @property
     def rigid(self) -> bool:
@@ -127,12 +130,15 @@ class Snapshot:
 class Target:
     """What a job should run on: devices per type and ESTs per device (per type, in the
     order the place stage assigns devices). `partners` are jobs sharing the same devices
-    (Gavel's space sharing)."""
+    (Gavel's space sharing). `plan` is the execution plan to run (Rubick; None: the job's
+    own) and `cpus_per_device` the CPU cores each process gets (0: the default)."""
 
     job_id: str
     devices: Config
     ests: Mapping[str, tuple[int, ...]]
     partners: tuple[str, ...] = ()
+    plan: Plan | None = None
+    cpus_per_device: int = 0
 
     @property
     def size(self) -> int:
