@@ -256,8 +256,8 @@ class RubickPolicy:
         for job_id, job in jobs.items():
             if not job.alloc:
                 continue
-            if job.frozen and job_id in self._plan:
-                chosen[job_id] = self._plan[job_id]
+            if job.frozen and job_id in self._plan and self._alloc.get(job_id) == job.alloc:
+                chosen[job_id] = self._plan[job_id]  # untouched: keeps its plan too
             else:
                 shape = tuple(sorted(job.alloc.values(), reverse=True))
                 c = min(job.req.cpus_per_gpu, self.cpus_per_node // self.gpus_per_node)

@@ -154,7 +154,10 @@ def simulate_rubick(
         for s in running:
             s.worst = min(s.worst, s.rate / s.base_rate)
         if not running and not pending:
-            raise SimulationError(f"no job can run at t={now:.0f}s and none will arrive")
+            stuck = ", ".join(
+                f"{s.job.name}({s.job.gpus} GPUs, {s.job.plan_code})" for s in active.values()
+            )
+            raise SimulationError(f"no job can run at t={now:.0f}s and none will arrive: {stuck}")
         end = jobs[pending[0]].arrival_time if pending else math.inf
         for s in running:
             end = min(end, max(now, s.resume_at) + s.remaining / s.rate)

@@ -5,7 +5,8 @@ One source for every policy the simulator compares (Rubick, its variants, and Ga
 objectives fed from it), so their differences come from the policies, not the numbers.
 
 - Measured: placements/<model>.csv, matched on the plan and the GPUs per node (node order
-  does not matter). A measured row is feasible whatever the memory estimate says (it ran).
+  does not matter). A measured plan is feasible on any placement of its size, whatever the
+  memory estimate says (it ran).
   Its CPU count is the file's (4 per GPU under ZeRO-Offload, 1 otherwise); at another CPU
   count a ZeRO-Offload row is scaled by Eq. 1's ratio between the two (only ZeRO-Offload's
   optimizer step reads the CPUs).
@@ -74,6 +75,11 @@ class ModelPerf:
     params: Params
     measured: Mapping[tuple[Plan, tuple[int, ...]], tuple[float, int]]
 
+    @functools.cached_property
+    def ran(self) -> frozenset[Plan]:
+        """Plans measured on some placement: they fit, whatever the memory estimate says."""
+        return frozenset(plan for plan, _ in self.measured)
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -137,7 +143,7 @@ class PerfSource:
                     then = self._predict(m, [plan], Resources(shape, at))[0]
                     ms *= now / then
                 out[i] = ms
-            elif fits(m.workload, plan, self.env):
+            elif plan in m.ran or fits(m.workload, plan, self.env):
                 todo.append(i)
         for i, ms in zip(todo, self._predict(m, [plans[i] for i in todo], res), strict=True):
             out[i] = ms
