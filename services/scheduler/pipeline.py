@@ -10,8 +10,8 @@ In the manner of the Kubernetes scheduling framework, one round is
   it from its state and the simulator from its trace; nothing after this stage
   reads a clock, a database or the network.
 - allocate: a policy plugin (`Allocator`) decides each job's `Target`: devices by
-  type and ESTs per device (later: an execution plan, resources per process, a
-  background job). Gavel's objectives run in rounds (rigid or elastic),
+  type and ESTs per device, and (Rubick) an execution plan and CPU cores per
+  process (later: a background job). Gavel's objectives run in rounds (rigid or elastic),
   EasyScale's greedy allocator and YARN-CS are plugins too
   (gearshift.scheduler.allocators).
 - collocate: pairs a background job with a foreground one (`Collocator`: DeepPool's
@@ -35,6 +35,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from gearshift.common.rubick.plans import Plan
+from gearshift.common.rubick.request import Request
 from gearshift.scheduler.elastic import ElasticJob
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.placement import Assignment, place
@@ -72,6 +74,7 @@ class JobSnapshot:
     idle_fraction: float = 0.0
     # Measured: how much slower it ran with a background job beside it (0: not measured).
     collocated_slowdown: float = 0.0
+    request: Request | None = None  # Rubick: model, original plan, GPUs, CPUs, guaranteed
 
     @property
     def rigid(self) -> bool:
@@ -138,13 +141,17 @@ class Target:
     """What a job should run on: devices per type and ESTs per device (per type, in the
     order the place stage assigns devices). `partners` are jobs sharing the same devices:
     in `role` "shared" at equal priority (Gavel's space sharing), or a "foreground" job
-    lending its devices' idle time to a "background" one (DeepPool); "" alone."""
+    lending its devices' idle time to a "background" one (DeepPool); "" alone. `plan` is
+    the execution plan to run (Rubick; None: the job's own) and `cpus_per_device` the CPU
+    cores each process gets (0: the default)."""
 
     job_id: str
     devices: Config
     ests: Mapping[str, tuple[int, ...]]
     partners: tuple[str, ...] = ()
     role: Role = ""
+    plan: Plan | None = None
+    cpus_per_device: int = 0
 
     @property
     def size(self) -> int:

@@ -30,6 +30,7 @@ from gearshift.scheduler.allocators import GREEDY, allocator_names, make_allocat
 from gearshift.scheduler.plots import write_plots
 from gearshift.scheduler.policies import describe, make_policy, policy_names
 from gearshift.scheduler.prices import parse_prices
+from gearshift.scheduler.rubick_cli import render_rubick, run_rubick
 from gearshift.scheduler.simulator import (
     DETERMINISM_CHOICES,
     GAVEL_RECOMPUTE_SECONDS,
@@ -83,7 +84,35 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument(
         "--generate", type=int, metavar="N", help="generate N jobs (Gavel section 7.1)"
     )
-    parser.add_argument("--throughputs", type=Path, required=True, help="Gavel's throughputs JSON")
+    parser.add_argument("--throughputs", type=Path, help="Gavel's throughputs JSON (Gavel traces)")
+    parser.add_argument(
+        "--trace-format",
+        choices=("gavel", "rubick"),
+        default="gavel",
+        help="gavel: 10 tab-separated fields; rubick: the Rubick paper's CSV traces",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=("gavel", "rubick"),
+        default="gavel",
+        help="--generate: Gavel's section 7.1 jobs, or Rubick's (Table 2 models, tenants)",
+    )
+    parser.add_argument(
+        "--tenants",
+        default="A=64,B=0",
+        help="Rubick: GPU quota per tenant, TENANT=GPUS,... (jobs of a tenant with a quota "
+        "are guaranteed; a trace without a tenant column: is_sla=1 -> A, else B)",
+    )
+    parser.add_argument("--nodes", type=int, default=8, help="Rubick: 8-GPU A800 nodes")
+    parser.add_argument(
+        "--rubick-data", type=Path, help="Rubick's data folder (default ../shared/data/rubick)"
+    )
+    parser.add_argument(
+        "--rubick-params",
+        choices=("fit", "history"),
+        default="fit",
+        help="Rubick: Eq. 1's parameters fitted on the measured runs, or history.csv's",
+    )
     parser.add_argument(
         "--cluster",
         default=DEFAULT_CLUSTER,
@@ -126,8 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--rescale-seconds",
         type=float,
-        default=10.0,
-        help="elastic jobs: seconds without progress when a job checkpoints and restarts",
+        default=None,
+        help="elastic jobs: seconds without progress when a job checkpoints and restarts "
+        "(default 10; Rubick: 78, the paper's mean)",
     )
     parser.add_argument(
         "--rigid-rescale-seconds",
@@ -216,7 +246,7 @@ def check_numbers(args: argparse.Namespace) -> None:
     if args.round <= 0:
         raise ValidationError("--round", f"must be > 0 (got {args.round})")
     for flag in ("rescale_seconds", "rigid_rescale_seconds", "hysteresis", "recompute_seconds"):
-        if getattr(args, flag) < 0:
+        if (getattr(args, flag) or 0) < 0:
             raise ValidationError(f"--{flag.replace('_', '-')}", "must be >= 0")
     for flag in ("idle_fraction", "foreground_slowdown", "background_share"):
         if not 0 <= getattr(args, flag) <= 1:
@@ -252,6 +282,8 @@ def run_one(
     elastic: bool,
 ) -> SimulationResult:
     prices = parse_prices(args.prices)
+    if args.rescale_seconds is None:
+        args.rescale_seconds = 10.0
     field = "--compare" if args.compare is not None else "--policy"
     allocator = make_allocator(
         name,
@@ -292,6 +324,8 @@ def run(args: argparse.Namespace) -> list[SimulationResult]:
     cluster = parse_cluster(args.cluster)
     check_numbers(args)
     parse_prices(args.prices)
+    if args.throughputs is None:
+        raise ValidationError("--throughputs", "Gavel traces need Gavel's throughputs JSON")
     table = load_throughputs(args.throughputs)
     workload = workload_from(args, table)
     unknown = sorted({t for t in cluster if t not in table.worker_types})
@@ -357,6 +391,8 @@ def render_comparison(results: list[SimulationResult]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.trace_format == "rubick" or (args.generate is not None and args.workload == "rubick"):
+        return _main_rubick(args)
     try:
         results = run(args)
     except ValidationError as exc:
@@ -379,6 +415,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             "plots: " + ", ".join(map(str, written)), file=sys.stderr if args.json else sys.stdout
         )
+    return EXIT_OK
+
+
+def _main_rubick(args: argparse.Namespace) -> int:
+    """Rubick's traces under Rubick and its break-down variants (gearshift.scheduler.rubick_cli)."""
+    try:
+        check_numbers(args)
+        if args.nodes < 1:
+            raise ValidationError("--nodes", "must be >= 1")
+        runs = run_rubick(args)
+    except ValidationError as exc:
+        print(f"gearshift simulate: error: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    except SimulationError as exc:
+        print(f"gearshift simulate: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps([r.result.to_json() for r in runs], indent=2))
+    else:
+        print(render_rubick(runs))
     return EXIT_OK
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gearshift.brain.rubick.data import load_history, load_model, plan_from_code, profiled_models
-from gearshift.brain.rubick.plans import Plan, Zero
-from gearshift.brain.rubick.validation import FIT_RUNS, fit_runs, validate
+from gearshift.common.rubick.data import load_history, load_model, plan_from_code, profiled_models
+from gearshift.common.rubick.plans import Plan, Zero
+from gearshift.common.rubick.validation import FIT_RUNS, fit_runs, validate
 
 FITTABLE = ("bert", "gpt2", "roberta", "t5", "vit")
 

@@ -1,11 +1,11 @@
-"""Rubick's Eq. 1, its memory estimate and its RMSLE fit (gearshift.brain.rubick.model)."""
+"""Rubick's Eq. 1, its memory estimate and its RMSLE fit (gearshift.common.rubick.model)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from gearshift.brain.rubick.model import (
+from gearshift.common.rubick.model import (
     Config,
     Env,
     ForwardSample,
@@ -19,7 +19,7 @@ from gearshift.brain.rubick.model import (
     relative_errors,
     terms,
 )
-from gearshift.brain.rubick.plans import Plan, Resources, Zero
+from gearshift.common.rubick.plans import Plan, Resources, Zero
 
 ENV = Env(b_intra=400.0, b_inter=10.0, b_pcie=32.0)
 WL = Workload(

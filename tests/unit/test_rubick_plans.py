@@ -1,10 +1,10 @@
-"""Rubick's execution plans and their enumeration (gearshift.brain.rubick.plans)."""
+"""Rubick's execution plans and their enumeration (gearshift.common.rubick.plans)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gearshift.brain.rubick.plans import (
+from gearshift.common.rubick.plans import (
     Plan,
     Resources,
     Zero,

@@ -1,10 +1,10 @@
-"""Resource-sensitivity curves, slopes and minRes (gearshift.brain.rubick.sensitivity)."""
+"""Resource-sensitivity curves, slopes and minRes (gearshift.common.rubick.sensitivity)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gearshift.brain.rubick.model import (
+from gearshift.common.rubick.model import (
     Config,
     Env,
     ForwardSample,
@@ -13,8 +13,8 @@ from gearshift.brain.rubick.model import (
     fits,
     throughput,
 )
-from gearshift.brain.rubick.plans import Plan, Resources, Zero
-from gearshift.brain.rubick.sensitivity import best_plan, cpu_curve, gpu_curve, min_res, slopes
+from gearshift.common.rubick.plans import Plan, Resources, Zero
+from gearshift.common.rubick.sensitivity import best_plan, cpu_curve, gpu_curve, min_res, slopes
 
 ENV = Env(b_inter=10.0)
 PARAMS = Params(k_bwd=2.0, k_sync=2.0, k_opt=0.05, k_opt_off=4.0, k_off=3.0, k_swap=2.0, k_const=10)

@@ -22,8 +22,8 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from gearshift.brain.rubick.model import Config, ForwardSample, Params, Workload
-from gearshift.brain.rubick.plans import Plan, Resources, Zero
+from gearshift.common.rubick.model import Config, ForwardSample, Params, Workload
+from gearshift.common.rubick.plans import Plan, Resources, Zero
 
 # Published layer counts (the data's seq_hid is sequence x hidden x layers).
 MODELS: dict[str, int] = {

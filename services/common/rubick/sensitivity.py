@@ -18,8 +18,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from gearshift.brain.rubick.model import A800, Config, Env, Params, Workload, fits, throughput
-from gearshift.brain.rubick.plans import Plan, Resources, consolidated, enumerate_plans
+from gearshift.common.rubick.model import A800, Config, Env, Params, Workload, fits, throughput
+from gearshift.common.rubick.plans import Plan, Resources, consolidated, enumerate_plans
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gearshift.brain.rubick.data import Measurement, ModelData
-from gearshift.brain.rubick.model import A800, Env, Fit, fit, relative_errors
-from gearshift.brain.rubick.plans import Plan, Zero
+from gearshift.common.rubick.data import Measurement, ModelData
+from gearshift.common.rubick.model import A800, Env, Fit, fit, relative_errors
+from gearshift.common.rubick.plans import Plan, Zero
 
 FIT_RUNS = 7
 MIN_OFFLOAD = 3

@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import least_squares
 
-from gearshift.brain.rubick.plans import Plan, Resources, Zero, group_spans_nodes
+from gearshift.common.rubick.plans import Plan, Resources, Zero, group_spans_nodes
 
 FloatArray = npt.NDArray[np.float64]
 GB = 1e9
