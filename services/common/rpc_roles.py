@@ -86,7 +86,7 @@ RULES: Mapping[str, Rule] = {
     _BRAIN + "PlanEsts": _rule(SERVICE),
     # Layer profiles are not a tenant's private data (a key is a digest of a job's code and
     # config); a tenant profiles its own jobs (`gearshift profile`) and asks for plans.
-    _BRAIN + "StoreLayerProfile": _rule(TENANT, SERVICE, mutates=True),
+    _BRAIN + "StoreLayerProfile": _rule(TENANT, SERVICE, mutates=True, job="job_id"),
     _BRAIN + "GetLayerProfile": _rule(TENANT, SERVICE),
     _BRAIN + "PlanBurstParallel": _rule(TENANT, SERVICE),
     _SHARDS + "CreateDataset": _rule(SERVICE, mutates=True, job="dataset_id config.job_id"),

@@ -60,6 +60,7 @@ class BurstFacts:
 
 
 DEFAULT_PAIR_PRIOR = 0.6
+BURST_RETRY_SECONDS = 5.0  # a job without a layer profile may get one (its rank 0 profiles)
 
 
 def _blend(old: float | None, new: float, alpha: float) -> float:
@@ -187,6 +188,11 @@ class Estimates:
                 if (got := self._fetched.get(r.job_id)) is None
                 or now - got[0] >= self.refresh_seconds
                 or not set(wanted) <= set(got[1])
+                or (
+                    self.burst_amp_limit > 0
+                    and r.job_id not in self._burst
+                    and now - got[0] >= BURST_RETRY_SECONDS
+                )
             ]
 
     def refresh(

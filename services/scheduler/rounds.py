@@ -469,7 +469,14 @@ class Rounds:
                 job = state.jobs.get(change.job_id)
                 if job is None or job.terminal:
                     return
-                placement, tasks, requests = self.control.prepare_start(job, change.assignment)
+                profile = (  # DeepPool: its rank 0 measures the profile its plans need
+                    state.settings.collocation == "deeppool"
+                    and job.generation == 0
+                    and self.estimates.burst(job.job_id) is None
+                )
+                placement, tasks, requests = self.control.prepare_start(
+                    job, change.assignment, profile_first=profile
+                )
             failures, unreachable = self.control.start_tasks(requests)
             with state.lock:
                 job = state.jobs.get(change.job_id)

@@ -52,10 +52,14 @@ class TaskControl:
 
     # Starting ---------------------------------------------------------------------
     def prepare_start(
-        self, job: JobRecord, assignments: Sequence[tuple[Device, int]]
+        self,
+        job: JobRecord,
+        assignments: Sequence[tuple[Device, int]],
+        *,
+        profile_first: bool = False,
     ) -> tuple[common_pb2.Placement, list[TaskRecord], StartRequests]:
         """Tasks and StartTask requests of a new placement, saved before any is sent
-        (under the lock)."""
+        (under the lock); `profile_first`: rank 0 measures the job's layer profile first."""
         state = self.state
         settings = state.settings
         resume = job.generation > 0
@@ -102,6 +106,7 @@ class TaskControl:
                 dataset_id=job.job_id,
                 job_token=self.job_tokens.mint(job.job_id) if self.job_tokens else "",
                 collocation=job.collocation if job.collocation.role else None,
+                profile_first=profile_first and 0 in ranks,
             )
             requests.append((state.workers[worker_id].address, request))
         state.store.save_tasks(tasks)

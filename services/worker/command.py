@@ -44,6 +44,7 @@ from gearshift.common.config import host_port
 from gearshift.common.errors import ValidationError
 from gearshift.common.facts import DETERMINISM_NAMES, total_steps
 from gearshift.common.jobspec import validate_job_spec, with_defaults
+from gearshift.common.profiles import profile_key
 from gearshift.common.sharding import num_shards
 from gearshift.common.validation import check_name, require
 from gearshift.v1 import common_pb2, worker_pb2
@@ -88,6 +89,7 @@ class TaskPlan:
     endpoints: worker_pb2.ServiceEndpoints
     accelerator_type: str
     job_token: str = ""  # the processes' bearer token, scoped to the job ("": the daemon's)
+    profile_first: bool = False  # rank 0 profiles the job's layers before training
 
     @property
     def world_size(self) -> int:
@@ -155,6 +157,10 @@ class TaskPlan:
             cmd += ["--shard-manager", e.shard_manager]
         if rank == 0:
             cmd += ["--progress-file", str(task_dir / "progress.json")]
+        if rank == 0 and self.profile_first and e.brain:
+            device = "cuda" if settings.accelerator == "cuda" else "cpu"
+            cmd += ["--profile-key", profile_key(self.spec, device)]
+            cmd += ["--model-type", self.spec.model_type]
         return cmd
 
 
@@ -331,4 +337,5 @@ def plan_task(
         endpoints=request.endpoints,
         accelerator_type=processes[0].accelerator_type or device_types[0],
         job_token=request.job_token,
+        profile_first=request.profile_first,
     )

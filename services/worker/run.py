@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gearshift.common.errors import ValidationError
 from gearshift.common.facts import CLEAN_EXITS, EXIT_BAD_INPUT, EXIT_COMPLETED, EXIT_STOPPED
@@ -54,6 +54,9 @@ from gearshift.worker.runtime.settings import (
 )
 from gearshift.worker.runtime.stop import EXIT_CODES, STOP_SIGNALS, StopFlag
 from gearshift.worker.spawner import die_with_parent
+
+if TYPE_CHECKING:
+    from gearshift.worker.wiring import Wiring
 
 STOP_GRACE_S = 30.0
 
@@ -163,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-size", type=int, default=0, help="samples to use, 0..N-1 (0: the whole dataset)"
     )
     svc.add_argument("--accelerator-type", default="cpu", help="device type, for the Brain")
+    svc.add_argument(
+        "--profile-key",
+        default="",
+        help="rank 0 first measures the job's layer profile (DeepPool) and stores it in the "
+        "Brain (--brain) under this key; a failure is logged and training goes on",
+    )
+    svc.add_argument("--model-type", default="", help="the job's model type, for the Brain")
     svc.add_argument(
         "--report-interval",
         type=float,
@@ -306,6 +316,8 @@ def run_one(
 
     rank = args.rank
     wiring = Wiring.from_args(args, settings, mapping)
+    if rank == 0 and args.profile_key and args.brain:
+        _profile_first(args, config, settings, wiring)
 
     def report(progress: Progress) -> None:
         if rank == 0:
@@ -359,6 +371,33 @@ def run_one(
         print(f"outcome {result.outcome} at step {result.step}", flush=True)
         print(f"digest sha256:{result.digest}", flush=True)
     return EXIT_CODES[result.outcome]
+
+
+def _profile_first(
+    args: argparse.Namespace, config: dict[str, Any], settings: RunSettings, wiring: Wiring
+) -> None:
+    """Rank 0 measures the job's layer profile before its first step (the other ranks wait at
+    their first exchange) at per-device batches B/g, g = 1, 2, 4, ... up to its ESTs."""
+    from gearshift.worker.profiling.first_round import (  # noqa: PLC0415
+        FirstProfile,
+        profile_and_store,
+    )
+
+    batch, most = settings.global_batch_size, 1
+    while most * 2 <= settings.num_ests and batch % (most * 2) == 0:
+        most *= 2
+    target = FirstProfile(
+        key=args.profile_key,
+        job_id=args.job_id,
+        model_type=args.model_type,
+        brain=args.brain,
+        token=wiring.token,
+        tls=wiring.tls,
+        global_batch=batch,
+        max_devices=most,
+        device_kind=args.device,
+    )
+    profile_and_store(args.job, config, target)
 
 
 def expand_spec(argv: list[str]) -> list[str]:

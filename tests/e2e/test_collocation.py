@@ -65,3 +65,50 @@ def test_las_packed_runs_a_pair_on_one_device_and_both_keep_their_bits(
     a, b = ids
     shared = [e.message for e in events(packed, a) if e.type == S.JOB_EVENT_TYPE_STARTED]
     assert any(f"sharing its devices with {b}" in m for m in shared), shared
+
+
+FG_STEPS, BG_STEPS = 1500, 300
+
+
+@pytest.fixture
+def multiplexed(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevCluster]:
+    cluster = e2e_cluster(
+        tmp_path,
+        postgres_db,
+        redis_url,
+        workers=[("w1", "cpu:2")],
+        flags={
+            "scheduler": [
+                "--policy", "fifo_strict", "--collocation", "deeppool",
+                "--max-foreground-slowdown", "0.0001",  # any slowdown pauses it
+            ],
+        },
+    )  # fmt: skip
+    try:
+        yield started(cluster)
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.slow
+def test_a_background_job_runs_on_a_lent_device_is_paused_and_both_keep_their_bits(
+    multiplexed: DevCluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """No profile is stored first: the foreground's rank 0 measures it before its first step
+    (profile_first), the next round finds it in the Brain and lends the device."""
+    fg_ref = reference(shared_dir(tmp_path_factory), FG_STEPS, ests=2)
+    bg_ref = reference(shared_dir(tmp_path_factory), BG_STEPS, ests=1)
+    with client_of(multiplexed) as client:
+        fg_id = client.submit(digits_spec("fg", FG_STEPS, ests=2, min_devices=2)).job_id
+        bg_id = client.submit(digits_spec("bg", BG_STEPS, ests=1)).job_id
+        fg, bg = (client.wait(job_id, timeout=WAIT) for job_id in (fg_id, bg_id))
+    for job, ref in ((fg, fg_ref), (bg, bg_ref)):
+        assert job.state == C.JOB_STATE_SUCCEEDED, job.message + multiplexed.log_tails()
+        assert job.final_digest == ref.digest, job.job_id
+    bg_events = events(multiplexed, bg_id)
+    lent = [e for e in bg_events if "in the background on" in e.message]
+    assert lent and fg_id in lent[0].message, [e.message for e in bg_events]
+    paused = [e for e in bg_events if e.type == S.JOB_EVENT_TYPE_PAUSED]
+    assert paused and "foreground" in paused[0].message, [e.message for e in bg_events]
+    fg_events = events(multiplexed, fg_id)
+    assert any(f"lending idle device time to {bg_id}" in e.message for e in fg_events)

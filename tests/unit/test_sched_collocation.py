@@ -159,6 +159,7 @@ def test_the_daemon_starts_a_background_job_on_a_lent_device_and_records_its_pau
             partner_job_id=fg.job_id,
             max_foreground_slowdown=0.15,
         )
+        assert not started[fg.job_id].profile_first  # the Brain has its profile
         rank0 = started[fg.job_id].placement.processes[0]
         assert [p.device_index for p in lent.placement.processes] == [rank0.device_index]
         shown = job_message(scheduler.get(fg.job_id)).collocation
@@ -209,6 +210,7 @@ def test_without_a_layer_profile_nothing_is_lent() -> None:
         scheduler.run_round()
         assert [r.job_id for r in agents.started] == [fg.job_id]
         assert not agents.started[0].HasField("collocation")
+        assert agents.started[0].profile_first  # its rank 0 measures one for the next rounds
     finally:
         scheduler.stop()
 

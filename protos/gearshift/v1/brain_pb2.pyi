@@ -1266,6 +1266,7 @@ class StoreLayerProfileRequest(_message.Message):
     KEY_FIELD_NUMBER: _builtins.int
     MODEL_TYPE_FIELD_NUMBER: _builtins.int
     PROFILE_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     """The profile's key (1-128 characters: letters, digits, '.', '_', '-', ':',
     '/'). `gearshift profile` uses the job spec's fingerprint
@@ -1277,6 +1278,11 @@ class StoreLayerProfileRequest(_message.Message):
     """The model type the profile belongs to (up to 128 characters; may be
     empty), for listing and matching.
     """
+    job_id: _builtins.str
+    """The job it was measured for, when its training process stores it (a
+    worker profiling the job before its first round): what the job's token is
+    scoped by. Empty from `gearshift profile`.
+    """
     @_builtins.property
     def profile(self) -> Global___LayerProfile:
         """The profile."""
@@ -1287,10 +1293,11 @@ class StoreLayerProfileRequest(_message.Message):
         key: _builtins.str = ...,
         model_type: _builtins.str = ...,
         profile: Global___LayerProfile | None = ...,
+        job_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["profile", b"profile"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "model_type", b"model_type", "profile", b"profile"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "key", b"key", "model_type", b"model_type", "profile", b"profile"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

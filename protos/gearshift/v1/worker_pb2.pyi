@@ -69,6 +69,7 @@ class StartTaskRequest(_message.Message):
     DATASET_ID_FIELD_NUMBER: _builtins.int
     JOB_TOKEN_FIELD_NUMBER: _builtins.int
     COLLOCATION_FIELD_NUMBER: _builtins.int
+    PROFILE_FIRST_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id, unique per scheduler."""
     job_id: _builtins.str
@@ -85,6 +86,12 @@ class StartTaskRequest(_message.Message):
     """The bearer token the task's training processes call the services with:
     a token scoped to this job, minted by the scheduler (--job-key-file).
     Empty: they use the worker daemon's own token.
+    """
+    profile_first: _builtins.bool
+    """Profile the job's layers (DeepPool) before training, in rank 0's process, and
+    store the profile in the Brain (endpoints.brain) for the scheduler's plans; a
+    failure is logged and training goes on. Set for a job's first placement
+    when the scheduler multiplexes and the Brain has no profile of it.
     """
     @_builtins.property
     def spec(self) -> _common_pb2.JobSpec:
@@ -130,10 +137,11 @@ class StartTaskRequest(_message.Message):
         dataset_id: _builtins.str = ...,
         job_token: _builtins.str = ...,
         collocation: _common_pb2.Collocation | None = ...,
+        profile_first: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "endpoints", b"endpoints", "lease", b"lease", "placement", b"placement", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "collocation", b"collocation", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "job_id", b"job_id", "job_token", b"job_token", "lease", b"lease", "local_ranks", b"local_ranks", "placement", b"placement", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "collocation", b"collocation", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "job_id", b"job_id", "job_token", b"job_token", "lease", b"lease", "local_ranks", b"local_ranks", "placement", b"placement", "profile_first", b"profile_first", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

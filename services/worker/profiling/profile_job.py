@@ -17,11 +17,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import json_format
 
 from gearshift.common.errors import ValidationError
 from gearshift.common.facts import EXIT_BAD_INPUT
+from gearshift.v1 import brain_pb2
 from gearshift.worker.command import parse_config
 
 DEVICES = ("cpu", "cuda")
@@ -49,18 +51,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 def profile(args: argparse.Namespace) -> str:
     """The profile of the job, as the LayerProfile message's JSON."""
+    if args.code_dir is not None:
+        sys.path.insert(0, str(args.code_dir.resolve()))
+    message = measure(
+        args.job,
+        parse_config(args.config, "--config"),
+        global_batch=args.global_batch,
+        max_devices=args.max_devices,
+        device_kind=args.device,
+        repeats=args.repeats,
+        threads=args.threads,
+        seed=args.seed,
+    )
+    return json_format.MessageToJson(message, indent=1)
+
+
+def measure(
+    module: str,
+    config: dict[str, Any],
+    *,
+    global_batch: int,
+    max_devices: int,
+    device_kind: str = "cpu",
+    repeats: int = 3,
+    threads: int | None = 1,
+    seed: int = 0,
+) -> brain_pb2.LayerProfile:
+    """The job's layer profile, its model built afresh (`threads` None: as the process is).
+    ValidationError for a job that cannot be profiled, naming the flag."""
     import torch  # noqa: PLC0415 - after the arguments are checked: it takes a second
 
     from gearshift.worker.profiling.fxprofile import profile_module  # noqa: PLC0415
     from gearshift.worker.runtime.job import load_job  # noqa: PLC0415
 
-    if args.code_dir is not None:
-        sys.path.insert(0, str(args.code_dir.resolve()))
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if device_kind == "cuda" and not torch.cuda.is_available():
         raise ValidationError("--device", "cuda: no CUDA device here")
-    device = torch.device(args.device)
-    torch.manual_seed(args.seed)
-    job = load_job(args.job, parse_config(args.config, "--config"))
+    device = torch.device(device_kind)
+    torch.manual_seed(seed)
+    job = load_job(module, config)
     model = job.model.to(device)
     dataset, collate = job.dataset, job.collate
 
@@ -71,16 +99,17 @@ def profile(args: argparse.Namespace) -> str:
             raise ValidationError("--job", "the dataset's inputs must collate to one tensor")
         return inputs.to(device)
 
-    name = torch.cuda.get_device_name(device) if args.device == "cuda" else "cpu"
-    label = f"cuda: {name}" if args.device == "cuda" else f"cpu ({args.threads} thread(s))"
+    name = torch.cuda.get_device_name(device) if device_kind == "cuda" else "cpu"
+    count = threads or torch.get_num_threads()
+    label = f"cuda: {name}" if device_kind == "cuda" else f"cpu ({count} thread(s))"
     try:
-        message = profile_module(
+        return profile_module(
             model,
             (),
-            global_batch=args.global_batch,
-            max_devices=args.max_devices,
-            repeats=args.repeats,
-            threads=args.threads if args.device == "cpu" else None,
+            global_batch=global_batch,
+            max_devices=max_devices,
+            repeats=repeats,
+            threads=threads if device_kind == "cpu" else None,
             make_input=make_input,
             device=label,
         )
@@ -89,7 +118,6 @@ def profile(args: argparse.Namespace) -> str:
         raise ValidationError(f"--{field.replace('_', '-')}" if sep else "--job", problem) from None
     except torch.fx.proxy.TraceError as exc:
         raise ValidationError("--job", f"torch.fx cannot trace the model: {exc}") from None
-    return json_format.MessageToJson(message, indent=1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
