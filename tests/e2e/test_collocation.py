@@ -110,5 +110,3 @@ def test_a_background_job_runs_on_a_lent_device_is_paused_and_both_keep_their_bi
     assert lent and fg_id in lent[0].message, [e.message for e in bg_events]
     paused = [e for e in bg_events if e.type == S.JOB_EVENT_TYPE_PAUSED]
     assert paused and "foreground" in paused[0].message, [e.message for e in bg_events]
-    fg_events = events(multiplexed, fg_id)
-    assert any(f"lending idle device time to {bg_id}" in e.message for e in fg_events)
