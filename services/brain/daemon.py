@@ -87,6 +87,7 @@ def build(config: argparse.Namespace) -> Daemon:
     name = brain_pb2.DESCRIPTOR.services_by_name["Brain"].full_name
     return Daemon(
         [register(brain_pb2_grpc.add_BrainServicer_to_server, BrainServicer(service), name)],
+        scopes=lambda: service,  # the tenants of recorded jobs, for Rubick's job-scoped RPCs
         on_stop=[engine.dispose],
     )
 

@@ -1,8 +1,9 @@
 """The Brain's tables (SQLAlchemy 2.x declarative models); every name starts with `brain_`.
 
 The schema is created only by the Alembic history (migrations/versions/
-0001_brain.py, 0006_layer_profiles.py); tests/integration/test_brain_storage.py checks that
-autogenerate finds no difference between these models and the migrations.
+0001_brain.py, 0006_layer_profiles.py, 0007_rubick_models.py);
+tests/integration/test_brain_storage.py checks that autogenerate finds no difference
+between these models and the migrations.
 Times are seconds since the Unix epoch (float), as in the contracts.
 """
 
@@ -198,6 +199,54 @@ class LayerProfile(Base):
     stored_at: Mapped[float] = mapped_column(sa.Float)
 
 
+class RubickWorkload(Base):
+    """A job's or model key's workload for Rubick's performance model (plain data of
+    gearshift.brain.rubick.workload_to_dict), with its SHA-256 digest."""
+
+    __tablename__ = "brain_rubick_workloads"
+
+    subject_kind: Mapped[str] = mapped_column(sa.String(8), primary_key=True)  # job / model
+    subject: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    workload: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    digest: Mapped[str] = mapped_column(sa.String(64))
+    stored_at: Mapped[float] = mapped_column(sa.Float)
+
+
+class RubickRun(Base):
+    """One profiled configuration of a subject: a plan on resources and its iteration time.
+    `run_key` names the configuration (plan, placement, CPUs per GPU, global batch), so
+    storing the same configuration again replaces its measurement."""
+
+    __tablename__ = "brain_rubick_runs"
+
+    subject_kind: Mapped[str] = mapped_column(sa.String(8), primary_key=True)
+    subject: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    run_key: Mapped[str] = mapped_column(sa.String(256), primary_key=True)
+    config: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    iteration_ms: Mapped[float] = mapped_column(sa.Float)
+    source: Mapped[str] = mapped_column(sa.String(16))  # profile / samples
+    stored_at: Mapped[float] = mapped_column(sa.Float)
+
+
+class RubickFit(Base):
+    """A subject's fitted Rubick model: the 7 parameters (Eq. 1), the cluster it was priced
+    on, the fit's RMSLE and how many runs it saw."""
+
+    __tablename__ = "brain_rubick_fits"
+
+    subject_kind: Mapped[str] = mapped_column(sa.String(8), primary_key=True)
+    subject: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    params: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    cluster: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    workload_digest: Mapped[str] = mapped_column(sa.String(64))
+    rmsle: Mapped[float] = mapped_column(sa.Float)
+    run_count: Mapped[int] = mapped_column(sa.Integer)
+    runs_from_samples: Mapped[int] = mapped_column(sa.Integer)
+    offload_runs: Mapped[int] = mapped_column(sa.Integer)
+    fit_seconds: Mapped[float] = mapped_column(sa.Float)
+    fitted_at: Mapped[float] = mapped_column(sa.Float)
+
+
 def _table(model: type[Base]) -> sa.Table:
     table = model.__table__
     assert isinstance(table, sa.Table)
@@ -214,3 +263,6 @@ plans = _table(Plan)
 job_throughputs = _table(JobThroughput)
 reference_throughputs = _table(ReferenceThroughput)
 layer_profiles = _table(LayerProfile)
+rubick_workloads = _table(RubickWorkload)
+rubick_runs = _table(RubickRun)
+rubick_fits = _table(RubickFit)

@@ -194,3 +194,50 @@ class CapabilitySample:
     steps_per_second: float
     device_count: int
     ests_per_device: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Subject:
+    """Whose Rubick model: a job (`kind` "job") or a model key shared by jobs ("model")."""
+
+    kind: str
+    key: str
+
+    def __str__(self) -> str:
+        return f"job {self.key!r}" if self.kind == "job" else f"model key {self.key!r}"
+
+
+@dataclass(frozen=True)
+class RubickRunRow:
+    """A profiled configuration as stored: `config` is gearshift.brain.rubick.config_to_dict's
+    plain data, `run_key` its digest; `source` "profile" or "samples"."""
+
+    run_key: str
+    config: dict[str, Any]
+    iteration_ms: float
+    source: str
+
+
+@dataclass(frozen=True)
+class RubickFitRow:
+    """A stored fit: Eq. 1's 7 parameters by name, the cluster they price (Env fields), the
+    digest of the workload they were fitted for, and what the fit saw."""
+
+    params: dict[str, float]
+    cluster: dict[str, float]
+    workload_digest: str
+    rmsle: float
+    run_count: int
+    runs_from_samples: int
+    offload_runs: int
+    fit_seconds: float
+    fitted_at: float
+
+
+@dataclass(frozen=True)
+class RubickProfileRow:
+    """A subject's stored workload (None: none yet; with its digest) and runs."""
+
+    workload: dict[str, Any] | None
+    digest: str
+    runs: list[RubickRunRow] = field(default_factory=list)

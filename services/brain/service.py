@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from gearshift.brain import deeppool, dlrover, estimator, metrics
+from gearshift.brain import deeppool, dlrover, estimator, metrics, rubick
 from gearshift.brain.deeppool.profiles import digest, graph_from_dict, graph_to_dict, rebatch
 from gearshift.brain.estimator import Column, LowRankModel
 from gearshift.brain.records import (
@@ -28,12 +28,28 @@ from gearshift.brain.records import (
     JobPage,
     JobRow,
     ProfileRow,
+    RubickFitRow,
     Sample,
+    Subject,
 )
 from gearshift.brain.references import as_rows
 from gearshift.brain.storage import BrainStore
 from gearshift.common import estplan
 from gearshift.common.errors import NotFoundError, PreconditionError, ValidationError
+from gearshift.common.rubick import sensitivity
+from gearshift.common.rubick.model import (
+    GB,
+    PARAM_NAMES,
+    Config,
+    Env,
+    Params,
+    Workload,
+    fits,
+    host_memory,
+    iter_time,
+    memory_per_gpu,
+)
+from gearshift.common.rubick.plans import Plan, Resources
 
 log = logging.getLogger("gearshift.brain")
 
@@ -187,6 +203,59 @@ class BurstResult:
     max_devices: int
 
 
+@dataclass(frozen=True)
+class RubickFitRequest:
+    """A validated FitModel request (workload and runs inline may be None / empty)."""
+
+    subject: Subject
+    workload: Workload | None
+    runs: tuple[rubick.Run, ...]
+    env: Env
+    include_runtime_samples: bool = False
+    accelerator_type: str = ""
+    gpus_per_node: int = 0
+
+
+@dataclass(frozen=True)
+class PlanPrediction:
+    """Eq. 1's prediction of one plan on resources, and its memory estimate (bytes)."""
+
+    plan: Plan
+    iteration_ms: float
+    samples_per_second: float
+    gpu_memory: float
+    gpu_memory_limit: float
+    fits: bool
+    host_memory: float
+
+
+@dataclass(frozen=True)
+class SensitivityRequest:
+    """A validated GetSensitivity request (0 amounts: no such curve; no original: no minRes)."""
+
+    subject: Subject
+    max_gpus: int
+    gpus_per_node: int
+    cpus_per_gpu: int
+    max_cpus_per_gpu: int
+    cpu_curve_placement: tuple[int, ...]
+    allow_3d: bool
+    original: Config | None
+
+
+@dataclass(frozen=True)
+class SensitivityResult:
+    """Curves (points with their slopes) and minRes; samples/s throughout."""
+
+    gpu_curve: list[tuple[sensitivity.Point, float]]
+    cpu_curve: list[tuple[sensitivity.Point, float]]
+    min_res: sensitivity.MinRes | None
+
+
+#: Most runtime samples of a job read when deriving profiled runs from them.
+RUBICK_SAMPLES = 10_000
+
+
 def _past_job(found: FinishedJob) -> dlrover.PastJob | None:
     """What a finished job ran with: its last plan, else its recorded nodes."""
     if found.last_plan is not None:
@@ -232,6 +301,15 @@ class BrainService:
         self.plan_defaults = plan_defaults or dlrover.PlanDefaults()
         self.references = references or ReferenceCache(store)
         self.clock = clock
+
+    # -- owners, for the authorization checks (gearshift.common.rpc_roles.Scopes) --
+
+    def job_tenant(self, job_id: str) -> str | None:
+        """The tenant of a job the Brain has recorded (None: unknown)."""
+        try:
+            return self.store.job(job_id).tenant
+        except NotFoundError:
+            return None
 
     # -- ingest and history -----------------------------------------------------
 
@@ -534,4 +612,150 @@ class BrainService:
             data_parallel.iteration_time,
             elastic,
             widest,
+        )
+
+    # -- Rubick's performance model ---------------------------------------------
+
+    def store_rubick(
+        self, subject: Subject, workload: Workload | None, runs: Sequence[rubick.Run]
+    ) -> tuple[int, int, bool]:
+        """Store a subject's workload and runs: (runs written, runs stored, workload replaced)."""
+        if workload is None and runs and self.store.rubick_profile(subject).workload is None:
+            raise ValidationError("workload", f"is required with the first runs of {subject}")
+        data = rubick.workload_to_dict(workload) if workload is not None else None
+        return self.store.put_rubick(
+            subject,
+            (data, rubick.digest(data)) if data is not None else None,
+            [rubick.run_row(r) for r in runs],
+            self.clock(),
+        )
+
+    def fit_rubick(self, request: RubickFitRequest) -> RubickFitRow:
+        """Fit Eq. 1 on the subject's stored runs, those given and (for a job, if asked) those
+        of its runtime samples; store what was given and the fit in one transaction."""
+        subject = request.subject
+        stored = self.store.rubick_profile(subject)
+        if request.workload is not None:
+            data = rubick.workload_to_dict(request.workload)
+            workload, digest_ = request.workload, rubick.digest(data)
+        elif stored.workload is not None:
+            workload, digest_ = rubick.workload_from_dict(stored.workload), stored.digest
+        else:
+            raise ValidationError("workload", f"none is stored for {subject}: give one")
+        given = [rubick.run_row(r) for r in request.runs]
+        rows = {r.run_key: r for r in stored.runs} | {r.run_key: r for r in given}
+        runs = [rubick.run_from_row(r) for r in rows.values()]
+        derived: list[rubick.Run] = []
+        if request.include_runtime_samples:
+            job = self.store.job(subject.key)
+            derived = rubick.runs_from_samples(
+                self.store.history(job.job_id, 0, RUBICK_SAMPLES).samples,
+                num_ests=job.num_ests,
+                accelerator_type=request.accelerator_type,
+                gpus_per_node=request.gpus_per_node,
+            )
+        runs += derived
+        need = len(PARAM_NAMES)
+        if len(runs) < need:
+            raise ValidationError(
+                "runs",
+                f"the fit needs >= {need} profiled runs; {subject} has {len(runs)} "
+                f"({len(stored.runs)} stored, {len(given)} given, {len(derived)} from its "
+                "runtime samples)",
+            )
+        started = time.perf_counter()
+        try:
+            fitted = rubick.fit_runs(workload, runs, request.env)
+        except ValueError as exc:
+            raise ValidationError("runs", str(exc)) from None
+        row = RubickFitRow(
+            params=dict(zip(PARAM_NAMES, fitted.params.array().tolist(), strict=True)),
+            cluster=rubick.env_to_dict(request.env),
+            workload_digest=digest_,
+            rmsle=fitted.rmsle,
+            run_count=len(runs),
+            runs_from_samples=len(derived),
+            offload_runs=rubick.offload_runs(runs),
+            fit_seconds=time.perf_counter() - started,
+            fitted_at=self.clock(),
+        )
+        workload_data = rubick.workload_to_dict(request.workload) if request.workload else None
+        self.store.put_rubick(
+            subject,
+            (workload_data, digest_) if workload_data is not None else None,
+            given,
+            self.clock(),
+            fit=row,
+        )
+        return row
+
+    def _rubick_model(self, subject: Subject) -> tuple[Workload, Params, Env]:
+        fit = self.store.rubick_fit(subject)
+        if fit is None:
+            raise PreconditionError(
+                f"{subject} has no fitted Rubick model: store >= {len(PARAM_NAMES)} profiled "
+                "runs and call FitModel first"
+            )
+        stored = self.store.rubick_profile(subject, with_runs=False)
+        if stored.workload is None or stored.digest != fit.workload_digest:
+            raise PreconditionError(
+                f"{subject}: its workload changed since the fit; call FitModel again"
+            )
+        params = Params(**{k: fit.params[k] for k in PARAM_NAMES})
+        return rubick.workload_from_dict(stored.workload), params, rubick.env_from_dict(fit.cluster)
+
+    def predict_rubick(self, subject: Subject, plan: Plan, resources: Resources) -> PlanPrediction:
+        """Eq. 1 and the memory estimate of one plan, from the subject's stored fit."""
+        workload, params, env = self._rubick_model(subject)
+        ms = iter_time(params, workload, Config(plan, resources), env)
+        return PlanPrediction(
+            plan,
+            ms,
+            workload.global_batch / ms * 1e3,
+            memory_per_gpu(workload, plan),
+            env.gpu_memory_gb * GB * env.usable_memory,
+            fits(workload, plan, env),
+            host_memory(workload, plan),
+        )
+
+    def rubick_sensitivity(self, request: SensitivityRequest) -> SensitivityResult:
+        """Sensitivity curves over GPUs and CPU cores per GPU with their slopes, and minRes
+        (gearshift.common.rubick.sensitivity), from the subject's stored fit."""
+        workload, params, env = self._rubick_model(request.subject)
+        allow_3d = request.allow_3d
+        gpus: list[sensitivity.Point] = []
+        cpus: list[sensitivity.Point] = []
+        if request.max_gpus:
+            gpus = sensitivity.gpu_curve(
+                workload,
+                params,
+                request.max_gpus,
+                cpus_per_gpu=request.cpus_per_gpu,
+                gpus_per_node=request.gpus_per_node,
+                env=env,
+                allow_3d=allow_3d,
+            )
+        if request.max_cpus_per_gpu:
+            cpus = sensitivity.cpu_curve(
+                workload,
+                params,
+                request.cpu_curve_placement,
+                request.max_cpus_per_gpu,
+                env=env,
+                allow_3d=allow_3d,
+            )
+        least = None
+        if request.original is not None:
+            least = sensitivity.min_res(
+                workload,
+                params,
+                request.original,
+                gpus_per_node=request.gpus_per_node,
+                env=env,
+                allow_3d=allow_3d,
+            )
+        return SensitivityResult(
+            list(zip(gpus, sensitivity.slopes(gpus), strict=True)) if gpus else [],
+            list(zip(cpus, sensitivity.slopes(cpus), strict=True)) if cpus else [],
+            least,
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import grpc
 
 from gearshift.brain import convert, layer_profiles, metrics
+from gearshift.brain import rubick_messages as rm
 from gearshift.brain.profile_messages import check_key
 from gearshift.brain.service import BrainService
 from gearshift.common.validation import page_size
@@ -93,3 +94,30 @@ class BrainServicer(brain_pb2_grpc.BrainServicer):
     ) -> brain_pb2.BurstParallelPlan:
         source, settings = layer_profiles.plan_request(request)
         return layer_profiles.plan_message(self.service.plan_burst(source, settings))
+
+    def StoreRubickProfile(
+        self, request: brain_pb2.StoreRubickProfileRequest, context: grpc.ServicerContext
+    ) -> brain_pb2.StoreRubickProfileResponse:
+        subject, workload, runs = rm.store_request(request)
+        written, stored, replaced = self.service.store_rubick(subject, workload, runs)
+        return brain_pb2.StoreRubickProfileResponse(
+            runs_written=written, runs_stored=stored, workload_replaced=replaced
+        )
+
+    def FitModel(
+        self, request: brain_pb2.FitModelRequest, context: grpc.ServicerContext
+    ) -> brain_pb2.FittedModel:
+        fit_request = rm.fit_request(request)
+        return rm.fit_message(fit_request.subject, self.service.fit_rubick(fit_request))
+
+    def PredictPlan(
+        self, request: brain_pb2.PredictPlanRequest, context: grpc.ServicerContext
+    ) -> brain_pb2.PlanPrediction:
+        subject, plan, resources = rm.predict_request(request)
+        return rm.prediction_message(self.service.predict_rubick(subject, plan, resources))
+
+    def GetSensitivity(
+        self, request: brain_pb2.GetSensitivityRequest, context: grpc.ServicerContext
+    ) -> brain_pb2.Sensitivity:
+        sensitivity_request = rm.sensitivity_request(request)
+        return rm.sensitivity_message(self.service.rubick_sensitivity(sensitivity_request))

@@ -14,6 +14,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import asdict
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -37,7 +38,11 @@ from gearshift.brain.records import (
     NodeInfo,
     PlanRow,
     ProfileRow,
+    RubickFitRow,
+    RubickProfileRow,
+    RubickRunRow,
     Sample,
+    Subject,
 )
 from gearshift.brain.references import ReferenceThroughput
 from gearshift.common.db import outages
@@ -128,6 +133,27 @@ class BrainStore(Protocol):
 
     def profile(self, key: str) -> ProfileRow:
         """A stored layer profile; NotFoundError when none is stored under the key."""
+        ...
+
+    def put_rubick(
+        self,
+        subject: Subject,
+        workload: tuple[dict[str, Any], str] | None,
+        runs: Sequence[RubickRunRow],
+        now: float,
+        fit: RubickFitRow | None = None,
+    ) -> tuple[int, int, bool]:
+        """In one transaction: store a subject's workload (data, digest) if given, its runs
+        (a run_key stored before is replaced) and its fit if given. Returns (runs written,
+        runs stored now, whether a different workload was replaced)."""
+        ...
+
+    def rubick_profile(self, subject: Subject, *, with_runs: bool = True) -> RubickProfileRow:
+        """A subject's workload (None when none is stored) and runs (oldest first)."""
+        ...
+
+    def rubick_fit(self, subject: Subject) -> RubickFitRow | None:
+        """A subject's stored fit, if any."""
         ...
 
 
@@ -726,3 +752,129 @@ class SqlBrainStore:
         if row is None:
             raise NotFoundError("layer profile", key)
         return ProfileRow(row.profile_key, row.model_type, row.stored_at, row.digest, row.profile)
+
+    # -- Rubick's performance model ---------------------------------------------
+
+    @staticmethod
+    def _subject(table: sa.Table, subject: Subject) -> Any:
+        return (table.c.subject_kind == subject.kind) & (table.c.subject == subject.key)
+
+    def put_rubick(
+        self,
+        subject: Subject,
+        workload: tuple[dict[str, Any], str] | None,
+        runs: Sequence[RubickRunRow],
+        now: float,
+        fit: RubickFitRow | None = None,
+    ) -> tuple[int, int, bool]:
+        who = {"subject_kind": subject.kind, "subject": subject.key}
+        replaced = False
+        written = 0
+        with self._tx() as conn:
+            if workload is not None:
+                data, digest = workload
+                table = m.rubick_workloads
+                old = conn.execute(
+                    sa.select(table.c.digest).where(self._subject(table, subject))
+                ).scalar()
+                if old != digest:
+                    insert = self._upsert(table)
+                    values = {**who, "workload": data, "digest": digest, "stored_at": now}
+                    conn.execute(
+                        insert.on_conflict_do_update(
+                            index_elements=["subject_kind", "subject"],
+                            set_={
+                                k: insert.excluded[k] for k in ("workload", "digest", "stored_at")
+                            },
+                        ),
+                        values,
+                    )
+                    replaced = old is not None
+            table = m.rubick_runs
+            stored = {
+                r.run_key: (r.iteration_ms, r.source)
+                for r in conn.execute(
+                    sa.select(table.c.run_key, table.c.iteration_ms, table.c.source).where(
+                        self._subject(table, subject)
+                    )
+                )
+            }
+            fresh = {
+                r.run_key: r for r in runs if stored.get(r.run_key) != (r.iteration_ms, r.source)
+            }
+            if fresh:
+                insert = self._upsert(table)
+                conn.execute(
+                    insert.on_conflict_do_update(
+                        index_elements=["subject_kind", "subject", "run_key"],
+                        set_={
+                            k: insert.excluded[k]
+                            for k in ("config", "iteration_ms", "source", "stored_at")
+                        },
+                    ),
+                    [
+                        {
+                            **who,
+                            "run_key": r.run_key,
+                            "config": r.config,
+                            "iteration_ms": r.iteration_ms,
+                            "source": r.source,
+                            "stored_at": now,
+                        }
+                        for r in fresh.values()
+                    ],
+                )
+                written = len(fresh)
+            if fit is not None:
+                table = m.rubick_fits
+                insert = self._upsert(table)
+                values = {**who, **asdict(fit)}
+                conn.execute(
+                    insert.on_conflict_do_update(
+                        index_elements=["subject_kind", "subject"],
+                        set_={k: insert.excluded[k] for k in values if k not in who},
+                    ),
+                    values,
+                )
+        return written, len(stored.keys() | fresh.keys()), replaced
+
+    def rubick_profile(self, subject: Subject, *, with_runs: bool = True) -> RubickProfileRow:
+        workloads, runs = m.rubick_workloads, m.rubick_runs
+        with self._tx() as conn:
+            row = conn.execute(
+                sa.select(workloads.c.workload, workloads.c.digest).where(
+                    self._subject(workloads, subject)
+                )
+            ).first()
+            run_rows = (
+                conn.execute(
+                    sa.select(runs)
+                    .where(self._subject(runs, subject))
+                    .order_by(runs.c.stored_at, runs.c.run_key)
+                ).all()
+                if with_runs
+                else []
+            )
+        return RubickProfileRow(
+            dict(row.workload) if row is not None else None,
+            row.digest if row is not None else "",
+            [RubickRunRow(r.run_key, dict(r.config), r.iteration_ms, r.source) for r in run_rows],
+        )
+
+    def rubick_fit(self, subject: Subject) -> RubickFitRow | None:
+        table = m.rubick_fits
+        with self._tx() as conn:
+            row = conn.execute(sa.select(table).where(self._subject(table, subject))).first()
+        if row is None:
+            return None
+        return RubickFitRow(
+            params=dict(row.params),
+            cluster=dict(row.cluster),
+            workload_digest=row.workload_digest,
+            rmsle=row.rmsle,
+            run_count=row.run_count,
+            runs_from_samples=row.runs_from_samples,
+            offload_runs=row.offload_runs,
+            fit_seconds=row.fit_seconds,
+            fitted_at=row.fitted_at,
+        )

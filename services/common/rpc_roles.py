@@ -5,6 +5,8 @@ has none, and the interceptor refuses a method it does not find: fail closed). A
 names the roles allowed and, for roles limited to their own objects, the scope:
 
 - `job`: a tenant's calls about a job (`job_id`) pass only for its own jobs;
+- `named_job`: likewise when the request names a job (`job_id` not empty); one about a
+  model key instead (the Brain's Rubick models) passes, as layer profiles do;
 - `submit`: a tenant submits as itself (`spec.tenant` empty is filled in, another is
   refused); `list`: a tenant lists its own jobs (the `tenant` filter likewise);
 - `worker`: a worker identity speaks only for its own `worker_id`;
@@ -39,7 +41,7 @@ class Scopes(Protocol):
 @dataclass(frozen=True)
 class Rule:
     roles: frozenset[str]
-    scope: str = ""  # "", job, submit, list, worker, cluster
+    scope: str = ""  # "", job, named_job, submit, list, worker, cluster
     mutates: bool = False
     job: tuple[str, ...] = ()  # the request's fields that name its job, for a job's token
 
@@ -89,6 +91,14 @@ RULES: Mapping[str, Rule] = {
     _BRAIN + "StoreLayerProfile": _rule(TENANT, SERVICE, mutates=True, job="job_id"),
     _BRAIN + "GetLayerProfile": _rule(TENANT, SERVICE),
     _BRAIN + "PlanBurstParallel": _rule(TENANT, SERVICE),
+    # Rubick's models: the scheduler's, a tenant's for its own jobs (or a shared model key),
+    # and a job's token for its own job (its profiling run stores, fits and asks).
+    _BRAIN + "StoreRubickProfile": _rule(
+        TENANT, SERVICE, scope="named_job", mutates=True, job="job_id"
+    ),
+    _BRAIN + "FitModel": _rule(TENANT, SERVICE, scope="named_job", mutates=True, job="job_id"),
+    _BRAIN + "PredictPlan": _rule(TENANT, SERVICE, scope="named_job", job="job_id"),
+    _BRAIN + "GetSensitivity": _rule(TENANT, SERVICE, scope="named_job", job="job_id"),
     _SHARDS + "CreateDataset": _rule(SERVICE, mutates=True, job="dataset_id config.job_id"),
     _SHARDS + "DescribeDataset": _rule(SERVICE, job=_DATASET),
     _SHARDS + "DeleteDataset": _rule(SERVICE, mutates=True, job=_DATASET),
@@ -140,7 +150,9 @@ def check_request(
     if identity.role in (ADMIN, SERVICE) or not rule.scope:
         return
     who = identity.subject
-    if rule.scope == "job" and identity.role == TENANT:
+    if rule.scope == "named_job" and not request.job_id:
+        return  # about a model key, not a job
+    if rule.scope in ("job", "named_job") and identity.role == TENANT:
         owner = scopes.job_tenant(request.job_id) if scopes else None
         if owner is None:
             raise NotFoundError("job", request.job_id)

@@ -183,6 +183,34 @@ PLAN_SOURCE_OPTIMIZER: PlanSource.ValueType  # 3
 """The optimizer, from the job's own measurements."""
 Global___PlanSource: _TypeAlias = PlanSource  # noqa: Y015
 
+class _ZeroMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ZeroModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ZeroMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ZERO_MODE_UNSPECIFIED: _ZeroMode.ValueType  # 0
+    """No ZeRO: plain data parallelism (the default)."""
+    ZERO_MODE_DP: _ZeroMode.ValueType  # 1
+    """ZeRO-DP (stage 2): gradients and optimizer states split over DP ranks."""
+    ZERO_MODE_OFFLOAD: _ZeroMode.ValueType  # 2
+    """ZeRO-Offload: gradients and optimizer states on the host, the optimizer
+    step on the CPU cores.
+    """
+
+class ZeroMode(_ZeroMode, metaclass=_ZeroModeEnumTypeWrapper):
+    """How a Rubick plan deduplicates model states over data parallelism."""
+
+ZERO_MODE_UNSPECIFIED: ZeroMode.ValueType  # 0
+"""No ZeRO: plain data parallelism (the default)."""
+ZERO_MODE_DP: ZeroMode.ValueType  # 1
+"""ZeRO-DP (stage 2): gradients and optimizer states split over DP ranks."""
+ZERO_MODE_OFFLOAD: ZeroMode.ValueType  # 2
+"""ZeRO-Offload: gradients and optimizer states on the host, the optimizer
+step on the CPU cores.
+"""
+Global___ZeroMode: _TypeAlias = ZeroMode  # noqa: Y015
+
 @_typing.final
 class JobNode(_message.Message):
     """A node of a job: what it was given and how it ended."""
@@ -1596,3 +1624,761 @@ class BurstParallelPlan(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BurstParallelPlan: _TypeAlias = BurstParallelPlan  # noqa: Y015
+
+@_typing.final
+class RubickPlan(_message.Message):
+    """A Rubick execution plan: DP x TP x PP (3D) or a ZeRO variant over DP, each
+    with optional gradient accumulation (GA) and gradient checkpointing (GC).
+    It uses dp * tp * pp GPUs.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DP_FIELD_NUMBER: _builtins.int
+    TP_FIELD_NUMBER: _builtins.int
+    PP_FIELD_NUMBER: _builtins.int
+    GA_FIELD_NUMBER: _builtins.int
+    GC_FIELD_NUMBER: _builtins.int
+    ZERO_FIELD_NUMBER: _builtins.int
+    MICRO_BATCHES_FIELD_NUMBER: _builtins.int
+    dp: _builtins.int
+    """Data-parallel degree d (0: 1)."""
+    tp: _builtins.int
+    """Tensor-parallel degree t (0: 1); a TP group stays inside a node."""
+    pp: _builtins.int
+    """Pipeline stages p (0: 1)."""
+    ga: _builtins.int
+    """Gradient-accumulation steps a (0: 1)."""
+    gc: _builtins.bool
+    """Gradient checkpointing."""
+    zero: Global___ZeroMode.ValueType
+    """ZeRO mode (only with tp = pp = 1)."""
+    micro_batches: _builtins.int
+    """Pipeline micro-batches m (0: 1; only with pp > 1, and then >= 1)."""
+    def __init__(
+        self,
+        *,
+        dp: _builtins.int = ...,
+        tp: _builtins.int = ...,
+        pp: _builtins.int = ...,
+        ga: _builtins.int = ...,
+        gc: _builtins.bool = ...,
+        zero: Global___ZeroMode.ValueType = ...,
+        micro_batches: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dp", b"dp", "ga", b"ga", "gc", b"gc", "micro_batches", b"micro_batches", "pp", b"pp", "tp", b"tp", "zero", b"zero"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RubickPlan: _TypeAlias = RubickPlan  # noqa: Y015
+
+@_typing.final
+class RubickResources(_message.Message):
+    """Where a plan runs: GPUs of one type on each node, and CPU cores per GPU."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLACEMENT_FIELD_NUMBER: _builtins.int
+    CPUS_PER_GPU_FIELD_NUMBER: _builtins.int
+    cpus_per_gpu: _builtins.int
+    """CPU cores per GPU (0: 1); only ZeRO-Offload's optimizer step reads it."""
+    @_builtins.property
+    def placement(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """GPUs on each node used, e.g. [8, 4] (at least one node; each >= 1)."""
+
+    def __init__(
+        self,
+        *,
+        placement: _abc.Iterable[_builtins.int] | None = ...,
+        cpus_per_gpu: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpus_per_gpu", b"cpus_per_gpu", "placement", b"placement"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RubickResources: _TypeAlias = RubickResources  # noqa: Y015
+
+@_typing.final
+class RubickForward(_message.Message):
+    """A profiled forward pass: samples_per_gpu samples (over the TP shard) took
+    milliseconds.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SAMPLES_PER_GPU_FIELD_NUMBER: _builtins.int
+    MILLISECONDS_FIELD_NUMBER: _builtins.int
+    samples_per_gpu: _builtins.float
+    """Samples per GPU in one forward pass (> 0)."""
+    milliseconds: _builtins.float
+    """Its time, milliseconds (> 0)."""
+    def __init__(
+        self,
+        *,
+        samples_per_gpu: _builtins.float = ...,
+        milliseconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["milliseconds", b"milliseconds", "samples_per_gpu", b"samples_per_gpu"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RubickForward: _TypeAlias = RubickForward  # noqa: Y015
+
+@_typing.final
+class RubickWorkload(_message.Message):
+    """What Rubick's model needs to know of a job's model (section 4)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARAMS_MILLIONS_FIELD_NUMBER: _builtins.int
+    GLOBAL_BATCH_FIELD_NUMBER: _builtins.int
+    SEQ_HID_LAYERS_FIELD_NUMBER: _builtins.int
+    LAYERS_FIELD_NUMBER: _builtins.int
+    FORWARD_FIELD_NUMBER: _builtins.int
+    params_millions: _builtins.float
+    """Parameters, millions (P; > 0)."""
+    global_batch: _builtins.int
+    """Global batch b, samples per iteration (>= 1); a plan only splits it."""
+    seq_hid_layers: _builtins.float
+    """Sequence length x hidden size x layers (s*h*l; >= 0, 0 for models
+    without TP/PP volumes to price).
+    """
+    layers: _builtins.int
+    """Layers l (>= 1)."""
+    @_builtins.property
+    def forward(self) -> _containers.RepeatedCompositeFieldContainer[Global___RubickForward]:
+        """Profiled forward passes (1-1,000), scaled linearly to other per-GPU work."""
+
+    def __init__(
+        self,
+        *,
+        params_millions: _builtins.float = ...,
+        global_batch: _builtins.int = ...,
+        seq_hid_layers: _builtins.float = ...,
+        layers: _builtins.int = ...,
+        forward: _abc.Iterable[Global___RubickForward] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forward", b"forward", "global_batch", b"global_batch", "layers", b"layers", "params_millions", b"params_millions", "seq_hid_layers", b"seq_hid_layers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RubickWorkload: _TypeAlias = RubickWorkload  # noqa: Y015
+
+@_typing.final
+class RubickCluster(_message.Message):
+    """The cluster the model prices communication and memory on (0: the paper's
+    A800 testbed: 400, 100 and 32 GB/s, 80 GB GPUs).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INTRA_NODE_GBPS_FIELD_NUMBER: _builtins.int
+    INTER_NODE_GBPS_FIELD_NUMBER: _builtins.int
+    PCIE_GBPS_FIELD_NUMBER: _builtins.int
+    GPU_MEMORY_GB_FIELD_NUMBER: _builtins.int
+    intra_node_gbps: _builtins.float
+    """Bandwidth inside a node, GB/s (>= 0; 0: 400)."""
+    inter_node_gbps: _builtins.float
+    """Bandwidth across nodes, GB/s (>= 0; 0: 100)."""
+    pcie_gbps: _builtins.float
+    """Host-device (PCIe) bandwidth, GB/s (>= 0; 0: 32)."""
+    gpu_memory_gb: _builtins.float
+    """Memory of one GPU, GB (>= 0; 0: 80)."""
+    def __init__(
+        self,
+        *,
+        intra_node_gbps: _builtins.float = ...,
+        inter_node_gbps: _builtins.float = ...,
+        pcie_gbps: _builtins.float = ...,
+        gpu_memory_gb: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_memory_gb", b"gpu_memory_gb", "inter_node_gbps", b"inter_node_gbps", "intra_node_gbps", b"intra_node_gbps", "pcie_gbps", b"pcie_gbps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RubickCluster: _TypeAlias = RubickCluster  # noqa: Y015
+
+@_typing.final
+class RubickRun(_message.Message):
+    """One profiled configuration: a plan on resources and its measured
+    iteration time.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLAN_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
+    ITERATION_SECONDS_FIELD_NUMBER: _builtins.int
+    GLOBAL_BATCH_FIELD_NUMBER: _builtins.int
+    iteration_seconds: _builtins.float
+    """Measured seconds per iteration (> 0)."""
+    global_batch: _builtins.int
+    """Global batch of the run (0: the workload's). A profiling run at another
+    per-GPU batch gives global_batch = per-GPU batch x dp x ga x micro_batches.
+    """
+    @_builtins.property
+    def plan(self) -> Global___RubickPlan:
+        """The plan."""
+
+    @_builtins.property
+    def resources(self) -> Global___RubickResources:
+        """Its resources (plan GPUs = placement GPUs)."""
+
+    def __init__(
+        self,
+        *,
+        plan: Global___RubickPlan | None = ...,
+        resources: Global___RubickResources | None = ...,
+        iteration_seconds: _builtins.float = ...,
+        global_batch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "resources", b"resources"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["global_batch", b"global_batch", "iteration_seconds", b"iteration_seconds", "plan", b"plan", "resources", b"resources"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RubickRun: _TypeAlias = RubickRun  # noqa: Y015
+
+@_typing.final
+class StoreRubickProfileRequest(_message.Message):
+    """Store Rubick profiled runs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    MODEL_KEY_FIELD_NUMBER: _builtins.int
+    WORKLOAD_FIELD_NUMBER: _builtins.int
+    RUNS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """A job (its token may store its own job's runs)."""
+    model_key: _builtins.str
+    """A model key (1-128 characters: letters, digits, '.', '_', '-', ':',
+    '/'), shared by the jobs of a model.
+    """
+    @_builtins.property
+    def workload(self) -> Global___RubickWorkload:
+        """The workload; required with the first runs of a subject, else replaces
+        the stored one when given.
+        """
+
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___RubickRun]:
+        """The runs (0-1,000)."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        model_key: _builtins.str = ...,
+        workload: Global___RubickWorkload | None = ...,
+        runs: _abc.Iterable[Global___RubickRun] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "model_key", b"model_key", "subject", b"subject", "workload", b"workload"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "model_key", b"model_key", "runs", b"runs", "subject", b"subject", "workload", b"workload"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_subject: _TypeAlias = _typing.Literal["job_id", "model_key"]  # noqa: Y015
+    _WhichOneofArgType_subject: _TypeAlias = _typing.Literal["subject", b"subject"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_subject) -> _WhichOneofReturnType_subject | None: ...
+
+Global___StoreRubickProfileRequest: _TypeAlias = StoreRubickProfileRequest  # noqa: Y015
+
+@_typing.final
+class StoreRubickProfileResponse(_message.Message):
+    """Result of StoreRubickProfile."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_WRITTEN_FIELD_NUMBER: _builtins.int
+    RUNS_STORED_FIELD_NUMBER: _builtins.int
+    WORKLOAD_REPLACED_FIELD_NUMBER: _builtins.int
+    runs_written: _builtins.int
+    """Runs written (a run equal to the stored one is not counted)."""
+    runs_stored: _builtins.int
+    """Runs stored for the subject now."""
+    workload_replaced: _builtins.bool
+    """Whether a different stored workload was replaced."""
+    def __init__(
+        self,
+        *,
+        runs_written: _builtins.int = ...,
+        runs_stored: _builtins.int = ...,
+        workload_replaced: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["runs_stored", b"runs_stored", "runs_written", b"runs_written", "workload_replaced", b"workload_replaced"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoreRubickProfileResponse: _TypeAlias = StoreRubickProfileResponse  # noqa: Y015
+
+@_typing.final
+class FitModelRequest(_message.Message):
+    """Fit Rubick's model for a job or a model key."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    MODEL_KEY_FIELD_NUMBER: _builtins.int
+    WORKLOAD_FIELD_NUMBER: _builtins.int
+    RUNS_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    INCLUDE_RUNTIME_SAMPLES_FIELD_NUMBER: _builtins.int
+    GPUS_PER_NODE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """A job."""
+    model_key: _builtins.str
+    """A model key."""
+    include_runtime_samples: _builtins.bool
+    """Also fit on runs derived from the job's runtime samples (job_id only):
+    data parallelism over the samples' devices, ESTs spread evenly read as
+    GA steps; samples without an even spread are skipped.
+    """
+    gpus_per_node: _builtins.int
+    """GPUs per node of the job's devices, for the runs derived from samples
+    (required with include_runtime_samples).
+    """
+    @_builtins.property
+    def workload(self) -> Global___RubickWorkload:
+        """Workload given inline (stored, as by StoreRubickProfile)."""
+
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___RubickRun]:
+        """Runs given inline (stored first; kept only if the fit succeeds)."""
+
+    @_builtins.property
+    def cluster(self) -> Global___RubickCluster:
+        """The cluster to price communication and memory on; stored with the fit."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        model_key: _builtins.str = ...,
+        workload: Global___RubickWorkload | None = ...,
+        runs: _abc.Iterable[Global___RubickRun] | None = ...,
+        cluster: Global___RubickCluster | None = ...,
+        include_runtime_samples: _builtins.bool = ...,
+        gpus_per_node: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "job_id", b"job_id", "model_key", b"model_key", "subject", b"subject", "workload", b"workload"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "gpus_per_node", b"gpus_per_node", "include_runtime_samples", b"include_runtime_samples", "job_id", b"job_id", "model_key", b"model_key", "runs", b"runs", "subject", b"subject", "workload", b"workload"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_subject: _TypeAlias = _typing.Literal["job_id", "model_key"]  # noqa: Y015
+    _WhichOneofArgType_subject: _TypeAlias = _typing.Literal["subject", b"subject"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_subject) -> _WhichOneofReturnType_subject | None: ...
+
+Global___FitModelRequest: _TypeAlias = FitModelRequest  # noqa: Y015
+
+@_typing.final
+class RubickParams(_message.Message):
+    """Rubick's 7 fitted parameters (Table 1; times in ms, P in millions)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    K_BWD_FIELD_NUMBER: _builtins.int
+    K_SYNC_FIELD_NUMBER: _builtins.int
+    K_OPT_FIELD_NUMBER: _builtins.int
+    K_OPT_OFF_FIELD_NUMBER: _builtins.int
+    K_OFF_FIELD_NUMBER: _builtins.int
+    K_SWAP_FIELD_NUMBER: _builtins.int
+    K_CONST_FIELD_NUMBER: _builtins.int
+    k_bwd: _builtins.float
+    """Backward over forward time."""
+    k_sync: _builtins.float
+    """Overlap degree of backward and gradient synchronization."""
+    k_opt: _builtins.float
+    """Optimizer step, ms per million parameters on a GPU."""
+    k_opt_off: _builtins.float
+    """Optimizer step on the CPU under ZeRO-Offload, ms per million parameters
+    per core.
+    """
+    k_off: _builtins.float
+    """Overlap degree of synchronization and offload transfers."""
+    k_swap: _builtins.float
+    """Overlap degree of the CPU optimizer step and the transfers."""
+    k_const: _builtins.float
+    """Constant per-iteration overhead, ms."""
+    def __init__(
+        self,
+        *,
+        k_bwd: _builtins.float = ...,
+        k_sync: _builtins.float = ...,
+        k_opt: _builtins.float = ...,
+        k_opt_off: _builtins.float = ...,
+        k_off: _builtins.float = ...,
+        k_swap: _builtins.float = ...,
+        k_const: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["k_bwd", b"k_bwd", "k_const", b"k_const", "k_off", b"k_off", "k_opt", b"k_opt", "k_opt_off", b"k_opt_off", "k_swap", b"k_swap", "k_sync", b"k_sync"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RubickParams: _TypeAlias = RubickParams  # noqa: Y015
+
+@_typing.final
+class FittedModel(_message.Message):
+    """A stored fit of Rubick's model."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    MODEL_KEY_FIELD_NUMBER: _builtins.int
+    PARAMS_FIELD_NUMBER: _builtins.int
+    RMSLE_FIELD_NUMBER: _builtins.int
+    RUN_COUNT_FIELD_NUMBER: _builtins.int
+    RUNS_FROM_SAMPLES_FIELD_NUMBER: _builtins.int
+    OFFLOAD_RUNS_FIELD_NUMBER: _builtins.int
+    FITTED_AT_FIELD_NUMBER: _builtins.int
+    FIT_SECONDS_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job fitted for (empty for a model key)."""
+    model_key: _builtins.str
+    """The model key fitted for (empty for a job)."""
+    rmsle: _builtins.float
+    """The fit's RMSLE over its runs."""
+    run_count: _builtins.int
+    """Runs fitted on."""
+    runs_from_samples: _builtins.int
+    """Of those, runs derived from runtime samples."""
+    offload_runs: _builtins.int
+    """Of those, ZeRO-Offload runs (the paper asks for >= 3: k_opt_off, k_off
+    and k_swap show only there).
+    """
+    fitted_at: _builtins.float
+    """When it was fitted, seconds since the Unix epoch."""
+    fit_seconds: _builtins.float
+    """Seconds the fit took."""
+    @_builtins.property
+    def params(self) -> Global___RubickParams:
+        """The parameters."""
+
+    @_builtins.property
+    def cluster(self) -> Global___RubickCluster:
+        """The cluster it was fitted for (defaults filled in)."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        model_key: _builtins.str = ...,
+        params: Global___RubickParams | None = ...,
+        rmsle: _builtins.float = ...,
+        run_count: _builtins.int = ...,
+        runs_from_samples: _builtins.int = ...,
+        offload_runs: _builtins.int = ...,
+        fitted_at: _builtins.float = ...,
+        fit_seconds: _builtins.float = ...,
+        cluster: Global___RubickCluster | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "params", b"params"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "fit_seconds", b"fit_seconds", "fitted_at", b"fitted_at", "job_id", b"job_id", "model_key", b"model_key", "offload_runs", b"offload_runs", "params", b"params", "rmsle", b"rmsle", "run_count", b"run_count", "runs_from_samples", b"runs_from_samples"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FittedModel: _TypeAlias = FittedModel  # noqa: Y015
+
+@_typing.final
+class PredictPlanRequest(_message.Message):
+    """Predict one plan."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    MODEL_KEY_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """A job."""
+    model_key: _builtins.str
+    """A model key."""
+    @_builtins.property
+    def plan(self) -> Global___RubickPlan:
+        """The plan."""
+
+    @_builtins.property
+    def resources(self) -> Global___RubickResources:
+        """Its resources (plan GPUs = placement GPUs)."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        model_key: _builtins.str = ...,
+        plan: Global___RubickPlan | None = ...,
+        resources: Global___RubickResources | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "model_key", b"model_key", "plan", b"plan", "resources", b"resources", "subject", b"subject"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "model_key", b"model_key", "plan", b"plan", "resources", b"resources", "subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_subject: _TypeAlias = _typing.Literal["job_id", "model_key"]  # noqa: Y015
+    _WhichOneofArgType_subject: _TypeAlias = _typing.Literal["subject", b"subject"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_subject) -> _WhichOneofReturnType_subject | None: ...
+
+Global___PredictPlanRequest: _TypeAlias = PredictPlanRequest  # noqa: Y015
+
+@_typing.final
+class PlanPrediction(_message.Message):
+    """A plan's predicted performance and memory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITERATION_SECONDS_FIELD_NUMBER: _builtins.int
+    SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    GPU_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    GPU_MEMORY_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
+    FITS_FIELD_NUMBER: _builtins.int
+    HOST_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    PLAN_LABEL_FIELD_NUMBER: _builtins.int
+    iteration_seconds: _builtins.float
+    """Predicted seconds per iteration (Eq. 1)."""
+    samples_per_second: _builtins.float
+    """Predicted samples per second (global batch / iteration time)."""
+    gpu_memory_bytes: _builtins.float
+    """Estimated bytes each GPU needs."""
+    gpu_memory_limit_bytes: _builtins.float
+    """Bytes of a GPU the plan may use (memory x usable fraction)."""
+    fits: _builtins.bool
+    """Whether it fits in GPU memory (an out-of-memory plan is infeasible)."""
+    host_memory_bytes: _builtins.float
+    """Host bytes the plan needs (ZeRO-Offload's states; 0 otherwise)."""
+    plan_label: _builtins.str
+    """A short name of the plan, e.g. "zero-dp8+ga2"."""
+    def __init__(
+        self,
+        *,
+        iteration_seconds: _builtins.float = ...,
+        samples_per_second: _builtins.float = ...,
+        gpu_memory_bytes: _builtins.float = ...,
+        gpu_memory_limit_bytes: _builtins.float = ...,
+        fits: _builtins.bool = ...,
+        host_memory_bytes: _builtins.float = ...,
+        plan_label: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fits", b"fits", "gpu_memory_bytes", b"gpu_memory_bytes", "gpu_memory_limit_bytes", b"gpu_memory_limit_bytes", "host_memory_bytes", b"host_memory_bytes", "iteration_seconds", b"iteration_seconds", "plan_label", b"plan_label", "samples_per_second", b"samples_per_second"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlanPrediction: _TypeAlias = PlanPrediction  # noqa: Y015
+
+@_typing.final
+class GetSensitivityRequest(_message.Message):
+    """Ask for sensitivity curves and minRes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    MODEL_KEY_FIELD_NUMBER: _builtins.int
+    MAX_GPUS_FIELD_NUMBER: _builtins.int
+    GPUS_PER_NODE_FIELD_NUMBER: _builtins.int
+    CPUS_PER_GPU_FIELD_NUMBER: _builtins.int
+    MAX_CPUS_PER_GPU_FIELD_NUMBER: _builtins.int
+    CPU_CURVE_PLACEMENT_FIELD_NUMBER: _builtins.int
+    ALLOW_3D_FIELD_NUMBER: _builtins.int
+    ORIGINAL_PLAN_FIELD_NUMBER: _builtins.int
+    ORIGINAL_RESOURCES_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """A job."""
+    model_key: _builtins.str
+    """A model key."""
+    max_gpus: _builtins.int
+    """GPU curve: 1..max_gpus GPUs placed on the fewest nodes (1-64; 0: none)."""
+    gpus_per_node: _builtins.int
+    """GPUs per node for the curve's and minRes's placements (1-64; 0: 8)."""
+    cpus_per_gpu: _builtins.int
+    """CPU cores per GPU along the GPU curve (0: 1)."""
+    max_cpus_per_gpu: _builtins.int
+    """CPU curve: 1..max_cpus_per_gpu cores per GPU (0-64; 0: none) on
+    cpu_curve_placement.
+    """
+    allow_3d: _builtins.bool
+    """Allow TP and PP plans (the paper disables them for small models)."""
+    @_builtins.property
+    def cpu_curve_placement(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """GPUs on each node for the CPU curve (required with max_cpus_per_gpu)."""
+
+    @_builtins.property
+    def original_plan(self) -> Global___RubickPlan:
+        """For minRes: the plan the job asked for (unset: no minRes)."""
+
+    @_builtins.property
+    def original_resources(self) -> Global___RubickResources:
+        """For minRes: the resources it asked for."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        model_key: _builtins.str = ...,
+        max_gpus: _builtins.int = ...,
+        gpus_per_node: _builtins.int = ...,
+        cpus_per_gpu: _builtins.int = ...,
+        max_cpus_per_gpu: _builtins.int = ...,
+        cpu_curve_placement: _abc.Iterable[_builtins.int] | None = ...,
+        allow_3d: _builtins.bool = ...,
+        original_plan: Global___RubickPlan | None = ...,
+        original_resources: Global___RubickResources | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "model_key", b"model_key", "original_plan", b"original_plan", "original_resources", b"original_resources", "subject", b"subject"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_3d", b"allow_3d", "cpu_curve_placement", b"cpu_curve_placement", "cpus_per_gpu", b"cpus_per_gpu", "gpus_per_node", b"gpus_per_node", "job_id", b"job_id", "max_cpus_per_gpu", b"max_cpus_per_gpu", "max_gpus", b"max_gpus", "model_key", b"model_key", "original_plan", b"original_plan", "original_resources", b"original_resources", "subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_subject: _TypeAlias = _typing.Literal["job_id", "model_key"]  # noqa: Y015
+    _WhichOneofArgType_subject: _TypeAlias = _typing.Literal["subject", b"subject"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_subject) -> _WhichOneofReturnType_subject | None: ...
+
+Global___GetSensitivityRequest: _TypeAlias = GetSensitivityRequest  # noqa: Y015
+
+@_typing.final
+class SensitivityPoint(_message.Message):
+    """One amount of a resource on a curve."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AMOUNT_FIELD_NUMBER: _builtins.int
+    SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    SLOPE_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
+    amount: _builtins.int
+    """GPUs, or CPU cores per GPU."""
+    samples_per_second: _builtins.float
+    """Best predicted samples per second with at most this amount (0: no plan
+    fits).
+    """
+    slope: _builtins.float
+    """Samples per second gained by the next unit (0 after the last)."""
+    @_builtins.property
+    def plan(self) -> Global___RubickPlan:
+        """The plan that gives it (unset when none fits)."""
+
+    @_builtins.property
+    def resources(self) -> Global___RubickResources:
+        """Its resources."""
+
+    def __init__(
+        self,
+        *,
+        amount: _builtins.int = ...,
+        samples_per_second: _builtins.float = ...,
+        slope: _builtins.float = ...,
+        plan: Global___RubickPlan | None = ...,
+        resources: Global___RubickResources | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "resources", b"resources"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["amount", b"amount", "plan", b"plan", "resources", b"resources", "samples_per_second", b"samples_per_second", "slope", b"slope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SensitivityPoint: _TypeAlias = SensitivityPoint  # noqa: Y015
+
+@_typing.final
+class MinRes(_message.Message):
+    """minRes: the least resources on which some plan matches the original plan on
+    the requested resources.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GPUS_FIELD_NUMBER: _builtins.int
+    CPUS_PER_GPU_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
+    SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    TARGET_SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    FOUND_FIELD_NUMBER: _builtins.int
+    gpus: _builtins.int
+    """GPUs."""
+    cpus_per_gpu: _builtins.int
+    """CPU cores per GPU."""
+    samples_per_second: _builtins.float
+    """Its predicted samples per second."""
+    target_samples_per_second: _builtins.float
+    """The original plan's predicted samples per second (the target)."""
+    found: _builtins.bool
+    """False: no smaller amount matches, or the original does not fit in
+    memory; the original stands.
+    """
+    @_builtins.property
+    def plan(self) -> Global___RubickPlan:
+        """The plan to run there."""
+
+    @_builtins.property
+    def resources(self) -> Global___RubickResources:
+        """Its resources."""
+
+    def __init__(
+        self,
+        *,
+        gpus: _builtins.int = ...,
+        cpus_per_gpu: _builtins.int = ...,
+        plan: Global___RubickPlan | None = ...,
+        resources: Global___RubickResources | None = ...,
+        samples_per_second: _builtins.float = ...,
+        target_samples_per_second: _builtins.float = ...,
+        found: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "resources", b"resources"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpus_per_gpu", b"cpus_per_gpu", "found", b"found", "gpus", b"gpus", "plan", b"plan", "resources", b"resources", "samples_per_second", b"samples_per_second", "target_samples_per_second", b"target_samples_per_second"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MinRes: _TypeAlias = MinRes  # noqa: Y015
+
+@_typing.final
+class Sensitivity(_message.Message):
+    """Sensitivity curves and minRes of a fitted model."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GPU_CURVE_FIELD_NUMBER: _builtins.int
+    CPU_CURVE_FIELD_NUMBER: _builtins.int
+    MIN_RES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def gpu_curve(self) -> _containers.RepeatedCompositeFieldContainer[Global___SensitivityPoint]:
+        """Over GPUs (1..max_gpus)."""
+
+    @_builtins.property
+    def cpu_curve(self) -> _containers.RepeatedCompositeFieldContainer[Global___SensitivityPoint]:
+        """Over CPU cores per GPU (1..max_cpus_per_gpu)."""
+
+    @_builtins.property
+    def min_res(self) -> Global___MinRes:
+        """minRes (unset without an original plan)."""
+
+    def __init__(
+        self,
+        *,
+        gpu_curve: _abc.Iterable[Global___SensitivityPoint] | None = ...,
+        cpu_curve: _abc.Iterable[Global___SensitivityPoint] | None = ...,
+        min_res: Global___MinRes | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["min_res", b"min_res"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_curve", b"cpu_curve", "gpu_curve", b"gpu_curve", "min_res", b"min_res"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Sensitivity: _TypeAlias = Sensitivity  # noqa: Y015

@@ -85,6 +85,26 @@ class BrainStub:
                 request_serializer=gearshift_dot_v1_dot_brain__pb2.PlanBurstParallelRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_brain__pb2.BurstParallelPlan.FromString,
                 _registered_method=True)
+        self.StoreRubickProfile = channel.unary_unary(
+                '/gearshift.v1.Brain/StoreRubickProfile',
+                request_serializer=gearshift_dot_v1_dot_brain__pb2.StoreRubickProfileRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_brain__pb2.StoreRubickProfileResponse.FromString,
+                _registered_method=True)
+        self.FitModel = channel.unary_unary(
+                '/gearshift.v1.Brain/FitModel',
+                request_serializer=gearshift_dot_v1_dot_brain__pb2.FitModelRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_brain__pb2.FittedModel.FromString,
+                _registered_method=True)
+        self.PredictPlan = channel.unary_unary(
+                '/gearshift.v1.Brain/PredictPlan',
+                request_serializer=gearshift_dot_v1_dot_brain__pb2.PredictPlanRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_brain__pb2.PlanPrediction.FromString,
+                _registered_method=True)
+        self.GetSensitivity = channel.unary_unary(
+                '/gearshift.v1.Brain/GetSensitivity',
+                request_serializer=gearshift_dot_v1_dot_brain__pb2.GetSensitivityRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_brain__pb2.Sensitivity.FromString,
+                _registered_method=True)
 
 
 class BrainServicer:
@@ -173,6 +193,45 @@ class BrainServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StoreRubickProfile(self, request, context):
+        """Stores Rubick profiled runs (a plan on resources and its measured
+        iteration time) and, optionally, the workload description, for a job or
+        a model key. A run of the same configuration again replaces the stored
+        measurement (a newer one). Callers: a job's training process after its
+        profiling run (its token, for its own job_id), the scheduler, tenants.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FitModel(self, request, context):
+        """Fits Rubick's performance model (Eq. 1: its 7 parameters, by minimizing
+        RMSLE) on the runs stored for the job or model key (and those given
+        inline, stored first), and stores the fit. Fewer than 7 runs:
+        INVALID_ARGUMENT, nothing stored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PredictPlan(self, request, context):
+        """Predicts one plan on given resources from the stored fit: iteration time,
+        throughput, and whether it fits in GPU memory. No fit stored:
+        FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSensitivity(self, request, context):
+        """Rubick's resource-sensitivity curves (best predicted throughput over the
+        feasible plans as GPUs, or CPU cores per GPU, vary), their slopes, and
+        minRes of an original plan, from the stored fit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrainServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -225,6 +284,26 @@ def add_BrainServicer_to_server(servicer, server):
                     servicer.PlanBurstParallel,
                     request_deserializer=gearshift_dot_v1_dot_brain__pb2.PlanBurstParallelRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_brain__pb2.BurstParallelPlan.SerializeToString,
+            ),
+            'StoreRubickProfile': grpc.unary_unary_rpc_method_handler(
+                    servicer.StoreRubickProfile,
+                    request_deserializer=gearshift_dot_v1_dot_brain__pb2.StoreRubickProfileRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_brain__pb2.StoreRubickProfileResponse.SerializeToString,
+            ),
+            'FitModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.FitModel,
+                    request_deserializer=gearshift_dot_v1_dot_brain__pb2.FitModelRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_brain__pb2.FittedModel.SerializeToString,
+            ),
+            'PredictPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.PredictPlan,
+                    request_deserializer=gearshift_dot_v1_dot_brain__pb2.PredictPlanRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_brain__pb2.PlanPrediction.SerializeToString,
+            ),
+            'GetSensitivity': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSensitivity,
+                    request_deserializer=gearshift_dot_v1_dot_brain__pb2.GetSensitivityRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_brain__pb2.Sensitivity.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -498,6 +577,114 @@ class Brain:
             '/gearshift.v1.Brain/PlanBurstParallel',
             gearshift_dot_v1_dot_brain__pb2.PlanBurstParallelRequest.SerializeToString,
             gearshift_dot_v1_dot_brain__pb2.BurstParallelPlan.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StoreRubickProfile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.Brain/StoreRubickProfile',
+            gearshift_dot_v1_dot_brain__pb2.StoreRubickProfileRequest.SerializeToString,
+            gearshift_dot_v1_dot_brain__pb2.StoreRubickProfileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FitModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.Brain/FitModel',
+            gearshift_dot_v1_dot_brain__pb2.FitModelRequest.SerializeToString,
+            gearshift_dot_v1_dot_brain__pb2.FittedModel.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PredictPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.Brain/PredictPlan',
+            gearshift_dot_v1_dot_brain__pb2.PredictPlanRequest.SerializeToString,
+            gearshift_dot_v1_dot_brain__pb2.PlanPrediction.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSensitivity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.Brain/GetSensitivity',
+            gearshift_dot_v1_dot_brain__pb2.GetSensitivityRequest.SerializeToString,
+            gearshift_dot_v1_dot_brain__pb2.Sensitivity.FromString,
             options,
             channel_credentials,
             insecure,

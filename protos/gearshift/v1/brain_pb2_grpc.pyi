@@ -76,6 +76,29 @@ class BrainStub:
     amplification within a limit. Computes only; stores nothing. Caller:
     `gearshift plan --burst`.
     """
+    StoreRubickProfile: _grpc.UnaryUnaryMultiCallable[_brain_pb2.StoreRubickProfileRequest, _brain_pb2.StoreRubickProfileResponse]
+    """Stores Rubick profiled runs (a plan on resources and its measured
+    iteration time) and, optionally, the workload description, for a job or
+    a model key. A run of the same configuration again replaces the stored
+    measurement (a newer one). Callers: a job's training process after its
+    profiling run (its token, for its own job_id), the scheduler, tenants.
+    """
+    FitModel: _grpc.UnaryUnaryMultiCallable[_brain_pb2.FitModelRequest, _brain_pb2.FittedModel]
+    """Fits Rubick's performance model (Eq. 1: its 7 parameters, by minimizing
+    RMSLE) on the runs stored for the job or model key (and those given
+    inline, stored first), and stores the fit. Fewer than 7 runs:
+    INVALID_ARGUMENT, nothing stored.
+    """
+    PredictPlan: _grpc.UnaryUnaryMultiCallable[_brain_pb2.PredictPlanRequest, _brain_pb2.PlanPrediction]
+    """Predicts one plan on given resources from the stored fit: iteration time,
+    throughput, and whether it fits in GPU memory. No fit stored:
+    FAILED_PRECONDITION.
+    """
+    GetSensitivity: _grpc.UnaryUnaryMultiCallable[_brain_pb2.GetSensitivityRequest, _brain_pb2.Sensitivity]
+    """Rubick's resource-sensitivity curves (best predicted throughput over the
+    feasible plans as GPUs, or CPU cores per GPU, vary), their slopes, and
+    minRes of an original plan, from the stored fit.
+    """
 
 @_typing.type_check_only
 class BrainAsyncStub(BrainStub):
@@ -121,6 +144,29 @@ class BrainAsyncStub(BrainStub):
     least iteration time whose layers all keep their GPU-seconds
     amplification within a limit. Computes only; stores nothing. Caller:
     `gearshift plan --burst`.
+    """
+    StoreRubickProfile: _aio.UnaryUnaryMultiCallable[_brain_pb2.StoreRubickProfileRequest, _brain_pb2.StoreRubickProfileResponse]  # type: ignore[assignment]
+    """Stores Rubick profiled runs (a plan on resources and its measured
+    iteration time) and, optionally, the workload description, for a job or
+    a model key. A run of the same configuration again replaces the stored
+    measurement (a newer one). Callers: a job's training process after its
+    profiling run (its token, for its own job_id), the scheduler, tenants.
+    """
+    FitModel: _aio.UnaryUnaryMultiCallable[_brain_pb2.FitModelRequest, _brain_pb2.FittedModel]  # type: ignore[assignment]
+    """Fits Rubick's performance model (Eq. 1: its 7 parameters, by minimizing
+    RMSLE) on the runs stored for the job or model key (and those given
+    inline, stored first), and stores the fit. Fewer than 7 runs:
+    INVALID_ARGUMENT, nothing stored.
+    """
+    PredictPlan: _aio.UnaryUnaryMultiCallable[_brain_pb2.PredictPlanRequest, _brain_pb2.PlanPrediction]  # type: ignore[assignment]
+    """Predicts one plan on given resources from the stored fit: iteration time,
+    throughput, and whether it fits in GPU memory. No fit stored:
+    FAILED_PRECONDITION.
+    """
+    GetSensitivity: _aio.UnaryUnaryMultiCallable[_brain_pb2.GetSensitivityRequest, _brain_pb2.Sensitivity]  # type: ignore[assignment]
+    """Rubick's resource-sensitivity curves (best predicted throughput over the
+    feasible plans as GPUs, or CPU cores per GPU, vary), their slopes, and
+    minRes of an original plan, from the stored fit.
     """
 
 class BrainServicer(metaclass=_abc_1.ABCMeta):
@@ -224,6 +270,53 @@ class BrainServicer(metaclass=_abc_1.ABCMeta):
         least iteration time whose layers all keep their GPU-seconds
         amplification within a limit. Computes only; stores nothing. Caller:
         `gearshift plan --burst`.
+        """
+
+    @_abc_1.abstractmethod
+    def StoreRubickProfile(
+        self,
+        request: _brain_pb2.StoreRubickProfileRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_brain_pb2.StoreRubickProfileResponse, _abc.Awaitable[_brain_pb2.StoreRubickProfileResponse]]:
+        """Stores Rubick profiled runs (a plan on resources and its measured
+        iteration time) and, optionally, the workload description, for a job or
+        a model key. A run of the same configuration again replaces the stored
+        measurement (a newer one). Callers: a job's training process after its
+        profiling run (its token, for its own job_id), the scheduler, tenants.
+        """
+
+    @_abc_1.abstractmethod
+    def FitModel(
+        self,
+        request: _brain_pb2.FitModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_brain_pb2.FittedModel, _abc.Awaitable[_brain_pb2.FittedModel]]:
+        """Fits Rubick's performance model (Eq. 1: its 7 parameters, by minimizing
+        RMSLE) on the runs stored for the job or model key (and those given
+        inline, stored first), and stores the fit. Fewer than 7 runs:
+        INVALID_ARGUMENT, nothing stored.
+        """
+
+    @_abc_1.abstractmethod
+    def PredictPlan(
+        self,
+        request: _brain_pb2.PredictPlanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_brain_pb2.PlanPrediction, _abc.Awaitable[_brain_pb2.PlanPrediction]]:
+        """Predicts one plan on given resources from the stored fit: iteration time,
+        throughput, and whether it fits in GPU memory. No fit stored:
+        FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def GetSensitivity(
+        self,
+        request: _brain_pb2.GetSensitivityRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_brain_pb2.Sensitivity, _abc.Awaitable[_brain_pb2.Sensitivity]]:
+        """Rubick's resource-sensitivity curves (best predicted throughput over the
+        feasible plans as GPUs, or CPU cores per GPU, vary), their slopes, and
+        minRes of an original plan, from the stored fit.
         """
 
 def add_BrainServicer_to_server(servicer: BrainServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

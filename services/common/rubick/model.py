@@ -270,6 +270,11 @@ class Fit:
     rmsle: float
 
 
+def concat_terms(parts: Sequence[Terms]) -> Terms:
+    """One Terms of several (e.g. runs of one model at different global batches)."""
+    return Terms(*(np.concatenate([getattr(t, f.name) for t in parts]) for f in fields(Terms)))
+
+
 def fit(
     workload: Workload,
     configs: Sequence[Config],
@@ -289,10 +294,20 @@ def fit(
         raise ValueError(f"{len(configs)} configs but {len(measured_ms)} measurements")
     if len(configs) < len(PARAM_NAMES):
         raise ValueError(f"fit needs >= {len(PARAM_NAMES)} measurements, got {len(configs)}")
+    return fit_terms(terms(workload, configs, env), measured_ms, starts=starts, seed=seed)
+
+
+def fit_terms(
+    tm: Terms, measured_ms: Sequence[float] | FloatArray, *, starts: int = 8, seed: int = 0
+) -> Fit:
+    """`fit` over precomputed terms (one row per measured run)."""
     y = np.asarray(measured_ms, dtype=np.float64)
-    if np.any(y <= 0):
+    if len(y) != len(tm.fwd):
+        raise ValueError(f"{len(tm.fwd)} configs but {len(y)} measurements")
+    if len(y) < len(PARAM_NAMES):
+        raise ValueError(f"fit needs >= {len(PARAM_NAMES)} measurements, got {len(y)}")
+    if np.any(~(y > 0)):
         raise ValueError("measured iteration times must be > 0")
-    tm = terms(workload, configs, env)
     log_y = np.log1p(y)
     lo, hi = LOWER.array(), UPPER.array()
 
