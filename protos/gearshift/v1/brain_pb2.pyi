@@ -1937,6 +1937,7 @@ class FitModelRequest(_message.Message):
     CLUSTER_FIELD_NUMBER: _builtins.int
     INCLUDE_RUNTIME_SAMPLES_FIELD_NUMBER: _builtins.int
     GPUS_PER_NODE_FIELD_NUMBER: _builtins.int
+    ACCELERATOR_TYPE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """A job."""
     model_key: _builtins.str
@@ -1949,6 +1950,10 @@ class FitModelRequest(_message.Message):
     gpus_per_node: _builtins.int
     """GPUs per node of the job's devices, for the runs derived from samples
     (required with include_runtime_samples).
+    """
+    accelerator_type: _builtins.str
+    """Accelerator type of the samples to use (required with
+    include_runtime_samples): the model is per device type.
     """
     @_builtins.property
     def workload(self) -> Global___RubickWorkload:
@@ -1972,10 +1977,11 @@ class FitModelRequest(_message.Message):
         cluster: Global___RubickCluster | None = ...,
         include_runtime_samples: _builtins.bool = ...,
         gpus_per_node: _builtins.int = ...,
+        accelerator_type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "job_id", b"job_id", "model_key", b"model_key", "subject", b"subject", "workload", b"workload"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "gpus_per_node", b"gpus_per_node", "include_runtime_samples", b"include_runtime_samples", "job_id", b"job_id", "model_key", b"model_key", "runs", b"runs", "subject", b"subject", "workload", b"workload"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accelerator_type", b"accelerator_type", "cluster", b"cluster", "gpus_per_node", b"gpus_per_node", "include_runtime_samples", b"include_runtime_samples", "job_id", b"job_id", "model_key", b"model_key", "runs", b"runs", "subject", b"subject", "workload", b"workload"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_subject: _TypeAlias = _typing.Literal["job_id", "model_key"]  # noqa: Y015
     _WhichOneofArgType_subject: _TypeAlias = _typing.Literal["subject", b"subject"]  # noqa: Y015
