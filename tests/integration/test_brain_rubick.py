@@ -194,12 +194,12 @@ def test_fit_predict_and_sensitivity(brain: brain_pb2_grpc.BrainStub) -> None:
     least = sensitivity.min_res(
         WORKLOAD, params, Config(Plan(dp=8), Resources((8,), 4)), gpus_per_node=8
     )
-    got = reply.min_res
-    assert (got.gpus, got.cpus_per_gpu, got.found) == (least.gpus, least.cpus_per_gpu, least.found)
-    assert got.plan == plan_message(least.choice.plan)
-    assert got.samples_per_second == pytest.approx(least.choice.throughput, rel=1e-9)
-    assert got.target_samples_per_second == pytest.approx(least.target, rel=1e-9)
-    # Plain DP needs no more than 1 of the 4 cores per GPU asked for (ZeRO-DP is faster).
+    mr = reply.min_res
+    assert (mr.gpus, mr.cpus_per_gpu, mr.found) == (least.gpus, least.cpus_per_gpu, least.found)
+    assert mr.plan == plan_message(least.choice.plan)
+    assert mr.samples_per_second == pytest.approx(least.choice.throughput, rel=1e-9)
+    assert mr.target_samples_per_second == pytest.approx(least.target, rel=1e-9)
+    # ZeRO-DP on the 8 GPUs beats plain DP with 1 of the 4 cores per GPU asked for.
     assert least.found and (least.gpus, least.cpus_per_gpu) == (8, 1)
 
     # On 24 GB GPUs (a fit for another cluster), plain DP on one GPU runs out of memory.

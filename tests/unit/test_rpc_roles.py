@@ -216,3 +216,33 @@ def test_a_jobs_token_passes_only_rules_that_name_its_job() -> None:
         rule_for(job, "/gearshift.v1.WorkerAgent/StartTask")
     with pytest.raises(PermissionDeniedError, match="may not call"):
         rule_for(Identity("worker", "w1"), acquire)  # the data is the job's, not the worker's
+
+
+def test_rubick_rpcs_scope_named_jobs_only() -> None:
+    """A tenant fits its own jobs' models (or a shared model key); a job's token only its own."""
+    alice = Identity("tenant", "alice")
+    owners = {"job-a": "alice", "job-b": "bob"}
+
+    class Owners:
+        def job_tenant(self, job_id: str) -> str | None:
+            return owners.get(job_id)
+
+    fit = "/gearshift.v1.Brain/FitModel"
+    rule = rule_for(alice, fit)
+    check_request(alice, fit, rule, brain_pb2.FitModelRequest(job_id="job-a"), Owners())
+    check_request(alice, fit, rule, brain_pb2.FitModelRequest(model_key="gpt2"), Owners())
+    with pytest.raises(PermissionDeniedError, match="may not see or change job job-b"):
+        check_request(alice, fit, rule, brain_pb2.FitModelRequest(job_id="job-b"), Owners())
+    with pytest.raises(NotFoundError):
+        check_request(alice, fit, rule, brain_pb2.FitModelRequest(job_id="job-x"), Owners())
+    token = Identity("service", "job-a")
+    store = "/gearshift.v1.Brain/StoreRubickProfile"
+    rule = rule_for(token, store)
+    request = brain_pb2.StoreRubickProfileRequest(job_id="job-a")
+    check_request(token, store, rule, request, None)
+    for other in (
+        brain_pb2.StoreRubickProfileRequest(job_id="job-b"),
+        brain_pb2.StoreRubickProfileRequest(model_key="gpt2"),
+    ):
+        with pytest.raises(PermissionDeniedError, match="its token is for job job-a"):
+            check_request(token, store, rule, other, None)
