@@ -4,6 +4,9 @@
 
 1. Fit time: `fit` on a model's 7 profiled runs (8 starts of bounded least squares),
    the median of --repeat runs per model. Target: < 1 s per job.
+   The same through the Brain's FitModel RPC handler (the servicer over an SQLite store,
+   in-process: validation, the stored runs read back, the fit, the fit stored) - the
+   time per job a FitModel call costs the Brain, without the network.
 2. Check (b): per model, fit on 7 single-node runs and predict every other run of its
    placements file (gearshift.common.rubick.validation); mean and max relative error per
    plan family, Table 2's figures beside them, and the single-node runs alone (which do
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -32,14 +36,20 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.shared import shared_data
-from gearshift.common.rubick.data import load_model, profiled_models
+from gearshift.brain.service import BrainService
+from gearshift.brain.servicer import BrainServicer
+from gearshift.brain.storage import SqlBrainStore
+from gearshift.common.db import create_engine, open_database
+from gearshift.common.rubick.data import Measurement, load_model, profiled_models
 from gearshift.common.rubick.model import Env, fit, relative_errors
 from gearshift.common.rubick.perf import load_perf
+from gearshift.common.rubick.plans import Zero
 from gearshift.common.rubick.validation import TABLE2, family, fit_runs, validate
 from gearshift.scheduler.pipeline import JobSnapshot, Snapshot
 from gearshift.scheduler.rubick_policy import make_rubick
 from gearshift.scheduler.rubick_sim import rubick_devices
 from gearshift.scheduler.rubick_trace import generate_rubick_workload
+from gearshift.v1 import brain_pb2
 
 DEFAULT_DATA = shared_data("rubick")
 
@@ -62,6 +72,61 @@ def fit_times(root: Path, repeat: int, env: Env) -> None:
             fit(data.workload, [m.config for m in runs], [m.iter_ms for m in runs], env)
             times.append(time.perf_counter() - t0)
         print(f"   {model:9s} {statistics.median(times):6.3f} s")
+
+
+def _run_message(m: Measurement) -> brain_pb2.RubickRun:
+    p, res = m.config.plan, m.config.resources
+    zero = {
+        Zero.NONE: 0,
+        Zero.DP: brain_pb2.ZERO_MODE_DP,
+        Zero.OFFLOAD: brain_pb2.ZERO_MODE_OFFLOAD,
+    }
+    return brain_pb2.RubickRun(
+        plan=brain_pb2.RubickPlan(
+            dp=p.dp, tp=p.tp, pp=p.pp, ga=p.ga, gc=p.gc, zero=zero[p.zero],
+            micro_batches=p.micro_batches,
+        ),
+        resources=brain_pb2.RubickResources(
+            placement=list(res.placement), cpus_per_gpu=res.cpus_per_gpu
+        ),
+        iteration_seconds=m.iter_ms / 1e3,
+    )  # fmt: skip
+
+
+def fit_rpc_times(root: Path, repeat: int) -> None:
+    print("   FitModel through the Brain's handler (SQLite store, in-process), median:")
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = create_engine(open_database(f"sqlite:///{tmp}/brain.db", migrate_first=True))
+        servicer = BrainServicer(BrainService(SqlBrainStore(engine)))
+        for model in profiled_models(root):
+            data = load_model(root, model)
+            runs = fit_runs(data)
+            if len(runs) < 7:
+                continue
+            w = data.workload
+            request = brain_pb2.FitModelRequest(
+                model_key=model,
+                workload=brain_pb2.RubickWorkload(
+                    params_millions=w.params_m, global_batch=w.global_batch,
+                    seq_hid_layers=w.seq_hid_layers, layers=w.layers,
+                    forward=[
+                        brain_pb2.RubickForward(samples_per_gpu=f.work, milliseconds=f.ms)
+                        for f in w.forward
+                    ],
+                ),
+                runs=[_run_message(m) for m in runs],
+            )  # fmt: skip
+            times, fitted = [], []
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                reply = servicer.FitModel(request, None)  # type: ignore[arg-type]
+                times.append(time.perf_counter() - t0)
+                fitted.append(reply.fit_seconds)
+            print(
+                f"   {model:9s} {statistics.median(times):6.3f} s "
+                f"(of which the fit {statistics.median(fitted):.3f} s)"
+            )
+        engine.dispose()
 
 
 def table(root: Path, env: Env) -> None:
@@ -155,6 +220,7 @@ def main() -> None:
         sys.exit(f"Rubick data not found at {args.data} (set GEARSHIFT_SHARED_DIR or --data)")
     env = Env(b_inter=args.b_inter)
     fit_times(args.data, args.repeat, env)
+    fit_rpc_times(args.data, args.repeat)
     table(args.data, env)
     decision_time(args.data, args.repeat)
 
