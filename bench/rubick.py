@@ -76,7 +76,7 @@ def fit_times(root: Path, repeat: int, env: Env) -> None:
 
 def _run_message(m: Measurement) -> brain_pb2.RubickRun:
     p, res = m.config.plan, m.config.resources
-    zero = {
+    zero: dict[Zero, brain_pb2.ZeroMode.ValueType] = {
         Zero.NONE: 0,
         Zero.DP: brain_pb2.ZERO_MODE_DP,
         Zero.OFFLOAD: brain_pb2.ZERO_MODE_OFFLOAD,
