@@ -77,7 +77,7 @@ def fit_times(root: Path, repeat: int, env: Env) -> None:
 def _run_message(m: Measurement) -> brain_pb2.RubickRun:
     p, res = m.config.plan, m.config.resources
     zero: dict[Zero, brain_pb2.ZeroMode.ValueType] = {
-        Zero.NONE: 0,
+        Zero.NONE: brain_pb2.ZERO_MODE_UNSPECIFIED,
         Zero.DP: brain_pb2.ZERO_MODE_DP,
         Zero.OFFLOAD: brain_pb2.ZERO_MODE_OFFLOAD,
     }
