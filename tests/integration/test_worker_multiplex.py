@@ -37,7 +37,13 @@ def recorder() -> Iterator[tuple[FakeScheduler, str]]:
 
 
 def collocated(
-    tmp_path: Path, task_id: str, job_spec: C.JobSpec, role: int, partner: str, *, ranks: int
+    tmp_path: Path,
+    task_id: str,
+    job_spec: C.JobSpec,
+    role: C.CollocationRole.ValueType,
+    partner: str,
+    *,
+    ranks: int,
 ) -> worker_pb2.StartTaskRequest:
     request = start_request(tmp_path, task_id, job_spec)
     if ranks == 1:  # all 4 ESTs on device 0, the foreground's rank 0's slot
@@ -72,6 +78,7 @@ def test_a_background_task_is_paused_for_its_foreground_and_both_keep_their_dige
         return now if now.paused and now.pause_count >= 1 else None
 
     seen = wait_until(paused_for_slowdown, WAIT, "the background paused for a slowdown")
+    assert seen is not None
     assert seen.pause_reason.startswith("foreground job-t-fg at "), seen.pause_reason
     assert "s/step > bound" in seen.pause_reason and "(baseline " in seen.pause_reason
     fg_end, bg_end = finished(fake, "t-fg"), finished(fake, "t-bg")

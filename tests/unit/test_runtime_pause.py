@@ -3,7 +3,7 @@ computes, a stop request ends a pause, and paused time is not counted in samples
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -40,7 +40,7 @@ class Script:
         self.before = before
         self.polls = polls
         self.left: dict[int, int] = {}
-        self.on_poll = lambda: None
+        self.on_poll: Callable[[], None] = lambda: None
 
     def __call__(self) -> bool:
         step = self.step[0]
