@@ -13,8 +13,8 @@ Phases of a background task:
   `min_steps` foreground steps over at least `baseline_s` are measured: RUN.
 - RUN (running): the foreground's step time over the newest reports (at most
   `window_s` of them) is compared with the bound; above it: HOLD, one more pause.
-  A foreground that stops reporting counts too: the steps of a report still to come
-  take at least (now - last report) / (steps per report) each.
+  A foreground that stops reporting counts too: from the first report kept until now,
+  fewer than (steps kept + steps per report) steps were done.
 - HOLD (paused for `pause_s`): the baseline is measured again meanwhile; then RUN.
 - FREE (running): nothing to measure on this worker (no task of the partner job runs
   its rank 0 here, it ended, or it made no progress for `baseline_timeout_s` while a
@@ -115,11 +115,14 @@ class StepMeter:
         return self.span / self.steps if self.steps > 0 else None
 
     def stalled(self, now: float) -> float | None:
-        """A lower bound of the step time from the wait for the next report."""
+        """A lower bound of the mean step time from the first point kept until now: the next
+        report (`increment` steps after the last) has not come, so fewer steps than
+        `steps + increment` were done meanwhile. Near the rate while reports keep coming,
+        it grows while none comes (a foreground held up by the background)."""
         if not self._increment:
             return None
-        last = self._points[-1][0] if self._points else self._since
-        return max(now - last, 0.0) / self._increment
+        first = self._points[0][0] if self._points else self._since
+        return max(now - first, 0.0) / (self.steps + self._increment)
 
 
 class Controller:

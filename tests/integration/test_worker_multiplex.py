@@ -127,3 +127,4 @@ def test_a_paused_background_task_stops_with_a_checkpoint(
         )
     assert killed.state == C.TASK_STATE_FAILED and "terminated" in killed.message
     assert finished(fake, "t-bg").state == C.TASK_STATE_CHECKPOINTED
+    assert finished(fake, "t-fg").state == C.TASK_STATE_FAILED  # reported before teardown
