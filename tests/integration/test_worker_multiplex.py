@@ -90,6 +90,9 @@ def test_a_background_task_is_paused_for_its_foreground_and_both_keep_their_dige
     log = (tmp_path / "work" / "tasks" / "t-bg" / "rank0.log").read_text()
     assert "background task: SCHED_IDLE" in log or "background task: nice 19" in log, log
     assert "paused before step" in log
+    daemon_log = worker.log_path.read_text()
+    assert "background task paused" in daemon_log
+    assert "device still held" not in daemon_log  # collocated on purpose
     assert fg_end.digest == local_digest(tmp_path / "fg", fg_spec)
     assert bg_end.digest == local_digest(tmp_path / "bg", bg_spec)
 
