@@ -18,7 +18,7 @@ while the foreground ran (its steps done by then / its steps), and the throughpu
 digests of their sequential runs (checked). DeepPool on A100s: foreground < 18% slower,
 1.2-2.3x cluster throughput. On a shared CPU machine the figures are noisy.
 
-    .venv/bin/python bench/multiplex.py [--fg-steps 300] [--bg-steps 300] [--json out.json]
+    .venv/bin/python bench/multiplex.py [--fg-steps 1500] [--bg-steps 1000] [--job MODULE] [--json out.json]
 """
 
 from __future__ import annotations
@@ -128,8 +128,8 @@ def run(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--fg-steps", type=int, default=300, help="the foreground's steps")
-    parser.add_argument("--bg-steps", type=int, default=300, help="the background's steps")
+    parser.add_argument("--fg-steps", type=int, default=1500, help="the foreground's steps")
+    parser.add_argument("--bg-steps", type=int, default=1000, help="the background's steps")
     parser.add_argument("--job", default=CNN, help="the jobs' module (both jobs)")
     parser.add_argument("--bound", type=float, default=0.2, help="--max-foreground-slowdown")
     parser.add_argument("--pause-seconds", type=float, default=2.0)

@@ -11,8 +11,9 @@ Phases of a background task:
 
 - BASELINE (paused): measuring the foreground alone; a background starts here. Once
   `min_steps` foreground steps over at least `baseline_s` are measured: RUN.
-- RUN (running): the foreground's step time over the newest reports (at most
-  `window_s` of them) is compared with the bound; above it: HOLD, one more pause.
+- RUN (running): the foreground's step time over the newest reports (spanning at
+  least `measure_s` and at most `window_s`) is compared with the bound; above it: HOLD,
+  one more pause.
   A foreground that stops reporting counts too: from the first report kept until now,
   fewer than (steps kept + steps per report) steps were done.
 - HOLD (paused for `pause_s`): the baseline is measured again meanwhile; then RUN.
@@ -41,7 +42,8 @@ class Policy:
     pause_s: float = DEFAULT_PAUSE_S  # a pause's length, before measuring again
     window_s: float = 2.0  # step time over the newest reports spanning at most this
     baseline_s: float = 1.0  # a baseline spans at least this long ...
-    min_steps: int = 3  # ... and this many foreground steps (also: a measurement's minimum)
+    min_steps: int = 3  # ... and this many foreground steps
+    measure_s: float = 0.5  # a step time judged against the bound spans at least this long
     baseline_timeout_s: float = 30.0  # no foreground step this long while awaiting one: FREE
 
 
@@ -194,9 +196,10 @@ class Controller:
     def _run(self, now: float, _step: int | None) -> None:
         assert self.baseline is not None
         m = self.meter
-        rate = m.rate if m.steps >= self.policy.min_steps else None
+        p = self.policy
+        rate = m.rate if m.steps >= p.min_steps and m.span >= p.measure_s else None
         measured = max((t for t in (rate, m.stalled(now)) if t is not None), default=None)
-        bound = (1 + self.policy.max_slowdown) * self.baseline
+        bound = (1 + p.max_slowdown) * self.baseline
         if measured is not None and measured > bound:
             self.pause_count += 1
             self._enter(
