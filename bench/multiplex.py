@@ -18,7 +18,8 @@ while the foreground ran (its steps done by then / its steps), and the throughpu
 digests of their sequential runs (checked). DeepPool on A100s: foreground < 18% slower,
 1.2-2.3x cluster throughput. On a shared CPU machine the figures are noisy.
 
-    .venv/bin/python bench/multiplex.py [--fg-steps 1500] [--bg-steps 1000] [--job MODULE] [--json out.json]
+    .venv/bin/python bench/multiplex.py [--fg-steps 1500] [--bg-steps 1000] [--job MODULE] \\
+        [--bound 0.2] [--pause-seconds 2] [--json out.json]
 """
 
 from __future__ import annotations
