@@ -19,7 +19,7 @@ digests of their sequential runs (checked). DeepPool on A100s: foreground < 18% 
 1.2-2.3x cluster throughput. On a shared CPU machine the figures are noisy.
 
     .venv/bin/python bench/multiplex.py [--fg-steps 1500] [--bg-steps 1000] [--job MODULE] \\
-        [--bound 0.2] [--pause-seconds 2] [--json out.json]
+        [--bound 0.2] [--pause-seconds 2] [--json out.json] [--cuda]
 """
 
 from __future__ import annotations
@@ -135,6 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bound", type=float, default=0.2, help="--max-foreground-slowdown")
     parser.add_argument("--pause-seconds", type=float, default=2.0)
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--cuda",
+        action="store_true",
+        help="on one GPU (a lent GPU machine): the foreground's one process and the "
+        "background's on GPU 0, on streams of high and low priority",
+    )
     args = parser.parse_args(argv)
 
     fg_job = spec("fg", args.fg_steps, 7, args.job)
@@ -142,12 +148,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     alone = C.Collocation()
     fg_role = C.Collocation(role=C.COLLOCATION_ROLE_FOREGROUND, partner_job_id="bg")
     figures: dict[str, object] = {"fg_steps": args.fg_steps, "bg_steps": args.bg_steps}
+    fg_devices = [0] if args.cuda else [0, 1]
     with tempfile.TemporaryDirectory(prefix="gearshift-multiplex-") as tmp:
         root = Path(tmp)
         worker = start_daemon(
             "worker",
             [
-                *("--devices", "cpu:2", "--worker-id", "w", "--work-dir", str(root / "work")),
+                *("--devices", "gpu:1" if args.cuda else "cpu:2"),
+                *(("--accelerator", "cuda") if args.cuda else ()),
+                *("--worker-id", "w", "--work-dir", str(root / "work")),
                 *("--log-every", "2", "--pause-seconds", str(args.pause_seconds)),
                 *("--max-foreground-slowdown", str(args.bound)),
             ],
@@ -156,12 +165,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             worker.wait_ready(60)
             warm = spec("warm", 2, 1, args.job)  # the zygote's preload, the job's first build
-            run(worker, [request(root, "warm.1", warm, [0, 1], alone)])
-            seq_fg, _ = run(worker, [request(root, "fg.seq", fg_job, [0, 1], alone)])
+            run(worker, [request(root, "warm.1", warm, fg_devices, alone)])
+            seq_fg, _ = run(worker, [request(root, "fg.seq", fg_job, fg_devices, alone)])
             seq_bg, _ = run(worker, [request(root, "bg.seq", bg_job, [0], alone)])
             fg_alone, bg_alone = seq_fg["fg.seq"], seq_bg["bg.seq"]
             sequential = fg_alone.seconds + bg_alone.seconds
-            print(f"{args.job}: foreground {args.fg_steps} steps on 2 CPU slots, background")
+            slots = "GPU 0" if args.cuda else "2 CPU slots"
+            print(f"{args.job}: foreground {args.fg_steps} steps on {slots}, background")
             print(f"{args.bg_steps} steps on 1 of them; --max-foreground-slowdown {args.bound}")
             print(f"\nsequential: foreground {fg_alone.seconds:6.2f} s, then background "
                   f"{bg_alone.seconds:6.2f} s: {sequential:6.2f} s")  # fmt: skip
@@ -178,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ended, bg_share = run(
                     worker,
                     [
-                        request(root, f"fg.{key}", fg_job, [0, 1], fg_role),
+                        request(root, f"fg.{key}", fg_job, fg_devices, fg_role),
                         request(root, f"bg.{key}", bg_job, [0], bg_role),
                     ],
                 )

@@ -366,6 +366,7 @@ def run_one(
         timeout_s=args.timeout,
         group=args.rendezvous_group or args.job_id or "gearshift",
         pause_file=args.pause_file,
+        background=args.background,
     )
     try:
         result = run_process(spec, stop=stop, on_progress=report, source=wiring.source())

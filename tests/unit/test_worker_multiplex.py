@@ -139,3 +139,14 @@ def test_the_loop_pauses_the_background_through_its_file(tmp_path: Path) -> None
     assert bg.status().pause_reason == (
         "foreground job-f has no progress to measure on this worker: running unpaused"
     )
+
+
+def test_a_background_process_gets_the_least_cuda_stream_priority_the_others_the_greatest() -> None:
+    from gearshift.worker.runtime.priority import device_stream, stream_priority
+
+    assert stream_priority(True) == 0  # CUDA: a lower number is a higher priority
+    assert stream_priority(False) == -1
+    import torch
+
+    with device_stream(torch.device("cpu"), True) as nothing:  # CPU: no stream at all
+        assert nothing is None

@@ -27,6 +27,7 @@ from gearshift.worker.runtime.control import ProgressCallback
 from gearshift.worker.runtime.data import DataSource
 from gearshift.worker.runtime.job import load_job
 from gearshift.worker.runtime.pause import PauseGate
+from gearshift.worker.runtime.priority import device_stream
 from gearshift.worker.runtime.rng import derive_seed
 from gearshift.worker.runtime.settings import RunSettings, placement
 from gearshift.worker.runtime.stop import StopFlag
@@ -53,6 +54,7 @@ class ProcessSpec:
     timeout_s: float = 600.0
     group: str = "gearshift"  # the placement's name in the rendezvous (the job id)
     pause_file: Path | None = None  # a background task: wait before a step while it exists
+    background: bool = False  # a background task: on CUDA, the least stream priority
 
 
 def rendezvous_store(spec: ProcessSpec, procs: int) -> Store:
@@ -139,24 +141,25 @@ def run_process(
             device_id=device if backend == "nccl" else None,
         )
     try:
-        trainer = Trainer(
-            job,
-            settings,
-            placement(spec.mapping),
-            spec.rank,
-            spec.checkpoint_dir,
-            job_ref={"module": spec.job_module, "config": spec.job_config},
-            resume=spec.resume,
-            device=device,
-            comm=Comm(spec.rank, procs, transport=transport),
-            source=source,
-            stop=stop,
-            on_progress=on_progress,
-            loss_log=spec.loss_log,
-            record_losses=record_losses,
-            pause=pause,
-        )
-        result = trainer.run()
+        with device_stream(device, spec.background):  # construction too: one stream
+            trainer = Trainer(
+                job,
+                settings,
+                placement(spec.mapping),
+                spec.rank,
+                spec.checkpoint_dir,
+                job_ref={"module": spec.job_module, "config": spec.job_config},
+                resume=spec.resume,
+                device=device,
+                comm=Comm(spec.rank, procs, transport=transport),
+                source=source,
+                stop=stop,
+                on_progress=on_progress,
+                loss_log=spec.loss_log,
+                record_losses=record_losses,
+                pause=pause,
+            )
+            result = trainer.run()
     finally:
         if procs > 1:
             dist.destroy_process_group()
