@@ -14,6 +14,9 @@ Parts (all by default, in this order; `--parts` picks some):
   8 ESTs vs 8-micro-batch accumulation, a ResNet-18 among the jobs).
 - memory: `bench/est_overhead.py --device cuda --only 3` (GPU memory of 1, 2, 4, 8, 16
   ESTs in one process vs as many plain processes).
+- multiplex: `bench/multiplex.py --cuda` (DeepPool's foreground/background pair on GPU 0 -
+  high- and low-priority streams, the pause loop - against the two one after the other;
+  both keep their digests).
 
 It writes three files to OUTDIR (the device tool brings back at most 8): summary.md (the
 device, driver and versions, then one table per part), summary.json (the same data) and
@@ -31,7 +34,7 @@ importable as the `gearshift` package without installing it. Two commands of 10 
 cover everything:
 
     bench/gpu_checks.sh $OUT --parts tests,bitwise
-    bench/gpu_checks.sh $OUT --parts d2,overhead,memory
+    bench/gpu_checks.sh $OUT --parts d2,overhead,memory,multiplex
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from typing import Any
 from xml.etree import ElementTree
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ("tests", "bitwise", "d2", "overhead", "memory")
+PARTS = ("tests", "bitwise", "d2", "overhead", "memory", "multiplex")
 EXIT_FAILED = 1
 EXIT_UNUSABLE = 2
 RESERVE_S = 25.0  # kept for the summary and the logs' archive
@@ -607,6 +610,32 @@ def memory_lines(data: Mapping[str, Any]) -> list[str]:
     return table(headers, rows) if rows else ["(no rows)"]
 
 
+def part_multiplex(ctx: Context) -> dict[str, Any]:
+    out = ctx.logs / "multiplex.json"
+    cmd = [ctx.args.python, str(REPO / "bench" / "multiplex.py"), "--cuda", "--json", str(out)]
+    ran = run_logged(cmd, ctx.logs / "multiplex.log", ctx.deadline.limit(400.0), ctx.env)
+    data = json.loads(out.read_text()) if out.exists() else {}
+    error = "" if ran.code == 0 else f"exit {ran.code} (see logs.tar.gz)"
+    return {"ok": ran.code == 0, "data": data, "error": error}
+
+
+def multiplex_lines(data: Mapping[str, Any]) -> list[str]:
+    rows = [
+        [
+            label,
+            f"{data[key]['fg_slowdown']:.3f}x",
+            f"{100 * data[key]['bg_progress_when_fg_done']:.0f}%",
+            f"{data[key]['throughput_ratio']:.3f}x",
+            str(data[key]["pause_count"]),
+        ]
+        for key, label in (("loop", "pause loop"), ("priority", "priority only"))
+        if key in data
+    ]
+    headers = ("collocated", "foreground slowdown", "background done", "vs sequential", "pauses")
+    same = f"same digests as alone: {data.get('same_digests')}"
+    return [*table(headers, rows), "", same] if rows else ["(no rows)"]
+
+
 def render(report: Mapping[str, Any]) -> str:
     """summary.md from the report (summary.json's content)."""
     env = report["environment"]
@@ -646,6 +675,11 @@ def render(report: Mapping[str, Any]) -> str:
         lines += memory_lines(results["memory"]["data"])
         if results["memory"]["error"]:
             lines += ["", f"error: {results['memory']['error']} (see logs.tar.gz)"]
+    if "multiplex" in results:
+        lines += ["", "## Multiplexing: bench/multiplex.py --cuda (paper: < 18%, 1.2-2.3x)", ""]
+        lines += multiplex_lines(results["multiplex"]["data"])
+        if results["multiplex"]["error"]:
+            lines += ["", f"error: {results['multiplex']['error']}"]
     not_run = [part for part in report["parts"] if part not in results]
     if not_run and not report.get("error"):
         lines += ["", f"not run (deadline): {', '.join(not_run)}"]
@@ -722,6 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "d2": part_d2,
         "overhead": functools.partial(part_overhead, figures=["1", "2"], name="overhead"),
         "memory": functools.partial(part_overhead, figures=["3"], name="memory"),
+        "multiplex": part_multiplex,
     }
     for part in args.parts:
         if deadline.left() < MIN_PART_S:

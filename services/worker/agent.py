@@ -4,6 +4,10 @@ StartTask is idempotent by task id (a retried call returns the running task's
 status and spawns nothing). An ended task is kept (for GetTaskStatus, the
 heartbeats and TaskFinished) until the scheduler has acknowledged its end and
 `keep_seconds` have passed.
+
+Collocated tasks (a role in StartTaskRequest.collocation) share devices on purpose;
+the background ones are paused and resumed by the collocation loop (multiplex.py),
+which starts with the first of them.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from gearshift.common.errors import NotFoundError, PreconditionError
 from gearshift.common.facts import ENDED_TASK_STATES
 from gearshift.v1 import common_pb2, worker_pb2
 from gearshift.worker import metrics, task_logs
+from gearshift.worker.collocation import Policy
 from gearshift.worker.command import CommandSettings, plan_task
 from gearshift.worker.devices import device_types
+from gearshift.worker.multiplex import Multiplexer
 from gearshift.worker.spawner import Spawner
 from gearshift.worker.tasks import Task
 
@@ -50,6 +56,7 @@ class Agent:
         env: Mapping[str, str] | None = None,
         spawner: Spawner | None = None,
         keep_seconds: float = KEEP_SECONDS,
+        collocation: Policy | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.devices = list(devices)
@@ -69,6 +76,7 @@ class Agent:
         self._lock = threading.Lock()
         self._closing = False
         self._types = device_types(self.devices)
+        self.multiplexer = Multiplexer(self.running, collocation or Policy())
 
     # -- RPCs ----------------------------------------------------------------------
 
@@ -87,8 +95,9 @@ class Agent:
                 if t.state in ACTIVE
                 for d in t.plan.device_of.values()
             }
+            collocated = plan.collocation.role != common_pb2.COLLOCATION_ROLE_UNSPECIFIED
             for rank, device in plan.device_of.items():
-                if device in busy:
+                if device in busy and not collocated:
                     log.warning(
                         "device still held by an earlier task",
                         extra={"device": device, "task_id": busy[device], "rank": rank},
@@ -106,6 +115,8 @@ class Agent:
                 "resume": plan.resume,
             },
         )
+        if plan.background:
+            self.multiplexer.start()
         task.start(self.spawner, self.settings, self.env, self.code_dir)
         metrics.task_started()
         return task.status()
@@ -207,6 +218,7 @@ class Agent:
         """Stop every task with a checkpoint, in parallel, waiting up to `timeout` each."""
         with self._lock:
             self._closing = True
+        self.multiplexer.close()  # a paused task stops all the same (a stop ends the wait)
         tasks = self.running()
         if not tasks:
             return

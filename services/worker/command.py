@@ -17,6 +17,7 @@ JobSpec mapped onto the runtime's flags:
 | placement (ESTs per rank, in order)    | --mapping                                  |
 | checkpoint_dir, resume                 | --checkpoint-dir, --resume                 |
 | endpoints, dataset_id, job/task ids    | --brain, --shard-manager, --job-id, ...    |
+| collocation.role BACKGROUND            | --background, --pause-file TASK_DIR/pause  |
 
 The seed is the job's one seed: model initialisation, every EST's random
 states and the data order all derive from `dataset.seed`, so a local run with
@@ -25,15 +26,20 @@ states and the data order all derive from `dataset.seed`, so a local run with
 job's digest identical for any placement on machines of one CPU type; D2 pins
 the kernels' ISA and thread count across CPU types too.
 
+A background task (DeepPool's multiplexing) runs at the lowest CPU priority and
+waits before a global step while its pause file exists (the daemon's collocation
+loop writes it); foreground and shared tasks run as any other.
+
 Validation names the request field (`placement.processes[2].est_ids`, ...).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +58,7 @@ from gearshift.worker.gpus import VISIBLE_VARIABLE, task_gpus
 from gearshift.worker.runtime.backend import choose_backend
 
 STEP_LOG = "steps.jsonl"
+PAUSE_FILE = "pause"  # in the task's folder: a background task waits while it exists
 DEFAULT_CHECKPOINT_EVERY = 20  # global steps, when the spec says 0
 
 _TOKEN = re.compile(r"[!-~]{0,512}")  # a bearer token: printable, no spaces
@@ -90,6 +97,11 @@ class TaskPlan:
     accelerator_type: str
     job_token: str = ""  # the processes' bearer token, scoped to the job ("": the daemon's)
     profile_first: bool = False  # rank 0 profiles the job's layers before training
+    collocation: common_pb2.Collocation = field(default_factory=common_pb2.Collocation)
+
+    @property
+    def background(self) -> bool:
+        return self.collocation.role == common_pb2.COLLOCATION_ROLE_BACKGROUND
 
     @property
     def world_size(self) -> int:
@@ -161,6 +173,8 @@ class TaskPlan:
             device = "cuda" if settings.accelerator == "cuda" else "cpu"
             cmd += ["--profile-key", profile_key(self.spec, device)]
             cmd += ["--model-type", self.spec.model_type]
+        if self.background:
+            cmd += ["--background", "--pause-file", str(task_dir / PAUSE_FILE)]
         return cmd
 
 
@@ -248,6 +262,26 @@ def _mapping(processes: Sequence[common_pb2.ProcessAssignment], num_ests: int) -
     return tuple(counts)
 
 
+def _check_collocation(collocation: common_pb2.Collocation, job_id: str) -> None:
+    role, bound = collocation.role, collocation.max_foreground_slowdown
+    require(
+        role in common_pb2.CollocationRole.values(),
+        "collocation.role",
+        f"{role} is not a CollocationRole",
+    )
+    if role == common_pb2.COLLOCATION_ROLE_UNSPECIFIED:
+        return
+    partner = collocation.partner_job_id
+    if role == common_pb2.COLLOCATION_ROLE_BACKGROUND or partner:
+        check_name(partner, "collocation.partner_job_id")
+        require(partner != job_id, "collocation.partner_job_id", "names the task's own job")
+    require(
+        math.isfinite(bound) and bound >= 0,
+        "collocation.max_foreground_slowdown",
+        f"must be a number >= 0 (0: the worker's default), got {bound}",
+    )
+
+
 def plan_task(
     request: worker_pb2.StartTaskRequest, worker_id: str, device_types: Sequence[str]
 ) -> TaskPlan:
@@ -309,6 +343,7 @@ def plan_task(
     )
     dataset_id = request.dataset_id or request.job_id
     check_name(dataset_id, "dataset_id")
+    _check_collocation(request.collocation, request.job_id)
     for name in ("brain", "shard_manager"):
         address = getattr(request.endpoints, name)
         if address:
@@ -338,4 +373,5 @@ def plan_task(
         accelerator_type=processes[0].accelerator_type or device_types[0],
         job_token=request.job_token,
         profile_first=request.profile_first,
+        collocation=request.collocation,
     )

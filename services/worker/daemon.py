@@ -24,6 +24,7 @@ from gearshift.common.server import GrpcServer, register
 from gearshift.common.validation import check_name
 from gearshift.v1 import worker_pb2, worker_pb2_grpc
 from gearshift.worker.agent import Agent
+from gearshift.worker.collocation import DEFAULT_MAX_SLOWDOWN, DEFAULT_PAUSE_S, Policy
 from gearshift.worker.command import CommandSettings
 from gearshift.worker.devices import parse_devices
 from gearshift.worker.registration import SchedulerLink, advertise_address, default_worker_id
@@ -95,6 +96,22 @@ OPTIONS = [
         parse_bool,
     ),
     Option(
+        "max_foreground_slowdown",
+        "multiplexing (DeepPool): pause a background task while its foreground job's step "
+        "time is above (1 + this) x its step time alone; a task's "
+        "collocation.max_foreground_slowdown overrides it",
+        DEFAULT_MAX_SLOWDOWN,
+        float,
+    ),
+    Option(
+        "pause_seconds",
+        "multiplexing: seconds a background task stays paused before the foreground is "
+        "measured with it running again (the foreground's step time alone is measured anew "
+        "meanwhile)",
+        DEFAULT_PAUSE_S,
+        float,
+    ),
+    Option(
         "stop_timeout",
         "on SIGTERM, seconds each task gets to checkpoint and exit before it is killed",
         60.0,
@@ -120,7 +137,9 @@ def _check(config: argparse.Namespace) -> None:
     for flag in ("checkpoint_every", "log_every"):
         if getattr(config, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1")
-    for flag in ("report_interval", "process_group_timeout", "stop_timeout"):
+    if not config.max_foreground_slowdown >= 0:
+        raise ValueError("--max-foreground-slowdown must be >= 0")
+    for flag in ("report_interval", "process_group_timeout", "stop_timeout", "pause_seconds"):
         if not getattr(config, flag) > 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be > 0")
 
@@ -150,6 +169,9 @@ def build(config: argparse.Namespace) -> Daemon:
         Path(config.work_dir or ".gearshift/workers/unassigned"),
         settings,
         env=os.environ | env,
+        collocation=Policy(
+            max_slowdown=config.max_foreground_slowdown, pause_s=config.pause_seconds
+        ),
     )
     links: list[SchedulerLink] = []
 

@@ -45,6 +45,7 @@ from gearshift.worker.command import (
 )
 from gearshift.worker.runtime.backend import BACKENDS
 from gearshift.worker.runtime.determinism import environment
+from gearshift.worker.runtime.priority import lower_priority
 from gearshift.worker.runtime.settings import (
     Determinism,
     RunSettings,
@@ -184,6 +185,21 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="rank 0 keeps its latest progress here (the worker daemon's heartbeats carry it)",
     )
+    mux = parser.add_argument_group(
+        "multiplexing (set by a worker daemon for a background task, DeepPool's)"
+    )
+    mux.add_argument(
+        "--background",
+        action="store_true",
+        help="run at the lowest CPU priority (SCHED_IDLE, else nice 19) with one intra-op "
+        "thread, so a foreground job on the same devices keeps its speed",
+    )
+    mux.add_argument(
+        "--pause-file",
+        type=Path,
+        help="wait before each global step while this file exists (the daemon pauses the "
+        "task so); a stop request still ends the wait",
+    )
     return parser
 
 
@@ -302,6 +318,9 @@ def run_one(
     threads: int,
 ) -> int:
     """Be rank `args.rank` of the job."""
+    if args.background:  # first: the threads started from here on inherit the priority
+        threads = 1
+        print(f"background task: {lower_priority()}, 1 intra-op thread", flush=True)
     stop = StopFlag()
     stop.install()
     for name, value in environment(settings.determinism).items():
@@ -346,6 +365,8 @@ def run_one(
         loss_log=args.loss_log,
         timeout_s=args.timeout,
         group=args.rendezvous_group or args.job_id or "gearshift",
+        pause_file=args.pause_file,
+        background=args.background,
     )
     try:
         result = run_process(spec, stop=stop, on_progress=report, source=wiring.source())
@@ -359,6 +380,7 @@ def run_one(
             "step": result.step,
             "steps_run": result.steps_run,
             "wall_s": result.wall_s,
+            "paused_s": result.paused_s,
             "bytes_sent": result.bytes_sent,
             "grad_bytes": result.grad_bytes,
             "peak_rss_bytes": result.peak_rss_bytes,

@@ -11,6 +11,10 @@ alone:
   end of its log (the traceback), or why the daemon killed it (a stop without a
   checkpoint, or a checkpoint that did not come in time).
 
+A background task (DeepPool's multiplexing) starts paused: its pause file exists
+before its processes do, and the worker's collocation loop (multiplex.py) removes
+and writes it again through `set_pause`.
+
 When one process fails, the others of the task are killed at once: they are
 peers of a broken process group and would only wait for it. A watcher thread
 per task polls the processes, so nothing depends on a gRPC call to notice an
@@ -34,7 +38,7 @@ from pathlib import Path
 from gearshift.common.errors import PreconditionError
 from gearshift.common.facts import CLEAN_EXITS, ENDED_TASK_STATES, EXIT_COMPLETED
 from gearshift.v1 import common_pb2
-from gearshift.worker.command import CommandSettings, TaskPlan, config_text
+from gearshift.worker.command import PAUSE_FILE, CommandSettings, TaskPlan, config_text
 from gearshift.worker.spawner import Child, Spawner, SpawnRequest
 from gearshift.worker.task_logs import cap_log
 
@@ -93,6 +97,9 @@ class Task:
     codes: dict[int, int] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
     ended: threading.Event = field(default_factory=threading.Event)
+    paused: bool = False  # a background task held at its pause file
+    pause_reason: str = ""
+    pause_count: int = 0
     _stop_reason: str = ""
     _checkpoint: bool = True
     _first_failure: tuple[int, int] | None = None  # (rank, code)
@@ -121,6 +128,9 @@ class Task:
         config_file = self.task_dir / "config.json"
         config_file.write_text(config_text(self.plan.spec))
         self.plan.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        if self.plan.background:  # paused until its foreground's step time alone is known
+            partner = self.plan.collocation.partner_job_id
+            self.set_pause(True, f"measuring foreground {partner}'s step time alone (a baseline)")
         try:
             sha256 = self.plan.spec.entrypoint.code_sha256
             code_dir = None
@@ -153,6 +163,32 @@ class Task:
 
     def log_path(self, rank: int) -> Path:
         return self.task_dir / f"rank{rank}.log"
+
+    @property
+    def pause_file(self) -> Path:
+        return self.task_dir / PAUSE_FILE
+
+    # -- pause (background tasks) ------------------------------------------------------
+
+    def set_pause(self, paused: bool, reason: str, count: int | None = None) -> None:
+        """Hold the processes at their next global step (the file), or let them go."""
+        with self.lock:
+            if self.state in ENDED_TASK_STATES:
+                return
+            changed = paused != self.paused
+            if changed:
+                if paused:
+                    self.pause_file.touch()
+                else:
+                    self.pause_file.unlink(missing_ok=True)
+            self.paused, self.pause_reason = paused, reason
+            if count is not None:
+                self.pause_count = count
+        if changed:
+            log.info(
+                "background task paused" if paused else "background task resumed",
+                extra={"task_id": self.task_id, "reason": reason, "pause_count": self.pause_count},
+            )
 
     # -- stop --------------------------------------------------------------------------
 
@@ -250,6 +286,7 @@ class Task:
             else:
                 self.state = common_pb2.TASK_STATE_CHECKPOINTED
             self.ended_at = time.time()
+            self.paused = False
         log.info(
             "task ended",
             extra={
@@ -320,6 +357,16 @@ class Task:
             progress.epoch = progress.step * self.plan.spec.global_batch_size // size
         return progress
 
+    def progress_report(self) -> tuple[float, int] | None:
+        """(time written, step) of rank 0's latest progress here; None before the first. The
+        file's modification time is when the runtime wrote it, however late it is read."""
+        try:
+            with (self.task_dir / "progress.json").open("rb") as f:
+                written = os.fstat(f.fileno()).st_mtime  # the version read, not a newer one
+                return written, int(json.loads(f.read())["step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def status(self) -> common_pb2.TaskStatus:
         with self.lock:
             return common_pb2.TaskStatus(
@@ -331,4 +378,7 @@ class Task:
                 message=self.message,
                 digest=self.digest,
                 checkpoint_path=str(self.plan.checkpoint_dir),
+                paused=self.paused,
+                pause_reason=self.pause_reason,
+                pause_count=self.pause_count,
             )

@@ -39,7 +39,8 @@ def test_parts_and_counts_are_checked(capsys: pytest.CaptureFixture[str]) -> Non
     parser = build_parser()
     args = parser.parse_args(["out", "--parts", "memory, tests"])
     assert args.parts == ["tests", "memory"] and args.device == "cuda"
-    assert parser.parse_args(["out"]).parts == ["tests", "bitwise", "d2", "overhead", "memory"]
+    parts = ["tests", "bitwise", "d2", "overhead", "memory", "multiplex"]
+    assert parser.parse_args(["out"]).parts == parts
     for bad, message in (
         (["--parts", "tests,gpus"], "give some of tests, bitwise, d2, overhead, memory"),
         (["--cnn-steps", "2"], "must be >= 3 (got 2)"),

@@ -26,6 +26,8 @@ from gearshift.worker.runtime.comm import Comm
 from gearshift.worker.runtime.control import ProgressCallback
 from gearshift.worker.runtime.data import DataSource
 from gearshift.worker.runtime.job import load_job
+from gearshift.worker.runtime.pause import PauseGate
+from gearshift.worker.runtime.priority import device_stream
 from gearshift.worker.runtime.rng import derive_seed
 from gearshift.worker.runtime.settings import RunSettings, placement
 from gearshift.worker.runtime.stop import StopFlag
@@ -51,6 +53,8 @@ class ProcessSpec:
     loss_log: Path | None = None
     timeout_s: float = 600.0
     group: str = "gearshift"  # the placement's name in the rendezvous (the job id)
+    pause_file: Path | None = None  # a background task: wait before a step while it exists
+    background: bool = False  # a background task: on CUDA, the least stream priority
 
 
 def rendezvous_store(spec: ProcessSpec, procs: int) -> Store:
@@ -123,6 +127,9 @@ def run_process(
     device, backend, transport = _device(spec)
     seed_globals(settings.seed)
     job = load_job(spec.job_module, spec.job_config)
+    pause = None
+    if spec.pause_file is not None:
+        pause = PauseGate.from_file(spec.pause_file, say=lambda text: print(text, flush=True))
     if procs > 1:
         dist.init_process_group(
             backend,
@@ -134,23 +141,25 @@ def run_process(
             device_id=device if backend == "nccl" else None,
         )
     try:
-        trainer = Trainer(
-            job,
-            settings,
-            placement(spec.mapping),
-            spec.rank,
-            spec.checkpoint_dir,
-            job_ref={"module": spec.job_module, "config": spec.job_config},
-            resume=spec.resume,
-            device=device,
-            comm=Comm(spec.rank, procs, transport=transport),
-            source=source,
-            stop=stop,
-            on_progress=on_progress,
-            loss_log=spec.loss_log,
-            record_losses=record_losses,
-        )
-        result = trainer.run()
+        with device_stream(device, spec.background):  # construction too: one stream
+            trainer = Trainer(
+                job,
+                settings,
+                placement(spec.mapping),
+                spec.rank,
+                spec.checkpoint_dir,
+                job_ref={"module": spec.job_module, "config": spec.job_config},
+                resume=spec.resume,
+                device=device,
+                comm=Comm(spec.rank, procs, transport=transport),
+                source=source,
+                stop=stop,
+                on_progress=on_progress,
+                loss_log=spec.loss_log,
+                record_losses=record_losses,
+                pause=pause,
+            )
+            result = trainer.run()
     finally:
         if procs > 1:
             dist.destroy_process_group()

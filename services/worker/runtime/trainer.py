@@ -6,6 +6,8 @@ the step's buffers, and put its gradient aside; then sum all N gradients in the 
 order (exchanging with the other processes), take one optimizer and LR
 scheduler step, and keep EST 0's buffers. Checkpoints are taken only at global
 step boundaries, so a restart with any placement continues the same run.
+A background task's loop also passes a pause gate before each global step
+(pause.py); paused time does not count in the reported samples per second.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from gearshift.worker.runtime.digest import state_digest, training_state
 from gearshift.worker.runtime.gradients import GradLayout, GradTaker
 from gearshift.worker.runtime.job import Job
 from gearshift.worker.runtime.loader import BatchLoader
+from gearshift.worker.runtime.pause import PauseGate
 from gearshift.worker.runtime.reduce import CanonicalReducer, LocalSumReducer, Reducer
 from gearshift.worker.runtime.rng import derive_seed, from_plain, seeded, to_plain
 from gearshift.worker.runtime.settings import Determinism, RunSettings
@@ -73,6 +76,7 @@ class RunResult:
     est_losses: list[list[float]] = field(default_factory=list)  # per step run, per EST
     device: str = ""  # where the ESTs trained (cpu, cuda:I)
     backend: str = ""  # the process group's backend (gloo, nccl; none for one process)
+    paused_s: float = 0.0  # time held at the pause gate (a background task), in wall_s
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -110,6 +114,7 @@ class Trainer:
         on_progress: ProgressCallback | None = None,
         loss_log: Path | None = None,
         record_losses: bool = False,
+        pause: PauseGate | None = None,
     ) -> None:
         settings.validate()
         check_partition(settings.num_ests, placement)
@@ -127,6 +132,7 @@ class Trainer:
         self.on_progress = on_progress
         self.loss_log = loss_log
         self.record_losses = record_losses
+        self.pause = pause
         self.cuda = self.device.type == "cuda"
         self.model = job.model.to(self.device)
         self.layout = GradLayout([p for p in self.model.parameters() if p.requires_grad])
@@ -291,6 +297,7 @@ class Trainer:
         result.step = self.step
         result.steps_run = self.step - start_step
         result.wall_s = time.perf_counter() - began
+        result.paused_s = self.pause.total_s if self.pause is not None else 0.0
         result.bytes_sent = self.comm.bytes_sent
         result.digest = state_digest(training_state(self.model, self.job.optimizer))
         result.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -314,9 +321,11 @@ class Trainer:
             self.loss_log.parent.mkdir(parents=True, exist_ok=True)
             log_file = self.loss_log.open("a")
         self.model.train()
-        window_start, window_steps = time.perf_counter(), 0
+        window_start, window_steps, window_paused = time.perf_counter(), 0, 0.0
         try:
             while self.step < settings.total_steps:
+                if self.pause is not None:
+                    window_paused += self.pause.wait(self.stop, self.step)
                 stop, losses = self._global_step(self._local_steps(loader, grads))
                 window_steps += 1
                 if self.record_losses:
@@ -329,8 +338,9 @@ class Trainer:
                 done = self.step >= settings.total_steps
                 if self.on_progress and (done or stop or self.step % settings.log_every == 0):
                     now = time.perf_counter()
-                    rate = window_steps * settings.global_batch_size / max(now - window_start, 1e-9)
-                    window_start, window_steps = now, 0
+                    busy = max(now - window_start - window_paused, 1e-9)
+                    rate = window_steps * settings.global_batch_size / busy
+                    window_start, window_steps, window_paused = now, 0, 0.0
                     mean = sum(losses) / len(losses)
                     self.on_progress(
                         Progress(self.step, settings.total_steps, mean, rate, tuple(losses))
