@@ -8,6 +8,9 @@ import pytest
 
 from gearshift.common.errors import ValidationError
 from gearshift.common.rubick.perf import PerfSource, load_perf
+from gearshift.scheduler.mechanism import Device
+from gearshift.scheduler.pipeline import Target
+from gearshift.scheduler.placement import place
 from gearshift.scheduler.rubick_policy import make_curve, make_rubick
 from gearshift.scheduler.rubick_sim import simulate_rubick
 from gearshift.scheduler.rubick_trace import generate_rubick_workload, read_rubick_trace
@@ -47,9 +50,9 @@ def test_breakdown_order_and_2x_on_base_trace(perf: PerfSource) -> None:
     jobs = read_rubick_trace(DATA / "workloads" / "workload-base.csv", perf)
     jct = {
         v: simulate_rubick(jobs, perf, make_rubick(perf, v)).result.average_jct
-        for v in ("rubick", "rubick_r", "rubick_n")
+        for v in ("rubick", "rubick_r", "rubick_e", "rubick_n")
     }
-    assert jct["rubick"] < jct["rubick_r"] < jct["rubick_n"]
+    assert jct["rubick"] < jct["rubick_r"] < jct["rubick_e"] < jct["rubick_n"]
     assert jct["rubick_n"] >= 2 * jct["rubick"]
 
 
@@ -63,13 +66,19 @@ def test_generated_workload_is_seeded_and_runs(perf: PerfSource) -> None:
 
 
 @needs_data
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: a guaranteed job shrunk to its minRes (counted on a consolidated "
-    "placement) or spread over more nodes by the place stage runs below its requested speed",
-)
 def test_guaranteed_jobs_never_below_request_on_mt(perf: PerfSource) -> None:
     jobs = read_rubick_trace(DATA / "workloads" / "workload-mt.csv", perf)
     run = simulate_rubick(jobs, perf, make_rubick(perf, "rubick", quotas={"A": 64}))
     worst = [run.worst_ratio[j] for j, g in run.guaranteed.items() if g]
     assert min(worst) >= 1 - 1e-6
+
+
+def test_place_follows_the_workers_a_target_names() -> None:
+    devices = [Device(w, i, "a800") for w in ("n0", "n1") for i in range(4)]
+    spread = Target("j", (("a800", 2),), {"a800": (1, 1)}, workers=(("n0", 1), ("n1", 1)))
+    got = place({"j": spread}, devices, {})["j"]
+    assert sorted(d.worker_id for d, _ in got) == ["n0", "n1"]  # not consolidated on one
+    packed = Target("j", (("a800", 2),), {"a800": (1, 1)}, workers=(("n1", 2),))
+    moved = place({"j": packed}, devices, {"j": got})["j"]  # held devices do not match
+    assert [d.worker_id for d, _ in moved] == ["n1", "n1"]
+    assert (devices[4], 1) in moved  # the device it held there is kept
