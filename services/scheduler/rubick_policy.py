@@ -214,14 +214,20 @@ class RubickPolicy:
                 is not None
             )
 
+        speeds: dict[tuple[int, tuple[int, ...]], float] = {}
+
         def speed(job: _Job, alloc: Mapping[str, int]) -> float:
             shape = tuple(sorted((k for k in alloc.values() if k > 0), reverse=True))
             if not shape:
                 return 0.0
+            hit = speeds.get((id(job), shape))
+            if hit is not None:
+                return hit
             c = min(job.req.cpus_per_gpu, self.cpus_per_node // self.gpus_per_node)
             r = job.req
             best = self.perf.best(r.application, r.plan, r.gpus, shape, cpus_per_gpu=c, mode=mode)
-            return best.rate / job.base_rate if best is not None else 0.0
+            out = speeds[(id(job), shape)] = best.rate / job.base_rate if best else 0.0
+            return out
 
         ctx = _Ctx(jobs, free, holders, node_type, self.min_gain, runs, speed)
 
@@ -357,6 +363,8 @@ class _Ctx:
             return False
         if not job.req.guaranteed:
             return True
+        if job.curve.value[job.gpus - 1] < 1.0 - 1e-6:  # not even on the fewest nodes
+            return False
         rest = dict(job.alloc)
         rest[node] -= 1
         return not self.below(job, {n: k for n, k in rest.items() if k > 0})
@@ -378,12 +386,14 @@ class _Ctx:
     def _victim(self, job: _Job, node: str) -> _Job | None:
         best: _Job | None = None
         below = job.gpus < job.min_gpus or self.below(job)
-        for other_id in sorted(self.holders[node]):
+        best_key = (0.0, "")
+        for other_id in self.holders[node]:
             other = self.jobs[other_id]
-            if other is job or (other.frozen and not below) or not self.can_give(other, node):
+            if other is job or (other.frozen and not below):
                 continue
-            if best is None or other.curve.down[other.gpus] < best.curve.down[best.gpus]:
-                best = other
+            key = (other.curve.down[other.gpus], other_id)  # ties: by id, not set order
+            if (best is None or key < best_key) and self.can_give(other, node):
+                best, best_key = other, key
         return best
 
     def schedule(self, job: _Job, *, reclaim: bool) -> None:

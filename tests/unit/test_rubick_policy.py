@@ -7,10 +7,13 @@ from pathlib import Path
 import pytest
 
 from gearshift.common.errors import ValidationError
+from gearshift.common.gavel import JobKey
 from gearshift.common.rubick.perf import PerfSource, load_perf
+from gearshift.common.rubick.plans import consolidated
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.pipeline import Target
 from gearshift.scheduler.placement import place
+from gearshift.scheduler.rubick_gavel import gavel_table, job_type, run_gavel
 from gearshift.scheduler.rubick_policy import make_curve, make_rubick
 from gearshift.scheduler.rubick_sim import simulate_rubick
 from gearshift.scheduler.rubick_trace import generate_rubick_workload, read_rubick_trace
@@ -82,3 +85,16 @@ def test_place_follows_the_workers_a_target_names() -> None:
     moved = place({"j": packed}, devices, {"j": got})["j"]  # held devices do not match
     assert [d.worker_id for d, _ in moved] == ["n1", "n1"]
     assert (devices[4], 1) in moved  # the device it held there is kept
+
+
+@needs_data
+def test_gavel_baselines_run_on_rubick_jobs_from_the_same_numbers(perf: PerfSource) -> None:
+    jobs = generate_rubick_workload(perf, 12, 30.0, tenants={"B": 0}, seed=5)
+    table = gavel_table(jobs, perf)
+    for job in jobs:
+        ms = perf.iter_ms(job.application, job.plan, consolidated(job.gpus, 8), 8)
+        assert ms is not None
+        assert table.throughput(JobKey(job_type(job), job.gpus), "a800") == pytest.approx(1e3 / ms)
+    for name, elastic in (("max_min_fairness_perf", False), ("las", True)):
+        run = run_gavel(jobs, perf, name, elastic=elastic)
+        assert len(run.result.jobs) == len(jobs)
