@@ -143,7 +143,9 @@ class Target:
     in `role` "shared" at equal priority (Gavel's space sharing), or a "foreground" job
     lending its devices' idle time to a "background" one (DeepPool); "" alone. `plan` is
     the execution plan to run (Rubick; None: the job's own) and `cpus_per_device` the CPU
-    cores each process gets (0: the default)."""
+    cores each process gets (0: the default). `workers` pins the devices per worker the
+    allocator chose (Rubick: its speed, and so its guarantee, depends on the GPUs per
+    node); empty leaves the choice to the place stage."""
 
     job_id: str
     devices: Config
@@ -152,6 +154,7 @@ class Target:
     role: Role = ""
     plan: Plan | None = None
     cpus_per_device: int = 0
+    workers: tuple[tuple[str, int], ...] = ()
 
     @property
     def size(self) -> int:

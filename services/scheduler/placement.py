@@ -5,7 +5,9 @@ job's processes run with.
 largest targets first (as Gavel places decreasing scale factors); a job whose
 target is what it holds keeps its devices and ESTs (its lease is renewed, no
 restart); another takes the devices it holds that are still free, then the
-fewest workers that fit the rest (`mechanism.consolidate`). Jobs sharing devices
+fewest workers that fit the rest (`mechanism.consolidate`); a target that names its
+workers (`Target.workers`) gets that many devices on each of them - those it holds
+there first - and keeps its devices only if they match. Jobs sharing devices
 (space sharing, a background job on its foreground's) are placed once, together:
 the partner placed second takes the first one's devices (a background job the
 first device of its type, which hosts the foreground's rank 0).
@@ -48,6 +50,7 @@ def place(
             held
             and target.role != "background"  # it follows its foreground, kept or moved
             and config_of(count_by_type(d for d, _ in held)) == target.devices
+            and (not target.workers or _per_worker(d for d, _ in held) == dict(target.workers))
             and all(d in pools.get(d.worker_type, {}).get(d.worker_id, ()) for d, _ in held)
         ):
             out[target.job_id] = held
@@ -62,7 +65,10 @@ def place(
         elif target.role == "background":
             continue  # runs only on its foreground's devices, which did not fit
         else:
-            picked = _pick(pools, target, [d for d, _ in current.get(target.job_id, ())])
+            mine = [d for d, _ in current.get(target.job_id, ())]
+            picked = _pinned(pools, target, mine) if target.workers else None
+            if picked is None:
+                picked = _pick(pools, target, mine)
             if picked is None:
                 continue
             _take(pools, picked)
@@ -87,6 +93,33 @@ def _pick(
             return None
         picked.extend([*take, *rest])
     return picked
+
+
+def _per_worker(devices: Iterable[Device]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in devices:
+        out[d.worker_id] = out.get(d.worker_id, 0) + 1
+    return out
+
+
+def _pinned(
+    pools: Mapping[str, Mapping[str, list[Device]]], target: Target, held: Sequence[Device]
+) -> list[Device] | None:
+    """The target's devices on exactly its named workers (held ones first); None when a
+    worker has too few free devices of the target's type."""
+    if len(target.devices) != 1:
+        return None
+    kind = target.devices[0][0]
+    picked: list[Device] = []
+    for worker, count in target.workers:
+        free = pools.get(kind, {}).get(worker, [])
+        mine = [d for d in held if d.worker_id == worker and d in free]
+        rest = [d for d in free if d not in mine]
+        take = [*mine, *rest][:count]
+        if len(take) < count:
+            return None
+        picked.extend(take)
+    return picked if len(picked) == target.size else None
 
 
 def _take(pools: dict[str, dict[str, list[Device]]], devices: Iterable[Device]) -> None:

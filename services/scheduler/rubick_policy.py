@@ -22,6 +22,13 @@ break-down variants of section 7.3.
   every job keeps the least GPUs that reach its curve's value and runs the best plan for
   the GPUs per node it holds. minRes: the fewest GPUs whose best plan matches the original
   performance for guaranteed jobs; 0 for best-effort ones.
+- The guarantee is checked on the real placement, not the curve's consolidated one: a
+  guaranteed job is "below its minRes" while the best plan on the GPUs per node it holds
+  (at its CPUs per GPU) is slower than its original plan on its request placed on the
+  fewest nodes; it gives a GPU up (to a taker, or when trimmed) only if it stays at that
+  speed on what it keeps, and a new one that cannot reach it gives back what it took and
+  waits. The nodes chosen reach the place stage (`Target.workers`), so the job runs on
+  the GPUs per node the check saw.
 - CPUs: each GPU gets the cores per GPU of the request; cores a node has left go to
   ZeRO-Offload jobs (the only plans whose speed reads them) where the model says they help.
   CPUs are not reclaimed from other jobs (a simplification: the paper's loop also runs
@@ -105,12 +112,6 @@ class _Job:
     @property
     def top(self) -> int:
         return len(self.curve.value) - 1
-
-    def wants(self, min_gain: float) -> bool:
-        g = self.gpus
-        if g >= self.top:
-            return False
-        return g < self.min_gpus or self.curve.up[g] > min_gain
 
 
 @dataclass
@@ -213,7 +214,22 @@ class RubickPolicy:
                 is not None
             )
 
-        ctx = _Ctx(jobs, free, holders, node_type, self.min_gain, runs)
+        speeds: dict[tuple[int, tuple[int, ...]], float] = {}
+
+        def speed(job: _Job, alloc: Mapping[str, int]) -> float:
+            shape = tuple(sorted((k for k in alloc.values() if k > 0), reverse=True))
+            if not shape:
+                return 0.0
+            hit = speeds.get((id(job), shape))
+            if hit is not None:
+                return hit
+            c = min(job.req.cpus_per_gpu, self.cpus_per_node // self.gpus_per_node)
+            r = job.req
+            best = self.perf.best(r.application, r.plan, r.gpus, shape, cpus_per_gpu=c, mode=mode)
+            out = speeds[(id(job), shape)] = best.rate / job.base_rate if best else 0.0
+            return out
+
+        ctx = _Ctx(jobs, free, holders, node_type, self.min_gain, runs, speed)
 
         usage: dict[str, int] = {}
         for job in jobs.values():
@@ -307,7 +323,12 @@ class RubickPolicy:
             plan, c = chosen[job_id]
             g = job.gpus
             out[job_id] = Target(
-                job_id, ((kind, g),), {kind: (1,) * g}, plan=plan, cpus_per_device=c
+                job_id,
+                ((kind, g),),
+                {kind: (1,) * g},
+                plan=plan,
+                cpus_per_device=c,
+                workers=tuple(sorted(job.alloc.items())),
             )
         for job_id in [j for j in self._alloc if j not in jobs]:  # ended jobs
             self._alloc.pop(job_id, None)
@@ -325,6 +346,34 @@ class _Ctx:
     node_type: Mapping[str, str]
     min_gain: float
     runs: Callable[[_Job], bool]  # whether some plan runs on the job's GPUs per node
+    # the job's best speed on these GPUs per node over its speed as requested (0: none runs)
+    speed: Callable[[_Job, Mapping[str, int]], float]
+
+    def below(self, job: _Job, alloc: Mapping[str, int] | None = None) -> bool:
+        """A guaranteed job slower than its request on `alloc` (default: what it holds)."""
+        if not job.req.guaranteed:
+            return False
+        held = job.alloc if alloc is None else alloc
+        return not held or self.speed(job, held) < 1.0 - 1e-6
+
+    def can_give(self, job: _Job, node: str) -> bool:
+        """Whether `job` may lose one GPU on `node`: a guaranteed job only if it stays at
+        its requested speed on the rest."""
+        if job.gpus <= job.min_gpus:
+            return False
+        if not job.req.guaranteed:
+            return True
+        if job.curve.value[job.gpus - 1] < 1.0 - 1e-6:  # not even on the fewest nodes
+            return False
+        rest = dict(job.alloc)
+        rest[node] -= 1
+        return not self.below(job, {n: k for n, k in rest.items() if k > 0})
+
+    def wants(self, job: _Job) -> bool:
+        g = job.gpus
+        if g >= job.top:
+            return False
+        return g < job.min_gpus or self.below(job) or job.curve.up[g] > self.min_gain
 
     def _move(self, job: _Job, node: str, k: int) -> None:
         job.alloc[node] = job.alloc.get(node, 0) + k
@@ -336,13 +385,15 @@ class _Ctx:
 
     def _victim(self, job: _Job, node: str) -> _Job | None:
         best: _Job | None = None
-        below = job.gpus < job.min_gpus
+        below = job.gpus < job.min_gpus or self.below(job)
+        best_key = (0.0, "")
         for other_id in self.holders[node]:
             other = self.jobs[other_id]
-            if other is job or other.gpus <= other.min_gpus or (other.frozen and not below):
+            if other is job or (other.frozen and not below):
                 continue
-            if best is None or other.curve.down[other.gpus] < best.curve.down[best.gpus]:
-                best = other
+            key = (other.curve.down[other.gpus], other_id)  # ties: by id, not set order
+            if (best is None or key < best_key) and self.can_give(other, node):
+                best, best_key = other, key
         return best
 
     def schedule(self, job: _Job, *, reclaim: bool) -> None:
@@ -350,32 +401,39 @@ class _Ctx:
         if job.frozen:
             return
         kind = self.node_type[next(iter(job.alloc))] if job.alloc else None
-        nodes = sorted(
+        need = max(job.req.gpus, job.min_gpus) - job.gpus
+        nodes = sorted(  # its own nodes, then the tightest that holds the request, the freest
             (n for n in self.free if kind is None or self.node_type[n] == kind),
-            key=lambda n: (-job.alloc.get(n, 0), -self.free[n], n),
+            key=lambda n: (
+                -job.alloc.get(n, 0),
+                not 0 < need <= self.free[n],
+                self.free[n] if 0 < need <= self.free[n] else -self.free[n],
+                n,
+            ),
         )
         undo: list[tuple[_Job, str]] = []
         start = dict(job.alloc)
         for n in nodes:
             if kind is not None and self.node_type[n] != kind:
                 continue
-            while self.free[n] > 0 and job.wants(self.min_gain):
+            while self.free[n] > 0 and self.wants(job):
                 self.free[n] -= 1
                 self._move(job, n, 1)
                 kind = self.node_type[n]
-            while reclaim and job.wants(self.min_gain):
+            while reclaim and self.wants(job):
                 victim = self._victim(job, n)
                 if victim is None:
                     break
                 g = job.gpus
-                if not (g < job.min_gpus or job.curve.up[g] > victim.curve.down[victim.gpus]):
+                needs = g < job.min_gpus or self.below(job)
+                if not (needs or job.curve.up[g] > victim.curve.down[victim.gpus]):
                     break
                 self._move(victim, n, -1)
                 self._move(job, n, 1)
                 undo.append((victim, n))
                 kind = self.node_type[n]
         g = job.gpus
-        if job.curve.value[g] <= TOL or g < job.min_gpus:  # nothing runnable: give it back
+        if job.curve.value[g] <= TOL or g < job.min_gpus or self.below(job):  # give it back
             for victim, n in reversed(undo):
                 self._move(job, n, -1)
                 self._move(victim, n, 1)
@@ -386,13 +444,16 @@ class _Ctx:
                     self._move(job, n, -back)
 
     def trim(self, job: _Job) -> None:
-        """Keep the least GPUs that reach the curve's value, on a placement a plan runs on."""
+        """Keep the least GPUs that reach the curve's value, on a placement a plan runs on
+        (a guaranteed job at its requested speed stays there)."""
         while job.alloc:
             g = job.gpus
             keep = job.curve.least[g]
             if keep == g and self.runs(job):
                 return
             smallest = min(job.alloc, key=lambda n: (job.alloc[n], n))
+            if job.req.guaranteed and not self.below(job) and not self.can_give(job, smallest):
+                return
             self.free[smallest] += 1
             self._move(job, smallest, -1)
 

@@ -9,8 +9,12 @@ is preempted and resumes) makes no progress for `rescale_seconds` (checkpoint, r
 resume: the paper measured 78 s on average).
 
 Results: the simulator's SimulationResult (JCTs, makespan, utilization), plus, per job,
-whether it was guaranteed and the lowest ratio of its speed while running to its speed
-with its original plan on its request (the guarantee: >= 1 for guaranteed jobs).
+whether it was guaranteed and the lowest ratio of its speed to its speed with its original
+plan on its request placed on the fewest nodes at its requested CPUs per GPU (the
+guarantee: >= 1 for guaranteed jobs). The speed is the one of the plan, GPUs per node and
+CPUs the job holds after each round; the `rescale_seconds` pause of a reconfiguration is
+not counted as a slowdown, and a job preempted after its first start counts 0. A job's
+first start waits `start_seconds` (launch; 0 by default).
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ def simulate_rubick(
     nodes: int = 8,
     gpus_per_node: int = 8,
     rescale_seconds: float = RECONFIGURE_SECONDS,
+    start_seconds: float = 0.0,
     name: str | None = None,
 ) -> RubickRun:
     """Run `jobs` (arrival order) to completion; see the module docstring."""
@@ -142,12 +147,16 @@ def simulate_rubick(
                     s.rescales += 1
                     rescales += 1
                 if new is not None:
-                    s.resume_at = now + (rescale_seconds if s.first_run is not None else 0.0)
+                    s.resume_at = now + (
+                        rescale_seconds if s.first_run is not None else start_seconds
+                    )
                     if s.first_run is None:
                         s.first_run = now
                     s.rate = _rate(perf, s.job, new[0], [k for _, k in new[1]], new[2])
                 else:
                     s.rate = 0.0
+                    if s.first_run is not None:  # preempted: it runs at 0 until resumed
+                        s.worst = 0.0
             s.held = new
             s.assignment = list(got) if new else []
         running = [s for s in active.values() if s.held is not None and s.rate > 0]

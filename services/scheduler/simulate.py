@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--nodes", type=int, default=8, help="Rubick: 8-GPU A800 nodes")
     parser.add_argument(
+        "--start-seconds",
+        type=float,
+        default=0.0,
+        help="Rubick: what a job's first launch costs (default 0; a restart costs "
+        "--rescale-seconds, 78 by default)",
+    )
+    parser.add_argument(
         "--rubick-data", type=Path, help="Rubick's data folder (default ../shared/data/rubick)"
     )
     parser.add_argument(
@@ -424,6 +431,8 @@ def _main_rubick(args: argparse.Namespace) -> int:
         check_numbers(args)
         if args.nodes < 1:
             raise ValidationError("--nodes", "must be >= 1")
+        if args.start_seconds < 0:
+            raise ValidationError("--start-seconds", "must be >= 0")
         runs = run_rubick(args)
     except ValidationError as exc:
         print(f"gearshift simulate: error: {exc.message}", file=sys.stderr)
