@@ -15,17 +15,19 @@ the optimizer steps on the host anyway, and offload does nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
 class HostOptimizer:
     """Steps `optimizer` on pinned host copies of `params` (which live on a GPU)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> None:
         self.optimizer = optimizer
-        self.params = params
-        self.host: list[torch.Tensor] = []
-        by_id: dict[int, torch.Tensor] = {}
+        self.params = list(params)
+        self.host: list[torch.nn.Parameter] = []
+        by_id: dict[int, torch.nn.Parameter] = {}
         for param in params:
             copy = torch.empty(param.shape, dtype=param.dtype, pin_memory=True)
             copy.copy_(param.detach())

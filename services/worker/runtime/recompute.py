@@ -55,7 +55,9 @@ def _kept_buffers(module: nn.Module) -> Iterator[None]:
 
 
 def _checkpointed(module: nn.Module, forward: Callable[..., Any]) -> Callable[..., Any]:
-    def contexts() -> tuple[contextlib.AbstractContextManager[None], ...]:
+    def contexts() -> tuple[
+        contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]
+    ]:
         return contextlib.nullcontext(), _kept_buffers(module)
 
     def run(*args: Any, **kwargs: Any) -> Any:
