@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import torch
+
 from gearshift.worker.runtime.digest import differences
 from tests.integration.test_runtime_elastic import CNN, LM, Run, launch
 
@@ -52,3 +55,21 @@ def test_language_model_gc_and_ests_per_process_change_under_d1(tmp_path: Path) 
     launch(staged, LM, 2, 1, 10, GC)
     launch(staged, LM, 2, 2, 20, "--resume")
     assert_same(fixed, launch(staged, LM, 2, 1, 30, "--resume", GC))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_offload_keeps_its_bits_through_rescales_and_resumes_either_way(tmp_path: Path) -> None:
+    """Offload moves the optimizer's arithmetic to the CPU, so an offloaded job is compared
+    with itself: offloaded throughout on 1 process vs 1 -> 2 processes sharing the GPU. A
+    checkpoint taken without offload resumes with it."""
+    off = ("--device", "cuda", "--offload-optimizer")
+    fixed = launch(tmp_path / "fixed", CNN, 2, 1, 20, *off)
+    staged = tmp_path / "staged"
+    launch(staged, CNN, 2, 1, 10, *off)
+    assert_same(fixed, launch(staged, CNN, 2, 2, 20, *off, "--resume"))
+    mixed = tmp_path / "mixed"
+    launch(mixed, CNN, 2, 1, 10, "--device", "cuda")
+    final = launch(mixed, CNN, 2, 1, 20, *off, "--resume").final()
+    assert final["step"] == 20
+    assert final["plan"]["offload_optimizer"] is True

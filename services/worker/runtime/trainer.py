@@ -180,7 +180,9 @@ class Trainer:
             if self.cuda:
                 self.stepper = HostOptimizer(job.optimizer, self.layout.params)
             elif rank == 0:
-                log.info("--offload-optimizer: on the CPU the optimizer steps on the host already")
+                message = "--offload-optimizer: on the CPU the optimizer steps on the host already"
+                log.info(message)
+                print(message, flush=True)
 
     # -- start and resume ------------------------------------------------------------
 
