@@ -102,7 +102,7 @@ def _submit(args: argparse.Namespace, job_file: JobFile) -> int:
         if args.wait:
             job = client.wait(job.job_id, timeout=args.timeout)
     if args.json:
-        render.print_json(render.as_dict(job))
+        render.print_json(render.job_dict(job))
     else:
         print(job.job_id if not args.wait else f"{job.job_id} {render.state_name(job.state)}")
         if args.wait and job.state != common_pb2.JOB_STATE_SUCCEEDED and job.message:
@@ -145,7 +145,7 @@ def cmd_job(args: argparse.Namespace) -> int:
         if args.plot:
             return _plot_job(args, job, client.events(job.job_id))
     if args.json:
-        render.print_json(render.as_dict(job))
+        render.print_json(render.job_dict(job))
     else:
         print(render.job_details(job))
     return EXIT_OK
@@ -184,7 +184,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     with _client(args) as client:
         job = client.cancel(args.job_id, reason=args.reason)
     if args.json:
-        render.print_json(render.as_dict(job))
+        render.print_json(render.job_dict(job))
     else:
         print(f"{job.job_id} {render.state_name(job.state)}")
     return EXIT_OK

@@ -12,6 +12,7 @@ from typing import Any, TextIO
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from gearshift.common import execplan
 from gearshift.common.errors import ValidationError
 from gearshift.v1 import common_pb2, scheduler_pb2
 
@@ -19,6 +20,28 @@ from gearshift.v1 import common_pb2, scheduler_pb2
 def as_dict(message: Message) -> dict[str, Any]:
     """A message as plain data with proto field names (the `--json` shape)."""
     return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def job_dict(job: scheduler_pb2.Job) -> dict[str, Any]:
+    """A job as plain data, its execution plan with every field (defaults included)."""
+    data = as_dict(job)
+    data["plan"] = execplan.as_dict(job.plan)
+    return data
+
+
+def plan_text(job: scheduler_pb2.Job) -> str:
+    """The job's execution plan and the dimensions its spec lets the scheduler change."""
+    allowed = job.spec.plan_dimensions
+    names = [
+        name
+        for name, on in (
+            ("gc", allowed.gradient_checkpointing),
+            ("threads", allowed.threads),
+            ("offload", allowed.offload_optimizer),
+        )
+        if on
+    ]
+    return f"{execplan.describe(job.plan)}  (may change: {', '.join(['ESTs/device', *names])})"
 
 
 def print_json(data: Any, stream: TextIO | None = None) -> None:
@@ -127,6 +150,7 @@ def job_details(job: scheduler_pb2.Job) -> str:
         f"devices     {devices_by_type(job.placement)}  ESTs/device "
         f"{ests_per_device(job.placement)}  rescales {job.rescale_count}",
     ]
+    lines.append(f"plan        {plan_text(job)}")
     if job.collocation.role:
         lines.append(f"sharing     {collocation_text(job.collocation, job.paused)}")
     if job.placement.processes:

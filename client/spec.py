@@ -15,6 +15,7 @@ ValidationError naming the field, raised before anything is sent.
     dataset: {name: digits, size: 1797, shard_size: 32, seed: 1}
     elastic: {min_devices: 1, max_devices: 4}
     accelerator_types: [v100, t4]
+    plan_dimensions: {gradient_checkpointing: true}   # what the scheduler may change
 
 Your own code: `entrypoint: {path: ./train.py}` (one file; the module is its name) or
 `working_dir: .` with `entrypoint: {module: train}` (a folder, packaged whole but for

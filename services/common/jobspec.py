@@ -127,6 +127,12 @@ def validate_job_spec(spec: common_pb2.JobSpec, prefix: str = "spec") -> None:
         f("checkpoint_every_steps"),
         f"must be >= 0 (got {spec.checkpoint_every_steps})",
     )
+    require(
+        not spec.plan_dimensions.threads or spec.determinism == common_pb2.DETERMINISM_LEVEL_D2,
+        f("plan_dimensions.threads"),
+        "needs determinism D2: under D0/D1 a process's thread count changes the bits "
+        "(D2 runs every kernel with a fixed count)",
+    )
     require(len(spec.labels) <= 64, f("labels"), "at most 64 labels")
     for key in spec.labels:
         check_name(key, f(f"labels[{key!r}]"), max_length=64)

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
+from gearshift.common import execplan
 from gearshift.common.profiles import profile_key
 from gearshift.scheduler.estimates import EstimateRequest, Estimates
 from gearshift.scheduler.mechanism import Device
@@ -486,7 +487,8 @@ class Rounds:
                 if failures:
                     self._start_failed(job, tasks, failures, unreachable)
                 else:
-                    self._started(job, placement, rescaled=change.kind == "rescale")
+                    plan = requests[0][1].plan
+                    self._started(job, placement, plan, rescaled=change.kind == "rescale")
             if failures:
                 self.control.kill(tasks, "start failed")
                 self.wake()
@@ -494,9 +496,18 @@ class Rounds:
             log.exception("starting a job failed", extra={"job_id": change.job_id})
             self._abandon(change.job_id)
 
-    def _started(self, job: JobRecord, placement: common_pb2.Placement, *, rescaled: bool) -> None:
+    def _started(
+        self,
+        job: JobRecord,
+        placement: common_pb2.Placement,
+        plan: common_pb2.ExecutionPlan,
+        *,
+        rescaled: bool,
+    ) -> None:
         state = self.state
         job.placement.CopyFrom(placement)  # published once its tasks run
+        new_plan = plan != job.plan
+        job.plan.CopyFrom(plan)
         job.state = C.JOB_STATE_RUNNING
         if not job.started_at:
             job.started_at = state.clock()
@@ -509,7 +520,8 @@ class Rounds:
             job,
             S.JOB_EVENT_TYPE_RESCALED if rescaled else S.JOB_EVENT_TYPE_STARTED,
             f"{count} process{'' if count == 1 else 'es'} on {', '.join(workers_of(placement))}"
-            + _sharing(job.collocation),
+            + _sharing(job.collocation)
+            + (f"; plan: {execplan.describe(plan)}" if new_plan else ""),
             placement=True,
         )
 

@@ -46,6 +46,7 @@ def job_message(job: JobRecord) -> scheduler_pb2.Job:
         last_sequence=job.last_sequence,
         collocation=job.collocation if job.collocation.role else None,
         paused=job.paused,
+        plan=job.plan,
     )
 
 

@@ -51,6 +51,9 @@ class JobRecord:
     # Not stored: each round decides them again, and heartbeats say whether it is paused.
     collocation: common_pb2.Collocation = field(default_factory=common_pb2.Collocation)
     paused: bool = False
+    # The execution plan of the job's current (or last) placement; default: all off, one
+    # thread. Not stored either: a restarted scheduler starts the job on the plan it decides.
+    plan: common_pb2.ExecutionPlan = field(default_factory=common_pb2.ExecutionPlan)
 
     @property
     def terminal(self) -> bool:

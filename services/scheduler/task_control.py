@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import grpc
 
+from gearshift.common import execplan
 from gearshift.common.errors import rpc_code, rpc_details
 from gearshift.common.facts import ENDED_TASK_STATES
 from gearshift.common.identity import JobTokens
@@ -57,9 +58,15 @@ class TaskControl:
         assignments: Sequence[tuple[Device, int]],
         *,
         profile_first: bool = False,
+        plan: common_pb2.ExecutionPlan | None = None,
     ) -> tuple[common_pb2.Placement, list[TaskRecord], StartRequests]:
         """Tasks and StartTask requests of a new placement, saved before any is sent
-        (under the lock); `profile_first`: rank 0 measures the job's layer profile first."""
+        (under the lock); `profile_first`: rank 0 measures the job's layer profile first;
+        `plan`: the execution plan to run (None: the job's current one). A plan the job's
+        spec does not allow raises ValidationError naming the plan's field, before anything
+        changes."""
+        plan = job.plan if plan is None else plan
+        execplan.check_allowed(job.spec, plan)
         state = self.state
         settings = state.settings
         resume = job.generation > 0
@@ -107,6 +114,7 @@ class TaskControl:
                 job_token=self.job_tokens.mint(job.job_id) if self.job_tokens else "",
                 collocation=job.collocation if job.collocation.role else None,
                 profile_first=profile_first and 0 in ranks,
+                plan=plan,
             )
             requests.append((state.workers[worker_id].address, request))
         state.store.save_tasks(tasks)

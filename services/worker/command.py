@@ -15,16 +15,20 @@ JobSpec mapped onto the runtime's flags:
 | determinism                            | --determinism D0 / D1 / D2                 |
 | checkpoint_every_steps (0: the default)| --checkpoint-every                         |
 | placement (ESTs per rank, in order)    | --mapping                                  |
+| plan.threads_per_process (0: 1)        | --threads                                  |
+| plan.gradient_checkpointing            | --gradient-checkpointing                   |
+| plan.offload_optimizer                 | --offload-optimizer                        |
 | checkpoint_dir, resume                 | --checkpoint-dir, --resume                 |
 | endpoints, dataset_id, job/task ids    | --brain, --shard-manager, --job-id, ...    |
 | collocation.role BACKGROUND            | --background, --pause-file TASK_DIR/pause  |
 
 The seed is the job's one seed: model initialisation, every EST's random
 states and the data order all derive from `dataset.seed`, so a local run with
-`--seed` equal to it reproduces the job. Every process gets `--threads 1`
-(one intra-op thread, whatever the device label says): under D1 that makes a
-job's digest identical for any placement on machines of one CPU type; D2 pins
-the kernels' ISA and thread count across CPU types too.
+`--seed` equal to it reproduces the job. Every process gets the plan's intra-op
+threads (one unless the spec's plan_dimensions.threads allows more, which needs D2,
+whatever the device label says): under D1 one thread makes a job's digest identical
+for any placement on machines of one CPU type; D2 runs every kernel with its own fixed
+count and pins the kernels' ISA across CPU types too.
 
 A background task (DeepPool's multiplexing) runs at the lowest CPU priority and
 waits before a global step while its pause file exists (the daemon's collocation
@@ -45,6 +49,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from gearshift.common import execplan
 from gearshift.common.auth import TOKEN_VARIABLE
 from gearshift.common.config import host_port
 from gearshift.common.errors import ValidationError
@@ -97,6 +102,7 @@ class TaskPlan:
     accelerator_type: str
     job_token: str = ""  # the processes' bearer token, scoped to the job ("": the daemon's)
     profile_first: bool = False  # rank 0 profiles the job's layers before training
+    plan: common_pb2.ExecutionPlan = field(default_factory=common_pb2.ExecutionPlan)
     collocation: common_pb2.Collocation = field(default_factory=common_pb2.Collocation)
 
     @property
@@ -148,7 +154,12 @@ class TaskPlan:
         cmd += ["--log-every", str(settings.log_every)]
         cmd += ["--loss-log", str(self.checkpoint_dir / STEP_LOG)]
         cmd += ["--stats-dir", str(task_dir / "stats")]
-        cmd += ["--mapping", ",".join(map(str, self.mapping)), "--threads", "1"]
+        cmd += ["--mapping", ",".join(map(str, self.mapping))]
+        cmd += ["--threads", str(execplan.threads(self.plan))]
+        if self.plan.gradient_checkpointing:
+            cmd.append("--gradient-checkpointing")
+        if self.plan.offload_optimizer:
+            cmd.append("--offload-optimizer")
         cmd += ["--rank", str(rank), "--world-size", str(self.world_size)]
         if self.world_size > 1:
             # The placement's name in the rendezvous: the task id up to its worker
@@ -305,6 +316,7 @@ def plan_task(
             f"shards, fewer than the {spec.num_ests} ESTs",
         )
     mapping = _mapping(request.placement.processes, spec.num_ests)
+    execplan.check_allowed(spec, request.plan, "plan")
     by_rank = {p.rank: (i, p) for i, p in enumerate(request.placement.processes)}
     require(len(request.local_ranks) > 0, "local_ranks", "is required (at least one rank)")
     device_of: dict[int, int] = {}
@@ -374,4 +386,5 @@ def plan_task(
         job_token=request.job_token,
         profile_first=request.profile_first,
         collocation=request.collocation,
+        plan=request.plan,
     )

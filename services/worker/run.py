@@ -111,6 +111,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="1",
         help="intra-op threads per process, one value or one per process (e.g. 2,1)",
     )
+    place.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="plan: recompute activations in the backward pass (same bits as without)",
+    )
+    place.add_argument(
+        "--offload-optimizer",
+        action="store_true",
+        help="plan: on GPU keep the optimizer state in host memory and step there (no-op on CPU)",
+    )
     place.add_argument("--loader-procs", type=int, default=0, help="loader processes per process")
     place.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ckpt = parser.add_argument_group("checkpoints and output")
@@ -245,6 +255,8 @@ def resolve(args: argparse.Namespace) -> tuple[RunSettings, tuple[int, ...], lis
         log_every=args.log_every,
         tree_shape=args.tree,
         est_rng_contexts=not args.no_est_rng_contexts,
+        gradient_checkpointing=args.gradient_checkpointing,
+        offload_optimizer=args.offload_optimizer,
     )
     settings.validate()
     return settings, mapping, _threads(args.threads, len(mapping))

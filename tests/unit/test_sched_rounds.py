@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
+from gearshift.common.errors import ValidationError
 from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.pipeline import Snapshot, Target
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
@@ -477,3 +478,32 @@ def test_the_allocator_names() -> None:
     assert make_allocator("las", elastic=True).replans_on_events
     assert not make_allocator("las").replans_on_events
     assert scheduler_pb2.JobEventType.Name(scheduler_pb2.JOB_EVENT_TYPE_RESCALED)
+
+
+def test_the_job_runs_its_plan_and_a_new_plan_is_an_event() -> None:
+    """The scheduler sends the job's current plan (default: all off, one thread), refuses
+    one the spec does not allow, and records the plan with the start that changes it."""
+    scheduler, agents = make_scheduler(settings(), clock=Clock())
+    try:
+        register(scheduler, "a", {"t4": 2})
+        spec = job_spec("p", 2)
+        spec.plan_dimensions.gradient_checkpointing = True
+        job_id = scheduler.submit(spec, "")[0].job_id
+        scheduler.run_round()
+        (first,) = agents.started
+        assert first.plan == C.ExecutionPlan()
+        assert "plan:" not in scheduler.state.store.events_after(job_id, 0)[-1].message
+        job = scheduler.state.jobs[job_id]
+        two_threads = C.ExecutionPlan(threads_per_process=2)
+        with pytest.raises(ValidationError, match=r"plan\.threads_per_process: job 'p' runs"):
+            scheduler.control.prepare_start(job, [], plan=two_threads)
+        assert job.generation == 1  # nothing changed
+        gc_on = C.ExecutionPlan(gradient_checkpointing=True)
+        with scheduler.state.lock:
+            scheduler.rounds._started(job, job.placement, gc_on, rescaled=True)
+        last = scheduler.state.store.events_after(job_id, 0)[-1]
+        assert last.type == S.JOB_EVENT_TYPE_RESCALED
+        assert last.message.endswith("; plan: gc on, 1 thread"), last.message
+        assert scheduler.get(job_id).plan == gc_on
+    finally:
+        scheduler.stop()

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import descriptor_pb2 as google_dot_protobuf_dot_descriptor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gearshift/v1/common.proto\x12\x0cgearshift.v1\x1a google/protobuf/descriptor.proto\"F\n\nEntrypoint\x12\x0e\n\x06module\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x13\n\x0b\x63ode_sha256\x18\x03 \x01(\t\"q\n\x0b\x44\x61tasetSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x12\n\nshard_size\x18\x03 \x01(\x03\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12$\n\x04mode\x18\x05 \x01(\x0e\x32\x16.gearshift.v1.DataMode\"9\n\rElasticBounds\x12\x13\n\x0bmin_devices\x18\x01 \x01(\x05\x12\x13\n\x0bmax_devices\x18\x02 \x01(\x05\"\x1f\n\x03Slo\x12\x18\n\x10\x64\x65\x61\x64line_seconds\x18\x01 \x01(\x01\"\xe1\x04\n\x07JobSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12,\n\nentrypoint\x18\x03 \x01(\x0b\x32\x18.gearshift.v1.Entrypoint\x12\x12\n\nmodel_type\x18\x04 \x01(\t\x12\x10\n\x08num_ests\x18\x05 \x01(\x05\x12\x19\n\x11global_batch_size\x18\x06 \x01(\x05\x12\x15\n\x0btotal_steps\x18\x07 \x01(\x03H\x00\x12\x10\n\x06\x65pochs\x18\x08 \x01(\x05H\x00\x12*\n\x07\x64\x61taset\x18\t \x01(\x0b\x32\x19.gearshift.v1.DatasetSpec\x12\x33\n\x0b\x64\x65terminism\x18\n \x01(\x0e\x32\x1e.gearshift.v1.DeterminismLevel\x12,\n\x07\x65lastic\x18\x0b \x01(\x0b\x32\x1b.gearshift.v1.ElasticBounds\x12\x19\n\x11\x61\x63\x63\x65lerator_types\x18\x0c \x03(\t\x12\x17\n\x0fpriority_weight\x18\r \x01(\x01\x12\x1e\n\x03slo\x18\x0e \x01(\x0b\x32\x11.gearshift.v1.Slo\x12\x31\n\rservice_class\x18\x0f \x01(\x0e\x32\x1a.gearshift.v1.ServiceClass\x12\x1e\n\x16\x63heckpoint_every_steps\x18\x10 \x01(\x03\x12\x31\n\x06labels\x18\x11 \x03(\x0b\x32!.gearshift.v1.JobSpec.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06length\"L\n\x0b\x44\x65viceGroup\x12\x18\n\x10\x61\x63\x63\x65lerator_type\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\"u\n\x11ProcessAssignment\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x18\n\x10\x61\x63\x63\x65lerator_type\x18\x03 \x01(\t\x12\x14\n\x0c\x64\x65vice_index\x18\x04 \x01(\x05\x12\x0f\n\x07\x65st_ids\x18\x05 \x03(\x05\"?\n\tPlacement\x12\x32\n\tprocesses\x18\x01 \x03(\x0b\x32\x1f.gearshift.v1.ProcessAssignment\"\x80\x01\n\x0bJobProgress\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x0c\n\x04loss\x18\x04 \x01(\x01\x12\x1a\n\x12samples_per_second\x18\x05 \x01(\x01\x12\x15\n\rstarted_fresh\x18\x06 \x01(\x08\"`\n\tResources\x12\x11\n\tcpu_cores\x18\x01 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x03\x12*\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x19.gearshift.v1.DeviceGroup\"4\n\x0bPageRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\x8a\x02\n\nTaskStatus\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12&\n\x05state\x18\x03 \x01(\x0e\x32\x17.gearshift.v1.TaskState\x12+\n\x08progress\x18\x04 \x01(\x0b\x32\x19.gearshift.v1.JobProgress\x12\x11\n\texit_code\x18\x05 \x01(\x05\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x0e\n\x06\x64igest\x18\x07 \x01(\t\x12\x17\n\x0f\x63heckpoint_path\x18\x08 \x01(\t\x12\x0e\n\x06paused\x18\t \x01(\x08\x12\x14\n\x0cpause_reason\x18\n \x01(\t\x12\x13\n\x0bpause_count\x18\x0b \x01(\x05\"s\n\x0b\x43ollocation\x12+\n\x04role\x18\x01 \x01(\x0e\x32\x1d.gearshift.v1.CollocationRole\x12\x16\n\x0epartner_job_id\x18\x02 \x01(\t\x12\x1f\n\x17max_foreground_slowdown\x18\x03 \x01(\x01\"=\n\x05Lease\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x12\n\nexpires_at\x18\x02 \x01(\x01J\x04\x08\x03\x10\x04R\tmax_steps\"T\n\x07LogLine\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0c\n\x04time\x18\x03 \x01(\x01\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x0f\n\x07task_id\x18\x05 \x01(\t\"7\n\tCodeChunk\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c*\x83\x01\n\x10\x44\x65terminismLevel\x12!\n\x1d\x44\x45TERMINISM_LEVEL_UNSPECIFIED\x10\x00\x12\x18\n\x14\x44\x45TERMINISM_LEVEL_D0\x10\x01\x12\x18\n\x14\x44\x45TERMINISM_LEVEL_D1\x10\x02\x12\x18\n\x14\x44\x45TERMINISM_LEVEL_D2\x10\x03*Y\n\x08\x44\x61taMode\x12\x19\n\x15\x44\x41TA_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44\x41TA_MODE_DYNAMIC\x10\x01\x12\x1b\n\x17\x44\x41TA_MODE_DETERMINISTIC\x10\x02*j\n\x0cServiceClass\x12\x1d\n\x19SERVICE_CLASS_UNSPECIFIED\x10\x00\x12\x1c\n\x18SERVICE_CLASS_GUARANTEED\x10\x01\x12\x1d\n\x19SERVICE_CLASS_BEST_EFFORT\x10\x02*\xb3\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_RESCALING\x10\x03\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x04\x12\x14\n\x10JOB_STATE_FAILED\x10\x05\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x06*\xbf\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13TASK_STATE_STARTING\x10\x01\x12\x16\n\x12TASK_STATE_RUNNING\x10\x02\x12\x17\n\x13TASK_STATE_STOPPING\x10\x03\x12\x1b\n\x17TASK_STATE_CHECKPOINTED\x10\x04\x12\x18\n\x14TASK_STATE_COMPLETED\x10\x05\x12\x15\n\x11TASK_STATE_FAILED\x10\x06*\x92\x01\n\x0f\x43ollocationRole\x12 \n\x1c\x43OLLOCATION_ROLE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43OLLOCATION_ROLE_FOREGROUND\x10\x01\x12\x1f\n\x1b\x43OLLOCATION_ROLE_BACKGROUND\x10\x02\x12\x1b\n\x17\x43OLLOCATION_ROLE_SHARED\x10\x03:4\n\nidempotent\x12\x1e.google.protobuf.MethodOptions\x18\xd1\x86\x03 \x01(\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gearshift/v1/common.proto\x12\x0cgearshift.v1\x1a google/protobuf/descriptor.proto\"F\n\nEntrypoint\x12\x0e\n\x06module\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x13\n\x0b\x63ode_sha256\x18\x03 \x01(\t\"q\n\x0b\x44\x61tasetSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x12\n\nshard_size\x18\x03 \x01(\x03\x12\x0c\n\x04seed\x18\x04 \x01(\x03\x12$\n\x04mode\x18\x05 \x01(\x0e\x32\x16.gearshift.v1.DataMode\"9\n\rElasticBounds\x12\x13\n\x0bmin_devices\x18\x01 \x01(\x05\x12\x13\n\x0bmax_devices\x18\x02 \x01(\x05\"\x1f\n\x03Slo\x12\x18\n\x10\x64\x65\x61\x64line_seconds\x18\x01 \x01(\x01\"\x98\x05\n\x07JobSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12,\n\nentrypoint\x18\x03 \x01(\x0b\x32\x18.gearshift.v1.Entrypoint\x12\x12\n\nmodel_type\x18\x04 \x01(\t\x12\x10\n\x08num_ests\x18\x05 \x01(\x05\x12\x19\n\x11global_batch_size\x18\x06 \x01(\x05\x12\x15\n\x0btotal_steps\x18\x07 \x01(\x03H\x00\x12\x10\n\x06\x65pochs\x18\x08 \x01(\x05H\x00\x12*\n\x07\x64\x61taset\x18\t \x01(\x0b\x32\x19.gearshift.v1.DatasetSpec\x12\x33\n\x0b\x64\x65terminism\x18\n \x01(\x0e\x32\x1e.gearshift.v1.DeterminismLevel\x12,\n\x07\x65lastic\x18\x0b \x01(\x0b\x32\x1b.gearshift.v1.ElasticBounds\x12\x19\n\x11\x61\x63\x63\x65lerator_types\x18\x0c \x03(\t\x12\x17\n\x0fpriority_weight\x18\r \x01(\x01\x12\x1e\n\x03slo\x18\x0e \x01(\x0b\x32\x11.gearshift.v1.Slo\x12\x31\n\rservice_class\x18\x0f \x01(\x0e\x32\x1a.gearshift.v1.ServiceClass\x12\x1e\n\x16\x63heckpoint_every_steps\x18\x10 \x01(\x03\x12\x31\n\x06labels\x18\x11 \x03(\x0b\x32!.gearshift.v1.JobSpec.LabelsEntry\x12\x35\n\x0fplan_dimensions\x18\x12 \x01(\x0b\x32\x1c.gearshift.v1.PlanDimensions\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06length\"\\\n\x0ePlanDimensions\x12\x1e\n\x16gradient_checkpointing\x18\x01 \x01(\x08\x12\x0f\n\x07threads\x18\x02 \x01(\x08\x12\x19\n\x11offload_optimizer\x18\x03 \x01(\x08\"g\n\rExecutionPlan\x12\x1e\n\x16gradient_checkpointing\x18\x01 \x01(\x08\x12\x1b\n\x13threads_per_process\x18\x02 \x01(\x05\x12\x19\n\x11offload_optimizer\x18\x03 \x01(\x08\"L\n\x0b\x44\x65viceGroup\x12\x18\n\x10\x61\x63\x63\x65lerator_type\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\"u\n\x11ProcessAssignment\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x18\n\x10\x61\x63\x63\x65lerator_type\x18\x03 \x01(\t\x12\x14\n\x0c\x64\x65vice_index\x18\x04 \x01(\x05\x12\x0f\n\x07\x65st_ids\x18\x05 \x03(\x05\"?\n\tPlacement\x12\x32\n\tprocesses\x18\x01 \x03(\x0b\x32\x1f.gearshift.v1.ProcessAssignment\"\x80\x01\n\x0bJobProgress\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x0c\n\x04loss\x18\x04 \x01(\x01\x12\x1a\n\x12samples_per_second\x18\x05 \x01(\x01\x12\x15\n\rstarted_fresh\x18\x06 \x01(\x08\"`\n\tResources\x12\x11\n\tcpu_cores\x18\x01 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x03\x12*\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x19.gearshift.v1.DeviceGroup\"4\n\x0bPageRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\x8a\x02\n\nTaskStatus\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12&\n\x05state\x18\x03 \x01(\x0e\x32\x17.gearshift.v1.TaskState\x12+\n\x08progress\x18\x04 \x01(\x0b\x32\x19.gearshift.v1.JobProgress\x12\x11\n\texit_code\x18\x05 \x01(\x05\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x0e\n\x06\x64igest\x18\x07 \x01(\t\x12\x17\n\x0f\x63heckpoint_path\x18\x08 \x01(\t\x12\x0e\n\x06paused\x18\t \x01(\x08\x12\x14\n\x0cpause_reason\x18\n \x01(\t\x12\x13\n\x0bpause_count\x18\x0b \x01(\x05\"s\n\x0b\x43ollocation\x12+\n\x04role\x18\x01 \x01(\x0e\x32\x1d.gearshift.v1.CollocationRole\x12\x16\n\x0epartner_job_id\x18\x02 \x01(\t\x12\x1f\n\x17max_foreground_slowdown\x18\x03 \x01(\x01\"=\n\x05Lease\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x12\n\nexpires_at\x18\x02 \x01(\x01J\x04\x08\x03\x10\x04R\tmax_steps\"T\n\x07LogLine\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0c\n\x04time\x18\x03 \x01(\x01\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x0f\n\x07task_id\x18\x05 \x01(\t\"7\n\tCodeChunk\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c*\x83\x01\n\x10\x44\x65terminismLevel\x12!\n\x1d\x44\x45TERMINISM_LEVEL_UNSPECIFIED\x10\x00\x12\x18\n\x14\x44\x45TERMINISM_LEVEL_D0\x10\x01\x12\x18\n\x14\x44\x45TERMINISM_LEVEL_D1\x10\x02\x12\x18\n\x14\x44\x45TERMINISM_LEVEL_D2\x10\x03*Y\n\x08\x44\x61taMode\x12\x19\n\x15\x44\x41TA_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44\x41TA_MODE_DYNAMIC\x10\x01\x12\x1b\n\x17\x44\x41TA_MODE_DETERMINISTIC\x10\x02*j\n\x0cServiceClass\x12\x1d\n\x19SERVICE_CLASS_UNSPECIFIED\x10\x00\x12\x1c\n\x18SERVICE_CLASS_GUARANTEED\x10\x01\x12\x1d\n\x19SERVICE_CLASS_BEST_EFFORT\x10\x02*\xb3\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_RESCALING\x10\x03\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x04\x12\x14\n\x10JOB_STATE_FAILED\x10\x05\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x06*\xbf\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13TASK_STATE_STARTING\x10\x01\x12\x16\n\x12TASK_STATE_RUNNING\x10\x02\x12\x17\n\x13TASK_STATE_STOPPING\x10\x03\x12\x1b\n\x17TASK_STATE_CHECKPOINTED\x10\x04\x12\x18\n\x14TASK_STATE_COMPLETED\x10\x05\x12\x15\n\x11TASK_STATE_FAILED\x10\x06*\x92\x01\n\x0f\x43ollocationRole\x12 \n\x1c\x43OLLOCATION_ROLE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43OLLOCATION_ROLE_FOREGROUND\x10\x01\x12\x1f\n\x1b\x43OLLOCATION_ROLE_BACKGROUND\x10\x02\x12\x1b\n\x17\x43OLLOCATION_ROLE_SHARED\x10\x03:4\n\nidempotent\x12\x1e.google.protobuf.MethodOptions\x18\xd1\x86\x03 \x01(\x08\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,18 +34,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOBSPEC_LABELSENTRY']._loaded_options = None
   _globals['_JOBSPEC_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_DETERMINISMLEVEL']._serialized_start=2106
-  _globals['_DETERMINISMLEVEL']._serialized_end=2237
-  _globals['_DATAMODE']._serialized_start=2239
-  _globals['_DATAMODE']._serialized_end=2328
-  _globals['_SERVICECLASS']._serialized_start=2330
-  _globals['_SERVICECLASS']._serialized_end=2436
-  _globals['_JOBSTATE']._serialized_start=2439
-  _globals['_JOBSTATE']._serialized_end=2618
-  _globals['_TASKSTATE']._serialized_start=2621
-  _globals['_TASKSTATE']._serialized_end=2812
-  _globals['_COLLOCATIONROLE']._serialized_start=2815
-  _globals['_COLLOCATIONROLE']._serialized_end=2961
+  _globals['_DETERMINISMLEVEL']._serialized_start=2360
+  _globals['_DETERMINISMLEVEL']._serialized_end=2491
+  _globals['_DATAMODE']._serialized_start=2493
+  _globals['_DATAMODE']._serialized_end=2582
+  _globals['_SERVICECLASS']._serialized_start=2584
+  _globals['_SERVICECLASS']._serialized_end=2690
+  _globals['_JOBSTATE']._serialized_start=2693
+  _globals['_JOBSTATE']._serialized_end=2872
+  _globals['_TASKSTATE']._serialized_start=2875
+  _globals['_TASKSTATE']._serialized_end=3066
+  _globals['_COLLOCATIONROLE']._serialized_start=3069
+  _globals['_COLLOCATIONROLE']._serialized_end=3215
   _globals['_ENTRYPOINT']._serialized_start=77
   _globals['_ENTRYPOINT']._serialized_end=147
   _globals['_DATASETSPEC']._serialized_start=149
@@ -55,29 +55,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SLO']._serialized_start=323
   _globals['_SLO']._serialized_end=354
   _globals['_JOBSPEC']._serialized_start=357
-  _globals['_JOBSPEC']._serialized_end=966
-  _globals['_JOBSPEC_LABELSENTRY']._serialized_start=911
-  _globals['_JOBSPEC_LABELSENTRY']._serialized_end=956
-  _globals['_DEVICEGROUP']._serialized_start=968
-  _globals['_DEVICEGROUP']._serialized_end=1044
-  _globals['_PROCESSASSIGNMENT']._serialized_start=1046
-  _globals['_PROCESSASSIGNMENT']._serialized_end=1163
-  _globals['_PLACEMENT']._serialized_start=1165
-  _globals['_PLACEMENT']._serialized_end=1228
-  _globals['_JOBPROGRESS']._serialized_start=1231
-  _globals['_JOBPROGRESS']._serialized_end=1359
-  _globals['_RESOURCES']._serialized_start=1361
-  _globals['_RESOURCES']._serialized_end=1457
-  _globals['_PAGEREQUEST']._serialized_start=1459
-  _globals['_PAGEREQUEST']._serialized_end=1511
-  _globals['_TASKSTATUS']._serialized_start=1514
-  _globals['_TASKSTATUS']._serialized_end=1780
-  _globals['_COLLOCATION']._serialized_start=1782
-  _globals['_COLLOCATION']._serialized_end=1897
-  _globals['_LEASE']._serialized_start=1899
-  _globals['_LEASE']._serialized_end=1960
-  _globals['_LOGLINE']._serialized_start=1962
-  _globals['_LOGLINE']._serialized_end=2046
-  _globals['_CODECHUNK']._serialized_start=2048
-  _globals['_CODECHUNK']._serialized_end=2103
+  _globals['_JOBSPEC']._serialized_end=1021
+  _globals['_JOBSPEC_LABELSENTRY']._serialized_start=966
+  _globals['_JOBSPEC_LABELSENTRY']._serialized_end=1011
+  _globals['_PLANDIMENSIONS']._serialized_start=1023
+  _globals['_PLANDIMENSIONS']._serialized_end=1115
+  _globals['_EXECUTIONPLAN']._serialized_start=1117
+  _globals['_EXECUTIONPLAN']._serialized_end=1220
+  _globals['_DEVICEGROUP']._serialized_start=1222
+  _globals['_DEVICEGROUP']._serialized_end=1298
+  _globals['_PROCESSASSIGNMENT']._serialized_start=1300
+  _globals['_PROCESSASSIGNMENT']._serialized_end=1417
+  _globals['_PLACEMENT']._serialized_start=1419
+  _globals['_PLACEMENT']._serialized_end=1482
+  _globals['_JOBPROGRESS']._serialized_start=1485
+  _globals['_JOBPROGRESS']._serialized_end=1613
+  _globals['_RESOURCES']._serialized_start=1615
+  _globals['_RESOURCES']._serialized_end=1711
+  _globals['_PAGEREQUEST']._serialized_start=1713
+  _globals['_PAGEREQUEST']._serialized_end=1765
+  _globals['_TASKSTATUS']._serialized_start=1768
+  _globals['_TASKSTATUS']._serialized_end=2034
+  _globals['_COLLOCATION']._serialized_start=2036
+  _globals['_COLLOCATION']._serialized_end=2151
+  _globals['_LEASE']._serialized_start=2153
+  _globals['_LEASE']._serialized_end=2214
+  _globals['_LOGLINE']._serialized_start=2216
+  _globals['_LOGLINE']._serialized_end=2300
+  _globals['_CODECHUNK']._serialized_start=2302
+  _globals['_CODECHUNK']._serialized_end=2357
 # @@protoc_insertion_point(module_scope)

@@ -406,6 +406,7 @@ class JobSpec(_message.Message):
     SERVICE_CLASS_FIELD_NUMBER: _builtins.int
     CHECKPOINT_EVERY_STEPS_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    PLAN_DIMENSIONS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Human-readable name (1-128 characters: letters, digits, '-', '_', '.')."""
     tenant: _builtins.str
@@ -458,6 +459,12 @@ class JobSpec(_message.Message):
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Free-form labels, carried through to history and events."""
 
+    @_builtins.property
+    def plan_dimensions(self) -> Global___PlanDimensions:
+        """The execution-plan dimensions the scheduler may change while the job runs
+        (Rubick); ESTs per device always may. Unset: every dimension stays off.
+        """
+
     def __init__(
         self,
         *,
@@ -478,16 +485,89 @@ class JobSpec(_message.Message):
         service_class: Global___ServiceClass.ValueType = ...,
         checkpoint_every_steps: _builtins.int = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        plan_dimensions: Global___PlanDimensions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "elastic", b"elastic", "entrypoint", b"entrypoint", "epochs", b"epochs", "length", b"length", "slo", b"slo", "total_steps", b"total_steps"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "elastic", b"elastic", "entrypoint", b"entrypoint", "epochs", b"epochs", "length", b"length", "plan_dimensions", b"plan_dimensions", "slo", b"slo", "total_steps", b"total_steps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accelerator_types", b"accelerator_types", "checkpoint_every_steps", b"checkpoint_every_steps", "dataset", b"dataset", "determinism", b"determinism", "elastic", b"elastic", "entrypoint", b"entrypoint", "epochs", b"epochs", "global_batch_size", b"global_batch_size", "labels", b"labels", "length", b"length", "model_type", b"model_type", "name", b"name", "num_ests", b"num_ests", "priority_weight", b"priority_weight", "service_class", b"service_class", "slo", b"slo", "tenant", b"tenant", "total_steps", b"total_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accelerator_types", b"accelerator_types", "checkpoint_every_steps", b"checkpoint_every_steps", "dataset", b"dataset", "determinism", b"determinism", "elastic", b"elastic", "entrypoint", b"entrypoint", "epochs", b"epochs", "global_batch_size", b"global_batch_size", "labels", b"labels", "length", b"length", "model_type", b"model_type", "name", b"name", "num_ests", b"num_ests", "plan_dimensions", b"plan_dimensions", "priority_weight", b"priority_weight", "service_class", b"service_class", "slo", b"slo", "tenant", b"tenant", "total_steps", b"total_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_length: _TypeAlias = _typing.Literal["total_steps", "epochs"]  # noqa: Y015
     _WhichOneofArgType_length: _TypeAlias = _typing.Literal["length", b"length"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_length) -> _WhichOneofReturnType_length | None: ...
 
 Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
+
+@_typing.final
+class PlanDimensions(_message.Message):
+    """Which dimensions of a job's execution plan may differ from the default (all
+    off, one thread). Each is executed by the runtime and may change between
+    checkpoints without changing the job's bits (offload: see ExecutionPlan).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRADIENT_CHECKPOINTING_FIELD_NUMBER: _builtins.int
+    THREADS_FIELD_NUMBER: _builtins.int
+    OFFLOAD_OPTIMIZER_FIELD_NUMBER: _builtins.int
+    gradient_checkpointing: _builtins.bool
+    """Gradient checkpointing may be turned on."""
+    threads: _builtins.bool
+    """Intra-op threads per process may be more than one. Only under determinism
+    D2, whose kernels use a fixed thread count whatever a process is given.
+    """
+    offload_optimizer: _builtins.bool
+    """Optimizer state may be offloaded to host memory (GPU only)."""
+    def __init__(
+        self,
+        *,
+        gradient_checkpointing: _builtins.bool = ...,
+        threads: _builtins.bool = ...,
+        offload_optimizer: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gradient_checkpointing", b"gradient_checkpointing", "offload_optimizer", b"offload_optimizer", "threads", b"threads"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlanDimensions: _TypeAlias = PlanDimensions  # noqa: Y015
+
+@_typing.final
+class ExecutionPlan(_message.Message):
+    """How a job's processes execute its training step (Rubick's execution plan, the
+    parts the runtime executes; ESTs per device are in the Placement). TP, PP, 3D
+    and ZeRO stages exist only in the performance model and the simulator.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRADIENT_CHECKPOINTING_FIELD_NUMBER: _builtins.int
+    THREADS_PER_PROCESS_FIELD_NUMBER: _builtins.int
+    OFFLOAD_OPTIMIZER_FIELD_NUMBER: _builtins.int
+    gradient_checkpointing: _builtins.bool
+    """Recompute activations in the backward pass (torch.utils.checkpoint, RNG
+    state preserved): less memory, the same bits.
+    """
+    threads_per_process: _builtins.int
+    """Intra-op threads of each process (0: 1)."""
+    offload_optimizer: _builtins.bool
+    """On GPU: optimizer state in pinned host memory and the optimizer step on the
+    CPU (the step's bits are the CPU's); on CPU it changes nothing.
+    """
+    def __init__(
+        self,
+        *,
+        gradient_checkpointing: _builtins.bool = ...,
+        threads_per_process: _builtins.int = ...,
+        offload_optimizer: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gradient_checkpointing", b"gradient_checkpointing", "offload_optimizer", b"offload_optimizer", "threads_per_process", b"threads_per_process"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecutionPlan: _TypeAlias = ExecutionPlan  # noqa: Y015
 
 @_typing.final
 class DeviceGroup(_message.Message):

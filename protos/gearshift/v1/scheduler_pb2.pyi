@@ -122,6 +122,7 @@ class Job(_message.Message):
     LAST_SEQUENCE_FIELD_NUMBER: _builtins.int
     COLLOCATION_FIELD_NUMBER: _builtins.int
     PAUSED_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Server-assigned id, e.g. "job-7f3a2c"."""
     state: _common_pb2.JobState.ValueType
@@ -164,6 +165,10 @@ class Job(_message.Message):
     def collocation(self) -> _common_pb2.Collocation:
         """How the job shares its devices now (unset: alone or not running)."""
 
+    @_builtins.property
+    def plan(self) -> _common_pb2.ExecutionPlan:
+        """The execution plan of its current (or last) placement."""
+
     def __init__(
         self,
         *,
@@ -181,10 +186,11 @@ class Job(_message.Message):
         last_sequence: _builtins.int = ...,
         collocation: _common_pb2.Collocation | None = ...,
         paused: _builtins.bool = ...,
+        plan: _common_pb2.ExecutionPlan | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "placement", b"placement", "progress", b"progress", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "placement", b"placement", "plan", b"plan", "progress", b"progress", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "final_digest", b"final_digest", "finished_at", b"finished_at", "job_id", b"job_id", "last_sequence", b"last_sequence", "message", b"message", "paused", b"paused", "placement", b"placement", "progress", b"progress", "rescale_count", b"rescale_count", "spec", b"spec", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "final_digest", b"final_digest", "finished_at", b"finished_at", "job_id", b"job_id", "last_sequence", b"last_sequence", "message", b"message", "paused", b"paused", "placement", b"placement", "plan", b"plan", "progress", b"progress", "rescale_count", b"rescale_count", "spec", b"spec", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

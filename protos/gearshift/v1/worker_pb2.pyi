@@ -70,6 +70,7 @@ class StartTaskRequest(_message.Message):
     JOB_TOKEN_FIELD_NUMBER: _builtins.int
     COLLOCATION_FIELD_NUMBER: _builtins.int
     PROFILE_FIRST_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id, unique per scheduler."""
     job_id: _builtins.str
@@ -121,6 +122,10 @@ class StartTaskRequest(_message.Message):
         sharing); unset: it runs alone.
         """
 
+    @_builtins.property
+    def plan(self) -> _common_pb2.ExecutionPlan:
+        """The job's current execution plan (unset: all off, one thread per process)."""
+
     def __init__(
         self,
         *,
@@ -138,10 +143,11 @@ class StartTaskRequest(_message.Message):
         job_token: _builtins.str = ...,
         collocation: _common_pb2.Collocation | None = ...,
         profile_first: _builtins.bool = ...,
+        plan: _common_pb2.ExecutionPlan | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "endpoints", b"endpoints", "lease", b"lease", "placement", b"placement", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "endpoints", b"endpoints", "lease", b"lease", "placement", b"placement", "plan", b"plan", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "collocation", b"collocation", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "job_id", b"job_id", "job_token", b"job_token", "lease", b"lease", "local_ranks", b"local_ranks", "placement", b"placement", "profile_first", b"profile_first", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "collocation", b"collocation", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "job_id", b"job_id", "job_token", b"job_token", "lease", b"lease", "local_ranks", b"local_ranks", "placement", b"placement", "plan", b"plan", "profile_first", b"profile_first", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

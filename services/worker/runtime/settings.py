@@ -50,6 +50,10 @@ class RunSettings:
     # fixed: the canonical summation order ("fold" only to show that the order matters)
     tree_shape: Shape = "balanced"
     est_rng_contexts: bool = True  # False only to show the per-EST contexts matter
+    # The execution plan (Rubick), free to change between checkpoints; ESTs per process
+    # and --threads are the plan's other dimensions.
+    gradient_checkpointing: bool = False  # recompute activations in backward (recompute.py)
+    offload_optimizer: bool = False  # on GPU: optimizer state and step on the host (offload.py)
 
     @property
     def per_est_batch(self) -> int:

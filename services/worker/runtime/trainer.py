@@ -25,7 +25,7 @@ from typing import Any, TextIO
 import torch
 
 from gearshift.common.errors import ValidationError
-from gearshift.worker.runtime import checkpoint
+from gearshift.worker.runtime import checkpoint, recompute
 from gearshift.worker.runtime.buffers import BufferKeeper
 from gearshift.worker.runtime.comm import Comm
 from gearshift.worker.runtime.context import (
@@ -42,6 +42,7 @@ from gearshift.worker.runtime.digest import state_digest, training_state
 from gearshift.worker.runtime.gradients import GradLayout, GradTaker
 from gearshift.worker.runtime.job import Job
 from gearshift.worker.runtime.loader import BatchLoader
+from gearshift.worker.runtime.offload import HostOptimizer
 from gearshift.worker.runtime.pause import PauseGate
 from gearshift.worker.runtime.reduce import CanonicalReducer, LocalSumReducer, Reducer
 from gearshift.worker.runtime.rng import derive_seed, from_plain, seeded, to_plain
@@ -135,6 +136,8 @@ class Trainer:
         self.pause = pause
         self.cuda = self.device.type == "cuda"
         self.model = job.model.to(self.device)
+        if settings.gradient_checkpointing:
+            recompute.enable(self.model)
         self.layout = GradLayout([p for p in self.model.parameters() if p.requires_grad])
         self.step = 0
         self.job_slot = RngSlot(seeded(derive_seed("job", settings.seed), cuda=self.cuda))
@@ -172,6 +175,14 @@ class Trainer:
         holder = next(p for p, ests in enumerate(self.placement) if 0 in ests)
         self.buffers = BufferKeeper(self.model, holder, rank, self.procs)
         self.control = ControlExchange(settings.num_ests, self.placement, rank)
+        self.stepper: torch.optim.Optimizer | HostOptimizer = job.optimizer
+        if settings.offload_optimizer:
+            if self.cuda:
+                self.stepper = HostOptimizer(job.optimizer, self.layout.params)
+            elif rank == 0:
+                message = "--offload-optimizer: on the CPU the optimizer steps on the host already"
+                log.info(message)
+                print(message, flush=True)
 
     # -- start and resume ------------------------------------------------------------
 
@@ -234,6 +245,12 @@ class Trainer:
                     "determinism": str(self.settings.determinism),
                     "d2_threads": self.settings.d2_threads,
                 },
+                # The plan it was taken under: informative only, any plan may resume it.
+                "plan": {
+                    "ests_per_process": [len(ests) for ests in self.placement],
+                    "gradient_checkpointing": self.settings.gradient_checkpointing,
+                    "offload_optimizer": self.settings.offload_optimizer,
+                },
                 "job": self.job_ref,
                 "model": self.model.state_dict(),
                 "optimizer": self.job.optimizer.state_dict(),
@@ -278,7 +295,7 @@ class Trainer:
         for param, grad in zip(self.layout.params, mean, strict=True):
             param.grad = grad
         with self.switcher.inside(self.job_slot):
-            self.job.optimizer.step()
+            self.stepper.step()
             if self.job.lr_scheduler is not None:
                 self.job.lr_scheduler.step()
         for param in self.layout.params:
