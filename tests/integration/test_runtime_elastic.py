@@ -44,9 +44,12 @@ class Run:
         return self.directory / "ckpt"
 
     def final(self) -> dict[str, Any]:
+        """The last checkpoint, but the plan it records (how the run was placed)."""
         path = checkpoint.latest(self.ckpt_dir)
         assert path is not None, f"no checkpoint in {self.ckpt_dir}"
-        return checkpoint.load(path)
+        state = checkpoint.load(path)
+        assert "ests_per_process" in state.pop("plan")
+        return state
 
     def losses(self) -> list[list[str]]:
         """Every EST's float32 loss bytes, step by step (a re-run step counts once)."""
