@@ -52,6 +52,9 @@ class WorkerRegistry:
         hostname: str,
         devices: Sequence[common_pb2.DeviceGroup],
         tasks: Sequence[common_pb2.TaskStatus],
+        *,
+        cpu_cores: int = 0,
+        memory_bytes: int = 0,
     ) -> WorkerRecord:
         state = self.state
         now = state.clock()
@@ -64,6 +67,8 @@ class WorkerRegistry:
                 alive=True,
                 registered_at=now,
                 last_heartbeat_at=now,
+                cpu_cores=cpu_cores,
+                memory_bytes=memory_bytes,
             )
             previous = state.workers.get(worker.worker_id)
             if previous is not None:
@@ -74,7 +79,13 @@ class WorkerRegistry:
                 listener()
         log.info(
             "worker registered",
-            extra={"worker_id": worker.worker_id, "address": address, "devices": len(devices)},
+            extra={
+                "worker_id": worker.worker_id,
+                "address": address,
+                "devices": len(devices),
+                "cpu_cores": cpu_cores,
+                "memory_bytes": memory_bytes,
+            },
         )
         self.task_reports(worker.worker_id, tasks)
         self.wake()
