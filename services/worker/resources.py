@@ -22,7 +22,7 @@ from gearshift.common.errors import ResourceExhaustedError, ValidationError
 MEMINFO = Path("/proc/meminfo")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 # The training process reads it first thing and pins itself to these cores ("2,3").
-CORES_VARIABLE = "GEARSHIFT_CPU_CORES"
+CORES_VARIABLE = "GEARSHIFT_PROCESS_CORES"  # not --cpu-cores's GEARSHIFT_CPU_CORES
 
 
 def parse_meminfo_total(text: str) -> int:

@@ -166,6 +166,7 @@ class Task:
                 code_dir = code(sha256)
             for rank in self.plan.ranks:
                 child_env = dict(self.plan.environment(rank, settings, env))
+                child_env.pop(CORES_VARIABLE, None)
                 if rank in self.cores:
                     child_env[CORES_VARIABLE] = format_cores(self.cores[rank])
                 argv = self.plan.command(rank, settings, self.task_dir, config_file, code_dir)

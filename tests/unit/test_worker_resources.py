@@ -7,9 +7,10 @@ import os
 
 import pytest
 
+from gearshift.client.render import cluster_text
 from gearshift.common.errors import ResourceExhaustedError, ValidationError
 from gearshift.scheduler.process_resources import process_resources
-from gearshift.v1 import common_pb2
+from gearshift.v1 import common_pb2, scheduler_pb2
 from gearshift.worker.resources import (
     CoreAllocator,
     format_bytes,
@@ -102,9 +103,23 @@ def test_a_process_pins_itself_to_the_cores_named() -> None:
     before = os.sched_getaffinity(0)
     one = min(before)
     try:
-        said = pin_from_environment({"GEARSHIFT_CPU_CORES": str(one)})
+        said = pin_from_environment({"GEARSHIFT_PROCESS_CORES": str(one)})
         assert os.sched_getaffinity(0) == {one}
         assert said == f"resources: pinned to CPU cores {one}"
     finally:
         os.sched_setaffinity(0, before)
     assert pin_from_environment({}) == ""
+
+
+def test_gearshift_cluster_shows_each_workers_cores_and_memory() -> None:
+    state = scheduler_pb2.ClusterState(policy="fifo")
+    cpu = [common_pb2.DeviceGroup(accelerator_type="cpu", count=2)]
+    state.workers.add(
+        worker_id="w1", address="h:1", devices=cpu, cpu_cores=8, memory_bytes=16 << 30
+    )
+    state.workers.add(worker_id="w2", address="h:2", devices=cpu)  # told nothing
+    rows = cluster_text(state).splitlines()
+    header = next(r for r in rows if r.startswith("WORKER"))
+    assert "CPUS" in header and "MEMORY" in header
+    assert next(r for r in rows if r.startswith("w1")).split()[4:6] == ["8", "16.0G"]
+    assert next(r for r in rows if r.startswith("w2")).split()[4:6] == ["?", "?"]
