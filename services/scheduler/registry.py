@@ -370,10 +370,15 @@ class WorkerRegistry:
                 # worker is declared lost; and a crash may be transient. Resume from the
                 # last checkpoint, a bounded number of times.
                 job.restart_count = restarts + 1  # saved with the event below
+                more = ""
+                if status.out_of_memory:  # the same memory would fail the same way
+                    factor = 2 * state.memory_factor.get(job.job_id, 1)
+                    state.memory_factor[job.job_id] = factor
+                    more = f" with {factor}x its memory share"
                 state.requeue(
                     job,
                     S.JOB_EVENT_TYPE_PREEMPTED,
-                    f"{what}; restarting from the last checkpoint "
+                    f"{what}; restarting from the last checkpoint{more} "
                     f"(restart {restarts + 1} of {limit})",
                 )
             return others

@@ -101,7 +101,11 @@ class TaskControl:
             state.tasks[task_id] = task
             worker = state.workers[worker_id]
             cores, memory = process_resources(
-                worker.cpu_cores, worker.memory_bytes, worker.devices, cpus_per_device
+                worker.cpu_cores,
+                worker.memory_bytes,
+                worker.devices,
+                cpus_per_device,
+                state.memory_factor.get(job.job_id, 1),
             )
             request = worker_pb2.StartTaskRequest(
                 task_id=task_id,
