@@ -5,6 +5,8 @@ and reports a process that ran out of memory (its watchdog's kill, or a MemoryEr
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -30,6 +32,27 @@ from tests.integration.test_worker_daemon import (
 C = common_pb2
 __all__ = ["fake"]  # the fixture, used by name
 MEMORY_FLAG = "3G"
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (["--memory", "lots"], "--memory: 'lots' is not a memory size"),
+        (["--memory", "0"], "--memory must be > 0"),
+        (["--cpu-cores", "9999"], "--cpu-cores: 9999 asked but this daemon may use only"),
+        (["--cpu-cores", "-1"], "--cpu-cores: must be >= 0"),
+    ],
+)
+def test_bad_resource_flags_fail_the_start_naming_the_flag(flags: list[str], error: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gearshift.worker", "--listen", "127.0.0.1:0", *flags],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert error in result.stderr, result.stderr
 
 
 def allowed_cores(pid: int) -> list[int] | None:
