@@ -346,8 +346,10 @@ class Task:
                 "detail": self.message[-300:],
             },
         )
-        self.ended.set()
-        self.on_end(self)
+        try:
+            self.on_end(self)  # first: it frees the task's cores before a stop's waiter returns
+        finally:
+            self.ended.set()
 
     def _describe_failure(self) -> None:
         """Exit code and message of a failed task (under the lock)."""
