@@ -29,6 +29,7 @@ from gearshift.common.errors import NotFoundError, PreconditionError, Validation
 from gearshift.common.facts import ENDED_TASK_STATES
 from gearshift.v1 import common_pb2, worker_pb2
 from gearshift.worker import metrics, task_logs
+from gearshift.worker.cgroups import Cgroups
 from gearshift.worker.collocation import Policy
 from gearshift.worker.command import CommandSettings, plan_task
 from gearshift.worker.devices import device_types
@@ -64,6 +65,7 @@ class Agent:
         collocation: Policy | None = None,
         cores: Sequence[int] | None = None,
         memory_bytes: int = 0,
+        cgroups: Cgroups | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.devices = list(devices)
@@ -86,6 +88,7 @@ class Agent:
         self.multiplexer = Multiplexer(self.running, collocation or Policy())
         self.cores = CoreAllocator(detect_cores() if cores is None else cores)
         self.memory_bytes = memory_bytes  # host memory offered (0: unknown)
+        self.cgroups = cgroups  # set up by the daemon when it may create cgroups
 
     # -- RPCs ----------------------------------------------------------------------
 
@@ -124,6 +127,7 @@ class Agent:
             task.lease_expires_at = request.lease.expires_at
             task.cores = dict(zip(plan.ranks, cores, strict=False))
             task.memory_limit = request.memory_bytes_per_process
+            task.cgroups = self.cgroups
             self._tasks[plan.task_id] = task
         log.info(
             "starting task",

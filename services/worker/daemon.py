@@ -24,6 +24,7 @@ from gearshift.common.server import GrpcServer, register
 from gearshift.common.validation import check_name
 from gearshift.v1 import worker_pb2, worker_pb2_grpc
 from gearshift.worker.agent import Agent
+from gearshift.worker.cgroups import Cgroups
 from gearshift.worker.collocation import DEFAULT_MAX_SLOWDOWN, DEFAULT_PAUSE_S, Policy
 from gearshift.worker.command import CommandSettings
 from gearshift.worker.devices import parse_devices, parse_memory
@@ -182,6 +183,15 @@ def build(config: argparse.Namespace) -> Daemon:
     except GearshiftError as exc:
         raise ValueError(exc.message) from None
     cores, memory = _resources(config)
+    # Before the agent starts the zygote: the daemon moves itself into its own leaf cgroup.
+    cgroups, why = Cgroups.probe()
+    if cgroups is None:
+        log.info(
+            "cgroup v2 not used: CPU affinity and an RSS watchdog hold the processes",
+            extra={"why": why},
+        )
+    else:
+        log.info("cgroup v2: a cgroup per training process", extra={"under": str(cgroups.base)})
     settings = CommandSettings(
         python=sys.executable,
         checkpoint_every=config.checkpoint_every,
@@ -206,6 +216,7 @@ def build(config: argparse.Namespace) -> Daemon:
         ),
         cores=cores,
         memory_bytes=memory,
+        cgroups=cgroups,
     )
     links: list[SchedulerLink] = []
 

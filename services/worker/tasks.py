@@ -17,7 +17,8 @@ exited with EXIT_OUT_OF_MEMORY after a MemoryError) fails its task with
 restart with the same resources would repeat.
 
 Each process may hold CPU cores (`cores`: it pins itself to them, CORES_VARIABLE) and a
-memory limit (`memory_limit`: the watcher SIGKILLs a process whose RSS passes it);
+memory limit (`memory_limit`: the watcher SIGKILLs a process whose RSS passes it), and,
+where the daemon may create cgroups (`cgroups`), a cgroup v2 of its own with both limits;
 `enforcement` says how, for the status and the log.
 
 A background task (DeepPool's multiplexing) starts paused: its pause file exists
@@ -53,6 +54,7 @@ from gearshift.common.facts import (
     OUT_OF_MEMORY,
 )
 from gearshift.v1 import common_pb2
+from gearshift.worker.cgroups import Cgroups
 from gearshift.worker.command import PAUSE_FILE, CommandSettings, TaskPlan, config_text
 from gearshift.worker.resources import CORES_VARIABLE, format_bytes, format_cores, rss_bytes
 from gearshift.worker.spawner import Child, Spawner, SpawnRequest
@@ -119,6 +121,8 @@ class Task:
     cores: dict[int, list[int]] = field(default_factory=dict)  # rank -> its cores (none: any)
     memory_limit: int = 0  # bytes of RSS each process may hold (0: no limit)
     out_of_memory: bool = False
+    cgroups: Cgroups | None = None  # the daemon's, when it may create them
+    _cgroup_of: dict[int, Path] = field(default_factory=dict)  # rank -> its cgroup
     _oom: dict[int, str] = field(default_factory=dict)  # rank -> why the watcher killed it
     _stop_reason: str = ""
     _checkpoint: bool = True
@@ -137,7 +141,7 @@ class Task:
     def enforcement(self) -> str:
         """How this task's resources are held to, e.g. `affinity cores 0 (rank 0), 1 (rank 1);
         RSS watchdog 1.0 GiB per process`; empty when nothing is limited."""
-        return describe_enforcement(self.cores, self.memory_limit)
+        return describe_enforcement(self.cores, self.memory_limit, cgroup=bool(self._cgroup_of))
 
     # -- start -----------------------------------------------------------------------
 
@@ -176,6 +180,7 @@ class Task:
                     SpawnRequest(argv, child_env, self.task_dir, self.log_path(rank), forkable)
                 )
                 (self.task_dir / f"rank{rank}.pid").write_text(f"{process.pid}\n")
+                self._join_cgroup(rank, process.pid)
                 with self.lock:
                     self.processes[rank] = process
                     stopping = self.state == common_pb2.TASK_STATE_STOPPING
@@ -292,6 +297,9 @@ class Task:
                     failed = code not in CLEAN_EXITS
                     if code == EXIT_OUT_OF_MEMORY and rank not in self._oom:
                         self._oom[rank] = "MemoryError in the training process"
+                    cgroup = self._cgroup_of.get(rank)
+                    if cgroup is not None and rank not in self._oom and Cgroups.oom_killed(cgroup):
+                        self._oom[rank] = "killed by the kernel (its cgroup's memory.max)"
                     if failed and self._first_failure is None:
                         self._first_failure = (rank, code)
                 if failed:
@@ -302,6 +310,25 @@ class Task:
                     self._kill_all()
             time.sleep(POLL_S)
         self._finish()
+
+    def _join_cgroup(self, rank: int, pid: int) -> None:
+        """Put a process into a cgroup with its limits; affinity and the watchdog alone
+        hold it when that is refused."""
+        if self.cgroups is None or not (rank in self.cores or self.memory_limit > 0):
+            return
+        try:
+            path = self.cgroups.create(
+                f"{self.task_id}.rank{rank}", self.cores.get(rank, []), self.memory_limit
+            )
+            self.cgroups.add(path, pid)
+        except OSError as exc:
+            log.warning(
+                "no cgroup for the process; affinity and the watchdog hold it",
+                extra={"task_id": self.task_id, "rank": rank, "error": str(exc)},
+            )
+            return
+        with self.lock:
+            self._cgroup_of[rank] = path
 
     def _check_memory(self, rank: int, process: Child) -> None:
         """The memory watchdog: SIGKILL a process whose RSS is above its limit."""
@@ -337,6 +364,9 @@ class Task:
                 self.state = common_pb2.TASK_STATE_CHECKPOINTED
             self.ended_at = time.time()
             self.paused = False
+            cgroups = list(self._cgroup_of.values())
+        for path in cgroups:  # emptied: every process has exited
+            Cgroups.remove(path)
         log.info(
             "task ended",
             extra={
@@ -447,9 +477,11 @@ class Task:
             )
 
 
-def describe_enforcement(cores: dict[int, list[int]], memory_limit: int) -> str:
+def describe_enforcement(
+    cores: dict[int, list[int]], memory_limit: int, *, cgroup: bool = False
+) -> str:
     """What holds a task's processes to their resources, in words (empty: nothing)."""
-    parts = []
+    parts = ["cgroup v2 (cpuset.cpus, memory.max)"] if cgroup else []
     if cores:
         each = ", ".join(f"{format_cores(c)} (rank {r})" for r, c in sorted(cores.items()))
         parts.append(f"affinity cores {each}")
