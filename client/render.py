@@ -181,6 +181,16 @@ def event_line(event: scheduler_pb2.JobEvent) -> str:
     return "  ".join(parts)
 
 
+def memory_text(n: int) -> str:
+    """`7.8G`-style bytes for a table cell; `?` when unknown (0)."""
+    if n <= 0:
+        return "?"
+    for unit, size in (("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n}B"
+
+
 def cluster_text(state: scheduler_pb2.ClusterState) -> str:
     workers = [
         (
@@ -188,6 +198,8 @@ def cluster_text(state: scheduler_pb2.ClusterState) -> str:
             w.address,
             "alive" if w.alive else "lost",
             " ".join(f"{d.accelerator_type}x{d.count}" for d in w.devices),
+            str(w.cpu_cores or "?"),
+            memory_text(w.memory_bytes),
             age(w.last_heartbeat_at),
         )
         for w in state.workers
@@ -208,7 +220,9 @@ def cluster_text(state: scheduler_pb2.ClusterState) -> str:
     return "\n\n".join(
         [
             f"policy {state.policy}, round {state.round} ({state.round_seconds:g} s)",
-            table(workers, ("WORKER", "ADDRESS", "STATUS", "DEVICES", "HEARTBEAT")),
+            table(
+                workers, ("WORKER", "ADDRESS", "STATUS", "DEVICES", "CPUS", "MEMORY", "HEARTBEAT")
+            ),
             table(where, ("JOB", "NAME", "RANK", "WORKER", "TYPE", "DEVICE", "ESTS"))
             if where
             else "no job is running",

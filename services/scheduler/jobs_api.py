@@ -185,6 +185,8 @@ class JobsApi:
                     devices=worker.devices,
                     alive=worker.alive,
                     last_heartbeat_at=worker.last_heartbeat_at,
+                    cpu_cores=worker.cpu_cores,
+                    memory_bytes=worker.memory_bytes,
                 )
             for job in sorted(state.jobs.values(), key=lambda j: j.submitted_at):
                 if job.state in RUNNING_STATES and job.placement.processes:

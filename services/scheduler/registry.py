@@ -52,6 +52,9 @@ class WorkerRegistry:
         hostname: str,
         devices: Sequence[common_pb2.DeviceGroup],
         tasks: Sequence[common_pb2.TaskStatus],
+        *,
+        cpu_cores: int = 0,
+        memory_bytes: int = 0,
     ) -> WorkerRecord:
         state = self.state
         now = state.clock()
@@ -64,6 +67,8 @@ class WorkerRegistry:
                 alive=True,
                 registered_at=now,
                 last_heartbeat_at=now,
+                cpu_cores=cpu_cores,
+                memory_bytes=memory_bytes,
             )
             previous = state.workers.get(worker.worker_id)
             if previous is not None:
@@ -74,7 +79,13 @@ class WorkerRegistry:
                 listener()
         log.info(
             "worker registered",
-            extra={"worker_id": worker.worker_id, "address": address, "devices": len(devices)},
+            extra={
+                "worker_id": worker.worker_id,
+                "address": address,
+                "devices": len(devices),
+                "cpu_cores": cpu_cores,
+                "memory_bytes": memory_bytes,
+            },
         )
         self.task_reports(worker.worker_id, tasks)
         self.wake()
@@ -359,10 +370,15 @@ class WorkerRegistry:
                 # worker is declared lost; and a crash may be transient. Resume from the
                 # last checkpoint, a bounded number of times.
                 job.restart_count = restarts + 1  # saved with the event below
+                more = ""
+                if status.out_of_memory:  # the same memory would fail the same way
+                    factor = 2 * state.memory_factor.get(job.job_id, 1)
+                    state.memory_factor[job.job_id] = factor
+                    more = f" with {factor}x its memory share"
                 state.requeue(
                     job,
                     S.JOB_EVENT_TYPE_PREEMPTED,
-                    f"{what}; restarting from the last checkpoint "
+                    f"{what}; restarting from the last checkpoint{more} "
                     f"(restart {restarts + 1} of {limit})",
                 )
             return others

@@ -150,6 +150,7 @@ class Rounds:
         self.last_round_at = 0.0
         self.last_round_ended_at = 0.0
         self._checked_at = 0.0  # when the loop last looked for lost workers and tasks
+        self._cpus: dict[str, int] = {}  # job -> the round's cpus_per_device (0: default)
         self._snapshots: dict[str, tuple[Hashable, JobSnapshot]] = {}  # see _job
         self._round_lock = threading.Lock()
         self._wake = threading.Event()
@@ -243,6 +244,7 @@ class Rounds:
                 report.desired = desired
                 moves = self._reconcile(desired, current, report)
                 self._collocations(targets, desired)
+                self._cpus = {j: t.cpus_per_device for j, t in targets.items()}
                 state.store.set_state("round", str(self.round))
                 self.last_round_at = now
             going = [m for m, ok in zip(moves, self._stop_all(moves), strict=True) if ok]
@@ -476,7 +478,10 @@ class Rounds:
                     and self.estimates.burst(job.job_id) is None
                 )
                 placement, tasks, requests = self.control.prepare_start(
-                    job, change.assignment, profile_first=profile
+                    job,
+                    change.assignment,
+                    profile_first=profile,
+                    cpus_per_device=self._cpus.get(job.job_id, 0),
                 )
             failures, unreachable = self.control.start_tasks(requests)
             with state.lock:

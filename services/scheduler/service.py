@@ -265,8 +265,19 @@ class Scheduler:
         hostname: str,
         devices: Sequence[common_pb2.DeviceGroup],
         tasks: Sequence[common_pb2.TaskStatus],
+        *,
+        cpu_cores: int = 0,
+        memory_bytes: int = 0,
     ) -> WorkerRecord:
-        return self.registry.register_worker(worker_id, address, hostname, devices, tasks)
+        return self.registry.register_worker(
+            worker_id,
+            address,
+            hostname,
+            devices,
+            tasks,
+            cpu_cores=cpu_cores,
+            memory_bytes=memory_bytes,
+        )
 
     def heartbeat(self, worker_id: str, tasks: Sequence[common_pb2.TaskStatus]) -> bool:
         return self.registry.heartbeat(worker_id, tasks)

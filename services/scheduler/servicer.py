@@ -214,10 +214,18 @@ class WorkerRegistryServicer(scheduler_pb2_grpc.WorkerRegistryServicer):
             require(False, "address", str(exc))
         require(len(request.hostname) <= 256, "hostname", "at most 256 characters")
         check_devices(request.devices)
+        require(request.cpu_cores >= 0, "cpu_cores", "must be >= 0 (0: unknown)")
+        require(request.memory_bytes >= 0, "memory_bytes", "must be >= 0 (0: unknown)")
         for i, task in enumerate(request.tasks):
             check_task_status(task, f"tasks[{i}]")
         worker = self.scheduler.register_worker(
-            request.worker_id, request.address, request.hostname, request.devices, request.tasks
+            request.worker_id,
+            request.address,
+            request.hostname,
+            request.devices,
+            request.tasks,
+            cpu_cores=request.cpu_cores,
+            memory_bytes=request.memory_bytes,
         )
         settings = self.scheduler.settings
         return scheduler_pb2.RegisterWorkerResponse(

@@ -119,6 +119,9 @@ class SchedulerState:
         self.stopping: set[str] = set()
         self.last_progress_event: dict[str, float] = {}
         self.started_fresh: dict[str, int] = {}  # job -> the generation that said so
+        # job -> multiple of its default memory share, doubled at each out-of-memory failure
+        # (in memory only: a restarted scheduler starts again from the share).
+        self.memory_factor: dict[str, int] = {}
         self.ended_listeners: list[Callable[[str], None]] = []
         # Each tenant's queued jobs, kept by `track` on every change of a job (every change
         # passes through `record`), so that a submission's --max-queued-jobs check does not
@@ -191,6 +194,7 @@ class SchedulerState:
         self.jobs.pop(job.job_id, None)
         self.last_progress_event.pop(job.job_id, None)
         self.started_fresh.pop(job.job_id, None)
+        self.memory_factor.pop(job.job_id, None)
         if self.datasets.address:
             with contextlib.suppress(RuntimeError):  # shutting down
                 self.pool.submit(self.datasets.delete_job, job.job_id)

@@ -85,6 +85,8 @@ class WorkerRecord:
     alive: bool
     registered_at: float
     last_heartbeat_at: float
+    cpu_cores: int = 0  # as registered; kept in memory only (a worker registers again)
+    memory_bytes: int = 0
 
 
 @dataclass

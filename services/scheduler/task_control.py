@@ -24,6 +24,7 @@ from gearshift.common.facts import ENDED_TASK_STATES
 from gearshift.common.identity import JobTokens
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.placement import build_placement, local_ranks, workers_of
+from gearshift.scheduler.process_resources import process_resources
 from gearshift.scheduler.state import SchedulerState
 from gearshift.scheduler.store import JobRecord, TaskRecord
 from gearshift.scheduler.workers import WorkerAgents
@@ -59,12 +60,14 @@ class TaskControl:
         *,
         profile_first: bool = False,
         plan: common_pb2.ExecutionPlan | None = None,
+        cpus_per_device: int = 0,
     ) -> tuple[common_pb2.Placement, list[TaskRecord], StartRequests]:
         """Tasks and StartTask requests of a new placement, saved before any is sent
         (under the lock); `profile_first`: rank 0 measures the job's layer profile first;
         `plan`: the execution plan to run (None: the job's current one). A plan the job's
         spec does not allow raises ValidationError naming the plan's field, before anything
-        changes."""
+        changes. Each process gets its worker's share of cores and memory
+        (process_resources; `cpus_per_device` > 0 sets the cores)."""
         plan = job.plan if plan is None else plan
         execplan.check_allowed(job.spec, plan)
         state = self.state
@@ -96,6 +99,14 @@ class TaskControl:
             )
             tasks.append(task)
             state.tasks[task_id] = task
+            worker = state.workers[worker_id]
+            cores, memory = process_resources(
+                worker.cpu_cores,
+                worker.memory_bytes,
+                worker.devices,
+                cpus_per_device,
+                state.memory_factor.get(job.job_id, 1),
+            )
             request = worker_pb2.StartTaskRequest(
                 task_id=task_id,
                 job_id=job.job_id,
@@ -115,8 +126,10 @@ class TaskControl:
                 collocation=job.collocation if job.collocation.role else None,
                 profile_first=profile_first and 0 in ranks,
                 plan=plan,
+                cpu_cores_per_process=cores,
+                memory_bytes_per_process=memory,
             )
-            requests.append((state.workers[worker_id].address, request))
+            requests.append((worker.address, request))
         state.store.save_tasks(tasks)
         state.store.save_job(job)
         return placement, tasks, requests

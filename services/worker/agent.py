@@ -8,6 +8,10 @@ heartbeats and TaskFinished) until the scheduler has acknowledged its end and
 Collocated tasks (a role in StartTaskRequest.collocation) share devices on purpose;
 the background ones are paused and resumed by the collocation loop (multiplex.py),
 which starts with the first of them.
+
+A task asking for CPU cores per process gets concrete cores from this worker's
+(CoreAllocator), held until it ends; a start that cannot get them is refused
+(RESOURCE_EXHAUSTED) and starts nothing.
 """
 
 from __future__ import annotations
@@ -21,14 +25,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gearshift.common.codepkg import unpack
-from gearshift.common.errors import NotFoundError, PreconditionError
+from gearshift.common.errors import NotFoundError, PreconditionError, ValidationError
 from gearshift.common.facts import ENDED_TASK_STATES
 from gearshift.v1 import common_pb2, worker_pb2
 from gearshift.worker import metrics, task_logs
+from gearshift.worker.cgroups import Cgroups
 from gearshift.worker.collocation import Policy
 from gearshift.worker.command import CommandSettings, plan_task
 from gearshift.worker.devices import device_types
 from gearshift.worker.multiplex import Multiplexer
+from gearshift.worker.resources import CoreAllocator, detect_cores, format_bytes
 from gearshift.worker.spawner import Spawner
 from gearshift.worker.tasks import Task
 
@@ -57,6 +63,9 @@ class Agent:
         spawner: Spawner | None = None,
         keep_seconds: float = KEEP_SECONDS,
         collocation: Policy | None = None,
+        cores: Sequence[int] | None = None,
+        memory_bytes: int = 0,
+        cgroups: Cgroups | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.devices = list(devices)
@@ -77,25 +86,37 @@ class Agent:
         self._closing = False
         self._types = device_types(self.devices)
         self.multiplexer = Multiplexer(self.running, collocation or Policy())
+        self.cores = CoreAllocator(detect_cores() if cores is None else cores)
+        self.memory_bytes = memory_bytes  # host memory offered (0: unknown)
+        self.cgroups = cgroups  # set up by the daemon when it may create cgroups
 
     # -- RPCs ----------------------------------------------------------------------
 
     def start(self, request: worker_pb2.StartTaskRequest) -> common_pb2.TaskStatus:
         """Start a task, or return the status of the one with that id."""
         plan = plan_task(request, self.worker_id, self._types)
+        self._check_resources(request)
         with self._lock:
             existing = self._tasks.get(plan.task_id)
             if existing is not None:
                 return existing.status()
             if self._closing:
                 raise PreconditionError(f"worker {self.worker_id!r} is shutting down")
+            collocated = plan.collocation.role != common_pb2.COLLOCATION_ROLE_UNSPECIFIED
+            cores: list[list[int]] = []
+            if request.cpu_cores_per_process > 0:  # refused here, before anything changes
+                cores = self.cores.take(
+                    plan.task_id,
+                    request.cpu_cores_per_process,
+                    len(plan.ranks),
+                    share=collocated,
+                )
             busy = {
                 d: t.task_id
                 for t in self._tasks.values()
                 if t.state in ACTIVE
                 for d in t.plan.device_of.values()
             }
-            collocated = plan.collocation.role != common_pb2.COLLOCATION_ROLE_UNSPECIFIED
             for rank, device in plan.device_of.items():
                 if device in busy and not collocated:
                     log.warning(
@@ -104,6 +125,9 @@ class Agent:
                     )
             task = Task(plan, self.work_dir / "tasks" / plan.task_id, self._ended)
             task.lease_expires_at = request.lease.expires_at
+            task.cores = dict(zip(plan.ranks, cores, strict=False))
+            task.memory_limit = request.memory_bytes_per_process
+            task.cgroups = self.cgroups
             self._tasks[plan.task_id] = task
         log.info(
             "starting task",
@@ -113,6 +137,7 @@ class Agent:
                 "ranks": list(plan.ranks),
                 "world_size": plan.world_size,
                 "resume": plan.resume,
+                "enforcement": task.enforcement or "none",
             },
         )
         if plan.background:
@@ -196,7 +221,20 @@ class Agent:
         with self._lock:
             self._reported.add(task_id)
 
+    def _check_resources(self, request: worker_pb2.StartTaskRequest) -> None:
+        if request.cpu_cores_per_process < 0:
+            raise ValidationError("cpu_cores_per_process", "must be >= 0 (0: no limit)")
+        if request.memory_bytes_per_process < 0:
+            raise ValidationError("memory_bytes_per_process", "must be >= 0 (0: no limit)")
+        if self.memory_bytes and request.memory_bytes_per_process > self.memory_bytes:
+            raise ValidationError(
+                "memory_bytes_per_process",
+                f"{format_bytes(request.memory_bytes_per_process)} is more than this worker's "
+                f"{format_bytes(self.memory_bytes)}",
+            )
+
     def _ended(self, task: Task) -> None:
+        self.cores.release(task.task_id)
         metrics.task_ended(task.state)
         self.on_task_end(task)
 

@@ -24,10 +24,12 @@ from gearshift.common.server import GrpcServer, register
 from gearshift.common.validation import check_name
 from gearshift.v1 import worker_pb2, worker_pb2_grpc
 from gearshift.worker.agent import Agent
+from gearshift.worker.cgroups import Cgroups
 from gearshift.worker.collocation import DEFAULT_MAX_SLOWDOWN, DEFAULT_PAUSE_S, Policy
 from gearshift.worker.command import CommandSettings
-from gearshift.worker.devices import parse_devices
+from gearshift.worker.devices import parse_devices, parse_memory
 from gearshift.worker.registration import SchedulerLink, advertise_address, default_worker_id
+from gearshift.worker.resources import detect_cores, detect_memory, offered_cores
 from gearshift.worker.servicer import WorkerAgentServicer
 
 log = logging.getLogger("gearshift.worker")
@@ -46,6 +48,19 @@ OPTIONS = [
         "devices offered, TYPE:COUNT[:MEMORY],... (e.g. v100:2 or v100:1,t4:1:16GiB); on a "
         "machine without accelerators each device is a CPU slot with that type label",
         "cpu:1",
+    ),
+    Option(
+        "cpu_cores",
+        "CPU cores offered to training processes: the first N of those this daemon may use "
+        "(0: all of them, its affinity)",
+        0,
+        int,
+    ),
+    Option(
+        "memory",
+        "host memory offered to training processes, e.g. 8G or 512MiB (empty: MemTotal of "
+        "/proc/meminfo)",
+        "",
     ),
     Option("worker_id", "this worker's id (empty: <hostname>-<port>)", ""),
     Option(
@@ -144,12 +159,39 @@ def _check(config: argparse.Namespace) -> None:
             raise ValueError(f"--{flag.replace('_', '-')} must be > 0")
 
 
+def _resources(config: argparse.Namespace) -> tuple[list[int], int]:
+    """The cores and memory bytes offered (flags, else detected); ValueError naming the flag."""
+    try:
+        cores = offered_cores(config.cpu_cores, detect_cores())
+    except GearshiftError as exc:
+        raise ValueError(exc.message) from None
+    if not config.memory:
+        return cores, detect_memory()
+    try:
+        memory = parse_memory(config.memory)
+    except ValueError as exc:
+        raise ValueError(f"--memory: {exc}") from None
+    if memory < 1:
+        raise ValueError("--memory must be > 0")
+    return cores, memory
+
+
 def build(config: argparse.Namespace) -> Daemon:
     _check(config)
     try:
         devices = parse_devices(config.devices)
     except GearshiftError as exc:
         raise ValueError(exc.message) from None
+    cores, memory = _resources(config)
+    # Before the agent starts the zygote: the daemon moves itself into its own leaf cgroup.
+    cgroups, why = Cgroups.probe()
+    if cgroups is None:
+        log.info(
+            "cgroup v2 not used: CPU affinity and an RSS watchdog hold the processes",
+            extra={"why": why},
+        )
+    else:
+        log.info("cgroup v2: a cgroup per training process", extra={"under": str(cgroups.base)})
     settings = CommandSettings(
         python=sys.executable,
         checkpoint_every=config.checkpoint_every,
@@ -172,6 +214,9 @@ def build(config: argparse.Namespace) -> Daemon:
         collocation=Policy(
             max_slowdown=config.max_foreground_slowdown, pause_s=config.pause_seconds
         ),
+        cores=cores,
+        memory_bytes=memory,
+        cgroups=cgroups,
     )
     links: list[SchedulerLink] = []
 

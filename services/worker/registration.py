@@ -144,6 +144,8 @@ class SchedulerLink:
             hostname=self.hostname,
             devices=self.agent.devices,
             tasks=self.agent.unreported(),
+            cpu_cores=len(self.agent.cores.cores),
+            memory_bytes=self.agent.memory_bytes,
         )
         try:
             reply = self._stub.RegisterWorker(request, timeout=CALL_TIMEOUT_S)

@@ -29,13 +29,21 @@ import os
 import signal
 import subprocess
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from gearshift.common.errors import ValidationError
-from gearshift.common.facts import CLEAN_EXITS, EXIT_BAD_INPUT, EXIT_COMPLETED, EXIT_STOPPED
+from gearshift.common.facts import (
+    CLEAN_EXITS,
+    EXIT_BAD_INPUT,
+    EXIT_COMPLETED,
+    EXIT_OUT_OF_MEMORY,
+    EXIT_STOPPED,
+    OUT_OF_MEMORY,
+)
 from gearshift.common.ports import free_port
 from gearshift.worker.command import (
     DEFAULT_CHECKPOINT_EVERY,
@@ -43,6 +51,7 @@ from gearshift.worker.command import (
     parse_config,
     spec_args,
 )
+from gearshift.worker.resources import pin_from_environment
 from gearshift.worker.runtime.backend import BACKENDS
 from gearshift.worker.runtime.determinism import environment
 from gearshift.worker.runtime.priority import lower_priority
@@ -447,6 +456,18 @@ def expand_spec(argv: list[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     die_with_parent()  # started by a worker daemon: do not outlive it
+    pinned = pin_from_environment()  # before any thread starts: they inherit the cores
+    if pinned:
+        print(pinned, file=sys.stderr, flush=True)
+    try:
+        return _main(argv)
+    except MemoryError:  # the memory is freed by now: say so, with a code the worker reads
+        traceback.print_exc()
+        print(f"{OUT_OF_MEMORY}: MemoryError", file=sys.stderr, flush=True)
+        return EXIT_OUT_OF_MEMORY
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         argv = expand_spec(argv)

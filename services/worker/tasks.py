@@ -11,6 +11,16 @@ alone:
   end of its log (the traceback), or why the daemon killed it (a stop without a
   checkpoint, or a checkpoint that did not come in time).
 
+A process that ran out of memory (killed by the watcher for an RSS above its limit, or
+exited with EXIT_OUT_OF_MEMORY after a MemoryError) fails its task with
+`out_of_memory` set and a message starting "out of memory": the one failure that a
+restart with the same resources would repeat.
+
+Each process may hold CPU cores (`cores`: it pins itself to them, CORES_VARIABLE) and a
+memory limit (`memory_limit`: the watcher SIGKILLs a process whose RSS passes it), and,
+where the daemon may create cgroups (`cgroups`), a cgroup v2 of its own with both limits;
+`enforcement` says how, for the status and the log.
+
 A background task (DeepPool's multiplexing) starts paused: its pause file exists
 before its processes do, and the worker's collocation loop (multiplex.py) removes
 and writes it again through `set_pause`.
@@ -36,9 +46,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gearshift.common.errors import PreconditionError
-from gearshift.common.facts import CLEAN_EXITS, ENDED_TASK_STATES, EXIT_COMPLETED
+from gearshift.common.facts import (
+    CLEAN_EXITS,
+    ENDED_TASK_STATES,
+    EXIT_COMPLETED,
+    EXIT_OUT_OF_MEMORY,
+    OUT_OF_MEMORY,
+)
 from gearshift.v1 import common_pb2
+from gearshift.worker.cgroups import Cgroups
 from gearshift.worker.command import PAUSE_FILE, CommandSettings, TaskPlan, config_text
+from gearshift.worker.resources import CORES_VARIABLE, format_bytes, format_cores, rss_bytes
 from gearshift.worker.spawner import Child, Spawner, SpawnRequest
 from gearshift.worker.task_logs import cap_log
 
@@ -100,6 +118,12 @@ class Task:
     paused: bool = False  # a background task held at its pause file
     pause_reason: str = ""
     pause_count: int = 0
+    cores: dict[int, list[int]] = field(default_factory=dict)  # rank -> its cores (none: any)
+    memory_limit: int = 0  # bytes of RSS each process may hold (0: no limit)
+    out_of_memory: bool = False
+    cgroups: Cgroups | None = None  # the daemon's, when it may create them
+    _cgroup_of: dict[int, Path] = field(default_factory=dict)  # rank -> its cgroup
+    _oom: dict[int, str] = field(default_factory=dict)  # rank -> why the watcher killed it
     _stop_reason: str = ""
     _checkpoint: bool = True
     _first_failure: tuple[int, int] | None = None  # (rank, code)
@@ -112,6 +136,12 @@ class Task:
     @property
     def job_id(self) -> str:
         return self.plan.job_id
+
+    @property
+    def enforcement(self) -> str:
+        """How this task's resources are held to, e.g. `affinity cores 0 (rank 0), 1 (rank 1);
+        RSS watchdog 1.0 GiB per process`; empty when nothing is limited."""
+        return describe_enforcement(self.cores, self.memory_limit, cgroup=bool(self._cgroup_of))
 
     # -- start -----------------------------------------------------------------------
 
@@ -139,7 +169,10 @@ class Task:
                     raise PreconditionError("this worker cannot fetch code packages")
                 code_dir = code(sha256)
             for rank in self.plan.ranks:
-                child_env = self.plan.environment(rank, settings, env)
+                child_env = dict(self.plan.environment(rank, settings, env))
+                child_env.pop(CORES_VARIABLE, None)
+                if rank in self.cores:
+                    child_env[CORES_VARIABLE] = format_cores(self.cores[rank])
                 argv = self.plan.command(rank, settings, self.task_dir, config_file, code_dir)
                 # D2 pins kernels through variables torch reads at import: a fresh interpreter.
                 forkable = self.plan.spec.determinism != common_pb2.DETERMINISM_LEVEL_D2
@@ -147,6 +180,7 @@ class Task:
                     SpawnRequest(argv, child_env, self.task_dir, self.log_path(rank), forkable)
                 )
                 (self.task_dir / f"rank{rank}.pid").write_text(f"{process.pid}\n")
+                self._join_cgroup(rank, process.pid)
                 with self.lock:
                     self.processes[rank] = process
                     stopping = self.state == common_pb2.TASK_STATE_STOPPING
@@ -256,10 +290,16 @@ class Task:
             for rank, process in pending.items():
                 code = process.poll()
                 if code is None:
+                    self._check_memory(rank, process)
                     continue
                 with self.lock:
                     self.codes[rank] = code
                     failed = code not in CLEAN_EXITS
+                    if code == EXIT_OUT_OF_MEMORY and rank not in self._oom:
+                        self._oom[rank] = "MemoryError in the training process"
+                    cgroup = self._cgroup_of.get(rank)
+                    if cgroup is not None and rank not in self._oom and Cgroups.oom_killed(cgroup):
+                        self._oom[rank] = "killed by the kernel (its cgroup's memory.max)"
                     if failed and self._first_failure is None:
                         self._first_failure = (rank, code)
                 if failed:
@@ -270,6 +310,43 @@ class Task:
                     self._kill_all()
             time.sleep(POLL_S)
         self._finish()
+
+    def _join_cgroup(self, rank: int, pid: int) -> None:
+        """Put a process into a cgroup with its limits; affinity and the watchdog alone
+        hold it when that is refused."""
+        if self.cgroups is None or not (rank in self.cores or self.memory_limit > 0):
+            return
+        try:
+            path = self.cgroups.create(
+                f"{self.task_id}.rank{rank}", self.cores.get(rank, []), self.memory_limit
+            )
+            self.cgroups.add(path, pid)
+        except OSError as exc:
+            log.warning(
+                "no cgroup for the process; affinity and the watchdog hold it",
+                extra={"task_id": self.task_id, "rank": rank, "error": str(exc)},
+            )
+            return
+        with self.lock:
+            self._cgroup_of[rank] = path
+
+    def _check_memory(self, rank: int, process: Child) -> None:
+        """The memory watchdog: SIGKILL a process whose RSS is above its limit."""
+        if self.memory_limit <= 0 or rank in self._oom:
+            return
+        rss = rss_bytes(process.pid)
+        if rss is None or rss <= self.memory_limit:
+            return
+        with self.lock:
+            self._oom[rank] = (
+                f"killed by the worker's watchdog: RSS {format_bytes(rss)} > limit "
+                f"{format_bytes(self.memory_limit)}"
+            )
+        log.warning(
+            "training process over its memory limit; killing it",
+            extra={"task_id": self.task_id, "rank": rank, "rss": rss, "limit": self.memory_limit},
+        )
+        self._signal(process, checkpoint=False)
 
     def _finish(self) -> None:
         with self.lock:
@@ -287,6 +364,9 @@ class Task:
                 self.state = common_pb2.TASK_STATE_CHECKPOINTED
             self.ended_at = time.time()
             self.paused = False
+            cgroups = list(self._cgroup_of.values())
+        for path in cgroups:  # emptied: every process has exited
+            Cgroups.remove(path)
         log.info(
             "task ended",
             extra={
@@ -296,12 +376,23 @@ class Task:
                 "detail": self.message[-300:],
             },
         )
-        self.ended.set()
-        self.on_end(self)
+        try:
+            self.on_end(self)  # first: it frees the task's cores before a stop's waiter returns
+        finally:
+            self.ended.set()
 
     def _describe_failure(self) -> None:
         """Exit code and message of a failed task (under the lock)."""
-        if self._first_failure is not None:
+        oom = sorted(r for r in self._oom if r in self.codes)
+        if oom:  # the cause, however its peers failed after it
+            rank = oom[0]
+            code = self.codes[rank]
+            self.out_of_memory = True
+            self.exit_code = code if code > 0 else 128 - code
+            tail = log_tail(self.log_path(rank))
+            self.message = f"{OUT_OF_MEMORY}: rank {rank} {self._oom[rank]} ({describe_exit(code)})"
+            self.message += f"\n{tail}" if tail else ""
+        elif self._first_failure is not None:
             rank, code = self._root_cause(self._first_failure)
             self.exit_code = code if code > 0 else 128 - code
             tail = log_tail(self.log_path(rank))
@@ -381,4 +472,19 @@ class Task:
                 paused=self.paused,
                 pause_reason=self.pause_reason,
                 pause_count=self.pause_count,
+                enforcement=self.enforcement,
+                out_of_memory=self.out_of_memory,
             )
+
+
+def describe_enforcement(
+    cores: dict[int, list[int]], memory_limit: int, *, cgroup: bool = False
+) -> str:
+    """What holds a task's processes to their resources, in words (empty: nothing)."""
+    parts = ["cgroup v2 (cpuset.cpus, memory.max)"] if cgroup else []
+    if cores:
+        each = ", ".join(f"{format_cores(c)} (rank {r})" for r, c in sorted(cores.items()))
+        parts.append(f"affinity cores {each}")
+    if memory_limit > 0:
+        parts.append(f"RSS watchdog {format_bytes(memory_limit)} per process")
+    return "; ".join(parts)

@@ -784,6 +784,8 @@ class TaskStatus(_message.Message):
     PAUSED_FIELD_NUMBER: _builtins.int
     PAUSE_REASON_FIELD_NUMBER: _builtins.int
     PAUSE_COUNT_FIELD_NUMBER: _builtins.int
+    ENFORCEMENT_FIELD_NUMBER: _builtins.int
+    OUT_OF_MEMORY_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id, assigned by the scheduler."""
     job_id: _builtins.str
@@ -808,6 +810,14 @@ class TaskStatus(_message.Message):
     """Why it is paused, or why it was last resumed (the measured step times)."""
     pause_count: _builtins.int
     """Times the worker has paused this task so far."""
+    enforcement: _builtins.str
+    """How the worker enforces the processes' CPU cores and memory (e.g.
+    "affinity cores 2-3 + RSS watchdog 1.0 GiB"); empty: not limited.
+    """
+    out_of_memory: _builtins.bool
+    """The task failed because a process ran out of memory (killed for exceeding
+    its limit, or a MemoryError): a restart needs more memory, not the same.
+    """
     @_builtins.property
     def progress(self) -> Global___JobProgress:
         """The job's progress where this task runs rank 0 (its worker reads what
@@ -829,10 +839,12 @@ class TaskStatus(_message.Message):
         paused: _builtins.bool = ...,
         pause_reason: _builtins.str = ...,
         pause_count: _builtins.int = ...,
+        enforcement: _builtins.str = ...,
+        out_of_memory: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "digest", b"digest", "exit_code", b"exit_code", "job_id", b"job_id", "message", b"message", "pause_count", b"pause_count", "pause_reason", b"pause_reason", "paused", b"paused", "progress", b"progress", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "digest", b"digest", "enforcement", b"enforcement", "exit_code", b"exit_code", "job_id", b"job_id", "message", b"message", "out_of_memory", b"out_of_memory", "pause_count", b"pause_count", "pause_reason", b"pause_reason", "paused", b"paused", "progress", b"progress", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

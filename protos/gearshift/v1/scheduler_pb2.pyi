@@ -479,6 +479,8 @@ class WorkerInfo(_message.Message):
     DEVICES_FIELD_NUMBER: _builtins.int
     ALIVE_FIELD_NUMBER: _builtins.int
     LAST_HEARTBEAT_AT_FIELD_NUMBER: _builtins.int
+    CPU_CORES_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Id chosen by the worker (or assigned at registration)."""
     address: _builtins.str
@@ -489,6 +491,10 @@ class WorkerInfo(_message.Message):
     """False once the worker missed heartbeats for the timeout."""
     last_heartbeat_at: _builtins.float
     """Last heartbeat, seconds since the Unix epoch."""
+    cpu_cores: _builtins.int
+    """CPU cores the worker registered (0: unknown)."""
+    memory_bytes: _builtins.int
+    """Host memory in bytes the worker registered (0: unknown)."""
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.DeviceGroup]:
         """Devices the worker offers."""
@@ -502,10 +508,12 @@ class WorkerInfo(_message.Message):
         devices: _abc.Iterable[_common_pb2.DeviceGroup] | None = ...,
         alive: _builtins.bool = ...,
         last_heartbeat_at: _builtins.float = ...,
+        cpu_cores: _builtins.int = ...,
+        memory_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "alive", b"alive", "devices", b"devices", "hostname", b"hostname", "last_heartbeat_at", b"last_heartbeat_at", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "alive", b"alive", "cpu_cores", b"cpu_cores", "devices", b"devices", "hostname", b"hostname", "last_heartbeat_at", b"last_heartbeat_at", "memory_bytes", b"memory_bytes", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -596,12 +604,18 @@ class RegisterWorkerRequest(_message.Message):
     HOSTNAME_FIELD_NUMBER: _builtins.int
     DEVICES_FIELD_NUMBER: _builtins.int
     TASKS_FIELD_NUMBER: _builtins.int
+    CPU_CORES_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Stable id of the worker; empty lets the scheduler assign one."""
     address: _builtins.str
     """gRPC address at which the scheduler reaches the worker (host:port)."""
     hostname: _builtins.str
     """Host name, for display."""
+    cpu_cores: _builtins.int
+    """CPU cores the worker offers its training processes (0: unknown)."""
+    memory_bytes: _builtins.int
+    """Host memory in bytes the worker offers its training processes (0: unknown)."""
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.DeviceGroup]:
         """Devices offered (at least one group)."""
@@ -618,10 +632,12 @@ class RegisterWorkerRequest(_message.Message):
         hostname: _builtins.str = ...,
         devices: _abc.Iterable[_common_pb2.DeviceGroup] | None = ...,
         tasks: _abc.Iterable[_common_pb2.TaskStatus] | None = ...,
+        cpu_cores: _builtins.int = ...,
+        memory_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "devices", b"devices", "hostname", b"hostname", "tasks", b"tasks", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "cpu_cores", b"cpu_cores", "devices", b"devices", "hostname", b"hostname", "memory_bytes", b"memory_bytes", "tasks", b"tasks", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

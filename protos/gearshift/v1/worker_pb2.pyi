@@ -71,6 +71,8 @@ class StartTaskRequest(_message.Message):
     COLLOCATION_FIELD_NUMBER: _builtins.int
     PROFILE_FIRST_FIELD_NUMBER: _builtins.int
     PLAN_FIELD_NUMBER: _builtins.int
+    CPU_CORES_PER_PROCESS_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_PER_PROCESS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id, unique per scheduler."""
     job_id: _builtins.str
@@ -94,6 +96,10 @@ class StartTaskRequest(_message.Message):
     failure is logged and training goes on. Set for a job's first placement
     when the scheduler multiplexes and the Brain has no profile of it.
     """
+    cpu_cores_per_process: _builtins.int
+    """CPU cores each local process runs on (0: no limit); the worker picks which."""
+    memory_bytes_per_process: _builtins.int
+    """Host memory in bytes each local process may use (0: no limit)."""
     @_builtins.property
     def spec(self) -> _common_pb2.JobSpec:
         """The job's spec."""
@@ -144,10 +150,12 @@ class StartTaskRequest(_message.Message):
         collocation: _common_pb2.Collocation | None = ...,
         profile_first: _builtins.bool = ...,
         plan: _common_pb2.ExecutionPlan | None = ...,
+        cpu_cores_per_process: _builtins.int = ...,
+        memory_bytes_per_process: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "endpoints", b"endpoints", "lease", b"lease", "placement", b"placement", "plan", b"plan", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "collocation", b"collocation", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "job_id", b"job_id", "job_token", b"job_token", "lease", b"lease", "local_ranks", b"local_ranks", "placement", b"placement", "plan", b"plan", "profile_first", b"profile_first", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "collocation", b"collocation", "cpu_cores_per_process", b"cpu_cores_per_process", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "job_id", b"job_id", "job_token", b"job_token", "lease", b"lease", "local_ranks", b"local_ranks", "memory_bytes_per_process", b"memory_bytes_per_process", "placement", b"placement", "plan", b"plan", "profile_first", b"profile_first", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
