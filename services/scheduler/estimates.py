@@ -32,6 +32,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gearshift.common.profiles import profile_key
 from gearshift.scheduler.brain import DEFAULT_THROUGHPUT, BrainAdvisor
 from gearshift.scheduler.collocation import idle_fraction
 from gearshift.scheduler.placement import count_by_type, placement_devices
@@ -47,8 +48,7 @@ class EstimateRequest:
     job_id: str
     model_type: str
     max_devices: int
-    profile_keys: tuple[str, ...] = ()  # its layer profile's keys, preferred first
-    global_batch: int = 0
+    spec: common_pb2.JobSpec | None = None  # for its layer profile's keys (DeepPool)
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ class Estimates:
                     if request.max_devices > 1
                     else single[kind]
                 )
-            burst = self._burst_facts(request)
+            burst = self._burst_facts(request, types)
             with self._lock:
                 if burst is not None:
                     self._burst[request.job_id] = burst
@@ -220,12 +220,15 @@ class Estimates:
                 self._fetched[request.job_id] = (now, tuple(sorted(types)))
                 self._bump(request.job_id)
 
-    def _burst_facts(self, request: EstimateRequest) -> BurstFacts | None:
-        if self.burst_amp_limit <= 0 or not request.profile_keys:
+    def _burst_facts(self, request: EstimateRequest, types: Sequence[str]) -> BurstFacts | None:
+        """The plan over the job's profile, measured on the cluster's kind of device first."""
+        spec = request.spec
+        if self.burst_amp_limit <= 0 or spec is None:
             return None
+        devices = ["cpu", "cuda"] if all(t == "cpu" for t in types) else ["cuda", "cpu"]
         plan = self.brain.burst_plan(
-            request.profile_keys,
-            global_batch=request.global_batch,
+            [profile_key(spec, d) for d in devices],
+            global_batch=spec.global_batch_size,
             max_devices=request.max_devices,
             amp_limit=self.burst_amp_limit,
         )

@@ -23,7 +23,6 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
 from gearshift.common import execplan
-from gearshift.common.profiles import profile_key
 from gearshift.scheduler.estimates import EstimateRequest, Estimates
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.pipeline import (
@@ -234,7 +233,7 @@ class Rounds:
                 self._checked_at = now  # the loop need not look again before the interval
                 jobs = [j for j in state.jobs.values() if not j.terminal]
                 types = state.types()
-                asks = [_ask(j, types) for j in jobs]
+                asks = [_ask(j) for j in jobs]
             self.estimates.refresh(self.estimates.due(asks, types, now), types, now)
             with state.lock:
                 gathered = self._gather(now)
@@ -569,13 +568,11 @@ def _sharing(collocation: common_pb2.Collocation) -> str:
     }.get(collocation.role, "")
 
 
-def _ask(job: JobRecord, types: list[str]) -> EstimateRequest:
-    """What to ask the Brain of a job: its throughputs, and its layer profile's plan (the
-    profile measured on the cluster's kind of device first)."""
+def _ask(job: JobRecord) -> EstimateRequest:
+    """What to ask the Brain of a job (its layer profile's keys are derived only where the
+    round asks for burst-parallel plans, outside the lock)."""
     spec = job.spec
-    devices = ["cpu", "cuda"] if all(t == "cpu" for t in types) else ["cuda", "cpu"]
-    keys = tuple(profile_key(spec, d) for d in devices)
-    return EstimateRequest(job.job_id, spec.model_type, _most(spec), keys, spec.global_batch_size)
+    return EstimateRequest(job.job_id, spec.model_type, _most(spec), spec)
 
 
 def _most(spec: common_pb2.JobSpec) -> int:
