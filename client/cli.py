@@ -281,6 +281,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cluster.set_defaults(func=commands.cmd_cluster)
 
+    tenants = sub.add_parser(
+        "tenants",
+        parents=[shared],
+        help="tenants' quotas for guaranteed jobs, and the devices their jobs use",
+        description="Each tenant's quota (the scheduler's --tenants-file, devices per type), "
+        "the devices its guaranteed jobs hold within it, all devices its running jobs hold, "
+        "and its job counts.",
+    )
+    tenants.set_defaults(func=commands.cmd_tenants)
+
     up = sub.add_parser(
         "up",
         help="run the dev cluster as local processes",

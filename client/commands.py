@@ -200,6 +200,16 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_tenants(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        state = client.cluster()
+    if args.json:
+        render.print_json([render.as_dict(t) for t in state.tenants])
+    else:
+        print(render.tenants_text(state))
+    return EXIT_OK
+
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
     """Serve the web dashboard until Ctrl-C."""
     try:

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from google.protobuf import json_format
@@ -15,6 +15,8 @@ from google.protobuf.message import Message
 from gearshift.common import execplan
 from gearshift.common.errors import ValidationError
 from gearshift.v1 import common_pb2, scheduler_pb2
+
+GUARANTEED = common_pb2.SERVICE_CLASS_GUARANTEED
 
 
 def as_dict(message: Message) -> dict[str, Any]:
@@ -141,7 +143,8 @@ def job_details(job: scheduler_pb2.Job) -> str:
     )
     lines = [
         f"job         {job.job_id}",
-        f"name        {spec.name}  (tenant {spec.tenant or 'default'})",
+        f"name        {spec.name}  (tenant {spec.tenant or 'default'}, "
+        f"{'guaranteed' if spec.service_class == GUARANTEED else 'best-effort'})",
         f"state       {state_name(job.state)}" + (f": {job.message}" if job.message else ""),
         f"entrypoint  {spec.entrypoint.module} {spec.entrypoint.config_json or '{}'}",
         f"ests        {spec.num_ests}  global batch {spec.global_batch_size}  {length}",
@@ -189,6 +192,30 @@ def memory_text(n: int) -> str:
         if n >= size:
             return f"{n / size:.1f}{unit}"
     return f"{n}B"
+
+
+def _per_type(counts: Mapping[str, int]) -> str:
+    return " ".join(f"{t}x{n}" for t, n in sorted(counts.items()) if n) or "-"
+
+
+def tenants_text(state: scheduler_pb2.ClusterState) -> str:
+    """Each tenant's quota for guaranteed jobs beside what its jobs hold."""
+    if not state.tenants:
+        return "no tenant has a quota or a job"
+    rows = [
+        (
+            t.tenant,
+            _per_type(t.quota),
+            _per_type(t.guaranteed_devices),
+            _per_type(t.devices),
+            t.guaranteed_jobs,
+            t.running_jobs,
+            t.queued_jobs,
+        )
+        for t in state.tenants
+    ]
+    head = ("TENANT", "QUOTA", "GUARANTEED", "USING", "GUARANTEED JOBS", "RUNNING", "QUEUED")
+    return table(rows, head)
 
 
 def cluster_text(state: scheduler_pb2.ClusterState) -> str:

@@ -114,6 +114,8 @@ class Daemon:
     # Who owns the service's objects (jobs, tasks), for the tenant and worker checks.
     scopes: Callable[[], Scopes | None] = lambda: None
     on_stop: list[Callable[[], None]] = field(default_factory=list)
+    # Config files re-read on SIGHUP (beside the tokens file); each logs its own outcome.
+    on_reload: list[Callable[[], None]] = field(default_factory=list)
     aio: bool = False
 
 
@@ -174,10 +176,15 @@ def server_settings(config: argparse.Namespace) -> ServerSettings:
     )
 
 
-def _reload_on_sighup(tokens: TokenTable) -> None:
-    """SIGHUP re-reads the tokens file; a bad file is logged and the old table kept."""
+def _reload_on_sighup(tokens: TokenTable | None, hooks: Sequence[Callable[[], None]]) -> None:
+    """SIGHUP re-reads the tokens file (a bad file is logged and the old table kept) and
+    runs the daemon's own reload hooks."""
 
     def reload(signum: int, frame: object) -> None:
+        for hook in hooks:
+            hook()
+        if tokens is None:
+            return
         try:
             count = tokens.reload()
         except ValidationError as exc:
@@ -248,8 +255,8 @@ def run_daemon(
         for hook in daemon.on_stop:
             hook()
 
-    if settings.tokens is not None:
-        _reload_on_sighup(settings.tokens)
+    if settings.tokens is not None or daemon.on_reload:
+        _reload_on_sighup(settings.tokens, daemon.on_reload)
     server.serve_until_signal(on_stop=stop_hooks)
     return 0
 

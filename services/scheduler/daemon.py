@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import sqlalchemy as sa
 
@@ -32,6 +33,7 @@ from gearshift.scheduler.prices import parse_prices
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.servicer import JobServicer, WorkerRegistryServicer
 from gearshift.scheduler.store import SqlStore
+from gearshift.scheduler.tenants import load_quotas
 from gearshift.scheduler.workers import WorkerAgents
 from gearshift.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -180,6 +182,13 @@ OPTIONS = [
         "(others: fairness)",
         "",
     ),
+    Option(
+        "tenants_file",
+        "YAML file of tenants' quotas, devices per type (`tenants: {a: {quota: {v100: 4}}}`): "
+        "a guaranteed job its tenant's quota covers gets the devices it asks for first, and "
+        "best-effort jobs shrink or are preempted to make room; SIGHUP reloads it",
+        "",
+    ),
 ]
 DESCRIPTION = (
     "Gearshift scheduler: jobs API, worker registry and round-based scheduling over gRPC. "
@@ -234,6 +243,11 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
             "--collocation deeppool needs --brain-address: the burst-parallel plans that say "
             "which jobs leave devices idle come from the Brain"
         )
+    if config.tenants_file:
+        try:
+            load_quotas(Path(config.tenants_file))
+        except ValidationError as exc:
+            raise ValueError(f"--tenants-file: {exc.message}") from None
     if not 1024 <= config.rendezvous_port_base <= 65000:
         raise ValueError("--rendezvous-port-base must be between 1024 and 65000")
     weights: dict[str, float] = {}
@@ -274,6 +288,7 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         amp_limit=config.amp_limit,
         min_idle=config.min_idle,
         max_foreground_slowdown=config.max_foreground_slowdown,
+        tenants_file=config.tenants_file,
     )
 
 
@@ -320,8 +335,19 @@ def build(config: argparse.Namespace) -> Daemon:
         ],
         on_start=lambda _server: scheduler.start(),
         on_stop=[scheduler.stop, store.close],
+        on_reload=[lambda: _reload_tenants(scheduler)],
         scopes=lambda: scheduler,
     )
+
+
+def _reload_tenants(scheduler: Scheduler) -> None:
+    try:
+        count = scheduler.reload_tenants()
+    except ValidationError as exc:
+        log.error("tenants file refused; the old quotas stay", extra={"error": exc.message})
+        return
+    if scheduler.tenants is not None:
+        log.info("tenants file reloaded", extra={"tenants": count})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from gearshift.common.codepkg import assemble
 from gearshift.common.errors import NotFoundError, PreconditionError, ResourceExhaustedError
 from gearshift.common.facts import total_steps
+from gearshift.scheduler.guarantees import Admission
 from gearshift.scheduler.state import RUNNING_STATES, SchedulerState, new_job_id
 from gearshift.scheduler.store import EventRecord, JobRecord
 from gearshift.scheduler.task_control import TaskControl
+from gearshift.scheduler.tenants import Quotas
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 log = logging.getLogger("gearshift.scheduler")
@@ -28,8 +30,11 @@ class JobsApi:
         wake: Callable[[], None],
         round_number: Callable[[], int],
         stopped: Callable[[], bool],
+        *,
+        tenancy: Callable[[], tuple[Quotas, Mapping[str, Admission]]] | None = None,
     ) -> None:
         self.state = state
+        self.tenancy = tenancy or (lambda: (Quotas(), {}))
         self.control = control
         self.wake = wake
         self.round_number = round_number
@@ -193,4 +198,28 @@ class JobsApi:
                     out.allocations.add(
                         job_id=job.job_id, job_name=job.spec.name, placement=job.placement
                     )
+            self._tenants(out)
             return out
+
+    def _tenants(self, out: S.ClusterState) -> None:
+        """Each tenant's quota and use (under the lock)."""
+        quotas, admitted = self.tenancy()
+        rows: dict[str, S.TenantState] = {
+            name: S.TenantState(tenant=name, quota=quota)
+            for name, quota in quotas.by_tenant.items()
+        }
+        for job in self.state.jobs.values():
+            if job.terminal:
+                continue
+            row = rows.setdefault(job.spec.tenant, S.TenantState(tenant=job.spec.tenant))
+            if job.state in RUNNING_STATES and job.placement.processes:
+                row.running_jobs += 1
+                for process in job.placement.processes:
+                    row.devices[process.accelerator_type] += 1
+            else:
+                row.queued_jobs += 1
+            if job.job_id in admitted:
+                a = admitted[job.job_id]
+                row.guaranteed_jobs += 1
+                row.guaranteed_devices[a.accelerator_type] += a.devices
+        out.tenants.extend(rows[name] for name in sorted(rows))

@@ -75,6 +75,7 @@ class JobSnapshot:
     # Measured: how much slower it ran with a background job beside it (0: not measured).
     collocated_slowdown: float = 0.0
     request: Request | None = None  # Rubick: model, original plan, GPUs, CPUs, guaranteed
+    guaranteed: bool = False  # its service class (its tenant's quota may cover it)
 
     @property
     def rigid(self) -> bool:

@@ -365,6 +365,7 @@ class Rounds:
             attained_seconds=self._attained.get(job.job_id, 0.0),
             restart_seconds=self.estimates.restart_seconds(job.job_id),
             background=most == 1 and spec.service_class != C.SERVICE_CLASS_GUARANTEED,
+            guaranteed=spec.service_class == C.SERVICE_CLASS_GUARANTEED,
             idle_fraction=burst.idle_fraction if burst is not None else 0.0,
             collocated_slowdown=self.estimates.collocated_slowdown(job.job_id),
         )

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from gearshift.common.errors import NotFoundError
 from gearshift.common.facts import TERMINAL_STATES
@@ -42,6 +43,7 @@ from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.collocation import Multiplexing
 from gearshift.scheduler.datasets import DatasetKeeper
 from gearshift.scheduler.estimates import Estimates
+from gearshift.scheduler.guarantees import Admission, Guarantees
 from gearshift.scheduler.job_logs import LogSources, TaskSource, job_log_lines
 from gearshift.scheduler.jobs_api import JobsApi
 from gearshift.scheduler.pipeline import Allocator, Collocator
@@ -50,6 +52,7 @@ from gearshift.scheduler.rounds import RoundReport, Rounds
 from gearshift.scheduler.state import SchedulerSettings, SchedulerState
 from gearshift.scheduler.store import EventRecord, JobRecord, Store, WorkerRecord
 from gearshift.scheduler.task_control import TaskControl
+from gearshift.scheduler.tenants import Quotas, TenantsFile
 from gearshift.scheduler.workers import WorkerAgents
 from gearshift.v1 import common_pb2, scheduler_pb2
 
@@ -66,9 +69,10 @@ def collocator_for(settings: SchedulerSettings) -> Collocator | None:
     return None
 
 
-def allocator_for(settings: SchedulerSettings) -> Allocator:
-    """The allocate stage the settings name (--policy, --elastic and their knobs)."""
-    return make_allocator(
+def allocator_for(settings: SchedulerSettings, tenants: TenantsFile | None = None) -> Allocator:
+    """The allocate stage the settings name (--policy, --elastic and their knobs), with
+    guaranteed jobs admitted first when there are tenants' quotas."""
+    policy = make_allocator(
         settings.policy,
         elastic=settings.elastic,
         round_seconds=settings.round_seconds,
@@ -79,6 +83,9 @@ def allocator_for(settings: SchedulerSettings) -> Allocator:
         entity_weights=settings.tenant_weights,
         entity_policies=settings.tenant_policies,
     )
+    if tenants is None:
+        return policy
+    return Guarantees(policy, lambda: tenants.quotas)
 
 
 class Scheduler:
@@ -100,6 +107,7 @@ class Scheduler:
         self.brain = brain or BrainAdvisor()
         self.datasets = datasets or DatasetKeeper()
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="sched-calls")
+        self.tenants = TenantsFile(Path(settings.tenants_file)) if settings.tenants_file else None
         self.state = SchedulerState(
             store, settings, brain=self.brain, datasets=self.datasets, clock=clock, pool=self._pool
         )
@@ -116,7 +124,7 @@ class Scheduler:
             self.control,
             self.registry,
             self.estimates,
-            allocator or allocator_for(settings),
+            allocator or allocator_for(settings, self.tenants),
             observers=[metrics.round_finished],
             collocator=collocator_for(settings),
         )
@@ -126,8 +134,26 @@ class Scheduler:
             self.wake,
             lambda: self.rounds.round,
             self.rounds.stopped,
+            tenancy=self._tenancy,
         )
         self.state.ended_listeners.extend([self.estimates.forget, self.rounds.forget])
+
+    def _tenancy(self) -> tuple[Quotas, Mapping[str, Admission]]:
+        """The quotas and the last round's admission of guaranteed jobs."""
+        if self.tenants is None:
+            return Quotas(), {}
+        allocator = self.rounds.allocator
+        admitted = allocator.admitted if isinstance(allocator, Guarantees) else {}
+        return self.tenants.quotas, dict(admitted)
+
+    def reload_tenants(self) -> int:
+        """Re-read the tenants file (SIGHUP): ValidationError keeps the old quotas. The
+        next round admits guaranteed jobs against the new ones; returns the tenants count."""
+        if self.tenants is None:
+            return 0
+        quotas = self.tenants.reload()
+        self.wake()
+        return len(quotas.by_tenant)
 
     @property
     def store(self) -> Store:

@@ -25,13 +25,19 @@ _sym_db = _symbol_database.Default()
 from gearshift.v1 import common_pb2 as gearshift_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgearshift/v1/scheduler.proto\x12\x0cgearshift.v1\x1a\x19gearshift/v1/common.proto\"\xb9\x03\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12#\n\x04spec\x18\x02 \x01(\x0b\x32\x15.gearshift.v1.JobSpec\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.gearshift.v1.JobState\x12\x14\n\x0csubmitted_at\x18\x04 \x01(\x01\x12\x12\n\nstarted_at\x18\x05 \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\x06 \x01(\x01\x12+\n\x08progress\x18\x07 \x01(\x0b\x32\x19.gearshift.v1.JobProgress\x12*\n\tplacement\x18\x08 \x01(\x0b\x32\x17.gearshift.v1.Placement\x12\x15\n\rrescale_count\x18\t \x01(\x05\x12\x0f\n\x07message\x18\n \x01(\t\x12\x14\n\x0c\x66inal_digest\x18\x0b \x01(\t\x12\x15\n\rlast_sequence\x18\x0c \x01(\x03\x12.\n\x0b\x63ollocation\x18\r \x01(\x0b\x32\x19.gearshift.v1.Collocation\x12\x0e\n\x06paused\x18\x0e \x01(\x08\x12)\n\x04plan\x18\x0f \x01(\x0b\x32\x1b.gearshift.v1.ExecutionPlan\"P\n\x10SubmitJobRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.gearshift.v1.JobSpec\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\"D\n\x11SubmitJobResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.gearshift.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x87\x01\n\x0fListJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12&\n\x06states\x18\x02 \x03(\x0e\x32\x16.gearshift.v1.JobState\x12\x13\n\x0bname_prefix\x18\x03 \x01(\t\x12\'\n\x04page\x18\x04 \x01(\x0b\x32\x19.gearshift.v1.PageRequest\"L\n\x10ListJobsResponse\x12\x1f\n\x04jobs\x18\x01 \x03(\x0b\x32\x11.gearshift.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"9\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_sequence\x18\x02 \x01(\x03\"\xf5\x01\n\x08JobEvent\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x0c\n\x04time\x18\x03 \x01(\x01\x12(\n\x04type\x18\x04 \x01(\x0e\x32\x1a.gearshift.v1.JobEventType\x12%\n\x05state\x18\x05 \x01(\x0e\x32\x16.gearshift.v1.JobState\x12\x0f\n\x07message\x18\x06 \x01(\t\x12+\n\x08progress\x18\x07 \x01(\x0b\x32\x19.gearshift.v1.JobProgress\x12*\n\tplacement\x18\x08 \x01(\x0b\x32\x17.gearshift.v1.Placement\"\x18\n\x16GetClusterStateRequest\"\xc1\x01\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08hostname\x18\x03 \x01(\t\x12*\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32\x19.gearshift.v1.DeviceGroup\x12\r\n\x05\x61live\x18\x05 \x01(\x08\x12\x19\n\x11last_heartbeat_at\x18\x06 \x01(\x01\x12\x11\n\tcpu_cores\x18\x07 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x08 \x01(\x03\"Z\n\nAllocation\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08job_name\x18\x02 \x01(\t\x12*\n\tplacement\x18\x03 \x01(\x0b\x32\x17.gearshift.v1.Placement\"\x9e\x01\n\x0c\x43lusterState\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.gearshift.v1.WorkerInfo\x12-\n\x0b\x61llocations\x18\x02 \x03(\x0b\x32\x18.gearshift.v1.Allocation\x12\r\n\x05round\x18\x03 \x01(\x03\x12\x15\n\rround_seconds\x18\x04 \x01(\x01\x12\x0e\n\x06policy\x18\x05 \x01(\t\"\xcb\x01\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08hostname\x18\x03 \x01(\t\x12*\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32\x19.gearshift.v1.DeviceGroup\x12\'\n\x05tasks\x18\x05 \x03(\x0b\x32\x18.gearshift.v1.TaskStatus\x12\x11\n\tcpu_cores\x18\x06 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x07 \x01(\x03\"r\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\"\n\x1aheartbeat_interval_seconds\x18\x02 \x01(\x01\x12!\n\x19heartbeat_timeout_seconds\x18\x03 \x01(\x01\"N\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\'\n\x05tasks\x18\x02 \x03(\x0b\x32\x18.gearshift.v1.TaskStatus\"\'\n\x11HeartbeatResponse\x12\x12\n\nreregister\x18\x01 \x01(\x08\"C\n\x11RenewLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\tJ\x04\x08\x03\x10\x04R\x04step\"I\n\x12RenewLeaseResponse\x12\x0f\n\x07renewed\x18\x01 \x01(\x08\x12\"\n\x05lease\x18\x02 \x01(\x0b\x32\x13.gearshift.v1.Lease\"R\n\x13TaskFinishedRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12(\n\x06status\x18\x02 \x01(\x0b\x32\x18.gearshift.v1.TaskStatus\"\x16\n\x14TaskFinishedResponse\"X\n\x14StreamJobLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\ntail_lines\x18\x03 \x01(\x05\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\" \n\x0eHasCodeRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t\"\"\n\x0fHasCodeResponse\x12\x0f\n\x07present\x18\x01 \x01(\x08\"4\n\x12UploadCodeResponse\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0e\n\x06stored\x18\x02 \x01(\x08\"\"\n\x10\x46\x65tchCodeRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t*\xcf\x03\n\x0cJobEventType\x12\x1e\n\x1aJOB_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1c\n\x18JOB_EVENT_TYPE_SUBMITTED\x10\x01\x12\x1a\n\x16JOB_EVENT_TYPE_STARTED\x10\x02\x12\x1b\n\x17JOB_EVENT_TYPE_PROGRESS\x10\x03\x12\x1c\n\x18JOB_EVENT_TYPE_RESCALING\x10\x04\x12\x1b\n\x17JOB_EVENT_TYPE_RESCALED\x10\x05\x12\x1c\n\x18JOB_EVENT_TYPE_PREEMPTED\x10\x06\x12\x1e\n\x1aJOB_EVENT_TYPE_WORKER_LOST\x10\x07\x12\x1c\n\x18JOB_EVENT_TYPE_SUCCEEDED\x10\x08\x12\x19\n\x15JOB_EVENT_TYPE_FAILED\x10\t\x12\x1c\n\x18JOB_EVENT_TYPE_CANCELLED\x10\n\x12\x1f\n\x1bJOB_EVENT_TYPE_CHECKPOINTED\x10\x0b\x12 \n\x1cJOB_EVENT_TYPE_STARTED_FRESH\x10\x0c\x12\x19\n\x15JOB_EVENT_TYPE_PAUSED\x10\r\x12\x1a\n\x16JOB_EVENT_TYPE_RESUMED\x10\x0e\x32\xbe\x05\n\nJobService\x12R\n\tSubmitJob\x12\x1e.gearshift.v1.SubmitJobRequest\x1a\x1f.gearshift.v1.SubmitJobResponse\"\x04\x88\xb5\x18\x01\x12>\n\x06GetJob\x12\x1b.gearshift.v1.GetJobRequest\x1a\x11.gearshift.v1.Job\"\x04\x88\xb5\x18\x01\x12O\n\x08ListJobs\x12\x1d.gearshift.v1.ListJobsRequest\x1a\x1e.gearshift.v1.ListJobsResponse\"\x04\x88\xb5\x18\x01\x12\x44\n\tCancelJob\x12\x1e.gearshift.v1.CancelJobRequest\x1a\x11.gearshift.v1.Job\"\x04\x88\xb5\x18\x01\x12\x43\n\x08WatchJob\x12\x1d.gearshift.v1.WatchJobRequest\x1a\x16.gearshift.v1.JobEvent0\x01\x12Y\n\x0fGetClusterState\x12$.gearshift.v1.GetClusterStateRequest\x1a\x1a.gearshift.v1.ClusterState\"\x04\x88\xb5\x18\x01\x12L\n\rStreamJobLogs\x12\".gearshift.v1.StreamJobLogsRequest\x1a\x15.gearshift.v1.LogLine0\x01\x12L\n\x07HasCode\x12\x1c.gearshift.v1.HasCodeRequest\x1a\x1d.gearshift.v1.HasCodeResponse\"\x04\x88\xb5\x18\x01\x12I\n\nUploadCode\x12\x17.gearshift.v1.CodeChunk\x1a .gearshift.v1.UploadCodeResponse(\x01\x32\xc3\x03\n\x0eWorkerRegistry\x12\x61\n\x0eRegisterWorker\x12#.gearshift.v1.RegisterWorkerRequest\x1a$.gearshift.v1.RegisterWorkerResponse\"\x04\x88\xb5\x18\x01\x12R\n\tHeartbeat\x12\x1e.gearshift.v1.HeartbeatRequest\x1a\x1f.gearshift.v1.HeartbeatResponse\"\x04\x88\xb5\x18\x01\x12U\n\nRenewLease\x12\x1f.gearshift.v1.RenewLeaseRequest\x1a .gearshift.v1.RenewLeaseResponse\"\x04\x88\xb5\x18\x01\x12[\n\x0cTaskFinished\x12!.gearshift.v1.TaskFinishedRequest\x1a\".gearshift.v1.TaskFinishedResponse\"\x04\x88\xb5\x18\x01\x12\x46\n\tFetchCode\x12\x1e.gearshift.v1.FetchCodeRequest\x1a\x17.gearshift.v1.CodeChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgearshift/v1/scheduler.proto\x12\x0cgearshift.v1\x1a\x19gearshift/v1/common.proto\"\xb9\x03\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12#\n\x04spec\x18\x02 \x01(\x0b\x32\x15.gearshift.v1.JobSpec\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.gearshift.v1.JobState\x12\x14\n\x0csubmitted_at\x18\x04 \x01(\x01\x12\x12\n\nstarted_at\x18\x05 \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\x06 \x01(\x01\x12+\n\x08progress\x18\x07 \x01(\x0b\x32\x19.gearshift.v1.JobProgress\x12*\n\tplacement\x18\x08 \x01(\x0b\x32\x17.gearshift.v1.Placement\x12\x15\n\rrescale_count\x18\t \x01(\x05\x12\x0f\n\x07message\x18\n \x01(\t\x12\x14\n\x0c\x66inal_digest\x18\x0b \x01(\t\x12\x15\n\rlast_sequence\x18\x0c \x01(\x03\x12.\n\x0b\x63ollocation\x18\r \x01(\x0b\x32\x19.gearshift.v1.Collocation\x12\x0e\n\x06paused\x18\x0e \x01(\x08\x12)\n\x04plan\x18\x0f \x01(\x0b\x32\x1b.gearshift.v1.ExecutionPlan\"P\n\x10SubmitJobRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.gearshift.v1.JobSpec\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\"D\n\x11SubmitJobResponse\x12\x1e\n\x03job\x18\x01 \x01(\x0b\x32\x11.gearshift.v1.Job\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x87\x01\n\x0fListJobsRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12&\n\x06states\x18\x02 \x03(\x0e\x32\x16.gearshift.v1.JobState\x12\x13\n\x0bname_prefix\x18\x03 \x01(\t\x12\'\n\x04page\x18\x04 \x01(\x0b\x32\x19.gearshift.v1.PageRequest\"L\n\x10ListJobsResponse\x12\x1f\n\x04jobs\x18\x01 \x03(\x0b\x32\x11.gearshift.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"2\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"9\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_sequence\x18\x02 \x01(\x03\"\xf5\x01\n\x08JobEvent\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x0c\n\x04time\x18\x03 \x01(\x01\x12(\n\x04type\x18\x04 \x01(\x0e\x32\x1a.gearshift.v1.JobEventType\x12%\n\x05state\x18\x05 \x01(\x0e\x32\x16.gearshift.v1.JobState\x12\x0f\n\x07message\x18\x06 \x01(\t\x12+\n\x08progress\x18\x07 \x01(\x0b\x32\x19.gearshift.v1.JobProgress\x12*\n\tplacement\x18\x08 \x01(\x0b\x32\x17.gearshift.v1.Placement\"\x18\n\x16GetClusterStateRequest\"\xc1\x01\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08hostname\x18\x03 \x01(\t\x12*\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32\x19.gearshift.v1.DeviceGroup\x12\r\n\x05\x61live\x18\x05 \x01(\x08\x12\x19\n\x11last_heartbeat_at\x18\x06 \x01(\x01\x12\x11\n\tcpu_cores\x18\x07 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x08 \x01(\x03\"Z\n\nAllocation\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08job_name\x18\x02 \x01(\t\x12*\n\tplacement\x18\x03 \x01(\x0b\x32\x17.gearshift.v1.Placement\"\xca\x01\n\x0c\x43lusterState\x12)\n\x07workers\x18\x01 \x03(\x0b\x32\x18.gearshift.v1.WorkerInfo\x12-\n\x0b\x61llocations\x18\x02 \x03(\x0b\x32\x18.gearshift.v1.Allocation\x12\r\n\x05round\x18\x03 \x01(\x03\x12\x15\n\rround_seconds\x18\x04 \x01(\x01\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12*\n\x07tenants\x18\x06 \x03(\x0b\x32\x19.gearshift.v1.TenantState\"\xb5\x03\n\x0bTenantState\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x33\n\x05quota\x18\x02 \x03(\x0b\x32$.gearshift.v1.TenantState.QuotaEntry\x12L\n\x12guaranteed_devices\x18\x03 \x03(\x0b\x32\x30.gearshift.v1.TenantState.GuaranteedDevicesEntry\x12\x37\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32&.gearshift.v1.TenantState.DevicesEntry\x12\x17\n\x0fguaranteed_jobs\x18\x05 \x01(\x05\x12\x14\n\x0crunning_jobs\x18\x06 \x01(\x05\x12\x13\n\x0bqueued_jobs\x18\x07 \x01(\x05\x1a,\n\nQuotaEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x1a\x38\n\x16GuaranteedDevicesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x1a.\n\x0c\x44\x65vicesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"\xcb\x01\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08hostname\x18\x03 \x01(\t\x12*\n\x07\x64\x65vices\x18\x04 \x03(\x0b\x32\x19.gearshift.v1.DeviceGroup\x12\'\n\x05tasks\x18\x05 \x03(\x0b\x32\x18.gearshift.v1.TaskStatus\x12\x11\n\tcpu_cores\x18\x06 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x07 \x01(\x03\"r\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\"\n\x1aheartbeat_interval_seconds\x18\x02 \x01(\x01\x12!\n\x19heartbeat_timeout_seconds\x18\x03 \x01(\x01\"N\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\'\n\x05tasks\x18\x02 \x03(\x0b\x32\x18.gearshift.v1.TaskStatus\"\'\n\x11HeartbeatResponse\x12\x12\n\nreregister\x18\x01 \x01(\x08\"C\n\x11RenewLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\tJ\x04\x08\x03\x10\x04R\x04step\"I\n\x12RenewLeaseResponse\x12\x0f\n\x07renewed\x18\x01 \x01(\x08\x12\"\n\x05lease\x18\x02 \x01(\x0b\x32\x13.gearshift.v1.Lease\"R\n\x13TaskFinishedRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12(\n\x06status\x18\x02 \x01(\x0b\x32\x18.gearshift.v1.TaskStatus\"\x16\n\x14TaskFinishedResponse\"X\n\x14StreamJobLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\ntail_lines\x18\x03 \x01(\x05\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\" \n\x0eHasCodeRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t\"\"\n\x0fHasCodeResponse\x12\x0f\n\x07present\x18\x01 \x01(\x08\"4\n\x12UploadCodeResponse\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0e\n\x06stored\x18\x02 \x01(\x08\"\"\n\x10\x46\x65tchCodeRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t*\xcf\x03\n\x0cJobEventType\x12\x1e\n\x1aJOB_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1c\n\x18JOB_EVENT_TYPE_SUBMITTED\x10\x01\x12\x1a\n\x16JOB_EVENT_TYPE_STARTED\x10\x02\x12\x1b\n\x17JOB_EVENT_TYPE_PROGRESS\x10\x03\x12\x1c\n\x18JOB_EVENT_TYPE_RESCALING\x10\x04\x12\x1b\n\x17JOB_EVENT_TYPE_RESCALED\x10\x05\x12\x1c\n\x18JOB_EVENT_TYPE_PREEMPTED\x10\x06\x12\x1e\n\x1aJOB_EVENT_TYPE_WORKER_LOST\x10\x07\x12\x1c\n\x18JOB_EVENT_TYPE_SUCCEEDED\x10\x08\x12\x19\n\x15JOB_EVENT_TYPE_FAILED\x10\t\x12\x1c\n\x18JOB_EVENT_TYPE_CANCELLED\x10\n\x12\x1f\n\x1bJOB_EVENT_TYPE_CHECKPOINTED\x10\x0b\x12 \n\x1cJOB_EVENT_TYPE_STARTED_FRESH\x10\x0c\x12\x19\n\x15JOB_EVENT_TYPE_PAUSED\x10\r\x12\x1a\n\x16JOB_EVENT_TYPE_RESUMED\x10\x0e\x32\xbe\x05\n\nJobService\x12R\n\tSubmitJob\x12\x1e.gearshift.v1.SubmitJobRequest\x1a\x1f.gearshift.v1.SubmitJobResponse\"\x04\x88\xb5\x18\x01\x12>\n\x06GetJob\x12\x1b.gearshift.v1.GetJobRequest\x1a\x11.gearshift.v1.Job\"\x04\x88\xb5\x18\x01\x12O\n\x08ListJobs\x12\x1d.gearshift.v1.ListJobsRequest\x1a\x1e.gearshift.v1.ListJobsResponse\"\x04\x88\xb5\x18\x01\x12\x44\n\tCancelJob\x12\x1e.gearshift.v1.CancelJobRequest\x1a\x11.gearshift.v1.Job\"\x04\x88\xb5\x18\x01\x12\x43\n\x08WatchJob\x12\x1d.gearshift.v1.WatchJobRequest\x1a\x16.gearshift.v1.JobEvent0\x01\x12Y\n\x0fGetClusterState\x12$.gearshift.v1.GetClusterStateRequest\x1a\x1a.gearshift.v1.ClusterState\"\x04\x88\xb5\x18\x01\x12L\n\rStreamJobLogs\x12\".gearshift.v1.StreamJobLogsRequest\x1a\x15.gearshift.v1.LogLine0\x01\x12L\n\x07HasCode\x12\x1c.gearshift.v1.HasCodeRequest\x1a\x1d.gearshift.v1.HasCodeResponse\"\x04\x88\xb5\x18\x01\x12I\n\nUploadCode\x12\x17.gearshift.v1.CodeChunk\x1a .gearshift.v1.UploadCodeResponse(\x01\x32\xc3\x03\n\x0eWorkerRegistry\x12\x61\n\x0eRegisterWorker\x12#.gearshift.v1.RegisterWorkerRequest\x1a$.gearshift.v1.RegisterWorkerResponse\"\x04\x88\xb5\x18\x01\x12R\n\tHeartbeat\x12\x1e.gearshift.v1.HeartbeatRequest\x1a\x1f.gearshift.v1.HeartbeatResponse\"\x04\x88\xb5\x18\x01\x12U\n\nRenewLease\x12\x1f.gearshift.v1.RenewLeaseRequest\x1a .gearshift.v1.RenewLeaseResponse\"\x04\x88\xb5\x18\x01\x12[\n\x0cTaskFinished\x12!.gearshift.v1.TaskFinishedRequest\x1a\".gearshift.v1.TaskFinishedResponse\"\x04\x88\xb5\x18\x01\x12\x46\n\tFetchCode\x12\x1e.gearshift.v1.FetchCodeRequest\x1a\x17.gearshift.v1.CodeChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gearshift.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_TENANTSTATE_QUOTAENTRY']._loaded_options = None
+  _globals['_TENANTSTATE_QUOTAENTRY']._serialized_options = b'8\001'
+  _globals['_TENANTSTATE_GUARANTEEDDEVICESENTRY']._loaded_options = None
+  _globals['_TENANTSTATE_GUARANTEEDDEVICESENTRY']._serialized_options = b'8\001'
+  _globals['_TENANTSTATE_DEVICESENTRY']._loaded_options = None
+  _globals['_TENANTSTATE_DEVICESENTRY']._serialized_options = b'8\001'
   _globals['_JOBSERVICE'].methods_by_name['SubmitJob']._loaded_options = None
   _globals['_JOBSERVICE'].methods_by_name['SubmitJob']._serialized_options = b'\210\265\030\001'
   _globals['_JOBSERVICE'].methods_by_name['GetJob']._loaded_options = None
@@ -52,8 +58,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERREGISTRY'].methods_by_name['RenewLease']._serialized_options = b'\210\265\030\001'
   _globals['_WORKERREGISTRY'].methods_by_name['TaskFinished']._loaded_options = None
   _globals['_WORKERREGISTRY'].methods_by_name['TaskFinished']._serialized_options = b'\210\265\030\001'
-  _globals['_JOBEVENTTYPE']._serialized_start=2698
-  _globals['_JOBEVENTTYPE']._serialized_end=3161
+  _globals['_JOBEVENTTYPE']._serialized_start=3182
+  _globals['_JOBEVENTTYPE']._serialized_end=3645
   _globals['_JOB']._serialized_start=74
   _globals['_JOB']._serialized_end=515
   _globals['_SUBMITJOBREQUEST']._serialized_start=517
@@ -79,35 +85,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ALLOCATION']._serialized_start=1499
   _globals['_ALLOCATION']._serialized_end=1589
   _globals['_CLUSTERSTATE']._serialized_start=1592
-  _globals['_CLUSTERSTATE']._serialized_end=1750
-  _globals['_REGISTERWORKERREQUEST']._serialized_start=1753
-  _globals['_REGISTERWORKERREQUEST']._serialized_end=1956
-  _globals['_REGISTERWORKERRESPONSE']._serialized_start=1958
-  _globals['_REGISTERWORKERRESPONSE']._serialized_end=2072
-  _globals['_HEARTBEATREQUEST']._serialized_start=2074
-  _globals['_HEARTBEATREQUEST']._serialized_end=2152
-  _globals['_HEARTBEATRESPONSE']._serialized_start=2154
-  _globals['_HEARTBEATRESPONSE']._serialized_end=2193
-  _globals['_RENEWLEASEREQUEST']._serialized_start=2195
-  _globals['_RENEWLEASEREQUEST']._serialized_end=2262
-  _globals['_RENEWLEASERESPONSE']._serialized_start=2264
-  _globals['_RENEWLEASERESPONSE']._serialized_end=2337
-  _globals['_TASKFINISHEDREQUEST']._serialized_start=2339
-  _globals['_TASKFINISHEDREQUEST']._serialized_end=2421
-  _globals['_TASKFINISHEDRESPONSE']._serialized_start=2423
-  _globals['_TASKFINISHEDRESPONSE']._serialized_end=2445
-  _globals['_STREAMJOBLOGSREQUEST']._serialized_start=2447
-  _globals['_STREAMJOBLOGSREQUEST']._serialized_end=2535
-  _globals['_HASCODEREQUEST']._serialized_start=2537
-  _globals['_HASCODEREQUEST']._serialized_end=2569
-  _globals['_HASCODERESPONSE']._serialized_start=2571
-  _globals['_HASCODERESPONSE']._serialized_end=2605
-  _globals['_UPLOADCODERESPONSE']._serialized_start=2607
-  _globals['_UPLOADCODERESPONSE']._serialized_end=2659
-  _globals['_FETCHCODEREQUEST']._serialized_start=2661
-  _globals['_FETCHCODEREQUEST']._serialized_end=2695
-  _globals['_JOBSERVICE']._serialized_start=3164
-  _globals['_JOBSERVICE']._serialized_end=3866
-  _globals['_WORKERREGISTRY']._serialized_start=3869
-  _globals['_WORKERREGISTRY']._serialized_end=4320
+  _globals['_CLUSTERSTATE']._serialized_end=1794
+  _globals['_TENANTSTATE']._serialized_start=1797
+  _globals['_TENANTSTATE']._serialized_end=2234
+  _globals['_TENANTSTATE_QUOTAENTRY']._serialized_start=2084
+  _globals['_TENANTSTATE_QUOTAENTRY']._serialized_end=2128
+  _globals['_TENANTSTATE_GUARANTEEDDEVICESENTRY']._serialized_start=2130
+  _globals['_TENANTSTATE_GUARANTEEDDEVICESENTRY']._serialized_end=2186
+  _globals['_TENANTSTATE_DEVICESENTRY']._serialized_start=2188
+  _globals['_TENANTSTATE_DEVICESENTRY']._serialized_end=2234
+  _globals['_REGISTERWORKERREQUEST']._serialized_start=2237
+  _globals['_REGISTERWORKERREQUEST']._serialized_end=2440
+  _globals['_REGISTERWORKERRESPONSE']._serialized_start=2442
+  _globals['_REGISTERWORKERRESPONSE']._serialized_end=2556
+  _globals['_HEARTBEATREQUEST']._serialized_start=2558
+  _globals['_HEARTBEATREQUEST']._serialized_end=2636
+  _globals['_HEARTBEATRESPONSE']._serialized_start=2638
+  _globals['_HEARTBEATRESPONSE']._serialized_end=2677
+  _globals['_RENEWLEASEREQUEST']._serialized_start=2679
+  _globals['_RENEWLEASEREQUEST']._serialized_end=2746
+  _globals['_RENEWLEASERESPONSE']._serialized_start=2748
+  _globals['_RENEWLEASERESPONSE']._serialized_end=2821
+  _globals['_TASKFINISHEDREQUEST']._serialized_start=2823
+  _globals['_TASKFINISHEDREQUEST']._serialized_end=2905
+  _globals['_TASKFINISHEDRESPONSE']._serialized_start=2907
+  _globals['_TASKFINISHEDRESPONSE']._serialized_end=2929
+  _globals['_STREAMJOBLOGSREQUEST']._serialized_start=2931
+  _globals['_STREAMJOBLOGSREQUEST']._serialized_end=3019
+  _globals['_HASCODEREQUEST']._serialized_start=3021
+  _globals['_HASCODEREQUEST']._serialized_end=3053
+  _globals['_HASCODERESPONSE']._serialized_start=3055
+  _globals['_HASCODERESPONSE']._serialized_end=3089
+  _globals['_UPLOADCODERESPONSE']._serialized_start=3091
+  _globals['_UPLOADCODERESPONSE']._serialized_end=3143
+  _globals['_FETCHCODEREQUEST']._serialized_start=3145
+  _globals['_FETCHCODEREQUEST']._serialized_end=3179
+  _globals['_JOBSERVICE']._serialized_start=3648
+  _globals['_JOBSERVICE']._serialized_end=4350
+  _globals['_WORKERREGISTRY']._serialized_start=4353
+  _globals['_WORKERREGISTRY']._serialized_end=4804
 # @@protoc_insertion_point(module_scope)

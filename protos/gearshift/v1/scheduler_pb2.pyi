@@ -562,6 +562,7 @@ class ClusterState(_message.Message):
     ROUND_FIELD_NUMBER: _builtins.int
     ROUND_SECONDS_FIELD_NUMBER: _builtins.int
     POLICY_FIELD_NUMBER: _builtins.int
+    TENANTS_FIELD_NUMBER: _builtins.int
     round: _builtins.int
     """Number of the current scheduling round."""
     round_seconds: _builtins.float
@@ -576,6 +577,10 @@ class ClusterState(_message.Message):
     def allocations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Allocation]:
         """Every running job's placement."""
 
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantState]:
+        """Every tenant with a quota (--tenants-file) or an unfinished job."""
+
     def __init__(
         self,
         *,
@@ -584,14 +589,127 @@ class ClusterState(_message.Message):
         round: _builtins.int = ...,
         round_seconds: _builtins.float = ...,
         policy: _builtins.str = ...,
+        tenants: _abc.Iterable[Global___TenantState] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "policy", b"policy", "round", b"round", "round_seconds", b"round_seconds", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "policy", b"policy", "round", b"round", "round_seconds", b"round_seconds", "tenants", b"tenants", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClusterState: _TypeAlias = ClusterState  # noqa: Y015
+
+@_typing.final
+class TenantState(_message.Message):
+    """A tenant's quota for guaranteed jobs and what its jobs use (Rubick's service classes)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class QuotaEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class GuaranteedDevicesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class DevicesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    QUOTA_FIELD_NUMBER: _builtins.int
+    GUARANTEED_DEVICES_FIELD_NUMBER: _builtins.int
+    DEVICES_FIELD_NUMBER: _builtins.int
+    GUARANTEED_JOBS_FIELD_NUMBER: _builtins.int
+    RUNNING_JOBS_FIELD_NUMBER: _builtins.int
+    QUEUED_JOBS_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """Tenant name."""
+    guaranteed_jobs: _builtins.int
+    """Its guaranteed jobs the quota covers (last round)."""
+    running_jobs: _builtins.int
+    """Its running jobs."""
+    queued_jobs: _builtins.int
+    """Its jobs waiting for devices."""
+    @_builtins.property
+    def quota(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Devices per accelerator type its guaranteed jobs may hold (empty: no quota)."""
+
+    @_builtins.property
+    def guaranteed_devices(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Devices per type held by its guaranteed jobs the quota covers (last round)."""
+
+    @_builtins.property
+    def devices(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Devices per type held by all its running jobs."""
+
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        quota: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        guaranteed_devices: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        devices: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        guaranteed_jobs: _builtins.int = ...,
+        running_jobs: _builtins.int = ...,
+        queued_jobs: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["devices", b"devices", "guaranteed_devices", b"guaranteed_devices", "guaranteed_jobs", b"guaranteed_jobs", "queued_jobs", b"queued_jobs", "quota", b"quota", "running_jobs", b"running_jobs", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantState: _TypeAlias = TenantState  # noqa: Y015
 
 @_typing.final
 class RegisterWorkerRequest(_message.Message):

@@ -1,0 +1,156 @@
+"""Tenants' quotas (the tenants file) and guaranteed jobs admitted before the policy runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gearshift.common.errors import ValidationError
+from gearshift.scheduler.allocators import make_allocator
+from gearshift.scheduler.guarantees import Admission, Guarantees, admit
+from gearshift.scheduler.mechanism import Device
+from gearshift.scheduler.pipeline import JobSnapshot, Snapshot
+from gearshift.scheduler.service import SchedulerSettings
+from gearshift.scheduler.tenants import Quotas, TenantsFile, parse_quotas
+from gearshift.v1 import common_pb2
+from tests.sched_harness import Clock, job_spec, make_scheduler, register
+
+C = common_pb2
+DEVICES = tuple(Device(f"w{i // 2}", i % 2, "cpu") for i in range(4))
+
+
+def snap(job_id: str, tenant: str, most: int, **fields: object) -> JobSnapshot:
+    base: dict[str, object] = {
+        "job_id": job_id,
+        "num_ests": most,
+        "min_devices": 1,
+        "max_devices": most,
+        "types": ("cpu",),
+        "capability": {"cpu": 1.0},
+        "throughputs": {"cpu": float(most)},
+        "steps_remaining": 100.0,
+        "arrival_time": 0.0,
+        "entity": tenant,
+    }
+    base.update(fields)
+    return JobSnapshot(**base)  # type: ignore[arg-type]
+
+
+def test_the_file_gives_devices_per_type_per_tenant() -> None:
+    quotas = parse_quotas("tenants:\n  a:\n    quota: {v100: 4, cpu: 2}\n  b: {}\n")
+    assert quotas.of("a") == {"v100": 4, "cpu": 2}
+    assert quotas.of("b") == {} and quotas.of("nobody") == {}
+    assert parse_quotas("").by_tenant == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("tenants:\n  a:\n    quota: {cpu: -1}\n", "tenants.a.quota.cpu"),
+        ("tenants:\n  a:\n    quota: {cpu: two}\n", "tenants.a.quota.cpu"),
+        ("tenants:\n  a:\n    limit: {cpu: 1}\n", "tenants.a"),
+        ("tenants:\n  'a b': {}\n", "tenants.a b"),
+        ("tenants: [a, b]\n", "tenants"),
+        ("quotas: {}\n", "tenants file"),
+        ("tenants: {a: [\n", "tenants file"),
+    ],
+)
+def test_a_bad_file_names_the_field(text: str, field: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        parse_quotas(text)
+    assert caught.value.field == field
+
+
+def test_a_bad_reload_keeps_the_old_quotas(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants: {a: {quota: {cpu: 2}}}\n")
+    tenants = TenantsFile(path)
+    path.write_text("tenants: {a: {quota: {cpu: lots}}}\n")
+    with pytest.raises(ValidationError, match=r"tenants\.a\.quota\.cpu"):
+        tenants.reload()
+    assert tenants.quotas.of("a") == {"cpu": 2}
+    path.write_text("tenants: {a: {quota: {cpu: 3}}}\n")
+    assert tenants.reload().of("a") == {"cpu": 3}
+
+
+def test_admission_counts_quota_and_free_devices_running_jobs_first() -> None:
+    quotas = Quotas({"a": {"cpu": 3}})
+    jobs = (
+        snap("g1", "a", 2, guaranteed=True, arrival_time=1.0),
+        snap("g2", "a", 2, guaranteed=True, arrival_time=2.0, current=(("cpu", 2),)),
+        snap("g3", "a", 1, guaranteed=True, arrival_time=3.0),
+        snap("be", "b", 4, guaranteed=True),  # tenant b has no quota: best-effort
+        snap("x", "a", 1),  # a's best-effort job
+    )
+    admitted = admit(Snapshot(0.0, DEVICES, jobs), quotas)
+    # g2 runs: it keeps its share; g1 would pass a's quota (2 + 2 > 3); g3 fits
+    assert admitted == {"g2": Admission("cpu", 2), "g3": Admission("cpu", 1)}
+
+
+def test_a_guaranteed_job_gets_its_request_and_best_effort_jobs_shrink() -> None:
+    quotas = Quotas({"a": {"cpu": 2}})
+    allocator = Guarantees(make_allocator("max_min_fairness", elastic=True), lambda: quotas)
+    b1 = snap("b1", "b", 2, current=(("cpu", 2),), arrival_time=0.0)
+    b2 = snap("b2", "b", 2, current=(("cpu", 2),), arrival_time=1.0)
+    before = allocator.allocate(Snapshot(0.0, DEVICES, (b1, b2)))
+    assert {t.size for t in before.values()} == {2}  # they fill the cluster
+    g = snap("g", "a", 2, guaranteed=True, arrival_time=2.0)
+    after = allocator.allocate(Snapshot(10.0, DEVICES, (b1, b2, g)))
+    assert after["g"].devices == (("cpu", 2),)
+    assert sum(after[j].size for j in ("b1", "b2") if j in after) == 2
+    assert allocator.admitted == {"g": Admission("cpu", 2)}
+
+
+def test_past_its_quota_a_guaranteed_job_is_served_as_best_effort() -> None:
+    quotas = Quotas({"a": {"cpu": 1}})
+    allocator = Guarantees(make_allocator("max_min_fairness", elastic=True), lambda: quotas)
+    jobs = (
+        snap("b1", "b", 4, current=(("cpu", 4),)),
+        snap("g", "a", 2, guaranteed=True, arrival_time=2.0),
+    )
+    out = allocator.allocate(Snapshot(0.0, DEVICES, jobs))
+    assert allocator.admitted == {}
+    assert out["g"].size >= 1 and out["b1"].size >= 1  # the policy shares: nobody is first
+
+
+def test_the_daemon_admits_against_a_reloaded_file_and_shows_tenants(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants: {a: {quota: {cpu: 0}}, b: {}}\n")
+    settings = SchedulerSettings(
+        policy="max_min_fairness",
+        elastic=True,
+        round_seconds=60.0,
+        heartbeat_interval=1.0,
+        heartbeat_timeout=5.0,
+        tenants_file=str(path),
+    )
+    clock = Clock()
+    scheduler, agents = make_scheduler(settings, clock=clock)
+    try:
+        register(scheduler, "w", {"cpu": 4})
+        b, _ = scheduler.submit(job_spec("b", 4, tenant="b"), "")
+        scheduler.run_round()
+        clock.now += 3.0
+        scheduler.heartbeat("w", [])
+        spec = job_spec("g", 2, tenant="a", service_class=C.SERVICE_CLASS_GUARANTEED)
+        g, _ = scheduler.submit(spec, "")
+        scheduler.run_round()
+        shown = {t.tenant: t for t in scheduler.cluster_state().tenants}
+        assert shown["a"].guaranteed_jobs == 0  # quota 0: not covered
+
+        path.write_text("tenants: {a: {quota: {cpu: 2}}, b: {}}\n")
+        assert scheduler.reload_tenants() == 2
+        clock.now += 3.0
+        scheduler.heartbeat("w", [])
+        scheduler.run_round()
+        assert len(scheduler.get(g.job_id).placement.processes) == 2
+        assert len(scheduler.get(b.job_id).placement.processes) <= 2
+        shown = {t.tenant: t for t in scheduler.cluster_state().tenants}
+        assert dict(shown["a"].quota) == {"cpu": 2}
+        assert dict(shown["a"].guaranteed_devices) == {"cpu": 2}
+        assert shown["a"].guaranteed_jobs == 1 and shown["a"].running_jobs == 1
+        assert dict(shown["b"].quota) == {} and shown["b"].running_jobs == 1
+        assert agents.started
+    finally:
+        scheduler.stop()
