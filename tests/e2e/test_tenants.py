@@ -6,6 +6,7 @@ digest of its fixed run. `gearshift tenants` and `gearshift watch` show it."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ WAIT = 300.0
 @pytest.fixture
 def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevCluster]:
     tenants = tmp_path / "tenants.yaml"
-    tenants.write_text("tenants:\n  a:\n    quota: {cpu: 2}\n  b: {}\n")
+    tenants.write_text("tenants:\n  a:\n    quota: {cpu: 0}\n  b: {}\n")  # SIGHUP raises it
     flags = ["--policy", "max_min_fairness", "--elastic", "--tenants-file", str(tenants)]
     cluster = e2e_cluster(tmp_path, postgres_db, redis_url, flags={"scheduler": flags})
     try:
@@ -46,6 +47,25 @@ def gearshift(cluster: DevCluster, *args: str) -> str:
     return run.stdout
 
 
+def tenant_row(text: str, tenant: str) -> list[str]:
+    """A tenant's row of `gearshift tenants`, split into cells."""
+    return next(line.split() for line in text.splitlines() if line.split()[:1] == [tenant])
+
+
+def reload_quota(cluster: DevCluster, path: Path, timeout: float = 30.0) -> None:
+    """Give tenant a 2 devices and SIGHUP the scheduler; wait until it shows them."""
+    path.write_text("tenants:\n  a:\n    quota: {cpu: 2}\n  b: {}\n")
+    cluster.daemons["scheduler"].process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + timeout
+    with client_of(cluster) as client:
+        while time.monotonic() < deadline:
+            quota = {t.tenant: dict(t.quota) for t in client.cluster().tenants}
+            if quota.get("a") == {"cpu": 2}:
+                return
+            time.sleep(0.1)  # polling a condition, bounded by the deadline
+    raise AssertionError(f"the reloaded quota did not show within {timeout} s: {quota}")
+
+
 def wait_running(cluster: DevCluster, job_ids: list[str], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     with client_of(cluster) as client:
@@ -60,7 +80,7 @@ def wait_running(cluster: DevCluster, job_ids: list[str], timeout: float) -> Non
 
 @pytest.mark.slow
 def test_a_guaranteed_job_gets_its_request_and_best_effort_jobs_shrink(
-    cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory
+    cluster: DevCluster, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     base = tmp_path_factory.getbasetemp()
     shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "gs-ref"
@@ -74,6 +94,8 @@ def test_a_guaranteed_job_gets_its_request_and_best_effort_jobs_shrink(
             bs.append(client.submit(spec).job_id)
         wait_running(cluster, bs, WAIT)
         assert sum(len(client.get(b).placement.processes) for b in bs) == 4  # cluster full
+        assert tenant_row(gearshift(cluster, "tenants"), "a")[1] == "-"  # quota 0 at start
+        reload_quota(cluster, tmp_path / "tenants.yaml")
         g_spec = digits_spec("g", STEPS, ests=2)
         g_spec.tenant, g_spec.service_class = "a", C.SERVICE_CLASS_GUARANTEED
         submitted = time.time()
@@ -101,9 +123,7 @@ def test_a_guaranteed_job_gets_its_request_and_best_effort_jobs_shrink(
         if e.time >= submitted and e.type in (S.JOB_EVENT_TYPE_RESCALED, S.JOB_EVENT_TYPE_PREEMPTED)
     ]
     assert shrunk, "no best-effort job made room"
-    lines = tenants.splitlines()
-    a_row = next(line.split() for line in lines if line.startswith("a "))
-    assert a_row[:3] == ["a", "cpux2", "cpux2"], tenants
+    assert tenant_row(tenants, "a")[:3] == ["a", "cpux2", "cpux2"], tenants
     watched = gearshift(cluster, "watch", bs[0]) + gearshift(cluster, "watch", bs[1])
     assert "rescaled" in watched.lower() or "preempted" in watched.lower(), watched
     assert "guaranteed" in gearshift(cluster, "job", g)
