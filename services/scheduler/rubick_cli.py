@@ -79,6 +79,7 @@ def run_rubick(args: argparse.Namespace) -> list[RubickRun]:
                     elastic=form == "elastic",
                     nodes=args.nodes,
                     rescale_seconds=delta,
+                    quotas=tenants,
                 )
             )
     return runs

@@ -16,15 +16,18 @@ baselines and Rubick differ by policy, not by numbers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gearshift.common.gavel import JobKey, ThroughputTable
 from gearshift.common.rubick.perf import Mode, PerfSource
 from gearshift.common.rubick.plans import consolidated
 from gearshift.scheduler.allocators import make_allocator
+from gearshift.scheduler.guarantees import Guarantees
+from gearshift.scheduler.pipeline import Allocator
 from gearshift.scheduler.rubick_sim import GPU_TYPE, RubickRun
 from gearshift.scheduler.rubick_trace import RubickJob
 from gearshift.scheduler.simulator import simulate_pipeline
+from gearshift.scheduler.tenants import Quotas
 from gearshift.scheduler.trace import TraceJob
 
 INFEASIBLE = 1e-9  # it/s at a device count no plan of the job runs on
@@ -70,6 +73,7 @@ def gavel_workload(jobs: Sequence[RubickJob]) -> list[TraceJob]:
             scale_factor=job.gpus,
             arrival_time=job.arrival_time,
             entity=job.tenant,
+            guaranteed=job.guaranteed,
         )
         for job in jobs
     ]
@@ -85,10 +89,17 @@ def run_gavel(
     gpus_per_node: int = 8,
     rescale_seconds: float = 78.0,
     round_seconds: float = 360.0,
+    quotas: Mapping[str, int] | None = None,
 ) -> RubickRun:
     """Gavel's policy `name` (rigid, or elastic over EST jobs) on a Rubick trace, as a
-    RubickRun (no guarantee ratios: Gavel's policies give none)."""
-    alloc = make_allocator(name, elastic=elastic, round_seconds=round_seconds)
+    RubickRun (no guarantee ratios: Gavel's policies give none). With `quotas` (GPUs per
+    tenant), guaranteed jobs within them are admitted before the policy runs
+    (gearshift.scheduler.guarantees), as the daemon does with --tenants-file."""
+    alloc: Allocator = make_allocator(name, elastic=elastic, round_seconds=round_seconds)
+    quotas = quotas if any(job.guaranteed for job in jobs) else None
+    if quotas:
+        limits = Quotas({tenant: {GPU_TYPE: gpus} for tenant, gpus in quotas.items()})
+        alloc = Guarantees(alloc, lambda: limits)
     result = simulate_pipeline(
         gavel_workload(jobs),
         {GPU_TYPE: nodes * gpus_per_node},
@@ -97,6 +108,6 @@ def run_gavel(
         round_seconds=round_seconds,
         rescale_seconds=rescale_seconds if alloc.replans_on_events else 0.0,
         elastic=elastic,
-        name=f"{name} (elastic)" if elastic else name,
+        name=(f"{name} (elastic)" if elastic else name) + (" +quotas" if quotas else ""),
     )
     return RubickRun(result, {str(i): job.guaranteed for i, job in enumerate(jobs)}, {})

@@ -43,6 +43,7 @@ class TraceJob:
     num_steps_arg: str = ""
     needs_data_dir: bool = False
     entity: str = "default"
+    guaranteed: bool = False  # its tenant's quota may cover it (not in the trace line)
 
     @property
     def key(self) -> JobKey:

@@ -98,3 +98,17 @@ def test_gavel_baselines_run_on_rubick_jobs_from_the_same_numbers(perf: PerfSour
     for name, elastic in (("max_min_fairness_perf", False), ("las", True)):
         run = run_gavel(jobs, perf, name, elastic=elastic)
         assert len(run.result.jobs) == len(jobs)
+
+
+@needs_data
+def test_quotas_put_guaranteed_jobs_first_under_gavels_policies(perf: PerfSource) -> None:
+    jobs = generate_rubick_workload(perf, 24, 60.0, tenants={"A": 8, "B": 0}, seed=3)
+    assert any(j.guaranteed for j in jobs) and not all(j.guaranteed for j in jobs)
+    plain = run_gavel(jobs, perf, "las", elastic=True, nodes=2)
+    quotas = run_gavel(jobs, perf, "las", elastic=True, nodes=2, quotas={"A": 8, "B": 0})
+    assert quotas.result.policy.endswith("+quotas") and not plain.result.policy.endswith("quotas")
+    assert len(quotas.result.jobs) == len(jobs)
+    # guaranteed jobs go first: they gain on best-effort ones (the average need not fall:
+    # an admitted job runs at its full request, however it scales)
+    ratio = quotas.average_jct(True) / quotas.average_jct(False)
+    assert ratio < plain.average_jct(True) / plain.average_jct(False)
