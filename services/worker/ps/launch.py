@@ -14,6 +14,7 @@ import json
 import multiprocessing as mp
 import multiprocessing.connection
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,8 @@ class PhaseResult:
     updates_acked: int  # this phase
     updates_applied: int  # this phase
     ps_busy_s: list[float]  # per PS: time inside lookup/push (hot PS shows here)
+    batches_missing: int  # global batches of the phase no worker trained (expected 0)
+    batches_repeated: int  # global batches trained more than once (expected 0)
     auc: float | None = None
 
 
@@ -149,6 +152,8 @@ def _worker_main(p: _Proc) -> None:
 
 def _child(p: _Proc) -> None:
     torch.set_num_threads(1)
+    # rpc.shutdown's own all-gather trips a deprecation warning inside torch; not ours to fix.
+    warnings.filterwarnings("ignore", message="You are using a Backend")
     if p.role == "ps":
         _ps_main(p)
     else:
@@ -248,6 +253,8 @@ def run_phase(
     else:
         first = last = stopped
         rate = 0.0
+    trained = [int(b) for w in w_res for b in w["batches"]]
+    expected = set(range(first_batch, manifest.next_batch))
     return PhaseResult(
         generation=generation,
         ps=phase.ps,
@@ -261,4 +268,6 @@ def run_phase(
         updates_acked=acked,
         updates_applied=applied,
         ps_busy_s=[float(r["busy_s"]) for r in ps_res],
+        batches_missing=len(expected - set(trained)),
+        batches_repeated=len(trained) - len(set(trained)),
     )

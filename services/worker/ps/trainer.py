@@ -9,7 +9,7 @@ parameters, and pushes its gradients; the PSs apply them as they arrive.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.distributed import rpc
@@ -37,6 +37,7 @@ class WorkerStats:
     first_step_at: float = 0.0  # wall clock (time.time) when the first step began
     last_step_at: float = 0.0  # wall clock when the last step's pushes were acknowledged
     loss_sum: float = 0.0
+    batches: list[int] = field(default_factory=list)  # global batch numbers this worker trained
 
 
 def train(data: ClickData, model_cfg: ModelConfig, num_ps: int) -> WorkerStats:
@@ -84,6 +85,7 @@ def train(data: ClickData, model_cfg: ModelConfig, num_ps: int) -> WorkerStats:
             fut.wait()
         stats.updates_acked += len(pushes)
         stats.steps += 1
+        stats.batches.append(number)
         stats.samples += cfg.batch
         stats.loss_sum += float(loss.detach())
         stats.last_step_at = time.time()
