@@ -130,3 +130,17 @@ def test_the_cli_prints_throughput_and_auc(tmp_path: Path) -> None:
     )
     assert bad.returncode == 2 and "'2x:5'" in bad.stderr
     assert torch.load(tmp_path / "gen-0000" / "dense.pt", weights_only=True)["net"]
+
+
+@pytest.mark.slow
+def test_a_phase_that_dies_leaves_the_last_checkpoint_to_resume_from(tmp_path: Path) -> None:
+    _phase(tmp_path, 2, 2, 20)
+    before = _state(tmp_path)
+    manifest = (tmp_path / ckpt.MANIFEST).read_bytes()
+    # A deadline far too short for the phase: its processes are killed mid-way.
+    with pytest.raises(RuntimeError, match="PS phase 1 failed"):
+        run_phase(tmp_path, Phase(3, 2, 100_000), DATA, MODEL, timeout_s=0.5)
+    assert (tmp_path / ckpt.MANIFEST).read_bytes() == manifest
+    assert _state(tmp_path) == before
+    res = _phase(tmp_path, 3, 2, 20)  # the retry re-partitions the last good checkpoint
+    assert (res.generation, res.first_batch, res.end_batch) == (1, 20, 40)
