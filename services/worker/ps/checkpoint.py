@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from sklearn.metrics import roc_auc_score
 
 from gearshift.worker.ps.data import ClickConfig, ClickData
 from gearshift.worker.ps.model import DenseNet, ModelConfig
@@ -112,6 +111,8 @@ def load_table(root: Path) -> torch.Tensor:
 
 def evaluate(root: Path, heldout_blocks: int = 40) -> float:
     """Held-out AUC of the model in the last checkpoint of `root`."""
+    from sklearn.metrics import roc_auc_score  # seconds to import: only when evaluating
+
     manifest = read_manifest(root)
     if manifest is None:
         raise FileNotFoundError(f"no PS checkpoint in {root}")

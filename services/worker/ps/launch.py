@@ -26,6 +26,7 @@ from gearshift.common.ports import free_port
 from gearshift.worker.ps import checkpoint as ckpt
 from gearshift.worker.ps import server
 from gearshift.worker.ps.data import ClickConfig, ClickData
+from gearshift.worker.ps.feed import CounterFeed, Feed, ShardFeed, ShardSource, call_out_of_process
 from gearshift.worker.ps.model import DenseNet, ModelConfig, init_rows
 from gearshift.worker.ps.sharding import repartition
 from gearshift.worker.ps.trainer import ps_name, train, worker_name
@@ -62,6 +63,7 @@ class PhaseResult:
     ps_busy_s: list[float]  # per PS: time inside lookup/push (hot PS shows here)
     batches_missing: int  # global batches of the phase no worker trained (expected 0)
     batches_repeated: int  # global batches trained more than once (expected 0)
+    shards_covered: int = 0  # shard-manager acks made final by this phase's checkpoint
     auc: float | None = None
 
 
@@ -78,6 +80,7 @@ class _Proc:
     end_batch: int
     role: str  # "ps" or "worker"
     index: int
+    shards: ShardSource | None = None
 
 
 def _init_rpc(p: _Proc, name: str, rank: int) -> None:
@@ -145,9 +148,16 @@ def _ps_main(p: _Proc) -> None:
 
 def _worker_main(p: _Proc) -> None:
     _init_rpc(p, worker_name(p.index), p.num_ps + p.index)
-    stats = train(ClickData(p.data), p.model, p.num_ps)
+    data = ClickData(p.data)
+    feed: Feed = CounterFeed(data)
+    holder = ""
+    if p.shards is not None:
+        holder = p.shards.holder(p.generation, p.index)
+        feed = ShardFeed(data, p.shards, holder)
+    stats = train(data, p.model, p.num_ps, feed)
+    acked = feed.finish()
     rpc.shutdown()
-    _write_result(p, asdict(stats))
+    _write_result(p, {**asdict(stats), "holder": holder, "shards": acked})
 
 
 def _child(p: _Proc) -> None:
@@ -158,6 +168,13 @@ def _child(p: _Proc) -> None:
         _ps_main(p)
     else:
         _worker_main(p)
+
+
+def _kill(procs: list[Any]) -> None:
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
 
 
 def _wait_all(procs: list[Any], deadline: float) -> None:
@@ -185,9 +202,16 @@ def run_phase(
     phase: Phase,
     data: ClickConfig,
     model: ModelConfig,
+    *,
     timeout_s: float = 300.0,
+    shards: ShardSource | None = None,
 ) -> PhaseResult:
-    """Train one phase from the checkpoint in `root` (if any) and checkpoint it there."""
+    """Train one phase from the checkpoint in `root` (if any) and checkpoint it there.
+
+    With `shards`, workers read dynamic shards from the shard manager; their
+    provisional acks are covered once the phase's checkpoint is published, and a
+    phase that fails releases its workers' holders (their shards are read again).
+    """
     root.mkdir(parents=True, exist_ok=True)
     prev = ckpt.read_manifest(root)
     if prev is not None and (prev.click_config() != data or prev.model_config() != model):
@@ -202,10 +226,12 @@ def run_phase(
     for stale in gen_dir.iterdir():  # a phase that died before its manifest
         stale.unlink()
     _warm_up()
+    if shards is not None:
+        call_out_of_process(shards, "create", train_blocks=data.train_blocks, seed=data.seed)
     port = free_port()
     specs = [
         _Proc(str(root), generation, prev, phase.ps, phase.workers, port, data, model,
-              first_batch + phase.steps, role, i)
+              first_batch + phase.steps, role, i, shards)
         for role, count in (("ps", phase.ps), ("worker", phase.workers))
         for i in range(count)
     ]  # fmt: skip
@@ -224,11 +250,15 @@ def run_phase(
         if failed:
             names = ", ".join(f"{s.role}{s.index} (exit {code})" for s, code in failed)
             raise RuntimeError(f"PS phase {generation} failed within {timeout_s:.0f} s: {names}")
+    except BaseException:
+        _kill(procs)
+        if shards is not None:  # their uncovered acks are undone: those shards are read again
+            for w in range(phase.workers):
+                holder = shards.holder(generation, w)
+                call_out_of_process(shards, "release", holder=holder, reason="PS phase failed")
+        raise
     finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(10)
+        _kill(procs)
     stopped = time.time()
     ps_res = [json.loads((gen_dir / f"ps-{i}.json").read_text()) for i in range(phase.ps)]
     w_res = [json.loads((gen_dir / f"worker-{i}.json").read_text()) for i in range(phase.workers)]
@@ -244,6 +274,10 @@ def run_phase(
         updates_applied=(prev.updates_applied if prev else 0) + applied,
     )
     ckpt.write_manifest(root, manifest)
+    covered = 0
+    if shards is not None:
+        for w in w_res:
+            covered += call_out_of_process(shards, "cover", holder=w["holder"], shards=w["shards"])
     stepped = [w for w in w_res if w["steps"] > 0]
     samples = sum(int(w["samples"]) for w in w_res)
     if stepped:
@@ -270,4 +304,5 @@ def run_phase(
         ps_busy_s=[float(r["busy_s"]) for r in ps_res],
         batches_missing=len(expected - set(trained)),
         batches_repeated=len(trained) - len(set(trained)),
+        shards_covered=covered,
     )

@@ -10,7 +10,9 @@ already holds a checkpoint is resumed. Prints samples/s and held-out AUC per pha
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -21,6 +23,7 @@ import torch
 
 from gearshift.worker.ps.checkpoint import evaluate
 from gearshift.worker.ps.data import ClickConfig
+from gearshift.worker.ps.feed import ShardSource
 from gearshift.worker.ps.launch import Phase, PhaseResult, run_phase
 from gearshift.worker.ps.model import ModelConfig
 
@@ -46,11 +49,12 @@ def run(
     *,
     eval_blocks: int = 40,
     timeout_s: float = 300.0,
+    shards: ShardSource | None = None,
 ) -> list[PhaseResult]:
     """Every phase in turn on one checkpoint folder, with the held-out AUC after each."""
     results = []
     for phase in phases:
-        res = run_phase(root, phase, data, model, timeout_s=timeout_s)
+        res = run_phase(root, phase, data, model, timeout_s=timeout_s, shards=shards)
         res = replace(res, auc=evaluate(root, eval_blocks) if eval_blocks else None)
         results.append(res)
     return results
@@ -94,6 +98,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--eval-blocks", type=int, default=40, help="held-out batches for the AUC (0: none)"
     )
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a phase may take")
+    ap.add_argument(
+        "--shard-manager",
+        metavar="ADDRESS",
+        help="read dynamic shards (one per training batch) from this shard manager "
+        "(at-least-once); default: batches by the global counter on PS 0",
+    )
+    ap.add_argument(
+        "--dataset-id", help="the shard manager's dataset (default: one per checkpoint dir)"
+    )
+    ap.add_argument("--epochs", type=int, default=100, help="epochs of the shard-manager dataset")
+    ap.add_argument("--token", help="bearer token for the shard manager (GEARSHIFT_TOKEN)")
     ap.add_argument("--json", action="store_true", help="print one JSON object per phase")
     args = ap.parse_args(argv)
     try:
@@ -112,9 +127,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(str(exc))
     torch.set_num_threads(1)  # the launcher only evaluates; its children fork from it
     root = args.checkpoint_dir or Path(tempfile.mkdtemp(prefix="gearshift-ps-"))
+    shards = None
+    if args.shard_manager:
+        dataset_id = (
+            args.dataset_id or f"ps-{hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:12]}"
+        )
+        token = args.token or os.environ.get("GEARSHIFT_TOKEN")
+        shards = ShardSource(args.shard_manager, dataset_id, token, args.epochs)
     try:
         for res in run(
-            root, phases, data, model, eval_blocks=args.eval_blocks, timeout_s=args.timeout
+            root,
+            phases,
+            data,
+            model,
+            eval_blocks=args.eval_blocks,
+            timeout_s=args.timeout,
+            shards=shards,
         ):
             print(json.dumps(asdict(res)) if args.json else describe(res), flush=True)
     except (RuntimeError, ValueError) as exc:

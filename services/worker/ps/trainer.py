@@ -17,6 +17,7 @@ from torch.nn import functional
 
 from gearshift.worker.ps import server
 from gearshift.worker.ps.data import ClickData
+from gearshift.worker.ps.feed import Feed
 from gearshift.worker.ps.model import DenseNet, ModelConfig
 from gearshift.worker.ps.sharding import split_by_owner
 
@@ -40,8 +41,8 @@ class WorkerStats:
     batches: list[int] = field(default_factory=list)  # global batch numbers this worker trained
 
 
-def train(data: ClickData, model_cfg: ModelConfig, num_ps: int) -> WorkerStats:
-    """Run steps until PS 0 has no batch left for this phase."""
+def train(data: ClickData, model_cfg: ModelConfig, num_ps: int, feed: Feed) -> WorkerStats:
+    """Run steps until PS 0 has no batch left for this phase (or the feed has no data)."""
     cfg = data.cfg
     net = DenseNet(model_cfg, cfg.fields, cfg.dense, cfg.seed)
     params = list(net.parameters())
@@ -56,7 +57,9 @@ def train(data: ClickData, model_cfg: ModelConfig, num_ps: int) -> WorkerStats:
         with torch.no_grad():
             for p, v in zip(params, values, strict=True):
                 p.copy_(v)
-        _, batch = data.train_batch(number)
+        batch = feed.next_batch(number)
+        if batch is None:
+            return stats
         ids = torch.from_numpy(batch.ids)
         uniq, inverse = torch.unique(ids, return_inverse=True)
         parts = split_by_owner(uniq, num_ps)
