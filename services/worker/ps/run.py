@@ -67,6 +67,7 @@ def describe(res: PhaseResult) -> str:
         f"batches {res.first_batch}->{res.end_batch}, {res.samples_per_s:.0f} samples/s, "
         f"held-out AUC {auc}, start {res.start_s:.2f} s, stop+checkpoint {res.stop_s:.2f} s, "
         f"updates acked {res.updates_acked} applied {res.updates_applied}"
+        + (f", shards covered {res.shards_covered}" if res.shards_covered else "")
     )
 
 
