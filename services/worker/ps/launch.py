@@ -1,0 +1,308 @@
+"""One phase of a PS job: start PS and worker processes, train, checkpoint, stop.
+
+A phase is one generation of processes with a fixed PS and worker count. The PSs
+start from the last checkpoint (re-partitioning its rows when the PS count
+changed), the workers train until the phase's global batches are claimed, then
+`rpc.shutdown()` drains every outstanding call and each PS writes its shard; the
+launcher publishes the generation in the manifest only when every process exited
+cleanly. Scaling = ending a phase and starting the next with other counts.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import multiprocessing.connection
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed import rpc
+
+from gearshift.common.ports import free_port
+from gearshift.worker.ps import checkpoint as ckpt
+from gearshift.worker.ps import server
+from gearshift.worker.ps.data import ClickConfig, ClickData
+from gearshift.worker.ps.feed import CounterFeed, Feed, ShardFeed, ShardSource, call_out_of_process
+from gearshift.worker.ps.model import DenseNet, ModelConfig, init_rows
+from gearshift.worker.ps.sharding import repartition
+from gearshift.worker.ps.trainer import ps_name, train, worker_name
+
+
+@dataclass(frozen=True)
+class Phase:
+    ps: int
+    workers: int
+    steps: int  # global batches (over all workers) this phase trains
+
+    def __post_init__(self) -> None:
+        if self.ps < 1:
+            raise ValueError(f"a phase needs at least 1 PS, got {self.ps}")
+        if self.workers < 1:
+            raise ValueError(f"a phase needs at least 1 worker, got {self.workers}")
+        if self.steps < 0:
+            raise ValueError(f"phase steps must be >= 0, got {self.steps}")
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    generation: int
+    ps: int
+    workers: int
+    first_batch: int
+    end_batch: int
+    samples: int
+    samples_per_s: float  # from the first step's start to the last step's end
+    start_s: float  # launch -> first step (processes, re-partition, RPC set-up)
+    stop_s: float  # last step -> every process exited (drain, PS shards written)
+    updates_acked: int  # this phase
+    updates_applied: int  # this phase
+    ps_busy_s: list[float]  # per PS: time inside lookup/push (hot PS shows here)
+    batches_missing: int  # global batches of the phase no worker trained (expected 0)
+    batches_repeated: int  # global batches trained more than once (expected 0)
+    shards_covered: int = 0  # shard-manager acks made final by this phase's checkpoint
+    auc: float | None = None
+
+
+@dataclass(frozen=True)
+class _Proc:
+    root: str
+    generation: int
+    prev: ckpt.Manifest | None
+    num_ps: int
+    num_workers: int
+    port: int
+    data: ClickConfig
+    model: ModelConfig
+    end_batch: int
+    role: str  # "ps" or "worker"
+    index: int
+    shards: ShardSource | None = None
+
+
+def _init_rpc(p: _Proc, name: str, rank: int) -> None:
+    opts = rpc.TensorPipeRpcBackendOptions(
+        init_method=f"tcp://127.0.0.1:{p.port}",
+        num_worker_threads=8,
+        rpc_timeout=120,
+        _transports=["uv"],
+        _channels=["basic"],
+    )
+    world = p.num_ps + p.num_workers
+    rpc.init_rpc(name, rank=rank, world_size=world, rpc_backend_options=opts)  # type: ignore[no-untyped-call]
+
+
+def _load_shard(p: _Proc) -> server.Shard:
+    total = p.data.rows
+    if p.prev is None:
+        rows = init_rows(total, p.index, p.num_ps, p.model, p.data.seed)
+        return server.Shard(rows, torch.zeros_like(rows), p.model.lr)
+    old_rows, old_accum = ckpt.load_shards(Path(p.root), p.prev)
+    return server.Shard(
+        repartition(old_rows, total, p.index, p.num_ps),
+        repartition(old_accum, total, p.index, p.num_ps),
+        p.model.lr,
+    )
+
+
+def _load_dense(p: _Proc) -> server.DenseServer:
+    net = DenseNet(p.model, p.data.fields, p.data.dense, p.data.seed)
+    if p.prev is None:
+        return server.DenseServer(net, p.model, 0, p.end_batch)
+    blob = torch.load(ckpt.dense_path(Path(p.root), p.prev.generation), weights_only=True)
+    net.load_state_dict(blob["net"])
+    dense = server.DenseServer(net, p.model, p.prev.next_batch, p.end_batch)
+    dense.opt.load_state_dict(blob["opt"])
+    return dense
+
+
+def _write_result(p: _Proc, fields: dict[str, Any]) -> None:
+    path = Path(p.root) / ckpt.gen_folder(p.generation) / f"{p.role}-{p.index}.json"
+    path.write_text(json.dumps(fields))
+
+
+def _ps_main(p: _Proc) -> None:
+    shard = _load_shard(p)
+    dense = _load_dense(p) if p.index == 0 else None
+    server.serve(shard, dense)
+    _init_rpc(p, ps_name(p.index), p.index)
+    rpc.shutdown()  # returns once every worker is done and every call is answered
+    saved = time.time()
+    root = Path(p.root)
+    ckpt.save_atomic(
+        {"rows": shard.rows, "accum": shard.accum}, ckpt.shard_path(root, p.generation, p.index)
+    )
+    result: dict[str, Any] = {"updates": shard.stats.updates, "busy_s": shard.stats.busy_s}
+    if dense is not None:
+        ckpt.save_atomic(
+            {"net": dense.net.state_dict(), "opt": dense.opt.state_dict()},
+            ckpt.dense_path(root, p.generation),
+        )
+        result.update(next_batch=dense.next_batch, dense_updates=dense.updates)
+    result["save_s"] = time.time() - saved
+    _write_result(p, result)
+
+
+def _worker_main(p: _Proc) -> None:
+    _init_rpc(p, worker_name(p.index), p.num_ps + p.index)
+    data = ClickData(p.data)
+    feed: Feed = CounterFeed(data)
+    holder = ""
+    if p.shards is not None:
+        holder = p.shards.holder(p.generation, p.index)
+        feed = ShardFeed(data, p.shards, holder)
+    stats = train(data, p.model, p.num_ps, feed)
+    acked = feed.finish()
+    rpc.shutdown()
+    _write_result(p, {**asdict(stats), "holder": holder, "shards": acked})
+
+
+def _child(p: _Proc) -> None:
+    torch.set_num_threads(1)
+    # rpc.shutdown's own all-gather trips a deprecation warning inside torch; not ours to fix.
+    warnings.filterwarnings("ignore", message="You are using a Backend")
+    if p.role == "ps":
+        _ps_main(p)
+    else:
+        _worker_main(p)
+
+
+def _kill(procs: list[Any]) -> None:
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+
+
+def _wait_all(procs: list[Any], deadline: float) -> None:
+    """Until every process has exited, one has failed (the rest would hang), or the deadline."""
+    live = list(procs)
+    while live:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        mp.connection.wait([p.sentinel for p in live], timeout=left)
+        live = [p for p in live if p.exitcode is None]
+        if any(p.exitcode not in (None, 0) for p in procs):
+            return
+
+
+def _warm_up() -> None:
+    """Pay once, in the launcher, for what torch imports lazily on first use (the first
+    optimizer pulls in torch._dynamo, seconds), so forked PS processes start at once."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    torch.optim.Adagrad([param])
+
+
+def run_phase(
+    root: Path,
+    phase: Phase,
+    data: ClickConfig,
+    model: ModelConfig,
+    *,
+    timeout_s: float = 300.0,
+    shards: ShardSource | None = None,
+) -> PhaseResult:
+    """Train one phase from the checkpoint in `root` (if any) and checkpoint it there.
+
+    With `shards`, workers read dynamic shards from the shard manager; their
+    provisional acks are covered once the phase's checkpoint is published, and a
+    phase that fails releases its workers' holders (their shards are read again).
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    prev = ckpt.read_manifest(root)
+    if prev is not None and (prev.click_config() != data or prev.model_config() != model):
+        raise ValueError(
+            f"checkpoint in {root} was made with data {prev.data} and model {prev.model}; "
+            f"got data {asdict(data)} and model {asdict(model)}"
+        )
+    generation = prev.generation + 1 if prev is not None else 0
+    first_batch = prev.next_batch if prev is not None else 0
+    gen_dir = root / ckpt.gen_folder(generation)
+    gen_dir.mkdir(parents=True, exist_ok=True)
+    for stale in gen_dir.iterdir():  # a phase that died before its manifest
+        stale.unlink()
+    _warm_up()
+    if shards is not None:
+        call_out_of_process(shards, "create", train_blocks=data.train_blocks, seed=data.seed)
+    port = free_port()
+    specs = [
+        _Proc(str(root), generation, prev, phase.ps, phase.workers, port, data, model,
+              first_batch + phase.steps, role, i, shards)
+        for role, count in (("ps", phase.ps), ("worker", phase.workers))
+        for i in range(count)
+    ]  # fmt: skip
+    # fork: the children inherit torch already imported, which keeps a restart short.
+    ctx = mp.get_context("fork")
+    launched = time.time()
+    procs = [
+        ctx.Process(target=_child, args=(s,), name=f"gearshift-{s.role}{s.index}") for s in specs
+    ]
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        _wait_all(procs, deadline)
+        failed = [(s, pr.exitcode) for s, pr in zip(specs, procs, strict=True) if pr.exitcode != 0]
+        if failed:
+            names = ", ".join(f"{s.role}{s.index} (exit {code})" for s, code in failed)
+            raise RuntimeError(f"PS phase {generation} failed within {timeout_s:.0f} s: {names}")
+    except BaseException:
+        _kill(procs)
+        if shards is not None:  # their uncovered acks are undone: those shards are read again
+            for w in range(phase.workers):
+                holder = shards.holder(generation, w)
+                call_out_of_process(shards, "release", holder=holder, reason="PS phase failed")
+        raise
+    finally:
+        _kill(procs)
+    stopped = time.time()
+    ps_res = [json.loads((gen_dir / f"ps-{i}.json").read_text()) for i in range(phase.ps)]
+    w_res = [json.loads((gen_dir / f"worker-{i}.json").read_text()) for i in range(phase.workers)]
+    acked = sum(int(w["updates_acked"]) for w in w_res)
+    applied = sum(int(r["updates"]) for r in ps_res) + int(ps_res[0]["dense_updates"])
+    manifest = ckpt.Manifest(
+        generation=generation,
+        num_ps=phase.ps,
+        next_batch=int(ps_res[0]["next_batch"]),
+        data=asdict(data),
+        model=asdict(model),
+        updates_acked=(prev.updates_acked if prev else 0) + acked,
+        updates_applied=(prev.updates_applied if prev else 0) + applied,
+    )
+    ckpt.write_manifest(root, manifest)
+    covered = 0
+    if shards is not None:
+        for w in w_res:
+            covered += call_out_of_process(shards, "cover", holder=w["holder"], shards=w["shards"])
+    stepped = [w for w in w_res if w["steps"] > 0]
+    samples = sum(int(w["samples"]) for w in w_res)
+    if stepped:
+        first = min(float(w["first_step_at"]) for w in stepped)
+        last = max(float(w["last_step_at"]) for w in stepped)
+        rate = samples / max(last - first, 1e-9)
+    else:
+        first = last = stopped
+        rate = 0.0
+    trained = [int(b) for w in w_res for b in w["batches"]]
+    expected = set(range(first_batch, manifest.next_batch))
+    return PhaseResult(
+        generation=generation,
+        ps=phase.ps,
+        workers=phase.workers,
+        first_batch=first_batch,
+        end_batch=manifest.next_batch,
+        samples=samples,
+        samples_per_s=rate,
+        start_s=first - launched,
+        stop_s=stopped - last,
+        updates_acked=acked,
+        updates_applied=applied,
+        ps_busy_s=[float(r["busy_s"]) for r in ps_res],
+        batches_missing=len(expected - set(trained)),
+        batches_repeated=len(trained) - len(set(trained)),
+        shards_covered=covered,
+    )
