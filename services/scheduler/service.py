@@ -46,6 +46,7 @@ from gearshift.scheduler.job_logs import LogSources, TaskSource, job_log_lines
 from gearshift.scheduler.jobs_api import JobsApi
 from gearshift.scheduler.pipeline import Allocator, Collocator
 from gearshift.scheduler.registry import WorkerRegistry
+from gearshift.scheduler.resource_plans import ResourcePlans
 from gearshift.scheduler.rounds import RoundReport, Rounds
 from gearshift.scheduler.state import SchedulerSettings, SchedulerState
 from gearshift.scheduler.store import EventRecord, JobRecord, Store, WorkerRecord
@@ -119,6 +120,7 @@ class Scheduler:
             allocator or allocator_for(settings),
             observers=[metrics.round_finished],
             collocator=collocator_for(settings),
+            plans=ResourcePlans(self.brain.plan_resources, settings.plan_interval, clock),
         )
         self.jobs = JobsApi(
             self.state,

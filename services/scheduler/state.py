@@ -76,6 +76,7 @@ class SchedulerSettings:
     amp_limit: float = 2.0  # deeppool: the burst-parallel plans' amplification limit
     min_idle: float = 0.1  # deeppool: least idle share of a lending job's devices
     max_foreground_slowdown: float = 0.2  # deeppool: the worker's pause bound
+    plan_interval: float = 60.0  # seconds between a running job's resource-plan adjustments
 
     @property
     def lease_seconds(self) -> float:

@@ -62,6 +62,11 @@ class _JobEventTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobEvent
     """
     JOB_EVENT_TYPE_RESUMED: _JobEventType.ValueType  # 14
     """A paused background job runs again."""
+    JOB_EVENT_TYPE_PLAN: _JobEventType.ValueType  # 15
+    """A resource plan (DLRover: CPU cores, memory and loader processes per
+    process, devices) was applied to the job; the message says which stage and
+    source (history of similar jobs, defaults, adjust) and what it gives.
+    """
 
 class JobEventType(_JobEventType, metaclass=_JobEventTypeEnumTypeWrapper):
     """Kind of a job lifecycle event."""
@@ -100,6 +105,11 @@ bound (the message gives the measured times).
 """
 JOB_EVENT_TYPE_RESUMED: JobEventType.ValueType  # 14
 """A paused background job runs again."""
+JOB_EVENT_TYPE_PLAN: JobEventType.ValueType  # 15
+"""A resource plan (DLRover: CPU cores, memory and loader processes per
+process, devices) was applied to the job; the message says which stage and
+source (history of similar jobs, defaults, adjust) and what it gives.
+"""
 Global___JobEventType: _TypeAlias = JobEventType  # noqa: Y015
 
 @_typing.final

@@ -1,0 +1,203 @@
+"""Resource plans applied to live jobs: the restart rule, when to ask, plan conversion,
+and the Brain's data-parallel adjust stage (plain functions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gearshift.brain import dlrover
+from gearshift.scheduler.process_resources import process_resources
+from gearshift.scheduler.resource_plans import (
+    PlanAsk,
+    ProcessPlan,
+    describe,
+    due,
+    from_message,
+    restart_pays,
+)
+from gearshift.v1 import brain_pb2, common_pb2
+
+MIB = 1024**2
+
+
+def plan(cores: int, memory: int = 512 * MIB, loader: int = 0, rate: float = 0.0) -> ProcessPlan:
+    return ProcessPlan("p", "adjust", "optimizer", 0, cores, memory, loader, rate)
+
+
+def test_a_shrink_pays_when_the_cores_it_frees_outweigh_the_restart() -> None:
+    # 4 -> 1 core, 2 processes, 1000 steps at 10/s: 100 s left. As is: 800 core-s;
+    # with the plan: 200 + 8 cores idle for 10 s = 280.
+    decision = restart_pays(
+        plan(4),
+        plan(1, rate=10.0),
+        processes=2,
+        steps_left=1000,
+        steps_per_second=10.0,
+        restart_seconds=10.0,
+    )
+    assert decision.apply, decision.why
+    assert "800 core-s as is, 280 with the plan" in decision.why
+
+
+def test_a_shrink_near_the_end_does_not_pay() -> None:
+    # 2 -> 1 core with 10 s left and a 10 s restart: 20 core-s either way.
+    decision = restart_pays(
+        plan(2), plan(1), processes=1, steps_left=100, steps_per_second=10.0, restart_seconds=10.0
+    )
+    assert not decision.apply
+
+
+@pytest.mark.parametrize(
+    ("proposed", "rate", "why"),
+    [
+        (plan(4, loader=0), 10.0, "same resources"),
+        (plan(1, rate=5.0), 10.0, "slower"),
+        (plan(1), 0.0, "no measured rate"),
+    ],
+)
+def test_no_restart_for_the_same_resources_a_slower_plan_or_no_rate(
+    proposed: ProcessPlan, rate: float, why: str
+) -> None:
+    decision = restart_pays(
+        plan(4), proposed, processes=1, steps_left=10_000, steps_per_second=rate, restart_seconds=1
+    )
+    assert not decision.apply
+    assert why in decision.why
+
+
+def test_memory_or_loader_changes_alone_wait_for_the_next_restart() -> None:
+    decision = restart_pays(
+        plan(2),
+        plan(2, memory=256 * MIB, loader=1),
+        processes=1,
+        steps_left=10_000,
+        steps_per_second=10.0,
+        restart_seconds=1.0,
+    )
+    assert not decision.apply
+
+
+def _ask(job_id: str, running: bool) -> PlanAsk:
+    return PlanAsk(job_id, running, 1, 10, 0.0, 10.0, 2.0, 1, common_pb2.JobSpec(), 0.0)
+
+
+def test_due_asks_new_jobs_at_once_and_running_ones_every_interval() -> None:
+    asks = [_ask("new", False), _ask("fresh", True), _ask("old", True), _ask("queued", False)]
+    plans = {j: plan(1) for j in ("fresh", "old", "queued")}
+    asked = {"fresh": 95.0, "old": 80.0, "queued": 0.0}
+    initial, adjust = due(asks, plans, asked, 100.0, 10.0)
+    assert [a.job_id for a in initial] == ["new"]
+    assert [a.job_id for a in adjust] == ["old"]
+    assert due(asks, plans, asked, 100.0, 0.0)[1] == []  # 0: never adjusted
+
+
+def test_from_message_rounds_and_bounds_devices_only_from_history() -> None:
+    message = brain_pb2.ResourcePlan(
+        plan_id="x",
+        stage=brain_pb2.PLAN_STAGE_INITIAL,
+        workers=brain_pb2.NodeGroupPlan(
+            count=2, cpu_cores=1.5, memory_bytes=300 * MIB + 1, loader_procs=1
+        ),
+        source=brain_pb2.PLAN_SOURCE_HISTORY,
+        reason="from 3 similar finished job(s)",
+    )
+    got = from_message(message)
+    assert (got.devices, got.cpu_cores, got.memory_bytes, got.loader_procs) == (2, 2, 301 * MIB, 1)
+    assert got.stage == "initial" and got.source == "history"
+    assert describe(got) == (
+        "initial plan from history: 2 cores, 301 MiB, 1 loader proc per process; "
+        "at most 2 device(s) (from 3 similar finished job(s))"
+    )
+    message.source = brain_pb2.PLAN_SOURCE_DEFAULT
+    defaults = from_message(message)
+    assert (defaults.devices, defaults.memory_bytes) == (0, 0)  # the worker's share
+
+
+def test_process_resources_apply_the_plan_within_the_workers_share() -> None:
+    devices = [common_pb2.DeviceGroup(accelerator_type="cpu", count=2)]
+    gib = 1024**3
+    assert process_resources(8, 8 * gib, devices) == (4, 4 * gib)
+    assert process_resources(8, 8 * gib, devices, plan_cores=1, plan_memory=gib) == (1, gib)
+    assert process_resources(8, 8 * gib, devices, plan_cores=6) == (4, 4 * gib)  # the share
+    assert process_resources(8, 8 * gib, devices, 3, plan_cores=1) == (3, 4 * gib)  # explicit
+    assert process_resources(8, 8 * gib, devices, 1, 2, plan_memory=gib) == (1, 2 * gib)
+
+
+# -- the Brain's side ------------------------------------------------------------------------
+
+
+def _current(cores: float, loader: int = 1) -> dlrover.ResourcePlan:
+    return dlrover.ResourcePlan(
+        dlrover.Stage.INITIAL,
+        dlrover.NodeGroup(1, cores, 4 * 1024**3, loader),
+        dlrover.NodeGroup(0, 0.0, 0),
+        dlrover.Source.DEFAULT,
+        "",
+    )
+
+
+def test_data_parallel_adjust_shrinks_an_idle_process_to_its_use() -> None:
+    budget = dlrover.Budget(8.0, 4.0)
+    metrics = dlrover.PsMetrics(
+        worker_cores_needed=0.3, worker_memory_bytes_used=200 * MIB, steps_per_second=5.0
+    )
+    got = dlrover.data_parallel_adjust(budget, metrics, _current(4.0, 2))
+    assert got.stage is dlrover.Stage.ADJUST
+    assert (got.workers.cpu_cores, got.workers.loader_procs) == (1.0, 0)
+    assert got.workers.memory_bytes == 240 * MIB  # observed peak x 1.2
+    assert got.predicted_steps_per_second == 5.0
+    assert "CPU use 0.30 of 4 cores per process (8%): cores 4 -> 1" in got.reason
+
+
+def test_data_parallel_adjust_grows_a_busy_process_up_to_c_max_and_keeps_a_fitting_one() -> None:
+    budget = dlrover.Budget(8.0, 3.0)
+    busy = dlrover.data_parallel_adjust(
+        budget, dlrover.PsMetrics(worker_cores_needed=1.99), _current(2.0)
+    )
+    assert (busy.workers.cpu_cores, busy.workers.loader_procs) == (3.0, 2)
+    fits = dlrover.data_parallel_adjust(
+        budget, dlrover.PsMetrics(worker_cores_needed=1.5), _current(2.0)
+    )
+    assert fits.workers == _current(2.0).workers
+    unmeasured = dlrover.data_parallel_adjust(budget, dlrover.PsMetrics(), _current(2.0))
+    assert unmeasured.workers == _current(2.0).workers
+    assert "no CPU measurement" in unmeasured.reason
+
+
+def test_loader_procs_follow_the_cores_and_the_sample_plan_has_them() -> None:
+    assert [dlrover.loader_procs_for(c) for c in (0.5, 1, 2, 3, 16)] == [0, 0, 1, 2, 2]
+    sample = dlrover.sample_plan(dlrover.Budget(8.0, 2.0))
+    assert sample.workers.loader_procs == 1
+
+
+def test_metrics_from_samples_take_the_median_use_and_the_peak_memory() -> None:
+    samples = [
+        dlrover.ProcessSample(1.9, 100, 2.0),  # the first step: imports, warm-up
+        dlrover.ProcessSample(0.2, 300, 5.0),
+        dlrover.ProcessSample(0.3, 200, 6.0),
+    ]
+    got = dlrover.metrics_from_samples(samples)
+    assert (got.worker_cores_needed, got.worker_memory_bytes_used, got.steps_per_second) == (
+        0.3,
+        300,
+        5.0,
+    )
+    assert dlrover.metrics_from_samples([]) == dlrover.PsMetrics()
+
+
+def test_initial_plan_from_data_parallel_history_has_no_ps_and_their_loader_procs() -> None:
+    past = [
+        dlrover.PastJob(
+            f"j{i}",
+            float(10 - i),
+            dlrover.NodeGroup(2, 1.0, 240 * MIB, 0),
+            dlrover.NodeGroup(0, 0.0, 0),
+            steps_per_second=4.0,
+        )
+        for i in range(3)
+    ]
+    got = dlrover.initial_plan(dlrover.Budget(8.0, 4.0), past, "model type 'm'")
+    assert got.source is dlrover.Source.HISTORY
+    assert got.workers == dlrover.NodeGroup(2, 1.0, 240 * MIB, 0)
+    assert got.ps.count == 0
+    assert "from 3 similar finished job(s)" in got.reason
