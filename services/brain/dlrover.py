@@ -390,7 +390,8 @@ def data_parallel_adjust(
     if metrics.worker_memory_bytes_used > 0:
         sized = _memory(metrics.worker_memory_bytes_used, defaults.memory_headroom)
         if sized != workers.memory_bytes:
-            memory = f", memory {workers.memory_bytes / MIB:.0f} -> {sized / MIB:.0f} MiB"
+            was = f"{workers.memory_bytes / MIB:.0f}" if workers.memory_bytes else "unset"
+            memory = f", memory {was} -> {sized / MIB:.0f} MiB (observed peak x headroom)"
             workers = replace(workers, memory_bytes=sized)
     why = "no CPU measurement yet: plan kept"
     if w_hat > 0 and cores > 0:

@@ -577,9 +577,6 @@ class Rounds:
             job.locked_type = placement.processes[0].accelerator_type  # saved with the event
         if rescaled:
             job.rescale_count += 1
-        applied = self.plans.started(job.job_id) if self.plans is not None else None
-        if applied is not None:
-            state.record(job, S.JOB_EVENT_TYPE_PLAN, describe(applied))
         count = len(job.placement.processes)
         state.record(
             job,
@@ -589,6 +586,9 @@ class Rounds:
             + (f"; plan: {execplan.describe(plan)}" if new_plan else ""),
             placement=True,
         )
+        applied = self.plans.started(job.job_id) if self.plans is not None else None
+        if applied is not None:  # what it started with, after the start itself
+            state.record(job, S.JOB_EVENT_TYPE_PLAN, describe(applied))
 
     def _start_failed(
         self, job: JobRecord, tasks: list[TaskRecord], failures: list[str], unreachable: set[str]

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from gearshift.client.devcluster import DevCluster
+from gearshift.client.sdk import Client
 from gearshift.common.channel import connect
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2, scheduler_pb2
 from tests.e2e.worker_cluster import (
@@ -87,7 +89,9 @@ def running_process(cluster: DevCluster, job_id: str) -> tuple[int, str]:
         pids = training_processes(cluster, worker)
         return (pids[0], worker) if len(pids) == 1 else None
 
-    return wait_until(find, WAIT, f"{job_id} never ran")
+    found = wait_until(find, WAIT, f"{job_id} never ran")
+    assert found is not None
+    return found
 
 
 def children(pid: int) -> int:
@@ -95,6 +99,18 @@ def children(pid: int) -> int:
         len(Path(f"/proc/{pid}/task/{t}/children").read_text().split())
         for t in os.listdir(f"/proc/{pid}/task")
     )
+
+
+def adjusted(cluster: DevCluster, job_id: str) -> list[str]:
+    return [m for m in plan_events(cluster, job_id) if m.startswith("adjust")]
+
+
+def succeeded(client: Client, job_id: str) -> bool:
+    return client.get(job_id).state == C.JOB_STATE_SUCCEEDED
+
+
+def brain_knows_it_succeeded(cluster: DevCluster, job_id: str) -> bool:
+    return brain_history(cluster, job_id).job.status == "succeeded"
 
 
 def brain_history(cluster: DevCluster, job_id: str) -> brain_pb2.JobHistory:
@@ -120,27 +136,19 @@ def test_history_sets_a_new_jobs_plan_and_idle_cpu_is_shrunk(cluster: DevCluster
 
     # The adjust stage sees each job use a fraction of its 2 cores: 1 core, no loader.
     for job_id in past:
-        shrunk = wait_until(
-            lambda j=job_id: [m for m in plan_events(cluster, j) if m.startswith("adjust")],
-            WAIT,
-            f"{job_id} was never shrunk",
-        )
+        shrunk = wait_until(partial(adjusted, cluster, job_id), WAIT, f"{job_id} was never shrunk")
         assert shrunk[0].startswith("adjust plan from optimizer: 1 core, "), shrunk
         assert "0 loader procs per process" in shrunk[0]
         assert "cores 2 -> 1" in shrunk[0] and "core-s as is" in shrunk[0]
 
     with client_of(cluster) as client:
         for job_id in past:
-            wait_until(
-                lambda j=job_id: client.get(j).state == C.JOB_STATE_SUCCEEDED,
-                WAIT,
-                f"{job_id} never completed",
-            )
+            wait_until(partial(succeeded, client, job_id), WAIT, f"{job_id} never completed")
             kinds = [e.type for e in client.events(job_id)]
             assert S.JOB_EVENT_TYPE_RESCALING in kinds and S.JOB_EVENT_TYPE_RESCALED in kinds
     for job_id in past:  # the scheduler tells the Brain in the background
         wait_until(
-            lambda j=job_id: brain_history(cluster, j).job.status == "succeeded",
+            partial(brain_knows_it_succeeded, cluster, job_id),
             30.0,
             f"the Brain never saw {job_id} succeed",
         )
@@ -155,9 +163,8 @@ def test_history_sets_a_new_jobs_plan_and_idle_cpu_is_shrunk(cluster: DevCluster
     events = plan_events(cluster, fourth)
     assert events[0].startswith("initial plan from history: 1 core, "), events
     assert "0 loader procs per process; at most 1 device(s)" in events[0]
-    assert "from 3 similar finished job(s) (model type 'sleepy-mlp', dataset 'sleepy')" in (
-        events[0]
-    )
+    match = "from 3 similar finished job(s) (model type 'sleepy-mlp', dataset 'sleepy')"
+    assert match in events[0]
     assert len(os.sched_getaffinity(pid)) == 1
     with client_of(cluster) as client:  # training: its loader pool would be up by now
         wait_until(lambda: client.get(fourth).progress.step > 5, WAIT, "the fourth job is stuck")
@@ -168,6 +175,7 @@ def test_history_sets_a_new_jobs_plan_and_idle_cpu_is_shrunk(cluster: DevCluster
     assert 0 < memory < 2 * 1024**3  # measured use with headroom, not the worker's share
     tasks = [t for t in worker_tasks(cluster, worker) if t.job_id == fourth]
     assert "affinity cores" in tasks[0].enforcement
+    assert f"RSS watchdog {memory / 1024**2:.1f} MiB per process" in tasks[0].enforcement
     assert f"{memory / 1024**2:.0f} MiB" in events[0]
     with client_of(cluster) as client:
         client.cancel(fourth)

@@ -3,9 +3,12 @@ and the Brain's data-parallel adjust stage (plain functions)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gearshift.brain import dlrover
+from gearshift.common.errors import ValidationError
 from gearshift.scheduler.process_resources import process_resources
 from gearshift.scheduler.resource_plans import (
     PlanAsk,
@@ -15,7 +18,8 @@ from gearshift.scheduler.resource_plans import (
     from_message,
     restart_pays,
 )
-from gearshift.v1 import brain_pb2, common_pb2
+from gearshift.v1 import brain_pb2, common_pb2, worker_pb2
+from gearshift.worker.command import CommandSettings, plan_task
 
 MIB = 1024**2
 
@@ -201,3 +205,37 @@ def test_initial_plan_from_data_parallel_history_has_no_ps_and_their_loader_proc
     assert got.workers == dlrover.NodeGroup(2, 1.0, 240 * MIB, 0)
     assert got.ps.count == 0
     assert "from 3 similar finished job(s)" in got.reason
+
+
+# -- the worker's side -----------------------------------------------------------------------
+
+
+def _start(loader_procs: int) -> worker_pb2.StartTaskRequest:
+    return worker_pb2.StartTaskRequest(
+        task_id="t1",
+        job_id="j1",
+        spec=common_pb2.JobSpec(
+            name="j",
+            entrypoint=common_pb2.Entrypoint(module="gearshift.examples.mlp"),
+            num_ests=1,
+            global_batch_size=8,
+            total_steps=10,
+            dataset=common_pb2.DatasetSpec(size=256, shard_size=16, seed=1),
+        ),
+        placement=common_pb2.Placement(
+            processes=[common_pb2.ProcessAssignment(rank=0, worker_id="w", est_ids=[0])]
+        ),
+        local_ranks=[0],
+        checkpoint_dir="/tmp/ckpt",
+        loader_procs_per_process=loader_procs,
+    )
+
+
+def test_the_worker_passes_the_plans_loader_procs_to_each_process() -> None:
+    settings = CommandSettings(python="python")
+    argv = plan_task(_start(2), "w", ["cpu"]).command(0, settings, Path("/t"), Path("/t/c.json"))
+    assert argv[argv.index("--loader-procs") + 1] == "2"
+    none = plan_task(_start(0), "w", ["cpu"]).command(0, settings, Path("/t"), Path("/t/c.json"))
+    assert "--loader-procs" not in none
+    with pytest.raises(ValidationError, match=r"loader_procs_per_process: must be 0-64 \(got -1\)"):
+        plan_task(_start(-1), "w", ["cpu"])
