@@ -158,10 +158,13 @@ class BrainAdvisor:
                         spec=spec,
                     )
                     continue
-                log.warning(
-                    "no resource plan from the Brain; the job keeps its plan or the defaults",
-                    extra={"job_id": request.job_id, "error": rpc_details(exc)},
-                )
+                if code in _FALLBACK_CODES:  # down or not deployed: once, not per job
+                    self._fallback("PlanResources", code.name if code else rpc_details(exc))
+                else:
+                    log.warning(
+                        "no resource plan from the Brain; the job keeps its plan or the defaults",
+                        extra={"job_id": request.job_id, "error": rpc_details(exc)},
+                    )
                 return None
         return None
 

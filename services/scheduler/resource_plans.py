@@ -25,12 +25,16 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from gearshift.v1 import brain_pb2, common_pb2
 
 log = logging.getLogger("gearshift.scheduler.plans")
 
+T = TypeVar("T")
+R = TypeVar("R")
 GIB = 1024**3
 MIB = 1024**2
 MAX_SLOWDOWN = 0.1  # a plan predicted this much slower is never worth a restart
@@ -224,8 +228,15 @@ Asker = Callable[
 class ResourcePlans:
     """Each job's plan, the changed plans waiting for a restart, and the asking."""
 
-    def __init__(self, ask: Asker, interval: float, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        ask: Asker,
+        interval: float,
+        clock: Callable[[], float],
+        pool: Executor | None = None,
+    ) -> None:
         self._ask = ask
+        self._pool = pool  # the asks of one round run side by side (a slow Brain, once)
         self.interval = interval
         self.clock = clock
         self._lock = threading.Lock()
@@ -271,10 +282,13 @@ class ResourcePlans:
             initial, adjust = due(asks, self._plans, self._asked_at, now, self.interval)
             for a in initial + adjust:
                 self._asked_at[a.job_id] = now
-        for a in initial:
-            reply = self._ask(
+        replies = self._map(
+            lambda a: self._ask(
                 self._request(a, brain_pb2.PLAN_STAGE_INITIAL, None), a.spec, a.submitted_at
-            )
+            ),
+            initial,
+        )
+        for a, reply in zip(initial, replies, strict=True):
             plan = (
                 from_message(reply)
                 if reply is not None
@@ -282,15 +296,22 @@ class ResourcePlans:
             )
             with self._lock:
                 self._plans.setdefault(a.job_id, plan)
-        for a in adjust:
-            with self._lock:
-                current = self._plans.get(a.job_id)
-            if current is None:
-                continue
-            reply = self._ask(
-                self._request(a, brain_pb2.PLAN_STAGE_ADJUST, current), a.spec, a.submitted_at
-            )
-            if reply is None:
+        with self._lock:
+            currents = [self._plans.get(a.job_id) for a in adjust]
+        replies = self._map(
+            lambda pair: (
+                self._ask(
+                    self._request(pair[0], brain_pb2.PLAN_STAGE_ADJUST, pair[1]),
+                    pair[0].spec,
+                    pair[0].submitted_at,
+                )
+                if pair[1] is not None
+                else None
+            ),
+            list(zip(adjust, currents, strict=True)),
+        )
+        for a, current, reply in zip(adjust, currents, replies, strict=True):
+            if current is None or reply is None:
                 continue
             proposed = replace(from_message(reply), devices=current.devices)
             decision = restart_pays(
@@ -317,6 +338,11 @@ class ResourcePlans:
                     proposed = replace(proposed, reason=f"{proposed.reason}; {decision.why}")
                     self._restart.add(a.job_id)
                 self._next[a.job_id] = proposed
+
+    def _map(self, call: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        if self._pool is None or len(items) < 2:
+            return [call(i) for i in items]
+        return list(self._pool.map(call, items))
 
     @staticmethod
     def _request(

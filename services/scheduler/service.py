@@ -120,7 +120,9 @@ class Scheduler:
             allocator or allocator_for(settings),
             observers=[metrics.round_finished],
             collocator=collocator_for(settings),
-            plans=ResourcePlans(self.brain.plan_resources, settings.plan_interval, clock)
+            plans=ResourcePlans(
+                self.brain.plan_resources, settings.plan_interval, clock, self._pool
+            )
             if self.brain.address
             else None,  # no Brain, no plans: every job runs on the defaults
         )

@@ -9,10 +9,13 @@ import pytest
 
 from gearshift.brain import dlrover
 from gearshift.common.errors import ValidationError
+from gearshift.common.ports import free_port
+from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.process_resources import process_resources
 from gearshift.scheduler.resource_plans import (
     PlanAsk,
     ProcessPlan,
+    ResourcePlans,
     describe,
     due,
     from_message,
@@ -239,3 +242,96 @@ def test_the_worker_passes_the_plans_loader_procs_to_each_process() -> None:
     assert "--loader-procs" not in none
     with pytest.raises(ValidationError, match=r"loader_procs_per_process: must be 0-64 \(got -1\)"):
         plan_task(_start(-1), "w", ["cpu"])
+
+
+# -- the loop ----------------------------------------------------------------------------------
+
+
+class Brain:
+    """Answers PlanResources from a table by stage (None: the Brain cannot be asked)."""
+
+    def __init__(self, replies: dict[int, brain_pb2.ResourcePlan | None]) -> None:
+        self.replies = replies
+        self.asked: list[tuple[str, int]] = []
+
+    def __call__(
+        self, request: brain_pb2.PlanResourcesRequest, spec: common_pb2.JobSpec, at: float
+    ) -> brain_pb2.ResourcePlan | None:
+        self.asked.append((request.job_id, request.stage))
+        return self.replies[request.stage]
+
+
+def _reply(stage: int, source: int, cores: float, rate: float) -> brain_pb2.ResourcePlan:
+    return brain_pb2.ResourcePlan(
+        plan_id=f"p{stage}",
+        stage=stage,  # type: ignore[arg-type]
+        source=source,  # type: ignore[arg-type]
+        workers=brain_pb2.NodeGroupPlan(count=1, cpu_cores=cores, loader_procs=int(cores) - 1),
+        predicted_steps_per_second=rate,
+    )
+
+
+def _running(job_id: str, steps_left: int) -> PlanAsk:
+    return PlanAsk(job_id, True, 1, steps_left, 0.0, 10.0, 4.0, 1, common_pb2.JobSpec(), 0.0)
+
+
+def test_the_loop_starts_on_the_initial_plan_then_restarts_for_a_shrink_that_pays() -> None:
+    now = [0.0]
+    brain = Brain(
+        {
+            brain_pb2.PLAN_STAGE_INITIAL: _reply(1, brain_pb2.PLAN_SOURCE_DEFAULT, 4.0, 0.0),
+            brain_pb2.PLAN_STAGE_ADJUST: _reply(4, brain_pb2.PLAN_SOURCE_OPTIMIZER, 1.0, 10.0),
+        }
+    )
+    plans = ResourcePlans(brain, 5.0, lambda: now[0])
+    plans.refresh([_ask("j", False)])
+    first = plans.plan("j")
+    assert first is not None and (first.cpu_cores, first.loader_procs) == (4, 3)
+    assert plans.started("j") == first  # announced once (its PLAN event) ...
+    assert plans.started("j") is None  # ... not again at a restart on the same plan
+    plans.refresh([_running("j", 10_000)])  # not due: asked at the start
+    assert brain.asked == [("j", brain_pb2.PLAN_STAGE_INITIAL)]
+    now[0] = 5.0
+    plans.refresh([_running("j", 10_000)])
+    assert plans.restart_wanted("j")
+    shrunk = plans.plan("j")
+    assert shrunk is not None and shrunk.cpu_cores == 1 and "core-s as is" in shrunk.reason
+    assert plans.started("j") == shrunk
+    assert not plans.restart_wanted("j")
+
+
+def test_a_shrink_that_does_not_pay_waits_for_the_next_start_and_no_brain_means_defaults() -> None:
+    now = [0.0]
+    brain = Brain(
+        {
+            brain_pb2.PLAN_STAGE_INITIAL: _reply(1, brain_pb2.PLAN_SOURCE_DEFAULT, 4.0, 0.0),
+            brain_pb2.PLAN_STAGE_ADJUST: _reply(4, brain_pb2.PLAN_SOURCE_OPTIMIZER, 1.0, 10.0),
+        }
+    )
+    plans = ResourcePlans(brain, 5.0, lambda: now[0])
+    plans.refresh([_ask("j", False)])
+    plans.started("j")
+    now[0] = 6.0
+    plans.refresh([_running("j", 10)])  # 1 s left: a 10 s restart never pays
+    assert not plans.restart_wanted("j")
+    waiting = plans.plan("j")
+    assert waiting is not None and waiting.cpu_cores == 1  # the next start uses it
+    down = ResourcePlans(Brain({brain_pb2.PLAN_STAGE_INITIAL: None}), 5.0, lambda: 0.0)
+    down.refresh([_ask("k", False)])
+    defaults = down.started("k")
+    assert defaults is not None and defaults.source == "defaults"
+    assert (defaults.cpu_cores, defaults.memory_bytes, defaults.loader_procs) == (0, 0, 0)
+    assert "Brain unavailable" in describe(defaults)
+
+
+def test_an_unreachable_brain_gives_no_plan_and_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    advisor = BrainAdvisor(f"127.0.0.1:{free_port()}", timeout=2.0)
+    request = brain_pb2.PlanResourcesRequest(
+        job_id="j", stage=brain_pb2.PLAN_STAGE_INITIAL, cpu_total=1, cpu_max_per_node=1
+    )
+    try:
+        with caplog.at_level("WARNING", logger="gearshift.scheduler.brain"):
+            assert advisor.plan_resources(request, common_pb2.JobSpec(), 0.0) is None
+    finally:
+        advisor.close()
+    assert any("PlanResources" in str(r.__dict__.get("call", "")) for r in caplog.records)
