@@ -324,7 +324,9 @@ def test_a_shrink_that_does_not_pay_waits_for_the_next_start_and_no_brain_means_
     assert "Brain unavailable" in describe(defaults)
 
 
-def test_an_unreachable_brain_gives_no_plan_and_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unreachable_brain_gives_no_plan_and_a_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     advisor = BrainAdvisor(f"127.0.0.1:{free_port()}", timeout=2.0)
     request = brain_pb2.PlanResourcesRequest(
         job_id="j", stage=brain_pb2.PLAN_STAGE_INITIAL, cpu_total=1, cpu_max_per_node=1
