@@ -588,7 +588,8 @@ class Rounds:
         )
         applied = self.plans.started(job.job_id) if self.plans is not None else None
         if applied is not None:  # what it started with, after the start itself
-            state.record(job, S.JOB_EVENT_TYPE_PLAN, describe(applied))
+            job.resource_plan = describe(applied)
+            state.record(job, S.JOB_EVENT_TYPE_PLAN, job.resource_plan)
 
     def _start_failed(
         self, job: JobRecord, tasks: list[TaskRecord], failures: list[str], unreachable: set[str]

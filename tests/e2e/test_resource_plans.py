@@ -7,8 +7,9 @@ the 2 cores their worker's share gives each process) start on the defaults (no h
 to 1 core without loader processes and restarted on it through the checkpoint path, and
 complete. A fourth job of that type then starts with the plan their history implies: 1
 core, the memory they were measured to use, no loader process - seen on its training
-process (CPU affinity, loader processes as its children) and on its worker's enforcement, and as
-PLAN events in `gearshift job`; the Brain holds every plan with the jobs' histories.
+process (CPU affinity, loader processes as its children), on its worker's enforcement, as
+PLAN events and on the `resources` line of `gearshift job`; the Brain holds every plan
+with the jobs' histories.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from gearshift.client import render
 from gearshift.client.devcluster import DevCluster
 from gearshift.client.sdk import Client
 from gearshift.common.channel import connect
@@ -165,6 +167,9 @@ def test_history_sets_a_new_jobs_plan_and_idle_cpu_is_shrunk(cluster: DevCluster
     assert "0 loader procs per process; at most 1 device(s)" in events[0]
     match = "from 3 similar finished job(s) (model type 'sleepy-mlp', dataset 'sleepy')"
     assert match in events[0]
+    with client_of(cluster) as client:  # `gearshift job JOB` shows it
+        details = render.job_details(client.get(fourth))
+    assert f"resources   {events[0]}" in details.splitlines()
     assert len(os.sched_getaffinity(pid)) == 1
     with client_of(cluster) as client:  # training: its loader pool would be up by now
         wait_until(lambda: client.get(fourth).progress.step > 5, WAIT, "the fourth job is stuck")
