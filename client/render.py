@@ -154,6 +154,8 @@ def job_details(job: scheduler_pb2.Job) -> str:
         f"{ests_per_device(job.placement)}  rescales {job.rescale_count}",
     ]
     lines.append(f"plan        {plan_text(job)}")
+    if job.resource_plan:
+        lines.append(f"resources   {job.resource_plan}")
     if job.collocation.role:
         lines.append(f"sharing     {collocation_text(job.collocation, job.paused)}")
     if job.placement.processes:

@@ -275,6 +275,7 @@ def plan_message(plan: dlrover.ResourcePlan, plan_id: str) -> brain_pb2.Resource
             count=plan.workers.count,
             cpu_cores=plan.workers.cpu_cores,
             memory_bytes=plan.workers.memory_bytes,
+            loader_procs=plan.workers.loader_procs,
         ),
         ps=brain_pb2.NodeGroupPlan(
             count=plan.ps.count, cpu_cores=plan.ps.cpu_cores, memory_bytes=plan.ps.memory_bytes
@@ -371,7 +372,10 @@ def _group(group: brain_pb2.NodeGroupPlan, field: str) -> dlrover.NodeGroup:
     require(
         group.memory_bytes >= 0, f"{field}.memory_bytes", f"must be >= 0 (got {group.memory_bytes})"
     )
-    return dlrover.NodeGroup(group.count, group.cpu_cores, group.memory_bytes)
+    require(
+        group.loader_procs >= 0, f"{field}.loader_procs", f"must be >= 0 (got {group.loader_procs})"
+    )
+    return dlrover.NodeGroup(group.count, group.cpu_cores, group.memory_bytes, group.loader_procs)
 
 
 def _current_plan(plan: brain_pb2.ResourcePlan) -> dlrover.ResourcePlan:
@@ -418,7 +422,12 @@ def plan_request(request: brain_pb2.PlanResourcesRequest) -> PlanRequest:
             "current",
             "is required with oom_role" if oom is not None else "is required at the ADJUST stage",
         )
-    if stage in (dlrover.Stage.OPTIMIZE, dlrover.Stage.ADJUST) and oom is None:
+    data_parallel = current is not None and current.ps.count == 0 and stage is dlrover.Stage.ADJUST
+    if (
+        stage in (dlrover.Stage.OPTIMIZE, dlrover.Stage.ADJUST)
+        and oom is None
+        and not data_parallel
+    ):
         check_positive(metrics.worker_cores_needed, "metrics.worker_cores_needed")
         check_positive(metrics.ps_cores_per_worker, "metrics.ps_cores_per_worker")
     if current is not None and metrics.ps_cores_used:

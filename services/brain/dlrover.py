@@ -15,6 +15,12 @@ numbers is ../shared/notes/dlrover.md. Stages:
   workers (ŝ re-measured as ŝ_total/N_w);
 - OOM at any stage: a worker OOM doubles worker memory, a PS OOM doubles the
   PS count; new workers' memory follows the observed use.
+
+Data-parallel jobs (no PS: Gearshift's EST jobs) use the worker group only: a
+"worker" is one training process, with its cores, memory and shared loader
+processes (`loader_procs`, one core less than the process has, at most
+`max_loader_procs`). Their adjust stage shrinks (or grows) the cores of a
+process to its measured use: `data_parallel_adjust`.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ class NodeGroup:
     count: int
     cpu_cores: float
     memory_bytes: int
+    loader_procs: int = 0
 
     @property
     def total_cores(self) -> float:
@@ -121,6 +128,9 @@ class PlanDefaults:
     ps_idle_utilization: float = 0.6
     hot_ps_factor: float = 1.5
     history_jobs: int = 5
+    max_loader_procs: int = 2
+    worker_idle_utilization: float = 0.6
+    worker_busy_utilization: float = 0.95
 
 
 @dataclass(frozen=True)
@@ -163,13 +173,19 @@ def optimize_counts(
     return workers, s_total, max(1, math.floor(s_total / ps_cores + 1e-9))
 
 
+def loader_procs_for(cores: float, defaults: PlanDefaults = PlanDefaults()) -> int:
+    """Shared loader processes for a process of `cores` cores: the cores beside the one
+    that trains, at most max_loader_procs (a one-core process loads its own data)."""
+    return max(0, min(math.floor(cores + 1e-9) - 1, defaults.max_loader_procs))
+
+
 def sample_plan(budget: Budget, defaults: PlanDefaults = PlanDefaults()) -> ResourcePlan:
     """The sampling run: one worker at C_max cores and a few PS, default memory."""
     cores = budget.cpu_max_per_node
     ps_cores = min(defaults.ps_cores, budget.cpu_max_per_node)
     return ResourcePlan(
         Stage.SAMPLE,
-        NodeGroup(1, cores, defaults.worker_memory_bytes),
+        NodeGroup(1, cores, defaults.worker_memory_bytes, loader_procs_for(cores, defaults)),
         NodeGroup(defaults.sample_ps_count, ps_cores, defaults.ps_memory_bytes),
         Source.DEFAULT,
         f"sampling: 1 worker x C_max={cores:g} cores, {defaults.sample_ps_count} PS x "
@@ -354,6 +370,77 @@ def adjust_plan(
     )
 
 
+def data_parallel_adjust(
+    budget: Budget,
+    metrics: PsMetrics,
+    current: ResourcePlan,
+    defaults: PlanDefaults = PlanDefaults(),
+) -> ResourcePlan:
+    """The adjust stage of a data-parallel job (no PS): each process's cores follow its
+    measured use ŵ (DLRover's "new workers' resources from observed use").
+
+    ŵ below worker_idle_utilization of its cores: cores -> ceil(ŵ * headroom), at least
+    1 (the freed cores go to other jobs; the job is not slower, CPU did not limit it).
+    ŵ above worker_busy_utilization: cores x2, up to C_max. Loader processes follow the
+    cores; memory follows the observed peak. Otherwise the plan is kept.
+    """
+    w_hat, cores = metrics.worker_cores_needed, current.workers.cpu_cores
+    workers = current.workers
+    memory = ""
+    if metrics.worker_memory_bytes_used > 0:
+        sized = _memory(metrics.worker_memory_bytes_used, defaults.memory_headroom)
+        if sized != workers.memory_bytes:
+            was = f"{workers.memory_bytes / MIB:.0f}" if workers.memory_bytes else "unset"
+            memory = f", memory {was} -> {sized / MIB:.0f} MiB (observed peak x headroom)"
+            workers = replace(workers, memory_bytes=sized)
+    why = "no CPU measurement yet: plan kept"
+    if w_hat > 0 and cores > 0:
+        use = w_hat / cores
+        new = cores
+        if use < defaults.worker_idle_utilization:
+            new = max(_up(w_hat * defaults.memory_headroom), 1.0)
+        elif use > defaults.worker_busy_utilization:
+            new = max(min(cores * 2, budget.cpu_max_per_node), cores)
+        if new != cores:
+            why = (
+                f"CPU use {w_hat:.2f} of {cores:g} cores per process ({use:.0%}): "
+                f"cores {cores:g} -> {new:g}"
+            )
+            workers = replace(workers, cpu_cores=new, loader_procs=loader_procs_for(new, defaults))
+        else:
+            why = f"CPU use {w_hat:.2f} of {cores:g} cores per process ({use:.0%}): cores kept"
+    return replace(
+        current,
+        stage=Stage.ADJUST,
+        workers=workers,
+        ps_replacements=(),
+        source=Source.OPTIMIZER,
+        predicted_steps_per_second=metrics.steps_per_second,
+        reason=why + memory,
+    )
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One runtime sample of a training process: cores used, memory, steps/s."""
+
+    cpu_cores_used: float
+    memory_bytes_used: int
+    steps_per_second: float
+
+
+def metrics_from_samples(samples: Sequence[ProcessSample]) -> PsMetrics:
+    """A data-parallel job's measurements from its processes' samples: ŵ the median cores
+    used (robust to a slow first step), the peak memory, the median steps/s."""
+    if not samples:
+        return PsMetrics()
+    return PsMetrics(
+        worker_cores_needed=statistics.median(s.cpu_cores_used for s in samples),
+        worker_memory_bytes_used=max(s.memory_bytes_used for s in samples),
+        steps_per_second=statistics.median(s.steps_per_second for s in samples),
+    )
+
+
 def _weighted(values: Sequence[float], weights: Sequence[float]) -> float:
     return sum(v * w for v, w in zip(values, weights, strict=True)) / sum(weights)
 
@@ -380,6 +467,8 @@ def initial_plan(
 
     def group(pick: str) -> NodeGroup:
         groups = [getattr(p, pick) for p in past]
+        if all(g.count == 0 for g in groups):  # data-parallel jobs have no PS
+            return NodeGroup(0, 0.0, 0)
         peaks = [getattr(p, f"{'worker' if pick == 'workers' else 'ps'}_memory_peak") for p in past]
         memory = [
             _memory(peak, defaults.memory_headroom) if peak > 0 else g.memory_bytes
@@ -392,6 +481,7 @@ def initial_plan(
                 max(budget.cpu_max_per_node, 1.0),
             ),
             math.ceil(_weighted(memory, weights) / MIB) * MIB,
+            round(_weighted([g.loader_procs for g in groups], weights)),
         )
 
     workers, ps = group("workers"), group("ps")

@@ -252,6 +252,9 @@ class SensitivityResult:
     min_res: sensitivity.MinRes | None
 
 
+#: Most recent runtime samples of a job its adjust stage measures its use from.
+PLAN_SAMPLES = 20
+
 #: Most runtime samples of a job read when deriving profiled runs from them.
 RUBICK_SAMPLES = 10_000
 
@@ -504,6 +507,11 @@ class BrainService:
             plan = busy or dlrover.sample_plan(request.budget, defaults)
         elif request.stage is dlrover.Stage.OPTIMIZE:
             plan = dlrover.optimize_plan(request.budget, request.metrics, request.current, defaults)
+        elif request.current is not None and request.current.ps.count == 0:
+            metrics = request.metrics
+            if metrics.worker_cores_needed <= 0:  # measured here: the job's own samples
+                metrics = self._process_metrics(job.job_id)
+            plan = dlrover.data_parallel_adjust(request.budget, metrics, request.current, defaults)
         else:
             assert request.current is not None
             plan = dlrover.adjust_plan(request.budget, request.metrics, request.current, defaults)
@@ -515,6 +523,19 @@ class BrainService:
             self.clock(),
         )
         return IssuedPlan(row.plan_id, plan)
+
+    def _process_metrics(self, job_id: str) -> dlrover.PsMetrics:
+        """A data-parallel job's measured use since its last plan was issued (samples under
+        an older plan measured other resources)."""
+        history = self.store.history(job_id, 0, PLAN_SAMPLES)
+        since = history.plans[-1].issued_at if history.plans else 0.0
+        return dlrover.metrics_from_samples(
+            [
+                dlrover.ProcessSample(s.cpu_cores_used, s.memory_bytes_used, s.steps_per_second)
+                for s in history.samples
+                if s.time >= since and s.steps_per_second > 0
+            ]
+        )
 
     # -- EST plans --------------------------------------------------------------
 

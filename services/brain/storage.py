@@ -672,17 +672,20 @@ class SqlBrainStore:
                     self._node(r)
                     for r in conn.execute(sa.select(nodes).where(nodes.c.job_id == job.job_id))
                 ]
+                # A sample of no recorded node is a training process's (a data-parallel
+                # job's rank 0 reports without a node): a worker's.
+                role = sa.func.coalesce(nodes.c.role, "worker")
                 peaks = conn.execute(
-                    sa.select(nodes.c.role, sa.func.max(samples.c.memory_bytes_used))
+                    sa.select(role, sa.func.max(samples.c.memory_bytes_used))
                     .select_from(
-                        samples.join(
+                        samples.outerjoin(
                             nodes,
                             (nodes.c.job_id == samples.c.job_id)
                             & (nodes.c.node_id == samples.c.node_id),
                         )
                     )
                     .where(samples.c.job_id == job.job_id)
-                    .group_by(nodes.c.role)
+                    .group_by(role)
                 ).all()
                 rate = conn.execute(
                     sa.select(sa.func.avg(samples.c.steps_per_second)).where(

@@ -7,7 +7,9 @@ that it did (once per reason, not per call) - measured throughputs replace both
 (gearshift.scheduler.estimates). EST splits are the scheduler's own: one
 planner (gearshift.common.estplan, the function the Brain's PlanEsts runs too)
 fed by those estimates. Lifecycle events (submitted, started, ended) are
-reported to the Brain, best effort, so that its job histories begin.
+reported to the Brain, best effort, so that its job histories begin. Resource plans
+(PlanResources, gearshift.scheduler.resource_plans) are None when the Brain cannot be
+asked: the job then runs on the defaults.
 """
 
 from __future__ import annotations
@@ -130,6 +132,41 @@ class BrainAdvisor:
         except grpc.RpcError as exc:
             code = rpc_code(exc)
             self._fallback("ReportJobEvent", code.name if code else rpc_details(exc))
+
+    def plan_resources(
+        self,
+        request: brain_pb2.PlanResourcesRequest,
+        spec: common_pb2.JobSpec,
+        submitted_at: float,
+    ) -> brain_pb2.ResourcePlan | None:
+        """The Brain's resource plan for a job; None (logged) when it cannot be had. A job
+        the Brain does not know yet (its SUBMITTED event is reported in the background) is
+        reported first, under that event's id, so the Brain stores it once."""
+        if self._stub is None:
+            return None
+        for attempt in (1, 2):
+            try:
+                return self._stub.PlanResources(request, timeout=self._timeout)
+            except grpc.RpcError as exc:
+                code = rpc_code(exc)
+                if code == grpc.StatusCode.NOT_FOUND and attempt == 1:
+                    self.report_event(
+                        f"{request.job_id}:1",
+                        request.job_id,
+                        brain_pb2.JOB_EVENT_KIND_SUBMITTED,
+                        submitted_at,
+                        spec=spec,
+                    )
+                    continue
+                if code in _FALLBACK_CODES:  # down or not deployed: once, not per job
+                    self._fallback("PlanResources", code.name if code else rpc_details(exc))
+                else:
+                    log.warning(
+                        "no resource plan from the Brain; the job keeps its plan or the defaults",
+                        extra={"job_id": request.job_id, "error": rpc_details(exc)},
+                    )
+                return None
+        return None
 
     def close(self) -> None:
         self._client.close()

@@ -82,6 +82,13 @@ OPTIONS = [
     ),
     Option("round_seconds", "length of a scheduling round, seconds", 360.0, float),
     Option(
+        "plan_interval",
+        "seconds between a running job's resource-plan adjustments (DLRover's adjust stage, "
+        "asked of the Brain; 0: only the initial plan from history)",
+        60.0,
+        float,
+    ),
+    Option(
         "min_recompute_seconds",
         "Gavel policies: least time between recomputations of the allocation (0: every round "
         "after a change)",
@@ -215,6 +222,8 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         raise ValueError("--min-recompute-seconds must be >= 0")
     if config.event_round_gap < 0:
         raise ValueError("--event-round-gap must be >= 0")
+    if config.plan_interval < 0:
+        raise ValueError("--plan-interval must be >= 0 (0: only the initial plan)")
     if config.heartbeat_timeout <= config.heartbeat_interval:
         raise ValueError("--heartbeat-timeout must exceed --heartbeat-interval")
     if config.max_queued_jobs <= 0:
@@ -276,6 +285,7 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         heartbeat_timeout=config.heartbeat_timeout,
         min_recompute_seconds=config.min_recompute_seconds,
         event_round_gap=config.event_round_gap,
+        plan_interval=config.plan_interval,
         checkpoint_root=config.checkpoint_root,
         brain_address=config.brain_address,
         shard_manager_address=config.shard_manager_address,

@@ -1,7 +1,10 @@
 """The CPU cores and host memory each training process gets on its worker (StartTask).
 
 By default a worker's cores and memory are shared equally among its devices (one
-process per device); a plan's `cpus_per_device` overrides the core count. A worker
+process per device); a plan's `cpus_per_device` overrides the core count. A resource
+plan (DLRover, gearshift.scheduler.resource_plans) sets cores and memory too, within
+that share for cores (more would be refused by the worker when its devices are busy)
+and within the worker's memory. A worker
 with more devices than cores (CPU slots on a small machine) gets no core limit by
 default rather than a start its worker would refuse; an explicit count is sent as is.
 
@@ -22,9 +25,22 @@ def process_resources(
     devices: Sequence[common_pb2.DeviceGroup],
     cpus_per_device: int = 0,
     memory_factor: int = 1,
+    *,
+    plan_cores: int = 0,
+    plan_memory: int = 0,
 ) -> tuple[int, int]:
-    """(cores, memory bytes) of each process on a worker; 0 means no limit (unknown)."""
+    """(cores, memory bytes) of each process on a worker; 0 means no limit (unknown).
+    `plan_cores` / `plan_memory` (0: none) are the job's resource plan's."""
     count = max(sum(g.count for g in devices), 1)
-    cores = cpus_per_device if cpus_per_device > 0 else worker_cores // count
-    memory = min(worker_memory // count * max(memory_factor, 1), worker_memory)
+    share = worker_cores // count
+    if cpus_per_device > 0:
+        cores = cpus_per_device
+    elif plan_cores > 0 and share > 0:
+        cores = min(plan_cores, share)
+    else:
+        cores = share
+    base = plan_memory if plan_memory > 0 else worker_memory // count
+    memory = base * max(memory_factor, 1)
+    if worker_memory > 0:
+        memory = min(memory, worker_memory)
     return max(cores, 0), max(memory, 0)

@@ -2,9 +2,12 @@
 cluster. Read this file to know what a round does.
 
     with the lock:     lost workers  ->  snapshot (jobs, live devices, estimates)
-    without the lock:  Brain estimates refreshed  ->  allocate -> collocate -> place
-    with the lock:     reconcile: diff desired against actual, record RESCALING; each
-                       job's collocation (alone, shared, foreground, background)
+    without the lock:  Brain estimates and resource plans refreshed  ->  allocate ->
+                       collocate -> place
+    with the lock:     reconcile: diff desired against actual, record RESCALING (also for a
+                       job on the same devices whose new resource plan is worth a
+                       restart); each job's collocation (alone, shared, foreground,
+                       background)
     without the lock:  stop every moving job's tasks (checkpoint), then start the new ones
 
 A round runs every `round_seconds`, and at once after an arrival, a completion
@@ -43,6 +46,7 @@ from gearshift.scheduler.placement import (
 from gearshift.scheduler.policies.configs import config_of
 from gearshift.scheduler.reconcile import Change, diff
 from gearshift.scheduler.registry import WorkerRegistry
+from gearshift.scheduler.resource_plans import PlanAsk, ResourcePlans, describe
 from gearshift.scheduler.state import (
     ONE_TYPE_LEVELS,
     RUNNING_STATES,
@@ -137,8 +141,10 @@ class Rounds:
         *,
         observers: list[Callable[[RoundReport, float], None]] | None = None,
         collocator: Collocator | None = None,
+        plans: ResourcePlans | None = None,
     ) -> None:
         self.state = state
+        self.plans = plans
         self.collocator = collocator
         self.control = control
         self.registry = registry
@@ -234,7 +240,10 @@ class Rounds:
                 jobs = [j for j in state.jobs.values() if not j.terminal]
                 types = state.types()
                 asks = [_ask(j) for j in jobs]
+                plan_asks = self._plan_asks(jobs) if self.plans is not None else []
             self.estimates.refresh(self.estimates.due(asks, types, now), types, now)
+            if self.plans is not None:
+                self.plans.refresh(plan_asks)
             with state.lock:
                 gathered = self._gather(now)
             snapshot, current = self._snapshot(now, gathered)  # estimates: outside the lock
@@ -264,6 +273,31 @@ class Rounds:
             for observer in self.observers:
                 observer(report, self.last_round_ended_at - started)
             return report
+
+    def _plan_asks(self, jobs: list[JobRecord]) -> list[PlanAsk]:
+        """What the resource plans need of the jobs (under the lock): the most cores a
+        process can get is the largest per-device share of a live worker."""
+        shares = [
+            w.cpu_cores // max(sum(g.count for g in w.devices), 1)
+            for w in self.state.workers.values()
+            if w.alive
+        ]
+        per = float(max(shares, default=0))
+        return [
+            PlanAsk(
+                job_id=job.job_id,
+                running=job.state == C.JOB_STATE_RUNNING,
+                processes=len(job.placement.processes),
+                steps_left=max(job.progress.total_steps - job.progress.step, 0),
+                steps_per_second=0.0,
+                restart_seconds=self.estimates.restart_seconds(job.job_id),
+                cpu_max_per_process=per,
+                max_devices=_most(job.spec),
+                spec=job.spec,
+                submitted_at=job.submitted_at,
+            )
+            for job in jobs
+        ]
 
     def _gather(self, now: float) -> _Gathered:
         """What the snapshot needs of the jobs and devices, copied under the lock (cheap);
@@ -312,6 +346,7 @@ class Rounds:
             self._attained.get(job.job_id, 0.0),
             self.estimates.version(job.job_id),
             self.estimates.restart_seconds(job.job_id),
+            self._plan_devices(job.job_id),
         )
         cached = self._snapshots.get(job.job_id)
         if cached is not None and cached[0] == key:
@@ -319,6 +354,10 @@ class Rounds:
         snapshot = self._build_job(view, types)
         self._snapshots[job.job_id] = (key, snapshot)
         return snapshot
+
+    def _plan_devices(self, job_id: str) -> int:
+        plan = self.plans.plan(job_id) if self.plans is not None else None
+        return plan.devices if plan is not None else 0
 
     def _with_pairs(
         self, jobs: tuple[JobSnapshot, ...], views: list[_JobView]
@@ -342,6 +381,9 @@ class Rounds:
         burst = self.estimates.burst(job.job_id)
         if burst is not None and spec.elastic.max_devices:  # DeepPool: as many as help
             most = max(min(most, burst.elastic_devices), min(spec.elastic.min_devices, most), 1)
+        planned = self._plan_devices(job.job_id)
+        if planned:  # DLRover: the devices similar jobs ran on, within the elastic bounds
+            most = max(min(most, planned), min(spec.elastic.min_devices, most), 1)
         allowed = [t for t in types if not spec.accelerator_types or t in spec.accelerator_types]
         if view.locked_type:
             allowed = [t for t in allowed if t == view.locked_type]
@@ -405,10 +447,18 @@ class Rounds:
             for job_id, job in state.jobs.items()
             if job.state in RUNNING_STATES and not job.terminal
         }
-        for change in diff(desired, running):
+        for found in diff(desired, running):
+            change = found
             job = state.jobs.get(change.job_id)
             if job is None or job.terminal:
                 continue
+            replan = (
+                change.kind == "renew"
+                and self.plans is not None
+                and self.plans.restart_wanted(job.job_id)
+            )
+            if replan:  # the same devices, new resources: the rescale path applies them
+                change = Change(job.job_id, "rescale", change.assignment)
             if change.kind == "renew":
                 report.renewed.append(job.job_id)
                 for task in state.open_tasks(job.job_id):
@@ -420,7 +470,13 @@ class Rounds:
                 self.estimates.stopping(job.job_id, now)
             if change.kind == "rescale":
                 job.state = C.JOB_STATE_RESCALING
-                state.record(job, S.JOB_EVENT_TYPE_RESCALING, "moving to a new placement")
+                state.record(
+                    job,
+                    S.JOB_EVENT_TYPE_RESCALING,
+                    "restarting with a new resource plan"
+                    if replan
+                    else "moving to a new placement",
+                )
                 report.rescaled.append(job.job_id)
             elif change.kind == "preempt":
                 report.preempted.append(job.job_id)
@@ -477,11 +533,13 @@ class Rounds:
                     and job.generation == 0
                     and self.estimates.burst(job.job_id) is None
                 )
+                resources = self.plans.plan(job.job_id) if self.plans is not None else None
                 placement, tasks, requests = self.control.prepare_start(
                     job,
                     change.assignment,
                     profile_first=profile,
                     cpus_per_device=self._cpus.get(job.job_id, 0),
+                    resources=resources,
                 )
             failures, unreachable = self.control.start_tasks(requests)
             with state.lock:
@@ -529,6 +587,10 @@ class Rounds:
             + (f"; plan: {execplan.describe(plan)}" if new_plan else ""),
             placement=True,
         )
+        applied = self.plans.started(job.job_id) if self.plans is not None else None
+        if applied is not None:  # what it started with, after the start itself
+            job.resource_plan = describe(applied)
+            state.record(job, S.JOB_EVENT_TYPE_PLAN, job.resource_plan)
 
     def _start_failed(
         self, job: JobRecord, tasks: list[TaskRecord], failures: list[str], unreachable: set[str]
@@ -557,6 +619,8 @@ class Rounds:
     def forget(self, job_id: str) -> None:
         self._attained.pop(job_id, None)
         self._snapshots.pop(job_id, None)
+        if self.plans is not None:
+            self.plans.forget(job_id)
 
 
 def _sharing(collocation: common_pb2.Collocation) -> str:

@@ -48,6 +48,7 @@ from gearshift.scheduler.job_logs import LogSources, TaskSource, job_log_lines
 from gearshift.scheduler.jobs_api import JobsApi
 from gearshift.scheduler.pipeline import Allocator, Collocator
 from gearshift.scheduler.registry import WorkerRegistry
+from gearshift.scheduler.resource_plans import ResourcePlans
 from gearshift.scheduler.rounds import RoundReport, Rounds
 from gearshift.scheduler.state import SchedulerSettings, SchedulerState
 from gearshift.scheduler.store import EventRecord, JobRecord, Store, WorkerRecord
@@ -127,6 +128,11 @@ class Scheduler:
             allocator or allocator_for(settings, self.tenants),
             observers=[metrics.round_finished],
             collocator=collocator_for(settings),
+            plans=ResourcePlans(
+                self.brain.plan_resources, settings.plan_interval, clock, self._pool
+            )
+            if self.brain.address
+            else None,  # no Brain, no plans: every job runs on the defaults
         )
         self.jobs = JobsApi(
             self.state,

@@ -47,6 +47,7 @@ def job_message(job: JobRecord) -> scheduler_pb2.Job:
         collocation=job.collocation if job.collocation.role else None,
         paused=job.paused,
         plan=job.plan,
+        resource_plan=job.resource_plan,
     )
 
 

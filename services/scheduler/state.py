@@ -77,6 +77,7 @@ class SchedulerSettings:
     min_idle: float = 0.1  # deeppool: least idle share of a lending job's devices
     max_foreground_slowdown: float = 0.2  # deeppool: the worker's pause bound
     tenants_file: str = ""  # tenants' quotas for guaranteed jobs (empty: none)
+    plan_interval: float = 60.0  # seconds between a running job's resource-plan adjustments
 
     @property
     def lease_seconds(self) -> float:

@@ -54,6 +54,8 @@ class JobRecord:
     # The execution plan of the job's current (or last) placement; default: all off, one
     # thread. Not stored either: a restarted scheduler starts the job on the plan it decides.
     plan: common_pb2.ExecutionPlan = field(default_factory=common_pb2.ExecutionPlan)
+    # The resource plan its placement started with, in words (not stored either).
+    resource_plan: str = ""
 
     @property
     def terminal(self) -> bool:

@@ -25,6 +25,7 @@ from gearshift.common.identity import JobTokens
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.placement import build_placement, local_ranks, workers_of
 from gearshift.scheduler.process_resources import process_resources
+from gearshift.scheduler.resource_plans import ProcessPlan
 from gearshift.scheduler.state import SchedulerState
 from gearshift.scheduler.store import JobRecord, TaskRecord
 from gearshift.scheduler.workers import WorkerAgents
@@ -61,13 +62,15 @@ class TaskControl:
         profile_first: bool = False,
         plan: common_pb2.ExecutionPlan | None = None,
         cpus_per_device: int = 0,
+        resources: ProcessPlan | None = None,
     ) -> tuple[common_pb2.Placement, list[TaskRecord], StartRequests]:
         """Tasks and StartTask requests of a new placement, saved before any is sent
         (under the lock); `profile_first`: rank 0 measures the job's layer profile first;
         `plan`: the execution plan to run (None: the job's current one). A plan the job's
         spec does not allow raises ValidationError naming the plan's field, before anything
         changes. Each process gets its worker's share of cores and memory
-        (process_resources; `cpus_per_device` > 0 sets the cores)."""
+        (process_resources; `cpus_per_device` > 0 sets the cores), or what the job's
+        resource plan `resources` gives, with its loader processes."""
         plan = job.plan if plan is None else plan
         execplan.check_allowed(job.spec, plan)
         state = self.state
@@ -106,6 +109,8 @@ class TaskControl:
                 worker.devices,
                 cpus_per_device,
                 state.memory_factor.get(job.job_id, 1),
+                plan_cores=resources.cpu_cores if resources else 0,
+                plan_memory=resources.memory_bytes if resources else 0,
             )
             request = worker_pb2.StartTaskRequest(
                 task_id=task_id,
@@ -128,6 +133,7 @@ class TaskControl:
                 plan=plan,
                 cpu_cores_per_process=cores,
                 memory_bytes_per_process=memory,
+                loader_procs_per_process=resources.loader_procs if resources else 0,
             )
             requests.append((worker.address, request))
         state.store.save_tasks(tasks)

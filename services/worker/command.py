@@ -18,6 +18,7 @@ JobSpec mapped onto the runtime's flags:
 | plan.threads_per_process (0: 1)        | --threads                                  |
 | plan.gradient_checkpointing            | --gradient-checkpointing                   |
 | plan.offload_optimizer                 | --offload-optimizer                        |
+| loader_procs_per_process (0: none)     | --loader-procs (shared loader processes)   |
 | checkpoint_dir, resume                 | --checkpoint-dir, --resume                 |
 | endpoints, dataset_id, job/task ids    | --brain, --shard-manager, --job-id, ...    |
 | collocation.role BACKGROUND            | --background, --pause-file TASK_DIR/pause  |
@@ -65,6 +66,7 @@ from gearshift.worker.runtime.backend import choose_backend
 STEP_LOG = "steps.jsonl"
 PAUSE_FILE = "pause"  # in the task's folder: a background task waits while it exists
 DEFAULT_CHECKPOINT_EVERY = 20  # global steps, when the spec says 0
+MAX_LOADER_PROCS = 64  # shared loader processes of one training process
 
 _TOKEN = re.compile(r"[!-~]{0,512}")  # a bearer token: printable, no spaces
 
@@ -104,6 +106,7 @@ class TaskPlan:
     profile_first: bool = False  # rank 0 profiles the job's layers before training
     plan: common_pb2.ExecutionPlan = field(default_factory=common_pb2.ExecutionPlan)
     collocation: common_pb2.Collocation = field(default_factory=common_pb2.Collocation)
+    loader_procs: int = 0  # shared loader processes per training process (the resource plan)
 
     @property
     def background(self) -> bool:
@@ -160,6 +163,8 @@ class TaskPlan:
             cmd.append("--gradient-checkpointing")
         if self.plan.offload_optimizer:
             cmd.append("--offload-optimizer")
+        if self.loader_procs > 0:
+            cmd += ["--loader-procs", str(self.loader_procs)]
         cmd += ["--rank", str(rank), "--world-size", str(self.world_size)]
         if self.world_size > 1:
             # The placement's name in the rendezvous: the task id up to its worker
@@ -353,6 +358,11 @@ def plan_task(
         "job_token",
         "at most 512 printable ASCII characters without spaces",
     )
+    require(
+        0 <= request.loader_procs_per_process <= MAX_LOADER_PROCS,
+        "loader_procs_per_process",
+        f"must be 0-{MAX_LOADER_PROCS} (got {request.loader_procs_per_process})",
+    )
     dataset_id = request.dataset_id or request.job_id
     check_name(dataset_id, "dataset_id")
     _check_collocation(request.collocation, request.job_id)
@@ -387,4 +397,5 @@ def plan_task(
         profile_first=request.profile_first,
         collocation=request.collocation,
         plan=request.plan,
+        loader_procs=request.loader_procs_per_process,
     )

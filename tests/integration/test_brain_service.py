@@ -452,3 +452,49 @@ def test_migrate_and_load_references_subcommands(tmp_path: Path, gavel_data: Pat
         timeout=120,
     )
     assert missing.returncode == 1 and "cannot read throughputs" in missing.stderr
+
+
+def test_a_data_parallel_jobs_adjust_stage_measures_its_own_samples(brain) -> None:
+    """No metrics given and no PS in `current`: the Brain reads the job's samples since its
+    last plan; an idle process is shrunk, and the next job of the type starts from it."""
+    stub = brain
+    submit(stub, "dp", model="mlp", dataset="digits")
+    current = brain_pb2.ResourcePlan(
+        workers=brain_pb2.NodeGroupPlan(count=1, cpu_cores=4, loader_procs=2)
+    )
+    ask = brain_pb2.PlanResourcesRequest(
+        job_id="dp",
+        stage=brain_pb2.PLAN_STAGE_ADJUST,
+        cpu_total=4,
+        cpu_max_per_node=4,
+        current=current,
+    )
+    unmeasured = stub.PlanResources(ask)
+    assert unmeasured.workers.cpu_cores == 4 and "no CPU measurement" in unmeasured.reason
+    rows = samples(10, 5.0, node_id="rank-0", cpu_cores_used=0.5, memory_bytes_used=GIB // 4)
+    assert report(stub, "dp-1", "dp", rows) == 10
+    shrunk = stub.PlanResources(ask)
+    assert (shrunk.workers.cpu_cores, shrunk.workers.loader_procs, shrunk.ps.count) == (1, 0, 0)
+    assert shrunk.workers.memory_bytes == math.ceil(GIB / 4 * 1.2 / 2**20) * 2**20
+    assert "cores 4 -> 1" in shrunk.reason
+    assert shrunk.predicted_steps_per_second == pytest.approx(5.0)
+    assert event(stub, "dp", brain_pb2.JOB_EVENT_KIND_SUCCEEDED)
+
+    submit(stub, "dp-next", model="mlp", dataset="digits")
+    initial = stub.PlanResources(
+        brain_pb2.PlanResourcesRequest(
+            job_id="dp-next", stage=brain_pb2.PLAN_STAGE_INITIAL, cpu_total=4, cpu_max_per_node=4
+        )
+    )
+    assert initial.source == brain_pb2.PLAN_SOURCE_HISTORY
+    assert (initial.workers.cpu_cores, initial.workers.loader_procs, initial.ps.count) == (1, 0, 0)
+    # Memory from the measured peak of rank 0 (a sample of no recorded node: a worker's).
+    assert initial.workers.memory_bytes == math.ceil(GIB / 4 * 1.2 / 2**20) * 2**20
+
+    bad = brain_pb2.PlanResourcesRequest()
+    bad.CopyFrom(ask)
+    bad.current.workers.loader_procs = -1
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.PlanResources(bad)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "current.workers.loader_procs" in str(caught.value.details())

@@ -832,22 +832,28 @@ class NodeGroupPlan(_message.Message):
     COUNT_FIELD_NUMBER: _builtins.int
     CPU_CORES_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    LOADER_PROCS_FIELD_NUMBER: _builtins.int
     count: _builtins.int
     """Number of nodes."""
     cpu_cores: _builtins.float
     """CPU cores per node."""
     memory_bytes: _builtins.int
     """Memory per node, bytes."""
+    loader_procs: _builtins.int
+    """Shared data-loader processes per node (data-parallel training processes;
+    0: the process loads its own data).
+    """
     def __init__(
         self,
         *,
         count: _builtins.int = ...,
         cpu_cores: _builtins.float = ...,
         memory_bytes: _builtins.int = ...,
+        loader_procs: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "cpu_cores", b"cpu_cores", "memory_bytes", b"memory_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "cpu_cores", b"cpu_cores", "loader_procs", b"loader_procs", "memory_bytes", b"memory_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -62,6 +62,11 @@ class _JobEventTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobEvent
     """
     JOB_EVENT_TYPE_RESUMED: _JobEventType.ValueType  # 14
     """A paused background job runs again."""
+    JOB_EVENT_TYPE_PLAN: _JobEventType.ValueType  # 15
+    """A resource plan (DLRover: CPU cores, memory and loader processes per
+    process, devices) was applied to the job; the message says which stage and
+    source (history of similar jobs, defaults, adjust) and what it gives.
+    """
 
 class JobEventType(_JobEventType, metaclass=_JobEventTypeEnumTypeWrapper):
     """Kind of a job lifecycle event."""
@@ -100,6 +105,11 @@ bound (the message gives the measured times).
 """
 JOB_EVENT_TYPE_RESUMED: JobEventType.ValueType  # 14
 """A paused background job runs again."""
+JOB_EVENT_TYPE_PLAN: JobEventType.ValueType  # 15
+"""A resource plan (DLRover: CPU cores, memory and loader processes per
+process, devices) was applied to the job; the message says which stage and
+source (history of similar jobs, defaults, adjust) and what it gives.
+"""
 Global___JobEventType: _TypeAlias = JobEventType  # noqa: Y015
 
 @_typing.final
@@ -123,6 +133,7 @@ class Job(_message.Message):
     COLLOCATION_FIELD_NUMBER: _builtins.int
     PAUSED_FIELD_NUMBER: _builtins.int
     PLAN_FIELD_NUMBER: _builtins.int
+    RESOURCE_PLAN_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Server-assigned id, e.g. "job-7f3a2c"."""
     state: _common_pb2.JobState.ValueType
@@ -149,6 +160,10 @@ class Job(_message.Message):
     """
     paused: _builtins.bool
     """A background job its worker holds paused for its foreground job."""
+    resource_plan: _builtins.str
+    """The resource plan (DLRover) its current (or last) placement started with,
+    in words, as its last PLAN event says it; empty: none (no Brain).
+    """
     @_builtins.property
     def spec(self) -> _common_pb2.JobSpec:
         """The specification as submitted (with defaults filled in)."""
@@ -187,10 +202,11 @@ class Job(_message.Message):
         collocation: _common_pb2.Collocation | None = ...,
         paused: _builtins.bool = ...,
         plan: _common_pb2.ExecutionPlan | None = ...,
+        resource_plan: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "placement", b"placement", "plan", b"plan", "progress", b"progress", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "final_digest", b"final_digest", "finished_at", b"finished_at", "job_id", b"job_id", "last_sequence", b"last_sequence", "message", b"message", "paused", b"paused", "placement", b"placement", "plan", b"plan", "progress", b"progress", "rescale_count", b"rescale_count", "spec", b"spec", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "final_digest", b"final_digest", "finished_at", b"finished_at", "job_id", b"job_id", "last_sequence", b"last_sequence", "message", b"message", "paused", b"paused", "placement", b"placement", "plan", b"plan", "progress", b"progress", "rescale_count", b"rescale_count", "resource_plan", b"resource_plan", "spec", b"spec", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,360 @@
+"""DLRover's resource plans applied to live jobs: cores, memory and loader processes per
+training process, and the devices a job's history says it uses.
+
+The Brain computes the plans (PlanResources); this module decides when to ask and
+whether a changed plan is worth a restart, as plain functions over plain data, and
+keeps each job's plan (`ResourcePlans`, used by the round). The loop:
+
+- a job without a plan (new, or the scheduler restarted) is asked its INITIAL plan
+  before its first placement: from the history of similar finished jobs (same model
+  type and dataset, else model type), or the defaults when there is none;
+- a running job is asked again every `plan_interval` seconds at the ADJUST stage (the
+  Brain measures the job's use from its own runtime samples); a plan whose resources
+  differ is applied at the next round through the checkpoint/restart path when
+  `restart_pays` says so, else kept for the job's next (re)start, whenever that is;
+- every applied plan is a PLAN event of the job, and the Brain records every plan it
+  issues with the job's history.
+
+A Brain that is down or does not answer costs a log line: the job runs on the
+defaults (its worker's share of cores and memory, no loader processes), never fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from gearshift.v1 import brain_pb2, common_pb2
+
+log = logging.getLogger("gearshift.scheduler.plans")
+
+T = TypeVar("T")
+R = TypeVar("R")
+GIB = 1024**3
+MIB = 1024**2
+MAX_SLOWDOWN = 0.1  # a plan predicted this much slower is never worth a restart
+
+_SOURCES = {
+    brain_pb2.PLAN_SOURCE_HISTORY: "history",
+    brain_pb2.PLAN_SOURCE_DEFAULT: "defaults",
+    brain_pb2.PLAN_SOURCE_OPTIMIZER: "optimizer",
+}
+_STAGES = {
+    brain_pb2.PLAN_STAGE_INITIAL: "initial",
+    brain_pb2.PLAN_STAGE_SAMPLE: "sample",
+    brain_pb2.PLAN_STAGE_OPTIMIZE: "optimize",
+    brain_pb2.PLAN_STAGE_ADJUST: "adjust",
+}
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    """What each of a job's training processes runs with; 0 means the default (its
+    worker's share of cores / memory; no bound on devices)."""
+
+    plan_id: str
+    stage: str
+    source: str
+    devices: int
+    cpu_cores: int
+    memory_bytes: int
+    loader_procs: int
+    predicted_steps_per_second: float = 0.0
+    reason: str = ""
+
+    def same_resources(self, other: ProcessPlan) -> bool:
+        return (self.cpu_cores, self.memory_bytes, self.loader_procs) == (
+            other.cpu_cores,
+            other.memory_bytes,
+            other.loader_procs,
+        )
+
+
+def from_message(plan: brain_pb2.ResourcePlan) -> ProcessPlan:
+    """The worker group of a Brain plan as per-process resources (whole cores, rounded up;
+    memory to the MiB). Devices bound only a plan from history: the defaults' single
+    sampling worker says nothing about how many devices the job can use, and their
+    memory is left to the worker's share."""
+    workers = plan.workers
+    source = _SOURCES.get(plan.source, "optimizer")
+    return ProcessPlan(
+        plan_id=plan.plan_id,
+        stage=_STAGES.get(plan.stage, "adjust"),
+        source=source,
+        devices=workers.count if source == "history" else 0,
+        cpu_cores=max(math.ceil(workers.cpu_cores - 1e-9), 0),
+        # The defaults' memory is a sampling guess: the worker's share serves better.
+        memory_bytes=math.ceil(workers.memory_bytes / MIB) * MIB
+        if workers.memory_bytes and source != "defaults"
+        else 0,
+        loader_procs=max(workers.loader_procs, 0),
+        predicted_steps_per_second=plan.predicted_steps_per_second,
+        reason=plan.reason,
+    )
+
+
+def to_message(plan: ProcessPlan, processes: int) -> brain_pb2.ResourcePlan:
+    """A data-parallel job's current plan for an ADJUST request (no PS)."""
+    return brain_pb2.ResourcePlan(
+        plan_id=plan.plan_id,
+        stage=brain_pb2.PLAN_STAGE_ADJUST,
+        workers=brain_pb2.NodeGroupPlan(
+            count=max(processes, 1),
+            cpu_cores=float(max(plan.cpu_cores, 1)),
+            memory_bytes=plan.memory_bytes,
+            loader_procs=plan.loader_procs,
+        ),
+        ps=brain_pb2.NodeGroupPlan(),
+        source=brain_pb2.PLAN_SOURCE_OPTIMIZER,
+        predicted_steps_per_second=plan.predicted_steps_per_second,
+    )
+
+
+def _bytes(value: int) -> str:
+    return f"{value / GIB:.2g} GiB" if value >= GIB else f"{value / MIB:.0f} MiB"
+
+
+def describe(plan: ProcessPlan) -> str:
+    """The PLAN event's text: stage, source, the resources per process, and why."""
+    parts = [
+        f"{plan.cpu_cores} core{'' if plan.cpu_cores == 1 else 's'}"
+        if plan.cpu_cores
+        else "the worker's share of cores",
+        _bytes(plan.memory_bytes) if plan.memory_bytes else "the worker's share of memory",
+        f"{plan.loader_procs} loader proc{'' if plan.loader_procs == 1 else 's'}",
+    ]
+    devices = f"; at most {plan.devices} device(s)" if plan.devices else ""
+    return f"{plan.stage} plan from {plan.source}: {', '.join(parts)} per process{devices}" + (
+        f" ({plan.reason})" if plan.reason else ""
+    )
+
+
+@dataclass(frozen=True)
+class RestartDecision:
+    """Whether a changed plan is worth restarting the job now, and the figures why."""
+
+    apply: bool
+    why: str
+
+
+def restart_pays(
+    current: ProcessPlan,
+    proposed: ProcessPlan,
+    *,
+    processes: int,
+    steps_left: int,
+    steps_per_second: float,
+    restart_seconds: float,
+    max_slowdown: float = MAX_SLOWDOWN,
+) -> RestartDecision:
+    """The rule: restart for a new plan only when it saves more core-seconds over the rest
+    of the job than the restart costs, and is not predicted slower by more than
+    `max_slowdown`.
+
+    Before: cores x processes x t_left at the measured rate. After: the new cores over the
+    rest at the predicted rate (the measured one when none), plus the current cores held
+    idle for `restart_seconds`. A plan that differs only in memory or loader processes
+    saves no cores: it waits for the job's next restart.
+    """
+    if proposed.same_resources(current):
+        return RestartDecision(False, "same resources")
+    if steps_per_second <= 0 or steps_left <= 0:
+        return RestartDecision(False, "no measured rate or no steps left")
+    rate = proposed.predicted_steps_per_second or steps_per_second
+    if rate < steps_per_second * (1 - max_slowdown):
+        return RestartDecision(
+            False, f"predicted {rate:.3g} steps/s, slower than {steps_per_second:.3g}"
+        )
+    now_cores = max(current.cpu_cores, 1) * processes
+    new_cores = max(proposed.cpu_cores, 1) * processes
+    t_left = steps_left / steps_per_second
+    before = now_cores * t_left
+    after = new_cores * steps_left / rate + now_cores * restart_seconds
+    figures = (
+        f"{before:.0f} core-s as is, {after:.0f} with the plan and a {restart_seconds:.0f} s "
+        f"restart ({steps_left} steps left at {steps_per_second:.3g} steps/s)"
+    )
+    return RestartDecision(after < before, figures)
+
+
+@dataclass(frozen=True)
+class PlanAsk:
+    """What a round knows of a job when it may ask for its plan (copied under the lock)."""
+
+    job_id: str
+    running: bool
+    processes: int
+    steps_left: int
+    steps_per_second: float
+    restart_seconds: float
+    cpu_max_per_process: float
+    max_devices: int
+    spec: common_pb2.JobSpec
+    submitted_at: float
+
+
+def due(
+    asks: Sequence[PlanAsk],
+    plans: dict[str, ProcessPlan],
+    asked_at: dict[str, float],
+    now: float,
+    interval: float,
+) -> tuple[list[PlanAsk], list[PlanAsk]]:
+    """(jobs to ask their initial plan, running jobs to ask an adjusted one): a job without
+    a plan is due at once; a running one every `interval` seconds (0: never)."""
+    initial = [a for a in asks if a.job_id not in plans]
+    adjust = [
+        a
+        for a in asks
+        if a.running
+        and a.job_id in plans
+        and interval > 0
+        and now - asked_at.get(a.job_id, now) >= interval
+    ]
+    return initial, adjust
+
+
+#: BrainAdvisor.plan_resources: (request, the job's spec, when it was submitted) -> plan.
+Asker = Callable[
+    [brain_pb2.PlanResourcesRequest, common_pb2.JobSpec, float], "brain_pb2.ResourcePlan | None"
+]
+
+
+class ResourcePlans:
+    """Each job's plan, the changed plans waiting for a restart, and the asking."""
+
+    def __init__(
+        self,
+        ask: Asker,
+        interval: float,
+        clock: Callable[[], float],
+        pool: Executor | None = None,
+    ) -> None:
+        self._ask = ask
+        self._pool = pool  # the asks of one round run side by side (a slow Brain, once)
+        self.interval = interval
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._plans: dict[str, ProcessPlan] = {}  # what the job runs (or will start) with
+        self._next: dict[str, ProcessPlan] = {}  # changed: applied at the job's next start
+        self._restart: set[str] = set()  # ... and worth restarting it for (restart_pays)
+        self._announced: dict[str, ProcessPlan] = {}  # the last plan in a PLAN event
+        self._asked_at: dict[str, float] = {}
+
+    def plan(self, job_id: str) -> ProcessPlan | None:
+        """The plan the job's next start uses (None: none asked yet; the defaults)."""
+        with self._lock:
+            return self._next.get(job_id) or self._plans.get(job_id)
+
+    def restart_wanted(self, job_id: str) -> bool:
+        with self._lock:
+            return job_id in self._restart
+
+    def started(self, job_id: str) -> ProcessPlan | None:
+        """The job (re)started on plan(job_id): returns that plan when no PLAN event has
+        announced it yet (the caller records one)."""
+        with self._lock:
+            if job_id in self._next:
+                self._plans[job_id] = self._next.pop(job_id)
+            self._restart.discard(job_id)
+            self._asked_at[job_id] = self.clock()  # measure the new plan a whole interval
+            plan = self._plans.get(job_id)
+            if plan is None or self._announced.get(job_id) is plan:
+                return None
+            self._announced[job_id] = plan
+            return plan
+
+    def forget(self, job_id: str) -> None:
+        with self._lock:
+            for table in (self._plans, self._next, self._announced, self._asked_at):
+                table.pop(job_id, None)
+            self._restart.discard(job_id)
+
+    def refresh(self, asks: Sequence[PlanAsk]) -> None:
+        """Ask the Brain what is due (outside the scheduler's lock)."""
+        now = self.clock()
+        with self._lock:
+            initial, adjust = due(asks, self._plans, self._asked_at, now, self.interval)
+            for a in initial + adjust:
+                self._asked_at[a.job_id] = now
+        replies = self._map(
+            lambda a: self._ask(
+                self._request(a, brain_pb2.PLAN_STAGE_INITIAL, None), a.spec, a.submitted_at
+            ),
+            initial,
+        )
+        for a, reply in zip(initial, replies, strict=True):
+            plan = (
+                from_message(reply)
+                if reply is not None
+                else ProcessPlan("", "initial", "defaults", 0, 0, 0, 0, reason="Brain unavailable")
+            )
+            with self._lock:
+                self._plans.setdefault(a.job_id, plan)
+        with self._lock:
+            currents = [self._plans.get(a.job_id) for a in adjust]
+        replies = self._map(
+            lambda pair: (
+                self._ask(
+                    self._request(pair[0], brain_pb2.PLAN_STAGE_ADJUST, pair[1]),
+                    pair[0].spec,
+                    pair[0].submitted_at,
+                )
+                if pair[1] is not None
+                else None
+            ),
+            list(zip(adjust, currents, strict=True)),
+        )
+        for a, current, reply in zip(adjust, currents, replies, strict=True):
+            if current is None or reply is None:
+                continue
+            proposed = replace(from_message(reply), devices=current.devices)
+            decision = restart_pays(
+                current,
+                proposed,
+                processes=a.processes,
+                steps_left=a.steps_left,
+                steps_per_second=a.steps_per_second or proposed.predicted_steps_per_second,
+                restart_seconds=a.restart_seconds,
+            )
+            log.info(
+                "adjusted plan",
+                extra={
+                    "job_id": a.job_id,
+                    "restart": decision.apply,
+                    "why": decision.why,
+                    "plan": describe(proposed),
+                },
+            )
+            if proposed.same_resources(current):
+                continue
+            with self._lock:
+                if decision.apply:
+                    proposed = replace(proposed, reason=f"{proposed.reason}; {decision.why}")
+                    self._restart.add(a.job_id)
+                self._next[a.job_id] = proposed
+
+    def _map(self, call: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        if self._pool is None or len(items) < 2:
+            return [call(i) for i in items]
+        return list(self._pool.map(call, items))
+
+    @staticmethod
+    def _request(
+        ask: PlanAsk, stage: int, current: ProcessPlan | None
+    ) -> brain_pb2.PlanResourcesRequest:
+        per = max(ask.cpu_max_per_process, 1.0)
+        request = brain_pb2.PlanResourcesRequest(
+            job_id=ask.job_id,
+            stage=stage,  # type: ignore[arg-type]
+            cpu_total=per * max(ask.max_devices, 1),
+            cpu_max_per_node=per,
+        )
+        if current is not None:
+            request.current.CopyFrom(to_message(current, ask.processes))
+        return request
