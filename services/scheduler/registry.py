@@ -19,6 +19,7 @@ from gearshift.common.facts import ENDED_TASK_STATES, EXIT_BAD_INPUT
 from gearshift.scheduler.estimates import Estimates
 from gearshift.scheduler.state import RUNNING_STATES, SchedulerState
 from gearshift.scheduler.store import JobRecord, TaskRecord, WorkerRecord
+from gearshift.scheduler.stragglers import Report, expired, observe
 from gearshift.scheduler.task_control import TaskControl
 from gearshift.v1 import common_pb2, scheduler_pb2
 
@@ -73,6 +74,8 @@ class WorkerRegistry:
             previous = state.workers.get(worker.worker_id)
             if previous is not None:
                 worker.registered_at = previous.registered_at
+                worker.degraded_reason = previous.degraded_reason  # registering heals nothing
+                worker.degraded_at = previous.degraded_at
             state.workers[worker.worker_id] = worker
             state.store.save_worker(worker)
             for listener in self.workers_changed:
@@ -294,6 +297,8 @@ class WorkerRegistry:
                 job = state.jobs.get(task.job_id)
                 if job is not None and status.HasField("progress"):
                     self._progress(job, task, status.progress, now)
+                if job is not None and status.process_timings:
+                    self._timings(job, task, status.process_timings, now)
                 if job is not None and status.paused != job.paused and not job.terminal:
                     self._paused(job, status)
                 if status.state in (C.TASK_STATE_STARTING, C.TASK_STATE_RUNNING):
@@ -339,6 +344,77 @@ class WorkerRegistry:
         if now - last >= state.settings.progress_event_seconds:
             state.last_progress_event[job.job_id] = now
             state.record(job, S.JOB_EVENT_TYPE_PROGRESS, "")
+
+    def _timings(
+        self,
+        job: JobRecord,
+        task: TaskRecord,
+        timings: Sequence[common_pb2.ProcessTiming],
+        now: float,
+    ) -> None:
+        """Per-process step times of the job's running placement into the straggler
+        detection (gearshift.scheduler.stragglers); a straggler's worker is marked
+        degraded, and the job's events say so (under the lock)."""
+        state = self.state
+        if job.state != C.JOB_STATE_RUNNING or task.generation != job.generation:
+            return
+        generation, tracks = state.timings.get(job.job_id, (-1, {}))
+        if generation != job.generation:
+            tracks = {}
+            state.timings[job.job_id] = (job.generation, tracks)
+        reports = [
+            Report(t.rank, task.worker_id, t.step, t.compute_seconds_per_step, t.ests)
+            for t in timings
+            if t.step > 0 and t.compute_seconds_per_step >= 0
+        ]
+        policy = state.settings.stragglers
+        outcome = observe(tracks, reports, policy)
+        for verdict in outcome.stragglers:
+            worker = state.workers.get(verdict.worker_id)
+            if worker is None:
+                continue
+            first = verdict.reports == policy.reports
+            worker.degraded_at = now  # still slow: the mark lasts from now
+            if worker.degraded_reason and not first:
+                continue
+            worker.degraded_reason = verdict.describe() + f" (job {job.job_id})"
+            log.warning(
+                "straggler: worker degraded",
+                extra={
+                    "worker_id": worker.worker_id,
+                    "job_id": job.job_id,
+                    "rank": verdict.rank,
+                    "seconds_per_step": verdict.seconds_per_step,
+                    "median": verdict.median,
+                },
+            )
+            if first:
+                state.record(
+                    job,
+                    S.JOB_EVENT_TYPE_STRAGGLER,
+                    f"{verdict.describe()}; worker {worker.worker_id} marked degraded, "
+                    "the job moves off it when another placement exists",
+                )
+        for worker_id in outcome.recovered:
+            self._clear_degraded(worker_id, "its processes report normal step times again")
+
+    def _clear_degraded(self, worker_id: str, why: str) -> None:
+        worker = self.state.workers.get(worker_id)
+        if worker is None or not worker.degraded_reason:
+            return
+        worker.degraded_reason, worker.degraded_at = "", 0.0
+        log.info("worker no longer degraded", extra={"worker_id": worker_id, "why": why})
+
+    def degraded_workers(self, now: float) -> frozenset[str]:
+        """The live workers marked degraded, after clearing the marks that lasted
+        --straggler-clear-seconds (under the lock): the place stage avoids them."""
+        state = self.state
+        marks = {w.worker_id: w.degraded_at for w in state.workers.values() if w.degraded_reason}
+        for worker_id in expired(marks, now, state.settings.stragglers):
+            self._clear_degraded(worker_id, "its degraded mark expired")
+        return frozenset(
+            w.worker_id for w in state.workers.values() if w.alive and w.degraded_reason
+        )
 
     def _task_ended(
         self, job: JobRecord, task: TaskRecord, worker_id: str, status: common_pb2.TaskStatus
