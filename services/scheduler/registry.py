@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 from gearshift.common.facts import ENDED_TASK_STATES, EXIT_BAD_INPUT
 from gearshift.scheduler.estimates import Estimates
+from gearshift.scheduler.process_resources import cannot_fit, memory_text, process_resources
 from gearshift.scheduler.state import RUNNING_STATES, SchedulerState
 from gearshift.scheduler.store import JobRecord, TaskRecord, WorkerRecord
 from gearshift.scheduler.stragglers import Report, expired, observe
@@ -434,13 +435,32 @@ class WorkerRegistry:
             state.finish(job, C.JOB_STATE_SUCCEEDED, S.JOB_EVENT_TYPE_SUCCEEDED, "done")
             return []
         if status.state == C.TASK_STATE_FAILED:
-            detail = status.message or f"exit code {status.exit_code}"
+            # The decision on the first line, after the error's; its log tail below them.
+            detail, _, tail = (status.message or f"exit code {status.exit_code}").partition("\n")
+            tail = f"\n{tail}" if tail else ""
             state.release_holders(job, f"task {task.task_id} failed")
             restarts = job.restart_count
             limit = state.settings.max_restarts
             what = f"task {task.task_id} on {worker_id} failed: {detail}"
-            if status.exit_code == EXIT_BAD_INPUT or restarts >= limit:
-                state.finish(job, C.JOB_STATE_FAILED, S.JOB_EVENT_TYPE_FAILED, what)
+            worker = state.workers.get(worker_id)
+            factor = state.memory_factor.get(job.job_id, 1)
+            had = doubled = 0
+            if worker is not None:
+                had = process_resources(0, worker.memory_bytes, worker.devices, 0, factor)[1]
+                doubled = process_resources(0, worker.memory_bytes, worker.devices, 0, 2 * factor)[
+                    1
+                ]
+            memories = [w.memory_bytes for w in state.workers.values() if w.alive]
+            if status.out_of_memory and cannot_fit(had, memories):
+                state.finish(
+                    job,
+                    C.JOB_STATE_FAILED,
+                    S.JOB_EVENT_TYPE_FAILED,
+                    f"{what}; the job cannot fit: a process ran out of memory with "
+                    f"{memory_text(had)}, the whole memory of the largest worker{tail}",
+                )
+            elif status.exit_code == EXIT_BAD_INPUT or restarts >= limit:
+                state.finish(job, C.JOB_STATE_FAILED, S.JOB_EVENT_TYPE_FAILED, what + tail)
             else:
                 # A peer that died (a lost node) fails the others' collectives before its
                 # worker is declared lost; and a crash may be transient. Resume from the
@@ -448,14 +468,18 @@ class WorkerRegistry:
                 job.restart_count = restarts + 1  # saved with the event below
                 more = ""
                 if status.out_of_memory:  # the same memory would fail the same way
-                    factor = 2 * state.memory_factor.get(job.job_id, 1)
-                    state.memory_factor[job.job_id] = factor
-                    more = f" with {factor}x its memory share"
+                    state.memory_factor[job.job_id] = 2 * factor
+                    more = f" with {2 * factor}x its memory share"
+                    if had and doubled:
+                        more += (
+                            f" ({memory_text(doubled)} a process on {worker_id}, "
+                            f"was {memory_text(had)})"
+                        )
                 state.requeue(
                     job,
                     S.JOB_EVENT_TYPE_PREEMPTED,
                     f"{what}; restarting from the last checkpoint{more} "
-                    f"(restart {restarts + 1} of {limit})",
+                    f"(restart {restarts + 1} of {limit}){tail}",
                 )
             return others
         if not others and job.state in RUNNING_STATES:

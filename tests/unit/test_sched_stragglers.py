@@ -37,7 +37,10 @@ def test_a_rank_slower_than_the_margin_for_k_reports_is_a_straggler() -> None:
     verdict = observe(tracks, [rep(2, 20, 0.4)], POLICY).stragglers[0]
     assert verdict.reports == 4 and verdict.worker_id == "w2"
     assert verdict.median == pytest.approx(0.1)
-    assert verdict.describe() == "STRAGGLER rank 2 on worker w2: 0.4 s/step vs median 0.1 s for 4 reports"
+    assert (
+        verdict.describe()
+        == "STRAGGLER rank 2 on worker w2: 0.4 s/step vs median 0.1 s for 4 reports"
+    )
 
 
 def test_within_the_margin_is_not_slow() -> None:
