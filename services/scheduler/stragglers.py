@@ -11,9 +11,10 @@ the wall time per step is the same everywhere and says nothing about who is slow
 - Times are compared per EST (a process holding 3 ESTs computes 3 mini-batches a step).
 - A rank is slow when its time is above (1 + margin) x the median of the latest times
   of the job's *other* processes (leaving it out: with two processes the median of both
-  would move half way towards the straggler). A job with one process has no peer to be
-  compared with and is never judged: its step times alone cannot tell a slow worker
-  from a heavy model, and other jobs run other models.
+  would move half way towards the straggler), and by at least `min_gap_s` (10 ms) a
+  step (a few milliseconds of jitter on a tiny model's step is no straggler). A job
+  with one process has no peer to be compared with and is never judged: its step times
+  alone cannot tell a slow worker from a heavy model, and other jobs run other models.
 - After `reports` consecutive slow reports the rank is a straggler and its worker is
   marked degraded (the registry does that, once per run of slow reports); a normal
   report resets the count.
@@ -37,6 +38,7 @@ class StragglerPolicy:
     margin: float = 0.5  # slow: above (1 + margin) x the median of the other processes
     reports: int = 3  # consecutive slow reports that make a straggler (and normal: recovered)
     clear_seconds: float = 300.0  # a degraded mark lasts this long without a new verdict
+    min_gap_s: float = 0.01  # and slower by at least this many seconds a step
 
     def check(self) -> None:
         """ValueError naming the flag of a bad value."""
@@ -116,7 +118,8 @@ def observe(
         if not others:
             continue  # nobody to compare with (yet, or a one-process job)
         median = statistics.median(others)
-        if report.per_est > (1 + policy.margin) * median:
+        gap = (report.per_est - median) * max(report.ests, 1)
+        if report.per_est > (1 + policy.margin) * median and gap >= policy.min_gap_s:
             track.slow, track.normal = track.slow + 1, 0
             if track.slow >= policy.reports:
                 out.stragglers.append(

@@ -49,6 +49,12 @@ def test_within_the_margin_is_not_slow() -> None:
         assert feed(tracks, step, [0.1, 0.1, 0.149])[0] == []  # 49% slower: margin is 50%
 
 
+def test_milliseconds_of_jitter_are_no_straggler() -> None:
+    tracks: dict[int, Track] = {}
+    for step in range(5, 60, 5):
+        assert feed(tracks, step, [0.003, 0.009])[0] == []  # 3x slower, but by 6 ms a step
+
+
 def test_a_normal_report_resets_the_count() -> None:
     tracks: dict[int, Track] = {}
     feed(tracks, 5, [0.1, 0.4])
