@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gearshift.client.dashboard.views import cluster
+from gearshift.client.render import cluster_text
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.pipeline import Target
 from gearshift.scheduler.placement import place
@@ -14,6 +16,7 @@ from gearshift.scheduler.stragglers import (
     expired,
     observe,
 )
+from gearshift.v1 import common_pb2, scheduler_pb2
 
 POLICY = StragglerPolicy(margin=0.5, reports=3, clear_seconds=60.0)
 
@@ -155,3 +158,21 @@ def test_place_uses_a_degraded_worker_only_when_nothing_else_fits() -> None:
     current = {"a": [(dev("w1"), 1), (dev("w2"), 1)]}
     kept = place({"a": target("a", 2)}, [dev("w1"), dev("w2")], current, avoid)
     assert workers(kept["a"]) == ["w1", "w2"]  # no other placement: it stays
+
+
+def test_cluster_views_show_a_degraded_worker_and_why() -> None:
+    why = "STRAGGLER rank 1 on worker w2: 0.25 s/step vs median 0.003 s for 3 reports"
+    state = scheduler_pb2.ClusterState(policy="easyscale")
+    for worker, reason in (("w1", ""), ("w2", why)):
+        state.workers.add(
+            worker_id=worker,
+            alive=True,
+            devices=[common_pb2.DeviceGroup(accelerator_type="cpu", count=1)],
+            degraded=bool(reason),
+            degraded_reason=reason,
+        )
+    text = cluster_text(state)
+    assert f"w2 degraded: {why}" in text
+    rows = {line.split()[0]: line for line in text.splitlines() if " alive" in line}
+    assert "alive degraded" in rows["w2"] and "degraded" not in rows["w1"], text
+    assert [w["degraded"] for w in cluster(state)["workers"]] == ["", why]
