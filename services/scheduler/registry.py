@@ -363,8 +363,16 @@ class WorkerRegistry:
         if generation != job.generation:
             tracks = {}
             state.timings[job.job_id] = (job.generation, tracks)
+        kinds = {p.rank: p.accelerator_type for p in job.placement.processes}
         reports = [
-            Report(t.rank, task.worker_id, t.step, t.compute_seconds_per_step, t.ests)
+            Report(
+                t.rank,
+                task.worker_id,
+                t.step,
+                t.compute_seconds_per_step,
+                t.ests,
+                kinds.get(t.rank, ""),
+            )
             for t in timings
             if t.step > 0 and t.compute_seconds_per_step >= 0
         ]

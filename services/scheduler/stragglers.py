@@ -8,7 +8,9 @@ the wall time per step is the same everywhere and says nothing about who is slow
 
 - A *report* is a rank's measurement at a new step; a heartbeat repeating the same one
   is not counted again.
-- Times are compared per EST (a process holding 3 ESTs computes 3 mini-batches a step).
+- Times are compared per EST (a process holding 3 ESTs computes 3 mini-batches a step),
+  and only among processes on the same accelerator type (a D2 job mixing V100s and T4s
+  has T4 processes slower by nature, not stragglers).
 - A rank is slow when its time is above (1 + margin) x the median of the latest times
   of the job's *other* processes (leaving it out: with two processes the median of both
   would move half way towards the straggler), and by at least `min_gap_s` (10 ms) a
@@ -59,6 +61,7 @@ class Report:
     step: int
     seconds_per_step: float
     ests: int = 1
+    kind: str = ""  # the accelerator type it runs on: compared only with the same
 
     @property
     def per_est(self) -> float:
@@ -114,7 +117,11 @@ def observe(
         if track is None:
             track = tracks[report.rank] = Track(report)
         track.latest = report
-        others = [t.latest.per_est for rank, t in tracks.items() if rank != report.rank]
+        others = [
+            t.latest.per_est
+            for rank, t in tracks.items()
+            if rank != report.rank and t.latest.kind == report.kind
+        ]
         if not others:
             continue  # nobody to compare with (yet, or a one-process job)
         median = statistics.median(others)

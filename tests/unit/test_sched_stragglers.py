@@ -101,6 +101,21 @@ def test_times_are_compared_per_est() -> None:
         assert out.stragglers == []
 
 
+def test_only_processes_on_the_same_accelerator_type_are_compared() -> None:
+    """A D2 job mixing types: its T4 processes are slower by nature."""
+    tracks: dict[int, Track] = {}
+    for step in range(5, 50, 5):
+        reports = [
+            Report(0, "a", step, 0.1, 1, "v100"),
+            Report(1, "a", step, 0.1, 1, "v100"),
+            Report(2, "b", step, 0.4, 1, "t4"),
+        ]
+        assert observe(tracks, reports, POLICY).stragglers == []
+    slow_v100 = [Report(1, "a", s, 0.4, 1, "v100") for s in (50, 55, 60)]
+    out = [observe(tracks, [r], POLICY).stragglers for r in slow_v100]
+    assert [len(v) for v in out] == [0, 0, 1]  # against rank 0 only, not the T4 one
+
+
 def test_normal_reports_for_k_reports_recover_the_worker() -> None:
     tracks: dict[int, Track] = {}
     for step in (5, 10, 15):
