@@ -225,7 +225,7 @@ def cluster_text(state: scheduler_pb2.ClusterState) -> str:
         (
             w.worker_id,
             w.address,
-            "alive" if w.alive else "lost",
+            ("alive" if w.alive else "lost") + (" degraded" if w.degraded else ""),
             " ".join(f"{d.accelerator_type}x{d.count}" for d in w.devices),
             str(w.cpu_cores or "?"),
             memory_text(w.memory_bytes),
@@ -246,12 +246,14 @@ def cluster_text(state: scheduler_pb2.ClusterState) -> str:
         for a in state.allocations
         for p in a.placement.processes
     ]
+    degraded = [f"{w.worker_id} degraded: {w.degraded_reason}" for w in state.workers if w.degraded]
     return "\n\n".join(
         [
             f"policy {state.policy}, round {state.round} ({state.round_seconds:g} s)",
             table(
                 workers, ("WORKER", "ADDRESS", "STATUS", "DEVICES", "CPUS", "MEMORY", "HEARTBEAT")
             ),
+            *(["\n".join(degraded)] if degraded else []),
             table(where, ("JOB", "NAME", "RANK", "WORKER", "TYPE", "DEVICE", "ESTS"))
             if where
             else "no job is running",

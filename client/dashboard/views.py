@@ -168,6 +168,7 @@ def cluster(state: scheduler_pb2.ClusterState) -> Json:
                 "address": w.address,
                 "hostname": w.hostname,
                 "alive": w.alive,
+                "degraded": w.degraded_reason,  # empty: not degraded
                 "last_heartbeat_at": w.last_heartbeat_at,
                 "devices": devices,
             }

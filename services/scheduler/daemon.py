@@ -34,6 +34,7 @@ from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.servicer import JobServicer, WorkerRegistryServicer
 from gearshift.scheduler.store import SqlStore
 from gearshift.scheduler.tenants import load_quotas
+from gearshift.scheduler.stragglers import StragglerPolicy
 from gearshift.scheduler.workers import WorkerAgents
 from gearshift.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -179,6 +180,27 @@ OPTIONS = [
         float,
     ),
     Option(
+        "straggler_margin",
+        "a training process whose compute time per step is above (1 + this) x the median of "
+        "its job's other processes is slow (0.5: half as slow again)",
+        0.5,
+        float,
+    ),
+    Option(
+        "straggler_reports",
+        "consecutive slow reports that make a process a straggler and mark its worker "
+        "degraded (jobs move off it when another placement exists); as many normal "
+        "reports clear the mark",
+        3,
+        int,
+    ),
+    Option(
+        "straggler_clear_seconds",
+        "a degraded worker's mark clears this long after its latest slow report",
+        300.0,
+        float,
+    ),
+    Option(
         "tenant_weights",
         "hierarchical policy: tenants' shares of the cluster, TENANT=WEIGHT,... (others: 1)",
         "",
@@ -257,6 +279,10 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
             load_quotas(Path(config.tenants_file))
         except ValidationError as exc:
             raise ValueError(f"--tenants-file: {exc.message}") from None
+    stragglers = StragglerPolicy(
+        config.straggler_margin, config.straggler_reports, config.straggler_clear_seconds
+    )
+    stragglers.check()
     if not 1024 <= config.rendezvous_port_base <= 65000:
         raise ValueError("--rendezvous-port-base must be between 1024 and 65000")
     weights: dict[str, float] = {}
@@ -299,6 +325,7 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         min_idle=config.min_idle,
         max_foreground_slowdown=config.max_foreground_slowdown,
         tenants_file=config.tenants_file,
+        stragglers=stragglers,
     )
 
 

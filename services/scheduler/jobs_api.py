@@ -192,6 +192,8 @@ class JobsApi:
                     last_heartbeat_at=worker.last_heartbeat_at,
                     cpu_cores=worker.cpu_cores,
                     memory_bytes=worker.memory_bytes,
+                    degraded=bool(worker.degraded_reason),
+                    degraded_reason=worker.degraded_reason,
                 )
             for job in sorted(state.jobs.values(), key=lambda j: j.submitted_at):
                 if job.state in RUNNING_STATES and job.placement.processes:

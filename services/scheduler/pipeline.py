@@ -115,6 +115,7 @@ class Snapshot:
     devices: tuple[Device, ...]
     jobs: tuple[JobSnapshot, ...]
     ran: tuple[Ran, ...] = ()
+    avoid: frozenset[str] = frozenset()  # degraded workers: placed on only when nothing else fits
 
     @property
     def capacity(self) -> dict[str, int]:
@@ -205,4 +206,4 @@ def plan_round(
     that gets devices. `current` is where jobs run now."""
     targets = allocator.allocate(snapshot)
     targets = (collocator or NoCollocation()).collocate(snapshot, targets)
-    return targets, place(targets, snapshot.devices, current)
+    return targets, place(targets, snapshot.devices, current, snapshot.avoid)

@@ -12,6 +12,11 @@ there first - and keeps its devices only if they match. Jobs sharing devices
 the partner placed second takes the first one's devices (a background job the
 first device of its type, which hosts the foreground's rank 0).
 
+Degraded workers (a straggler ran there: gearshift.scheduler.stragglers) are avoided:
+every target is placed first on the other workers' devices, a job held on a degraded
+worker then moving off it; only the targets that do not fit there are placed again with
+the degraded workers' devices (kept where they are when they can).
+
 One process per device, ranks in the order given (rank 0 first, so its worker
 hosts the torch.distributed store); ESTs are numbered consecutively across
 ranks, so EST ids depend only on the per-device counts. Elastic D2 jobs may mix
@@ -37,8 +42,26 @@ def place(
     targets: Mapping[str, Target],
     devices: Iterable[Device],
     current: Mapping[str, Sequence[tuple[Device, int]]],
+    avoid: frozenset[str] = frozenset(),
 ) -> dict[str, Assignment]:
-    """Devices and ESTs for every target that fits; see the module docstring."""
+    """Devices and ESTs for every target that fits, off the workers in `avoid` while
+    another placement exists; see the module docstring."""
+    devices = list(devices)
+    if not avoid or not any(d.worker_id in avoid for d in devices):
+        return _place(targets, devices, current)
+    out = _place(targets, [d for d in devices if d.worker_id not in avoid], current)
+    rest = {job_id: t for job_id, t in targets.items() if job_id not in out}
+    if rest:
+        used = {d for assignment in out.values() for d, _ in assignment}
+        out.update(_place(rest, [d for d in devices if d not in used], current))
+    return out
+
+
+def _place(
+    targets: Mapping[str, Target],
+    devices: Iterable[Device],
+    current: Mapping[str, Sequence[tuple[Device, int]]],
+) -> dict[str, Assignment]:
     pools: dict[str, dict[str, list[Device]]] = {}
     for device in sorted(devices):
         pools.setdefault(device.worker_type, {}).setdefault(device.worker_id, []).append(device)

@@ -9,7 +9,9 @@ with more devices than cores (CPU slots on a small machine) gets no core limit b
 default rather than a start its worker would refuse; an explicit count is sent as is.
 
 A job whose process ran out of memory restarts with twice the memory (DLRover's
-relaunch), each time again, up to the worker's whole memory (`memory_factor`).
+relaunch), each time again, up to the worker's whole memory (`memory_factor`); one
+that ran out of memory with the whole memory of the largest worker cannot fit and
+fails (`cannot_fit`).
 """
 
 from __future__ import annotations
@@ -44,3 +46,19 @@ def process_resources(
     if worker_memory > 0:
         memory = min(memory, worker_memory)
     return max(cores, 0), max(memory, 0)
+
+
+def cannot_fit(memory_had: int, worker_memories: Sequence[int]) -> bool:
+    """Whether a process that ran out of memory with `memory_had` bytes can get no more:
+    it had the whole memory of the largest (live) worker. Unknown memory (0) never
+    decides it."""
+    most = max(worker_memories, default=0)
+    return memory_had > 0 and most > 0 and memory_had >= most
+
+
+def memory_text(n: int) -> str:
+    """`480 MiB`-style bytes, for event messages."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} B"

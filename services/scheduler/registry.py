@@ -17,8 +17,10 @@ from collections.abc import Callable, Sequence
 
 from gearshift.common.facts import ENDED_TASK_STATES, EXIT_BAD_INPUT
 from gearshift.scheduler.estimates import Estimates
+from gearshift.scheduler.process_resources import cannot_fit, memory_text, process_resources
 from gearshift.scheduler.state import RUNNING_STATES, SchedulerState
 from gearshift.scheduler.store import JobRecord, TaskRecord, WorkerRecord
+from gearshift.scheduler.stragglers import Report, expired, observe
 from gearshift.scheduler.task_control import TaskControl
 from gearshift.v1 import common_pb2, scheduler_pb2
 
@@ -73,6 +75,8 @@ class WorkerRegistry:
             previous = state.workers.get(worker.worker_id)
             if previous is not None:
                 worker.registered_at = previous.registered_at
+                worker.degraded_reason = previous.degraded_reason  # registering heals nothing
+                worker.degraded_at = previous.degraded_at
             state.workers[worker.worker_id] = worker
             state.store.save_worker(worker)
             for listener in self.workers_changed:
@@ -294,6 +298,8 @@ class WorkerRegistry:
                 job = state.jobs.get(task.job_id)
                 if job is not None and status.HasField("progress"):
                     self._progress(job, task, status.progress, now)
+                if job is not None and status.process_timings:
+                    self._timings(job, task, status.process_timings, now)
                 if job is not None and status.paused != job.paused and not job.terminal:
                     self._paused(job, status)
                 if status.state in (C.TASK_STATE_STARTING, C.TASK_STATE_RUNNING):
@@ -340,6 +346,85 @@ class WorkerRegistry:
             state.last_progress_event[job.job_id] = now
             state.record(job, S.JOB_EVENT_TYPE_PROGRESS, "")
 
+    def _timings(
+        self,
+        job: JobRecord,
+        task: TaskRecord,
+        timings: Sequence[common_pb2.ProcessTiming],
+        now: float,
+    ) -> None:
+        """Per-process step times of the job's running placement into the straggler
+        detection (gearshift.scheduler.stragglers); a straggler's worker is marked
+        degraded, and the job's events say so (under the lock)."""
+        state = self.state
+        if job.state != C.JOB_STATE_RUNNING or task.generation != job.generation:
+            return
+        generation, tracks = state.timings.get(job.job_id, (-1, {}))
+        if generation != job.generation:
+            tracks = {}
+            state.timings[job.job_id] = (job.generation, tracks)
+        kinds = {p.rank: p.accelerator_type for p in job.placement.processes}
+        reports = [
+            Report(
+                t.rank,
+                task.worker_id,
+                t.step,
+                t.compute_seconds_per_step,
+                t.ests,
+                kinds.get(t.rank, ""),
+            )
+            for t in timings
+            if t.step > 0 and t.compute_seconds_per_step >= 0
+        ]
+        policy = state.settings.stragglers
+        outcome = observe(tracks, reports, policy)
+        for verdict in outcome.stragglers:
+            worker = state.workers.get(verdict.worker_id)
+            if worker is None:
+                continue
+            first = verdict.reports == policy.reports
+            worker.degraded_at = now  # still slow: the mark lasts from now
+            if worker.degraded_reason and not first:
+                continue
+            worker.degraded_reason = verdict.describe() + f" (job {job.job_id})"
+            log.warning(
+                "straggler: worker degraded",
+                extra={
+                    "worker_id": worker.worker_id,
+                    "job_id": job.job_id,
+                    "rank": verdict.rank,
+                    "seconds_per_step": verdict.seconds_per_step,
+                    "median": verdict.median,
+                },
+            )
+            if first:
+                state.record(
+                    job,
+                    S.JOB_EVENT_TYPE_STRAGGLER,
+                    f"{verdict.describe()}; worker {worker.worker_id} marked degraded, "
+                    "the job moves off it when another placement exists",
+                )
+        for worker_id in outcome.recovered:
+            self._clear_degraded(worker_id, "its processes report normal step times again")
+
+    def _clear_degraded(self, worker_id: str, why: str) -> None:
+        worker = self.state.workers.get(worker_id)
+        if worker is None or not worker.degraded_reason:
+            return
+        worker.degraded_reason, worker.degraded_at = "", 0.0
+        log.info("worker no longer degraded", extra={"worker_id": worker_id, "why": why})
+
+    def degraded_workers(self, now: float) -> frozenset[str]:
+        """The live workers marked degraded, after clearing the marks that lasted
+        --straggler-clear-seconds (under the lock): the place stage avoids them."""
+        state = self.state
+        marks = {w.worker_id: w.degraded_at for w in state.workers.values() if w.degraded_reason}
+        for worker_id in expired(marks, now, state.settings.stragglers):
+            self._clear_degraded(worker_id, "its degraded mark expired")
+        return frozenset(
+            w.worker_id for w in state.workers.values() if w.alive and w.degraded_reason
+        )
+
     def _task_ended(
         self, job: JobRecord, task: TaskRecord, worker_id: str, status: common_pb2.TaskStatus
     ) -> list[TaskRecord]:
@@ -358,13 +443,32 @@ class WorkerRegistry:
             state.finish(job, C.JOB_STATE_SUCCEEDED, S.JOB_EVENT_TYPE_SUCCEEDED, "done")
             return []
         if status.state == C.TASK_STATE_FAILED:
-            detail = status.message or f"exit code {status.exit_code}"
+            # The decision on the first line, after the error's; its log tail below them.
+            detail, _, tail = (status.message or f"exit code {status.exit_code}").partition("\n")
+            tail = f"\n{tail}" if tail else ""
             state.release_holders(job, f"task {task.task_id} failed")
             restarts = job.restart_count
             limit = state.settings.max_restarts
             what = f"task {task.task_id} on {worker_id} failed: {detail}"
-            if status.exit_code == EXIT_BAD_INPUT or restarts >= limit:
-                state.finish(job, C.JOB_STATE_FAILED, S.JOB_EVENT_TYPE_FAILED, what)
+            worker = state.workers.get(worker_id)
+            factor = state.memory_factor.get(job.job_id, 1)
+            had = doubled = 0
+            if worker is not None:
+                had = process_resources(0, worker.memory_bytes, worker.devices, 0, factor)[1]
+                doubled = process_resources(0, worker.memory_bytes, worker.devices, 0, 2 * factor)[
+                    1
+                ]
+            memories = [w.memory_bytes for w in state.workers.values() if w.alive]
+            if status.out_of_memory and cannot_fit(had, memories):
+                state.finish(
+                    job,
+                    C.JOB_STATE_FAILED,
+                    S.JOB_EVENT_TYPE_FAILED,
+                    f"{what}; the job cannot fit: a process ran out of memory with "
+                    f"{memory_text(had)}, the whole memory of the largest worker{tail}",
+                )
+            elif status.exit_code == EXIT_BAD_INPUT or restarts >= limit:
+                state.finish(job, C.JOB_STATE_FAILED, S.JOB_EVENT_TYPE_FAILED, what + tail)
             else:
                 # A peer that died (a lost node) fails the others' collectives before its
                 # worker is declared lost; and a crash may be transient. Resume from the
@@ -372,14 +476,18 @@ class WorkerRegistry:
                 job.restart_count = restarts + 1  # saved with the event below
                 more = ""
                 if status.out_of_memory:  # the same memory would fail the same way
-                    factor = 2 * state.memory_factor.get(job.job_id, 1)
-                    state.memory_factor[job.job_id] = factor
-                    more = f" with {factor}x its memory share"
+                    state.memory_factor[job.job_id] = 2 * factor
+                    more = f" with {2 * factor}x its memory share"
+                    if had and doubled:
+                        more += (
+                            f" ({memory_text(doubled)} a process on {worker_id}, "
+                            f"was {memory_text(had)})"
+                        )
                 state.requeue(
                     job,
                     S.JOB_EVENT_TYPE_PREEMPTED,
                     f"{what}; restarting from the last checkpoint{more} "
-                    f"(restart {restarts + 1} of {limit})",
+                    f"(restart {restarts + 1} of {limit}){tail}",
                 )
             return others
         if not others and job.state in RUNNING_STATES:

@@ -103,6 +103,7 @@ class _Gathered:
     jobs: list[_JobView]
     ran: tuple[Ran, ...]
     current: dict[str, Assignment]
+    avoid: frozenset[str] = frozenset()  # degraded workers
 
 
 def live_devices(state: SchedulerState) -> list[Device]:
@@ -322,7 +323,8 @@ class Rounds:
                     self._attained[job.job_id] = self._attained.get(job.job_id, 0.0) + elapsed
             left = max(job.progress.total_steps - job.progress.step, 1)
             jobs.append(_JobView(job, job.locked_type, left, current.get(job.job_id, [])))
-        return _Gathered(tuple(devices), jobs, tuple(ran), current)
+        avoid = self.registry.degraded_workers(now)
+        return _Gathered(tuple(devices), jobs, tuple(ran), current, avoid)
 
     def _snapshot(self, now: float, gathered: _Gathered) -> tuple[Snapshot, dict[str, Assignment]]:
         """What the allocator sees."""
@@ -330,7 +332,7 @@ class Rounds:
         jobs = tuple(self._job(view, types) for view in gathered.jobs)
         if getattr(self.allocator, "space_sharing", False):
             jobs = self._with_pairs(jobs, gathered.jobs)
-        snapshot = Snapshot(now, gathered.devices, jobs, gathered.ran)
+        snapshot = Snapshot(now, gathered.devices, jobs, gathered.ran, gathered.avoid)
         return snapshot, gathered.current
 
     def _job(self, view: _JobView, types: list[str]) -> JobSnapshot:
@@ -473,9 +475,7 @@ class Rounds:
                 state.record(
                     job,
                     S.JOB_EVENT_TYPE_RESCALING,
-                    "restarting with a new resource plan"
-                    if replan
-                    else "moving to a new placement",
+                    "restarting with a new resource plan" if replan else _moving(state, change),
                 )
                 report.rescaled.append(job.job_id)
             elif change.kind == "preempt":
@@ -644,3 +644,19 @@ def _most(spec: common_pb2.JobSpec) -> int:
     """The most devices a job can use: its max_devices (0: num_ests), at most num_ests."""
     most = spec.elastic.max_devices or spec.num_ests
     return max(1, min(most, max(spec.num_ests, 1)))
+
+
+def _moving(state: SchedulerState, change: Change) -> str:
+    """The RESCALING event's message: which degraded workers the move leaves, if any (under
+    the lock)."""
+    job = state.jobs[change.job_id]
+    before = {p.worker_id for p in job.placement.processes}
+    after = {d.worker_id for d, _ in change.assignment}
+    off = sorted(
+        w
+        for w in before - after
+        if (worker := state.workers.get(w)) is not None and worker.degraded_reason
+    )
+    if not off:
+        return "moving to a new placement"
+    return f"moving to a new placement, off degraded worker {', '.join(off)}"

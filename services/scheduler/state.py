@@ -23,6 +23,7 @@ from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.datasets import DatasetKeeper
 from gearshift.scheduler.policies.base import EntityPolicy
 from gearshift.scheduler.store import EventRecord, JobRecord, Store, TaskRecord, WorkerRecord
+from gearshift.scheduler.stragglers import StragglerPolicy, Track
 from gearshift.v1 import brain_pb2, common_pb2, scheduler_pb2
 
 M = TypeVar("M", bound=Message)
@@ -78,6 +79,7 @@ class SchedulerSettings:
     max_foreground_slowdown: float = 0.2  # deeppool: the worker's pause bound
     tenants_file: str = ""  # tenants' quotas for guaranteed jobs (empty: none)
     plan_interval: float = 60.0  # seconds between a running job's resource-plan adjustments
+    stragglers: StragglerPolicy = field(default_factory=StragglerPolicy)
 
     @property
     def lease_seconds(self) -> float:
@@ -124,6 +126,9 @@ class SchedulerState:
         # job -> multiple of its default memory share, doubled at each out-of-memory failure
         # (in memory only: a restarted scheduler starts again from the share).
         self.memory_factor: dict[str, int] = {}
+        # job -> (placement generation, rank -> its step-time track): the straggler
+        # detection's memory of the running placement (in memory only).
+        self.timings: dict[str, tuple[int, dict[int, Track]]] = {}
         self.ended_listeners: list[Callable[[str], None]] = []
         # Each tenant's queued jobs, kept by `track` on every change of a job (every change
         # passes through `record`), so that a submission's --max-queued-jobs check does not
@@ -197,6 +202,7 @@ class SchedulerState:
         self.last_progress_event.pop(job.job_id, None)
         self.started_fresh.pop(job.job_id, None)
         self.memory_factor.pop(job.job_id, None)
+        self.timings.pop(job.job_id, None)
         if self.datasets.address:
             with contextlib.suppress(RuntimeError):  # shutting down
                 self.pool.submit(self.datasets.delete_job, job.job_id)

@@ -89,6 +89,9 @@ class WorkerRecord:
     last_heartbeat_at: float
     cpu_cores: int = 0  # as registered; kept in memory only (a worker registers again)
     memory_bytes: int = 0
+    # Degraded: a straggler ran on it (gearshift.scheduler.stragglers); in memory only.
+    degraded_reason: str = ""
+    degraded_at: float = 0.0  # time of its latest slow verdict
 
 
 @dataclass

@@ -68,6 +68,12 @@ PAUSE_FILE = "pause"  # in the task's folder: a background task waits while it e
 DEFAULT_CHECKPOINT_EVERY = 20  # global steps, when the spec says 0
 MAX_LOADER_PROCS = 64  # shared loader processes of one training process
 
+
+def timing_file(rank: int) -> str:
+    """The file in the task's folder where rank `rank` keeps its compute time per step."""
+    return f"timing-rank{rank}.json"
+
+
 _TOKEN = re.compile(r"[!-~]{0,512}")  # a bearer token: printable, no spaces
 
 
@@ -82,6 +88,7 @@ class CommandSettings:
     process_group_timeout: float = 120.0
     accelerator: str = "cpu"  # "cpu" or "cuda"
     zygote: bool = True  # fork training processes from a process that imported torch once
+    step_delay: float = 0.0  # tests only: every process sleeps this long a step (--step-delay)
 
 
 @dataclass(frozen=True)
@@ -185,6 +192,9 @@ class TaskPlan:
             cmd += ["--shard-manager", e.shard_manager]
         if rank == 0:
             cmd += ["--progress-file", str(task_dir / "progress.json")]
+        cmd += ["--timing-file", str(task_dir / timing_file(rank))]
+        if settings.step_delay > 0:
+            cmd += ["--step-delay", str(settings.step_delay)]
         if rank == 0 and self.profile_first and e.brain:
             device = "cuda" if settings.accelerator == "cuda" else "cpu"
             cmd += ["--profile-key", profile_key(self.spec, device)]

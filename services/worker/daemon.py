@@ -127,6 +127,14 @@ OPTIONS = [
         float,
     ),
     Option(
+        "step_delay",
+        "FOR TESTS ONLY: every training process this worker starts sleeps this many seconds "
+        "in each global step, making the worker slow on purpose (the scheduler's straggler "
+        "detection then marks it degraded); the values the job computes do not change",
+        0.0,
+        float,
+    ),
+    Option(
         "stop_timeout",
         "on SIGTERM, seconds each task gets to checkpoint and exit before it is killed",
         60.0,
@@ -152,6 +160,8 @@ def _check(config: argparse.Namespace) -> None:
     for flag in ("checkpoint_every", "log_every"):
         if getattr(config, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1")
+    if not config.step_delay >= 0:
+        raise ValueError("--step-delay must be >= 0")
     if not config.max_foreground_slowdown >= 0:
         raise ValueError("--max-foreground-slowdown must be >= 0")
     for flag in ("report_interval", "process_group_timeout", "stop_timeout", "pause_seconds"):
@@ -200,6 +210,7 @@ def build(config: argparse.Namespace) -> Daemon:
         process_group_timeout=config.process_group_timeout,
         accelerator=config.accelerator,
         zygote=config.zygote,
+        step_delay=config.step_delay,
     )
     token, tls = config.token or None, outgoing_tls(config)
     env = {TOKEN_VARIABLE: config.token} if token else {}

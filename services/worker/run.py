@@ -204,6 +204,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="rank 0 keeps its latest progress here (the worker daemon's heartbeats carry it)",
     )
+    svc.add_argument(
+        "--timing-file",
+        type=Path,
+        help="this process keeps its latest compute time per step here (every rank; the worker "
+        "daemon's heartbeats carry it to the scheduler's straggler detection)",
+    )
+    svc.add_argument(
+        "--step-delay",
+        type=float,
+        default=0.0,
+        help="FOR TESTS: sleep this many seconds in each global step's compute, making this "
+        "process a straggler on purpose (the values computed do not change)",
+    )
     mux = parser.add_argument_group(
         "multiplexing (set by a worker daemon for a background task, DeepPool's)"
     )
@@ -243,6 +256,8 @@ def _threads(text: str, procs: int) -> list[int]:
 
 def resolve(args: argparse.Namespace) -> tuple[RunSettings, tuple[int, ...], list[int]]:
     """Settings, ESTs per process and threads per process; ValidationError names a bad flag."""
+    if not args.step_delay >= 0:
+        raise ValidationError("--step-delay", f"must be >= 0 seconds (got {args.step_delay})")
     procs: int | None = args.world_size if args.world_size is not None else args.procs
     if args.mapping:
         mapping = parse_mapping(args.mapping, args.ests, procs)
@@ -360,6 +375,7 @@ def run_one(
         _profile_first(args, config, settings, wiring)
 
     def report(progress: Progress) -> None:
+        wiring.timing(progress.step, progress.compute_s, mapping[rank])
         if rank == 0:
             print(
                 f"step {progress.step}/{progress.total_steps} loss {progress.loss:.6f} "
@@ -388,6 +404,7 @@ def run_one(
         group=args.rendezvous_group or args.job_id or "gearshift",
         pause_file=args.pause_file,
         background=args.background,
+        step_delay=args.step_delay,
     )
     try:
         result = run_process(spec, stop=stop, on_progress=report, source=wiring.source())

@@ -55,7 +55,13 @@ from gearshift.common.facts import (
 )
 from gearshift.v1 import common_pb2
 from gearshift.worker.cgroups import Cgroups
-from gearshift.worker.command import PAUSE_FILE, CommandSettings, TaskPlan, config_text
+from gearshift.worker.command import (
+    PAUSE_FILE,
+    CommandSettings,
+    TaskPlan,
+    config_text,
+    timing_file,
+)
 from gearshift.worker.resources import CORES_VARIABLE, format_bytes, format_cores, rss_bytes
 from gearshift.worker.spawner import Child, Spawner, SpawnRequest
 from gearshift.worker.task_logs import cap_log
@@ -458,6 +464,24 @@ class Task:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def timings(self) -> list[common_pb2.ProcessTiming]:
+        """Each local process's latest compute time per step (the files they keep), for the
+        scheduler's straggler detection; a process yet to report one is left out."""
+        out = []
+        for rank in self.plan.ranks:
+            try:
+                data = json.loads((self.task_dir / timing_file(rank)).read_text())
+                timing = common_pb2.ProcessTiming(
+                    rank=rank,
+                    step=int(data["step"]),
+                    compute_seconds_per_step=float(data["compute_s"]),
+                    ests=int(data["ests"]),
+                )
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            out.append(timing)
+        return out
+
     def status(self) -> common_pb2.TaskStatus:
         with self.lock:
             return common_pb2.TaskStatus(
@@ -474,6 +498,7 @@ class Task:
                 pause_count=self.pause_count,
                 enforcement=self.enforcement,
                 out_of_memory=self.out_of_memory,
+                process_timings=self.timings(),
             )
 
 

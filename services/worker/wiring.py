@@ -55,6 +55,7 @@ class Wiring:
     tls: ClientTls | None = None
     reporter: SampleReporter | None = None
     progress_file: Path | None = None
+    timing_file: Path | None = None  # every rank's compute time per step (stragglers)
     started_fresh: bool = False  # told to resume, found no checkpoint: starts at step 0
     _feed: DynamicFeed | None = field(default=None, init=False)
     _client: ShardClient | None = field(default=None, init=False)
@@ -79,6 +80,7 @@ class Wiring:
             token=token,
             tls=tls,
             progress_file=args.progress_file if args.rank == 0 else None,
+            timing_file=args.timing_file,
         )
         if wiring.progress_file is not None and args.resume:
             wiring.started_fresh = checkpoint.latest(args.checkpoint_dir) is None
@@ -142,6 +144,15 @@ class Wiring:
                 )
             except OSError as exc:  # the daemon's view is a convenience, never a reason to stop
                 log.warning("progress file not written", extra={"error": str(exc)})
+
+    def timing(self, step: int, compute_s: float, ests: int) -> None:
+        """Every rank's compute time per step, kept for its worker daemon's heartbeats."""
+        if self.timing_file is None or step < 1:
+            return
+        try:
+            _write_json(self.timing_file, {"step": step, "compute_s": compute_s, "ests": ests})
+        except OSError as exc:  # as the progress file: never a reason to stop
+            log.warning("timing file not written", extra={"error": str(exc)})
 
     def close(self) -> None:
         if self.reporter is not None:

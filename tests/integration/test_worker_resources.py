@@ -41,6 +41,7 @@ MEMORY_FLAG = "3G"
         (["--memory", "0"], "--memory must be > 0"),
         (["--cpu-cores", "9999"], "--cpu-cores: 9999 asked but this daemon may use only"),
         (["--cpu-cores", "-1"], "--cpu-cores: must be >= 0"),
+        (["--step-delay", "-0.5"], "--step-delay must be >= 0"),
     ],
 )
 def test_bad_resource_flags_fail_the_start_naming_the_flag(flags: list[str], error: str) -> None:

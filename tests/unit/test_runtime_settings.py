@@ -68,6 +68,7 @@ def test_bad_settings_name_the_flag() -> None:
         (["--config", "[1]"], "--config: must be a JSON object"),
         (["--config", "{x"], "--config: is not valid JSON"),
         (["--local-device", "0"], "--local-device: is for one process of a job (--rank)"),
+        (["--step-delay", "-1"], "--step-delay: must be >= 0 seconds (got -1.0)"),
     ],
 )
 def test_launcher_refuses_bad_input_before_starting_anything(

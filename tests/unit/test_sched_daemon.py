@@ -56,6 +56,9 @@ def test_environment_fallback() -> None:
         (["--policy", "fifo", "--elastic"], "--policy: 'fifo' has no elastic form"),
         (["--prices", "v100=free"], "--prices: 'v100=free' is not TYPE=DOLLARS_PER_HOUR"),
         (["--hysteresis", "-1"], "--hysteresis must be >= 0"),
+        (["--straggler-margin", "0"], "--straggler-margin must be > 0"),
+        (["--straggler-reports", "0"], "--straggler-reports must be >= 1"),
+        (["--straggler-clear-seconds", "-5"], "--straggler-clear-seconds must be > 0"),
     ],
 )
 def test_bad_settings_name_the_flag(argv: list[str], message: str) -> None:

@@ -18,7 +18,13 @@
     return el(
       "div",
       { class: w.alive ? "worker" : "worker lost", "data-worker": w.id },
-      el("div", { class: "head" }, el("span", { class: "name" }, w.id), badge(w.alive ? "alive" : "lost")),
+      el(
+        "div",
+        { class: "head" },
+        el("span", { class: "name" }, w.id),
+        badge(w.alive ? "alive" : "lost"),
+        ...(w.degraded ? [" ", el("span", { title: w.degraded }, badge("degraded"))] : []),
+      ),
       el("div", { class: "meta mono" }, `${w.address} · heartbeat ${duration(now - w.last_heartbeat_at)} ago`),
       el("div", { class: "devices" }, devices),
     );

@@ -786,6 +786,7 @@ class TaskStatus(_message.Message):
     PAUSE_COUNT_FIELD_NUMBER: _builtins.int
     ENFORCEMENT_FIELD_NUMBER: _builtins.int
     OUT_OF_MEMORY_FIELD_NUMBER: _builtins.int
+    PROCESS_TIMINGS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id, assigned by the scheduler."""
     job_id: _builtins.str
@@ -825,6 +826,13 @@ class TaskStatus(_message.Message):
         to the scheduler: the one path progress takes.
         """
 
+    @_builtins.property
+    def process_timings(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProcessTiming]:
+        """Each local training process's latest measured compute time per step (what
+        the straggler detection compares across the job's processes); empty before
+        the first window of steps.
+        """
+
     def __init__(
         self,
         *,
@@ -841,14 +849,53 @@ class TaskStatus(_message.Message):
         pause_count: _builtins.int = ...,
         enforcement: _builtins.str = ...,
         out_of_memory: _builtins.bool = ...,
+        process_timings: _abc.Iterable[Global___ProcessTiming] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "digest", b"digest", "enforcement", b"enforcement", "exit_code", b"exit_code", "job_id", b"job_id", "message", b"message", "out_of_memory", b"out_of_memory", "pause_count", b"pause_count", "pause_reason", b"pause_reason", "paused", b"paused", "progress", b"progress", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "digest", b"digest", "enforcement", b"enforcement", "exit_code", b"exit_code", "job_id", b"job_id", "message", b"message", "out_of_memory", b"out_of_memory", "pause_count", b"pause_count", "pause_reason", b"pause_reason", "paused", b"paused", "process_timings", b"process_timings", "progress", b"progress", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskStatus: _TypeAlias = TaskStatus  # noqa: Y015
+
+@_typing.final
+class ProcessTiming(_message.Message):
+    """One training process's compute time over its latest window of global steps:
+    its ESTs' forward, backward and data loading, without the time spent in the
+    gradient exchange (where a fast process waits for a slow one, so the
+    exchange would make every process of a synchronous job look equally slow).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RANK_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    COMPUTE_SECONDS_PER_STEP_FIELD_NUMBER: _builtins.int
+    ESTS_FIELD_NUMBER: _builtins.int
+    rank: _builtins.int
+    """The process's rank in the job."""
+    step: _builtins.int
+    """Global step at the end of the window (a new value is a new report)."""
+    compute_seconds_per_step: _builtins.float
+    """Mean compute seconds per global step over the window."""
+    ests: _builtins.int
+    """ESTs the process holds (its compute time grows with them)."""
+    def __init__(
+        self,
+        *,
+        rank: _builtins.int = ...,
+        step: _builtins.int = ...,
+        compute_seconds_per_step: _builtins.float = ...,
+        ests: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compute_seconds_per_step", b"compute_seconds_per_step", "ests", b"ests", "rank", b"rank", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProcessTiming: _TypeAlias = ProcessTiming  # noqa: Y015
 
 @_typing.final
 class Collocation(_message.Message):

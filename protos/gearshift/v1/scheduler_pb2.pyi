@@ -67,6 +67,11 @@ class _JobEventTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobEvent
     process, devices) was applied to the job; the message says which stage and
     source (history of similar jobs, defaults, adjust) and what it gives.
     """
+    JOB_EVENT_TYPE_STRAGGLER: _JobEventType.ValueType  # 16
+    """A process of the job was a straggler (the message gives its step time and
+    the median's); its worker is marked degraded and the job moves off it at a
+    round when another placement exists.
+    """
 
 class JobEventType(_JobEventType, metaclass=_JobEventTypeEnumTypeWrapper):
     """Kind of a job lifecycle event."""
@@ -109,6 +114,11 @@ JOB_EVENT_TYPE_PLAN: JobEventType.ValueType  # 15
 """A resource plan (DLRover: CPU cores, memory and loader processes per
 process, devices) was applied to the job; the message says which stage and
 source (history of similar jobs, defaults, adjust) and what it gives.
+"""
+JOB_EVENT_TYPE_STRAGGLER: JobEventType.ValueType  # 16
+"""A process of the job was a straggler (the message gives its step time and
+the median's); its worker is marked degraded and the job moves off it at a
+round when another placement exists.
 """
 Global___JobEventType: _TypeAlias = JobEventType  # noqa: Y015
 
@@ -497,6 +507,8 @@ class WorkerInfo(_message.Message):
     LAST_HEARTBEAT_AT_FIELD_NUMBER: _builtins.int
     CPU_CORES_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    DEGRADED_FIELD_NUMBER: _builtins.int
+    DEGRADED_REASON_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Id chosen by the worker (or assigned at registration)."""
     address: _builtins.str
@@ -511,6 +523,15 @@ class WorkerInfo(_message.Message):
     """CPU cores the worker registered (0: unknown)."""
     memory_bytes: _builtins.int
     """Host memory in bytes the worker registered (0: unknown)."""
+    degraded: _builtins.bool
+    """The worker is degraded: a training process on it was a straggler (slower
+    than the median of its job's other processes by the scheduler's
+    --straggler-margin for --straggler-reports reports). It gets no new work
+    while a healthy placement exists; the mark clears when its processes report
+    normal step times again or after --straggler-clear-seconds.
+    """
+    degraded_reason: _builtins.str
+    """Why it is degraded (the measured step time against the median), or empty."""
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.DeviceGroup]:
         """Devices the worker offers."""
@@ -526,10 +547,12 @@ class WorkerInfo(_message.Message):
         last_heartbeat_at: _builtins.float = ...,
         cpu_cores: _builtins.int = ...,
         memory_bytes: _builtins.int = ...,
+        degraded: _builtins.bool = ...,
+        degraded_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "alive", b"alive", "cpu_cores", b"cpu_cores", "devices", b"devices", "hostname", b"hostname", "last_heartbeat_at", b"last_heartbeat_at", "memory_bytes", b"memory_bytes", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "alive", b"alive", "cpu_cores", b"cpu_cores", "degraded", b"degraded", "degraded_reason", b"degraded_reason", "devices", b"devices", "hostname", b"hostname", "last_heartbeat_at", b"last_heartbeat_at", "memory_bytes", b"memory_bytes", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -24,6 +24,10 @@ class Progress:
     loss: float  # mean of the ESTs' losses
     samples_per_s: float  # over the steps since the last report
     est_losses: tuple[float, ...]  # per EST, exactly (float32 values)
+    # This process's mean compute seconds per step since the last report: its ESTs'
+    # data, forward and backward, without the gradient exchange (where fast processes
+    # wait for slow ones). Every process reports it; the straggler detection compares.
+    compute_s: float = 0.0
 
 
 ProgressCallback = Callable[[Progress], None]

@@ -55,6 +55,7 @@ class ProcessSpec:
     group: str = "gearshift"  # the placement's name in the rendezvous (the job id)
     pause_file: Path | None = None  # a background task: wait before a step while it exists
     background: bool = False  # a background task: on CUDA, the least stream priority
+    step_delay: float = 0.0  # tests only: seconds slept in each step (a straggler on purpose)
 
 
 def rendezvous_store(spec: ProcessSpec, procs: int) -> Store:
@@ -158,6 +159,7 @@ def run_process(
                 loss_log=spec.loss_log,
                 record_losses=record_losses,
                 pause=pause,
+                step_delay=spec.step_delay,
             )
             result = trainer.run()
     finally:

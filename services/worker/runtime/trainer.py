@@ -116,6 +116,7 @@ class Trainer:
         loss_log: Path | None = None,
         record_losses: bool = False,
         pause: PauseGate | None = None,
+        step_delay: float = 0.0,
     ) -> None:
         settings.validate()
         check_partition(settings.num_ests, placement)
@@ -134,6 +135,9 @@ class Trainer:
         self.loss_log = loss_log
         self.record_losses = record_losses
         self.pause = pause
+        # For tests only: sleep this long in each step's compute, so this process is a
+        # straggler on purpose (it changes no value the job computes).
+        self.step_delay = step_delay
         self.cuda = self.device.type == "cuda"
         self.model = job.model.to(self.device)
         if settings.gradient_checkpointing:
@@ -272,6 +276,8 @@ class Trainer:
         """Forward and backward of each of this process's ESTs; gradients go to the reducer."""
         losses: dict[int, torch.Tensor] = {}
         n = self.settings.num_ests
+        if self.step_delay > 0:
+            time.sleep(self.step_delay)  # a straggler on purpose (tests), not a synchronisation
         self.reducer.begin_step()
         self.buffers.begin_step()
         for ctx in self.contexts:
@@ -339,11 +345,15 @@ class Trainer:
             log_file = self.loss_log.open("a")
         self.model.train()
         window_start, window_steps, window_paused = time.perf_counter(), 0, 0.0
+        window_compute = 0.0
         try:
             while self.step < settings.total_steps:
                 if self.pause is not None:
                     window_paused += self.pause.wait(self.stop, self.step)
-                stop, losses = self._global_step(self._local_steps(loader, grads))
+                computing = time.perf_counter()
+                local = self._local_steps(loader, grads)
+                window_compute += time.perf_counter() - computing
+                stop, losses = self._global_step(local)
                 window_steps += 1
                 if self.record_losses:
                     result.est_losses.append(losses)
@@ -357,10 +367,14 @@ class Trainer:
                     now = time.perf_counter()
                     busy = max(now - window_start - window_paused, 1e-9)
                     rate = window_steps * settings.global_batch_size / busy
+                    compute = window_compute / max(window_steps, 1)
                     window_start, window_steps, window_paused = now, 0, 0.0
+                    window_compute = 0.0
                     mean = sum(losses) / len(losses)
                     self.on_progress(
-                        Progress(self.step, settings.total_steps, mean, rate, tuple(losses))
+                        Progress(
+                            self.step, settings.total_steps, mean, rate, tuple(losses), compute
+                        )
                     )
                 every = settings.checkpoint_every
                 if done or stop or (every and self.step % every == 0):
