@@ -33,8 +33,8 @@ from gearshift.scheduler.prices import parse_prices
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.servicer import JobServicer, WorkerRegistryServicer
 from gearshift.scheduler.store import SqlStore
-from gearshift.scheduler.tenants import load_quotas
 from gearshift.scheduler.stragglers import StragglerPolicy
+from gearshift.scheduler.tenants import load_quotas
 from gearshift.scheduler.workers import WorkerAgents
 from gearshift.v1 import scheduler_pb2, scheduler_pb2_grpc
 

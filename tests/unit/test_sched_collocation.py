@@ -164,7 +164,8 @@ def test_the_daemon_starts_a_background_job_on_a_lent_device_and_records_its_pau
         assert [p.device_index for p in lent.placement.processes] == [rank0.device_index]
         shown = job_message(scheduler.get(fg.job_id)).collocation
         assert shown.role == C.COLLOCATION_ROLE_FOREGROUND and shown.partner_job_id == bg.job_id
-        assert f"in the background on {fg.job_id}'s device" in events(scheduler, bg.job_id)[-1][1]
+        started_msg = [m for k, m in events(scheduler, bg.job_id) if k == S.JOB_EVENT_TYPE_STARTED]
+        assert f"in the background on {fg.job_id}'s device" in started_msg[-1]
 
         task = next(t for t in scheduler.state.tasks.values() if t.job_id == bg.job_id)
 
