@@ -204,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="rank 0 keeps its latest progress here (the worker daemon's heartbeats carry it)",
     )
+    svc.add_argument(
+        "--index-log-dir",
+        type=Path,
+        help="dynamic mode: append every shard this process reads (step, EST, epoch, sample "
+        "indices), and its releases and covers, to a file of its own in this folder (tests "
+        "count samples with it)",
+    )
     mux = parser.add_argument_group(
         "multiplexing (set by a worker daemon for a background task, DeepPool's)"
     )

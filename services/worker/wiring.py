@@ -24,7 +24,13 @@ from pathlib import Path
 from gearshift.common.auth import TOKEN_VARIABLE, ClientTls
 from gearshift.common.channel import plain_channel
 from gearshift.common.errors import ValidationError
-from gearshift.worker.datasource import DataPlan, DynamicFeed, ManagedShards, epochs_needed
+from gearshift.worker.datasource import (
+    DataPlan,
+    DynamicFeed,
+    ManagedShards,
+    epochs_needed,
+    index_log_path,
+)
 from gearshift.worker.reporting import ReportTarget, SampleReporter
 from gearshift.worker.runtime import checkpoint
 from gearshift.worker.runtime.data import DataSource, LocalShards
@@ -55,6 +61,7 @@ class Wiring:
     tls: ClientTls | None = None
     reporter: SampleReporter | None = None
     progress_file: Path | None = None
+    index_log_dir: Path | None = None  # dynamic mode: every shard read, logged (tests)
     started_fresh: bool = False  # told to resume, found no checkpoint: starts at step 0
     _feed: DynamicFeed | None = field(default=None, init=False)
     _client: ShardClient | None = field(default=None, init=False)
@@ -79,6 +86,7 @@ class Wiring:
             token=token,
             tls=tls,
             progress_file=args.progress_file if args.rank == 0 else None,
+            index_log_dir=args.index_log_dir,
         )
         if wiring.progress_file is not None and args.resume:
             wiring.started_fresh = checkpoint.latest(args.checkpoint_dir) is None
@@ -117,7 +125,10 @@ class Wiring:
             plain_channel(self.shard_manager, tls=self.tls), token=self.token
         )
         if self.data_mode == "dynamic":
-            self._feed = DynamicFeed(self._client, self.plan, s.per_est_batch)
+            index_log = None
+            if self.index_log_dir is not None:
+                index_log = index_log_path(self.index_log_dir, self.plan.job_id, self.rank)
+            self._feed = DynamicFeed(self._client, self.plan, s.per_est_batch, index_log=index_log)
             self._feed.create()
             return self._feed
         managed = ManagedShards(self._client, self.plan)
@@ -161,8 +172,9 @@ def _plan(args: argparse.Namespace, settings: RunSettings) -> DataPlan:
     n, b = settings.num_ests, settings.per_est_batch
     if args.data_mode == "dynamic":
         shards = math.ceil(args.data_size / b)
-        # Every restart from a checkpoint hands out again the shards of the steps since it
-        # (dynamic mode does not rewind): twice the epochs the steps need, one more spare.
+        # A restart reads again only what its predecessor read after its last checkpoint,
+        # as shards of their own epoch (provisional acks): the epochs the steps need and
+        # one more would do; twice that is kept, as datasets of running jobs have it.
         epochs = 2 * math.ceil(settings.total_steps * n / shards) + 1
         shard_size = b
     else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -108,3 +108,52 @@ def test_d2_pins_its_thread_count_for_the_whole_job(tmp_path: Path) -> None:
 def test_a_module_without_build_is_refused() -> None:
     with pytest.raises(ValidationError, match="has no build"):
         load_job("gearshift.worker.runtime.tree", {})
+
+
+class RecordingFeed:
+    """A BatchFeed that is CheckpointAware: hands out consecutive indices and records what
+    the trainer tells it."""
+
+    size = 256
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, tuple[int, ...]]] = []
+        self.handed: dict[int, int] = {}
+
+    def next_samples(self, est: int, count: int) -> tuple[int, list[int]]:
+        taken = self.handed.get(est, 0)
+        self.handed[est] = taken + 1
+        start = (taken * 2 + est) * count % self.size
+        return 0, list(range(start, start + count))
+
+    def begin(self, step: int, ests: Sequence[int]) -> None:
+        self.calls.append(("begin", step, tuple(ests)))
+
+    def checkpoint_durable(self, step: int) -> None:
+        self.calls.append(("durable", step, ()))
+
+
+def test_a_checkpoint_aware_feed_hears_the_start_and_every_durable_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Told where the process starts before its first batch, and each checkpoint once it
+    is on disk (the dynamic feed covers its shards then)."""
+    settings = replace(SETTINGS, checkpoint_every=3)
+    feeds = [RecordingFeed(), RecordingFeed()]
+    for feed, resume, stop_at in ((feeds[0], False, 4), (feeds[1], True, None)):
+        seed_globals(settings.seed)
+        stop = StopFlag()
+
+        def progress(p: Progress, at: int | None = stop_at, flag: StopFlag = stop) -> None:
+            if p.step == at:
+                flag.request()
+
+        Trainer(
+            load_job("gearshift.examples.mlp", CONFIG), settings, [[0, 1]], 0, tmp_path,
+            job_ref={"module": "gearshift.examples.mlp"}, resume=resume, stop=stop,
+            on_progress=progress, source=feed,
+        ).run()  # fmt: skip
+    assert feeds[0].calls == [("begin", 0, (0, 1)), ("durable", 3, ()), ("durable", 5, ())]
+    assert feeds[0].handed == {0: 5, 1: 5}
+    assert feeds[1].calls == [("begin", 5, (0, 1)), ("durable", 6, ()), ("durable", 8, ())]
+    assert feeds[1].handed == {0: 3, 1: 3}

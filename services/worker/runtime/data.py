@@ -9,6 +9,10 @@ the local computation and yield the identical stream.
 A `BatchFeed` is the other kind of source: it hands out each EST's next samples
 itself (the shard manager's dynamic mode), so what an EST reads depends on
 timing and the run is not reproducible; the position then only counts samples.
+A feed that is also `CheckpointAware` is told the step a process starts from and
+every checkpoint that became durable: what it handed out for the steps up to that
+checkpoint can no longer be rolled back (the dynamic feed makes those shards'
+acknowledgements final then; the rest is read again after a restart).
 """
 
 from __future__ import annotations
@@ -38,6 +42,22 @@ class BatchFeed(Protocol):
 
 
 DataSource = ShardSource | BatchFeed
+
+
+@runtime_checkable
+class CheckpointAware(Protocol):
+    """A source that must know which steps a durable checkpoint holds.
+
+    `begin(step, ests)`: this process trains `ests` from global step `step` (a fresh start
+    or a resume); called before the first batch is asked for. Each EST then takes one
+    batch per step, so the k-th batch of an EST belongs to step `step + k`.
+    `checkpoint_durable(step)`: a checkpoint of `step` is on disk (every process calls it
+    after the checkpoint's barrier); the batches of steps before `step` are never redone.
+    """
+
+    def begin(self, step: int, ests: Sequence[int]) -> None: ...
+
+    def checkpoint_durable(self, step: int) -> None: ...
 
 
 @dataclass(frozen=True)

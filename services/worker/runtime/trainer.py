@@ -37,7 +37,7 @@ from gearshift.worker.runtime.context import (
     fresh_context,
 )
 from gearshift.worker.runtime.control import ControlExchange, Progress, ProgressCallback
-from gearshift.worker.runtime.data import DataSource, LocalShards
+from gearshift.worker.runtime.data import CheckpointAware, DataSource, LocalShards
 from gearshift.worker.runtime.digest import state_digest, training_state
 from gearshift.worker.runtime.gradients import GradLayout, GradTaker
 from gearshift.worker.runtime.job import Job
@@ -322,6 +322,9 @@ class Trainer:
 
     def _train(self, result: RunResult) -> Outcome:
         settings = self.settings
+        aware = self.source if isinstance(self.source, CheckpointAware) else None
+        if aware is not None:  # before any batch: it may give back what a crash left unread
+            aware.begin(self.step, self.my_ests)
         loader = BatchLoader(
             self.job.dataset,
             self.job.collate,
@@ -365,6 +368,8 @@ class Trainer:
                 every = settings.checkpoint_every
                 if done or stop or (every and self.step % every == 0):
                     result.checkpoint = self.save_checkpoint()
+                    if aware is not None:  # durable on every rank after its barrier
+                        aware.checkpoint_durable(self.step)
                 if stop and not done:
                     return Outcome.STOPPED
             return Outcome.COMPLETED
