@@ -28,8 +28,9 @@ when the step that read it was rolled back. The holders are per EST, not per
 process, so the accounting follows an EST when a rescale moves it.
 
 `--index-log-dir` makes the feed append what it does to a file of its own: every
-shard read (step, EST, epoch, shard, sample indices), each release at the start
-and each cover, so a test can count which samples were read and which again.
+shard read (step, EST, epoch, shard, sample indices), its release at the start
+(with its placement's name) and, in the checkpoint writer's file, each cover, so a
+test can count which samples were read and which again.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from gearshift.common.errors import (
     ValidationError,
 )
 from gearshift.common.facts import shard_holder_id
+from gearshift.worker.runtime.data import PendingReads
 from gearshift.worker.shard_client import ShardClient, ShardConsumer
 
 log = logging.getLogger("gearshift.worker.datasource")
@@ -197,8 +199,9 @@ class DynamicFeed:
 
     CheckpointAware (runtime/data.py): `begin` releases this process's ESTs' holders
     (what a predecessor read after its last checkpoint is read again) and numbers the
-    batches from the start step; `checkpoint_durable(step)` covers the shards of the
-    steps before `step`, so only the steps a crash can roll back stay provisional.
+    batches from the start step; the process that writes a checkpoint covers every
+    process's shards of the steps before it as soon as it is durable, so only the steps
+    a crash can roll back stay provisional.
     """
 
     def __init__(
@@ -208,8 +211,12 @@ class DynamicFeed:
         per_est_batch: int,
         *,
         index_log: Path | None = None,
+        placement: str = "",
     ) -> None:
+        """`placement` names the processes started together (the task id up to its worker),
+        in the index log: a checkpoint's covers are logged by the process that wrote it."""
         self.client = client
+        self.placement = placement
         self.plan = plan
         self.per_est_batch = per_est_batch
         self.size = plan.size
@@ -251,7 +258,9 @@ class DynamicFeed:
                 extra={"dataset_id": self.plan.dataset_id, "step": step, "requeued": requeued},
             )
         if self.log is not None:
-            self.log.write("begin", step=step, ests=list(ests), requeued=requeued)
+            self.log.write(
+                "begin", step=step, ests=list(ests), requeued=requeued, placement=self.placement
+            )
 
     def next_samples(self, est: int, count: int) -> tuple[int, list[int]]:
         consumer = self._consumers.get(est)
@@ -277,30 +286,37 @@ class DynamicFeed:
             )  # fmt: skip
         return shard.epoch, samples
 
-    def checkpoint_durable(self, step: int) -> None:
-        """Cover the shards of the steps before `step`; on failure they stay provisional (a
-        later checkpoint covers them, or a restart reads them again: never lost)."""
-        for est, pending in self._uncovered.items():
-            refs: list[tuple[int, int]] = []
-            for read_at, epoch, shard_id in pending:
-                if read_at >= step:
-                    break
-                refs.append((epoch, shard_id))
-            covered = 0
-            try:
-                for first in range(0, len(refs), _COVER_BATCH):
-                    chunk = refs[first : first + _COVER_BATCH]
-                    covered += self.client.cover(self.plan.dataset_id, self._holder(est), chunk)
-            except GearshiftError as exc:
-                log.warning(
-                    "shards not covered by the checkpoint; they stay provisional",
-                    extra={"step": step, "est": est, "error": exc.message},
-                )
-                continue
-            for _ in refs:
-                pending.popleft()
-            if self.log is not None:
-                self.log.write("covered", step=step, est=est, shards=covered)
+    def pending_before(self, step: int) -> PendingReads:
+        return {
+            est: [(epoch, shard) for read_at, epoch, shard in reads if read_at < step]
+            for est, reads in self._uncovered.items()
+        }
+
+    def checkpoint_durable(self, step: int, pending: Sequence[PendingReads] | None) -> None:
+        """The checkpoint of `step` is on disk: the writer covers every process's reads of
+        the steps before it; every process forgets its own. A cover that fails leaves
+        them provisional: a restart reads them again (never fewer reads, at worst more)."""
+        for reads in self._uncovered.values():
+            while reads and reads[0][0] < step:
+                reads.popleft()
+        for part in pending or ():
+            for est, refs in part.items():
+                self._cover(step, est, refs)
+
+    def _cover(self, step: int, est: int, refs: list[tuple[int, int]]) -> None:
+        covered = 0
+        try:
+            for first in range(0, len(refs), _COVER_BATCH):
+                chunk = refs[first : first + _COVER_BATCH]
+                covered += self.client.cover(self.plan.dataset_id, self._holder(est), chunk)
+        except GearshiftError as exc:
+            log.warning(
+                "shards not covered by the checkpoint; they stay provisional",
+                extra={"step": step, "est": est, "error": exc.message},
+            )
+            return
+        if self.log is not None:
+            self.log.write("covered", step=step, est=est, shards=covered)
 
     def close(self) -> None:
         for consumer in self._consumers.values():

@@ -62,6 +62,7 @@ class Wiring:
     reporter: SampleReporter | None = None
     progress_file: Path | None = None
     index_log_dir: Path | None = None  # dynamic mode: every shard read, logged (tests)
+    placement: str = ""  # the task id up to its worker: the same for the whole placement
     started_fresh: bool = False  # told to resume, found no checkpoint: starts at step 0
     _feed: DynamicFeed | None = field(default=None, init=False)
     _client: ShardClient | None = field(default=None, init=False)
@@ -87,6 +88,7 @@ class Wiring:
             tls=tls,
             progress_file=args.progress_file if args.rank == 0 else None,
             index_log_dir=args.index_log_dir,
+            placement=args.task_id.rpartition(".")[0] or args.task_id,
         )
         if wiring.progress_file is not None and args.resume:
             wiring.started_fresh = checkpoint.latest(args.checkpoint_dir) is None
@@ -128,7 +130,13 @@ class Wiring:
             index_log = None
             if self.index_log_dir is not None:
                 index_log = index_log_path(self.index_log_dir, self.plan.job_id, self.rank)
-            self._feed = DynamicFeed(self._client, self.plan, s.per_est_batch, index_log=index_log)
+            self._feed = DynamicFeed(
+                self._client,
+                self.plan,
+                s.per_est_batch,
+                index_log=index_log,
+                placement=self.placement,
+            )
             self._feed.create()
             return self._feed
         managed = ManagedShards(self._client, self.plan)

@@ -33,11 +33,18 @@ class Wave:
 
 
 def released(cluster: DevCluster, job_id: str) -> int:
-    """Shards the schedulers (every incarnation: a restart appends to the log) put back
-    from the job's dead holders."""
-    pattern = re.compile(rf"holders released job_id={job_id} requeued=(\d+)")
-    log = cluster.logs / "scheduler.log"
-    return sum(int(found) for found in pattern.findall(log.read_text()))
+    """Shards the shard managers (every incarnation: a restart appends to the log) put back
+    from the job's released holders: those a dead process held, and those it had read
+    after its last checkpoint (provisional acknowledgements undone). The releases come from
+    the scheduler when a process dies and from each process as it starts."""
+    pattern = re.compile(
+        rf"holder released dataset_id={re.escape(job_id)} .*?requeued=\[([^\]]*)\]"
+    )
+    log = cluster.logs / "shardmanager.log"
+    return sum(
+        len([s for s in found.split(",") if s.strip()])
+        for found in pattern.findall(log.read_text())
+    )
 
 
 def run_wave(
@@ -90,7 +97,8 @@ def problems(wave: Wave, cluster: DevCluster, ref: Reference, dynamic_steps: int
             0,
         ):
             found.append(f"epoch {epoch.epoch} not read exactly once: {epoch}")
-    # What the killed holders held came back, once: the scheduler logs each release.
+    # What the killed holders held or had not covered came back, once: the shard manager
+    # logs each release.
     if redelivered(wave) != released(cluster, wave.dynamic_job):
         found.append(
             f"{redelivered(wave)} shards redelivered, "

@@ -14,13 +14,13 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gearshift.worker.datasource import DataPlan, DynamicFeed, index_log_path
 from gearshift.worker.runtime.data import CheckpointAware
 from gearshift.worker.shard_client import ShardClient
+from tests import index_logs
 from tests.integration.test_shard_service import sm  # noqa: F401 (the fixture)
 
 SIZE = 64
@@ -41,48 +41,49 @@ def plan(epochs: int = 3) -> DataPlan:
     )  # fmt: skip
 
 
-def feed(client: ShardClient, logs: Path, rank: int, epochs: int = 3) -> DynamicFeed:
-    out = DynamicFeed(client, plan(epochs), BATCH, index_log=index_log_path(logs, "job-1", rank))
+def feed(
+    client: ShardClient, logs: Path, rank: int, placement: str = "g1", epochs: int = 3
+) -> DynamicFeed:
+    out = DynamicFeed(
+        client,
+        plan(epochs),
+        BATCH,
+        index_log=index_log_path(logs, "job-1", rank),
+        placement=placement,
+    )
     out.create()
     return out
 
 
-def train(feed: DynamicFeed, ests: Sequence[int], start: int, end: int, every: int) -> None:
-    """Steps [start, end) of a process holding `ests`: a batch per EST per step, a durable
-    checkpoint every `every` steps (and none at `end`: the process dies there)."""
+def checkpoint(procs: Sequence[DynamicFeed], step: int) -> None:
+    """A durable checkpoint of `step`, as the trainer has it: rank 0 (the writer) gets
+    every process's pending reads and covers them; then the others forget theirs."""
+    pending = [proc.pending_before(step) for proc in procs]
+    procs[0].checkpoint_durable(step, pending)
+    for proc in procs[1:]:
+        proc.checkpoint_durable(step, None)
+
+
+def train(
+    procs: Sequence[DynamicFeed],
+    placement: Sequence[Sequence[int]],
+    start: int,
+    end: int,
+    every: int,
+) -> None:
+    """Steps [start, end) of a placement: a batch per EST per step, a durable checkpoint
+    every `every` steps (and none at `end`: the processes die there)."""
     for step in range(start, end):
-        for est in ests:
-            epoch, samples = feed.next_samples(est, BATCH)
-            assert len(samples) == BATCH and epoch >= 0
+        for proc, ests in zip(procs, placement, strict=True):
+            for est in ests:
+                epoch, samples = proc.next_samples(est, BATCH)
+                assert len(samples) == BATCH and epoch >= 0
         if (step + 1) % every == 0:
-            feed.checkpoint_durable(step + 1)
+            checkpoint(procs, step + 1)
 
 
-def records(logs: Path) -> list[list[dict[str, Any]]]:
-    """Every index log, oldest process first (one file per process)."""
-    files = sorted(logs.glob("*.jsonl"), key=lambda p: int(p.name.split(".")[-2]))
-    return [[json.loads(line) for line in f.read_text().splitlines()] for f in files]
-
-
-def uncovered_reads(log: list[dict[str, Any]]) -> list[tuple[int, int]]:
-    """(epoch, shard) a process read after the last checkpoint that covered its EST."""
-    covered: dict[int, int] = {}
-    for r in log:
-        if r["kind"] == "begin":
-            covered = {int(e): int(r["step"]) for e in r["ests"]}
-        elif r["kind"] == "covered":
-            covered[int(r["est"])] = int(r["step"])
-    return [
-        (int(r["epoch"]), int(r["shard"]))
-        for r in log
-        if r["kind"] == "read" and int(r["step"]) >= covered[int(r["est"])]
-    ]
-
-
-def reads(logs: list[list[dict[str, Any]]]) -> Counter[tuple[int, int]]:
-    return Counter(
-        (int(r["epoch"]), int(r["shard"])) for log in logs for r in log if r["kind"] == "read"
-    )
+def loaded(logs: Path) -> list[index_logs.ProcessLog]:
+    return index_logs.load(logs, "job-1")
 
 
 def test_reads_stay_provisional_until_a_durable_checkpoint_covers_their_step(
@@ -92,35 +93,36 @@ def test_reads_stay_provisional_until_a_durable_checkpoint_covers_their_step(
     assert isinstance(first, CheckpointAware)
     assert client.describe("ds").config.provisional_acks
     first.begin(0, [0, 1])
-    train(first, [0, 1], 0, 3, every=2)  # steps 0-1 covered by the checkpoint of step 2
+    train([first], [[0, 1]], 0, 3, every=2)  # steps 0-1 covered by the checkpoint of step 2
     progress = client.describe("ds").epochs[0]
     assert (progress.shards_done, progress.shards_undone) == (6, 0)
-    (log,) = records(tmp_path)
-    step2 = uncovered_reads(log)
-    assert [r["step"] for r in log if r["kind"] == "read"] == [0, 0, 1, 1, 2, 2]
-    assert len(step2) == 2
+    (log,) = loaded(tmp_path)
+    assert [r["step"] for r in log.reads] == [0, 0, 1, 1, 2, 2]
+    step2 = index_logs.uncovered([log])
+    assert sum(step2.values()) == 2
     # Killed: the next process resumes from step 2 and first gives back what step 2 read.
-    second = feed(client, tmp_path, 0)
+    second = feed(client, tmp_path, 0, "g2")
     second.begin(2, [0, 1])
     progress = client.describe("ds").epochs[0]
     assert (progress.shards_done, progress.shards_undone) == (4, 2)
-    train(second, [0, 1], 2, 4, every=2)
-    second.checkpoint_durable(4)
+    train([second], [[0, 1]], 2, 4, every=2)
     progress = client.describe("ds").epochs[0]
     assert (progress.shards_done, progress.shards_redelivered) == (8, 2)
-    logs = records(tmp_path)
-    again = [(r["epoch"], r["shard"]) for r in logs[1] if r["kind"] == "read" and r["step"] == 2]
-    assert sorted(again) == sorted(step2)  # step 2 read the same shards again, first
-    assert logs[1][0] == {"kind": "begin", "step": 2, "ests": [0, 1], "requeued": {"0": 1, "1": 1}}
+    logs = loaded(tmp_path)
+    again = Counter((r["epoch"], r["shard"]) for r in logs[1].reads if r["step"] == 2)
+    assert again == step2  # step 2 read the same shards again, first
+    assert (logs[1].start, logs[1].placement) == (2, "g2")
+    assert index_logs.read_twice(logs) == step2 and index_logs.rolled_back(logs) == 2
     # Everything is covered now: a third start gives nothing back.
-    third = feed(client, tmp_path, 0)
+    third = feed(client, tmp_path, 0, "g3")
     third.begin(4, [0, 1])
-    assert records(tmp_path)[2][0]["requeued"] == {"0": 0, "1": 0}
+    begin = json.loads(loaded(tmp_path)[2].path.read_text().splitlines()[0])
+    assert begin["requeued"] == {"0": 0, "1": 0}
     for f in (first, second, third):
         f.close()
 
 
-def test_kills_and_rescales_read_every_sample_at_least_once_and_only_uncovered_twice(
+def test_kills_and_rescales_read_every_sample_at_least_once_and_only_rolled_back_ones_twice(
     client: ShardClient, tmp_path: Path
 ) -> None:
     """4 ESTs over 2 processes, then 1, then 2 again, killed twice and stopped cleanly
@@ -139,55 +141,67 @@ def test_kills_and_rescales_read_every_sample_at_least_once_and_only_uncovered_t
         (halves, 20, 26, False),  # the end
     ]
     feeds = []
-    for placement, start, end, killed in runs:
-        procs = [feed(client, tmp_path, rank, epochs=12) for rank in range(len(placement))]
+    for n, (placement, start, end, killed) in enumerate(runs):
+        procs = [feed(client, tmp_path, r, f"g{n}", epochs=12) for r in range(len(placement))]
         feeds += procs
         for proc, ests in zip(procs, placement, strict=True):
             proc.begin(start, ests)
-        for proc, ests in zip(procs, placement, strict=True):
-            train(proc, ests, start, end, every)
-            if not killed:
-                proc.checkpoint_durable(end)
-    logs = records(tmp_path)
+        train(procs, placement, start, end, every)
+        if not killed:
+            checkpoint(procs, end)
+    logs = loaded(tmp_path)
     assert len(logs) == 8
-    seen = reads(logs)
+    seen = index_logs.reads(logs)
+    undone = index_logs.uncovered(logs)
     # 26 steps x 4 ESTs = 104 reads in the steps kept, and the rolled-back ones again.
-    undone = [ref for log in logs for ref in uncovered_reads(log)]
-    kept = 26 * ESTS
-    assert sum(seen.values()) == kept + len(undone) and len(undone) == 2 * 2 * ESTS
-    assert seen - Counter(set(seen)) == Counter(undone)  # read twice: exactly those
-    epochs = {epoch for epoch, _ in seen}
-    for epoch in sorted(epochs)[:-1]:  # the last one is read in part
-        indices = Counter(
-            i
-            for log in logs
-            for r in log
-            if r["kind"] == "read" and r["epoch"] == epoch
-            for i in r["indices"]
-        )
-        assert set(indices) == set(range(SIZE)), epoch
+    assert sum(undone.values()) == index_logs.rolled_back(logs) == 2 * 2 * ESTS
+    assert sum(seen.values()) == 26 * ESTS + sum(undone.values())
+    assert index_logs.read_twice(logs) == undone  # read twice: exactly those
+    assert index_logs.unread(logs, SIZE) == {}
+    assert len(index_logs.samples_by_epoch(logs)) >= 7
     status = client.describe("ds")
-    assert sum(p.shards_undone for p in status.epochs) == len(undone)
-    assert sum(p.shards_redelivered for p in status.epochs) == len(undone)
+    assert sum(p.shards_undone for p in status.epochs) == sum(undone.values())
+    assert sum(p.shards_redelivered for p in status.epochs) == sum(undone.values())
     assert all(p.shards_done == SIZE // BATCH for p in status.epochs[:-1])
     for f in feeds:
         f.close()
 
 
-def test_a_cover_that_fails_leaves_its_shards_provisional_for_the_next_one(
+def test_a_peer_killed_after_the_checkpoint_is_written_leaves_nothing_provisional(
     client: ShardClient, tmp_path: Path
 ) -> None:
-    """A checkpoint whose cover the shard manager refuses: the shards stay uncovered in the
-    feed (nothing lost, nothing reported covered) and the next checkpoint covers them."""
+    """The writer covers every process's reads as soon as the checkpoint is durable: a peer
+    that dies before it hears of the checkpoint (in the barrier) loses nothing, and the
+    next placement, resuming from that checkpoint, gets nothing back."""
+    procs = [feed(client, tmp_path, r) for r in range(2)]
+    for proc, ests in zip(procs, [[0, 1], [2, 3]], strict=True):
+        proc.begin(0, ests)
+    train(procs, [[0, 1], [2, 3]], 0, 2, every=100)
+    pending = [proc.pending_before(2) for proc in procs]
+    procs[0].checkpoint_durable(2, pending)  # rank 1 dies before its barrier
+    nxt = feed(client, tmp_path, 0, "g2")
+    nxt.begin(2, [0, 1, 2, 3])
+    begin = json.loads(loaded(tmp_path)[2].path.read_text().splitlines()[0])
+    assert begin["requeued"] == {"0": 0, "1": 0, "2": 0, "3": 0}
+    assert not index_logs.uncovered(loaded(tmp_path))
+    for f in (*procs, nxt):
+        f.close()
+
+
+def test_a_cover_that_fails_leaves_its_shards_provisional(
+    client: ShardClient, tmp_path: Path
+) -> None:
+    """A checkpoint whose cover the shard manager refuses: nothing is logged as covered
+    (the shards stay provisional: a restart reads them again, none is lost)."""
     proc = feed(client, tmp_path, 0)
     proc.begin(0, [0])
-    train(proc, [0], 0, 2, every=100)
+    train([proc], [[0]], 0, 2, every=100)
     client.delete_dataset("ds")  # every call about it is NOT_FOUND now
-    proc.checkpoint_durable(2)
-    assert not [r for r in records(tmp_path)[0] if r["kind"] == "covered"]
+    checkpoint([proc], 2)
+    (log,) = loaded(tmp_path)
+    assert log.covered == {} and sum(index_logs.uncovered([log]).values()) == 2
     proc.create()  # the same dataset again, empty
-    train(proc, [0], 2, 3, every=100)
-    proc.checkpoint_durable(3)
-    covered = [r for r in records(tmp_path)[0] if r["kind"] == "covered"]
-    assert covered == [{"kind": "covered", "step": 3, "est": 0, "shards": 1}]
+    train([proc], [[0]], 2, 3, every=100)
+    checkpoint([proc], 3)
+    assert loaded(tmp_path)[0].covered == {0: 3}
     proc.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 from gearshift.common.errors import ValidationError
 from gearshift.worker.runtime import checkpoint
 from gearshift.worker.runtime.control import Progress
+from gearshift.worker.runtime.data import PendingReads
 from gearshift.worker.runtime.job import load_job
 from gearshift.worker.runtime.process import seed_globals
 from gearshift.worker.runtime.rng import restore, snapshot
@@ -117,7 +119,7 @@ class RecordingFeed:
     size = 256
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, int, tuple[int, ...]]] = []
+        self.calls: list[tuple[str, int, tuple[Any, ...]]] = []
         self.handed: dict[int, int] = {}
 
     def next_samples(self, est: int, count: int) -> tuple[int, list[int]]:
@@ -129,8 +131,11 @@ class RecordingFeed:
     def begin(self, step: int, ests: Sequence[int]) -> None:
         self.calls.append(("begin", step, tuple(ests)))
 
-    def checkpoint_durable(self, step: int) -> None:
-        self.calls.append(("durable", step, ()))
+    def pending_before(self, step: int) -> PendingReads:
+        return {est: [(step, taken)] for est, taken in sorted(self.handed.items())}
+
+    def checkpoint_durable(self, step: int, pending: Sequence[PendingReads] | None) -> None:
+        self.calls.append(("durable", step, tuple(pending or ())))
 
 
 def test_a_checkpoint_aware_feed_hears_the_start_and_every_durable_checkpoint(
@@ -153,7 +158,12 @@ def test_a_checkpoint_aware_feed_hears_the_start_and_every_durable_checkpoint(
             job_ref={"module": "gearshift.examples.mlp"}, resume=resume, stop=stop,
             on_progress=progress, source=feed,
         ).run()  # fmt: skip
-    assert feeds[0].calls == [("begin", 0, (0, 1)), ("durable", 3, ()), ("durable", 5, ())]
+
+    # One process: it writes the checkpoints, and gets its own pending reads back.
+    def durable(step: int, taken: int) -> tuple[str, int, tuple[PendingReads, ...]]:
+        return ("durable", step, ({0: [(step, taken)], 1: [(step, taken)]},))
+
+    assert feeds[0].calls == [("begin", 0, (0, 1)), durable(3, 3), durable(5, 5)]
     assert feeds[0].handed == {0: 5, 1: 5}
-    assert feeds[1].calls == [("begin", 5, (0, 1)), ("durable", 6, ()), ("durable", 8, ())]
+    assert feeds[1].calls == [("begin", 5, (0, 1)), durable(6, 1), durable(8, 3)]
     assert feeds[1].handed == {0: 3, 1: 3}

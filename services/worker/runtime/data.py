@@ -44,6 +44,11 @@ class BatchFeed(Protocol):
 DataSource = ShardSource | BatchFeed
 
 
+# What a process read and no checkpoint holds yet: EST -> [(epoch, shard), ...] (plain data:
+# it travels to the process that writes the checkpoint with the ESTs' contexts).
+PendingReads = dict[int, list[tuple[int, int]]]
+
+
 @runtime_checkable
 class CheckpointAware(Protocol):
     """A source that must know which steps a durable checkpoint holds.
@@ -51,13 +56,19 @@ class CheckpointAware(Protocol):
     `begin(step, ests)`: this process trains `ests` from global step `step` (a fresh start
     or a resume); called before the first batch is asked for. Each EST then takes one
     batch per step, so the k-th batch of an EST belongs to step `step + k`.
-    `checkpoint_durable(step)`: a checkpoint of `step` is on disk (every process calls it
-    after the checkpoint's barrier); the batches of steps before `step` are never redone.
+    `pending_before(step)`: what this process read for the steps before `step` that no
+    checkpoint holds yet; every process gives it to the one that writes the checkpoint.
+    `checkpoint_durable(step, pending)`: the checkpoint of `step` is on disk. The writer
+    calls it at once with every process's pending reads (it makes them final before any
+    peer can die in the barrier that follows); the others call it after the barrier with
+    None, and forget theirs.
     """
 
     def begin(self, step: int, ests: Sequence[int]) -> None: ...
 
-    def checkpoint_durable(self, step: int) -> None: ...
+    def pending_before(self, step: int) -> PendingReads: ...
+
+    def checkpoint_durable(self, step: int, pending: Sequence[PendingReads] | None) -> None: ...
 
 
 @dataclass(frozen=True)
