@@ -61,6 +61,12 @@ log = logging.getLogger("gearshift.worker.datasource")
 
 _PAGE = 1000  # GetShardsAt's most shards per call
 _COVER_BATCH = 10_000  # CoverShards' most shards per call
+# Deliveries of a dynamic-mode shard before the shard manager gives up on it. Every kill
+# hands out again the shards of the steps it rolled back, which are the first ones the
+# next placement reads, so a job killed a few times in a row (chaos) would fail them at
+# the shard manager's default of 3 and lose their samples; the scheduler's restart limit
+# bounds a crash loop instead.
+DYNAMIC_MAX_ATTEMPTS = 100
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,7 @@ def _create_dataset(
     num_ranks: int = 0,
     shuffle_within_shard: bool = False,
     provisional_acks: bool = False,
+    max_attempts: int = 0,
 ) -> None:
     """Create the plan's dataset, or find it with the same settings (every process calls this)."""
     try:
@@ -119,6 +126,7 @@ def _create_dataset(
             num_ranks=num_ranks,
             shuffle_within_shard=shuffle_within_shard,
             provisional_acks=provisional_acks,
+            max_attempts=max_attempts,
         )
     except ConflictError as exc:
         raise ValidationError(
@@ -234,6 +242,7 @@ class DynamicFeed:
             shard_size=self.per_est_batch,
             mode="dynamic",
             provisional_acks=True,
+            max_attempts=DYNAMIC_MAX_ATTEMPTS,
         )
 
     def _holder(self, est: int) -> str:

@@ -17,7 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.worker.datasource import DataPlan, DynamicFeed, index_log_path
+from gearshift.worker.datasource import (
+    DYNAMIC_MAX_ATTEMPTS,
+    DataPlan,
+    DynamicFeed,
+    index_log_path,
+)
 from gearshift.worker.runtime.data import CheckpointAware
 from gearshift.worker.shard_client import ShardClient
 from tests import index_logs
@@ -91,7 +96,8 @@ def test_reads_stay_provisional_until_a_durable_checkpoint_covers_their_step(
 ) -> None:
     first = feed(client, tmp_path, 0)
     assert isinstance(first, CheckpointAware)
-    assert client.describe("ds").config.provisional_acks
+    config = client.describe("ds").config
+    assert config.provisional_acks and config.max_attempts == DYNAMIC_MAX_ATTEMPTS
     first.begin(0, [0, 1])
     train([first], [[0, 1]], 0, 3, every=2)  # steps 0-1 covered by the checkpoint of step 2
     progress = client.describe("ds").epochs[0]
