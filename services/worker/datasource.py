@@ -24,8 +24,10 @@ shards that a dead or stopped predecessor read after its last checkpoint (those
 of the steps rolled back, or handed out and never trained on) go back to the
 queue, in their own epoch, and are read again. So every sample is read at least
 once per epoch, by a step that a checkpoint keeps; a sample is read twice only
-when the step that read it was rolled back. The holders are per EST, not per
-process, so the accounting follows an EST when a rescale moves it.
+when the step that read it was rolled back (or, rarely, when the scheduler's
+release of a dead peer's holders overtakes the checkpoint writer's cover). The
+holders are per EST, not per process, so the accounting follows an EST when a
+rescale moves it.
 
 `--index-log-dir` makes the feed append what it does to a file of its own: every
 shard read (step, EST, epoch, shard, sample indices), its release at the start
