@@ -261,7 +261,8 @@ local function pending(status, epoch, acked)
   return {'status', status, 'epoch', I(epoch), 'acked', acked}
 end
 
--- 1. A repeated request gets back what the first one granted (its ack was applied then).
+-- 1. A repeated request gets back what the first one granted (its ack was applied then),
+-- a DOING shard or a late one (4a).
 if rid ~= '' then
   local g = redis.call('HGET', K_GRANTS, holder)
   if g then
@@ -276,6 +277,13 @@ if rid ~= '' then
           return granted(gs, attempt, deadline, acked)
         end
       end
+    end
+    -- A late grant (4a) is no DOING shard: it is the holder's while it stays uncovered.
+    if grid == rid and m.provisional == '1' and tonumber(ge) < m.epoch
+        and redis.call('HGET', K_UNCOVERED, ge .. ':' .. gs) == holder then
+      local acked = '-1'
+      if ARGV[3] ~= '' then acked = '0' end
+      return granted(gs, 2, now_ms() + m.lease_ms, acked, tonumber(ge))
     end
   end
 end
@@ -315,6 +323,7 @@ if m.provisional == '1' then
     bump(tonumber(le), 'shards_done', 1)
     bump(tonumber(le), 'redelivered', n)
     bump(tonumber(le), 'shards_redelivered', 1)
+    if rid ~= '' then redis.call('HSET', K_GRANTS, holder, le .. '|' .. ls .. '|' .. rid) end
     return granted(ls, 2, now + m.lease_ms, acked, tonumber(le))
   end
 end

@@ -22,6 +22,7 @@ JobSpec mapped onto the runtime's flags:
 | checkpoint_dir, resume                 | --checkpoint-dir, --resume                 |
 | endpoints, dataset_id, job/task ids    | --brain, --shard-manager, --job-id, ...    |
 | collocation.role BACKGROUND            | --background, --pause-file TASK_DIR/pause  |
+| daemon's --index-log-dir (dynamic mode)| --index-log-dir                            |
 
 The seed is the job's one seed: model initialisation, every EST's random
 states and the data order all derive from `dataset.seed`, so a local run with
@@ -89,6 +90,7 @@ class CommandSettings:
     accelerator: str = "cpu"  # "cpu" or "cuda"
     zygote: bool = True  # fork training processes from a process that imported torch once
     step_delay: float = 0.0  # tests only: every process sleeps this long a step (--step-delay)
+    index_log_dir: Path | None = None  # dynamic mode: every process logs the shards it reads
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,8 @@ class TaskPlan:
             cmd += ["--model-type", self.spec.model_type]
         if self.background:
             cmd += ["--background", "--pause-file", str(task_dir / PAUSE_FILE)]
+        if settings.index_log_dir is not None and self.data_mode == "dynamic":
+            cmd += ["--index-log-dir", str(settings.index_log_dir)]
         return cmd
 
 

@@ -135,6 +135,14 @@ OPTIONS = [
         float,
     ),
     Option(
+        "index_log_dir",
+        "dynamic-mode jobs: every training process appends each shard it reads (step, EST, "
+        "epoch, sample indices), its releases and its checkpoint covers to a file of its own "
+        "in this folder, so a test can count what was read and what was read again (empty: "
+        "off)",
+        "",
+    ),
+    Option(
         "stop_timeout",
         "on SIGTERM, seconds each task gets to checkpoint and exit before it is killed",
         60.0,
@@ -211,6 +219,7 @@ def build(config: argparse.Namespace) -> Daemon:
         accelerator=config.accelerator,
         zygote=config.zygote,
         step_delay=config.step_delay,
+        index_log_dir=Path(config.index_log_dir).absolute() if config.index_log_dir else None,
     )
     token, tls = config.token or None, outgoing_tls(config)
     env = {TOKEN_VARIABLE: config.token} if token else {}

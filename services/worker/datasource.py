@@ -12,31 +12,63 @@ restart at any time (calls are retried meanwhile).
 
 Dynamic mode (a job that sets `dataset.mode = DATA_MODE_DYNAMIC`): `DynamicFeed`
 pulls each EST's mini-batch as one shard of B/N samples (AcquireShard, holder
-`<job>/est-<i>`) and acknowledges it as soon as it is read. Which EST reads
-which shard depends on timing, so such a run is **not** bitwise reproducible.
-Within an epoch every sample is handed out once; a shard held by a process
-that died goes back to the queue (ReleaseHolder from the scheduler, or its
-lease running out) and is read again by someone else; the samples of steps
-rolled back to the last checkpoint after a crash are not read again in that
-epoch. A shard is acknowledged on read rather than after its step because the
-ESTs of a synchronous job cannot finish a step while one of them waits for an
-epoch to end: holding a shard across a step boundary could deadlock the epoch.
+`<job>/est-<i>`). Which EST reads which shard depends on timing, so such a run
+is **not** bitwise reproducible. The dataset has provisional acknowledgements:
+a shard is acknowledged as soon as it is read (the epoch may roll over at once:
+the ESTs of a synchronous job cannot finish a step while one of them waits for
+an epoch to end, so no shard is held across a step), but the acknowledgement
+stays provisional until a durable checkpoint holds the step that consumed it;
+then the feed covers it (CoverShards) and it is final. A process that starts
+(fresh, resumed, rescaled) first releases its ESTs' holders (ReleaseHolder): the
+shards that a dead or stopped predecessor read after its last checkpoint (those
+of the steps rolled back, or handed out and never trained on) go back to the
+queue, in their own epoch, and are read again. So every sample is read at least
+once per epoch, by a step that a checkpoint keeps; a sample is read twice only
+when the step that read it was rolled back (or, rarely, when the scheduler's
+release of a dead peer's holders overtakes the checkpoint writer's cover). The
+holders are per EST, not per process, so the accounting follows an EST when a
+rescale moves it.
+
+`--index-log-dir` makes the feed append what it does to a file of its own: every
+shard read (step, EST, epoch, shard, sample indices), its release at the start
+(with its placement's name) and, in the checkpoint writer's file, each cover, so a
+test can count which samples were read and which again.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
+import time
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
 
 from gearshift.common import sharding
-from gearshift.common.errors import ConflictError, PreconditionError, ValidationError
+from gearshift.common.errors import (
+    ConflictError,
+    GearshiftError,
+    PreconditionError,
+    ValidationError,
+)
 from gearshift.common.facts import shard_holder_id
+from gearshift.worker.runtime.data import PendingReads
 from gearshift.worker.shard_client import ShardClient, ShardConsumer
 
 log = logging.getLogger("gearshift.worker.datasource")
 
 _PAGE = 1000  # GetShardsAt's most shards per call
+_COVER_BATCH = 10_000  # CoverShards' most shards per call
+# Deliveries of a dynamic-mode shard before the shard manager gives up on it. Every kill
+# hands out again the shards of the steps it rolled back, which are the first ones the
+# next placement reads, so a job killed a few times in a row (chaos) would fail them at
+# the shard manager's default of 3 and lose their samples; the scheduler's restart limit
+# bounds a crash loop instead.
+DYNAMIC_MAX_ATTEMPTS = 100
 
 
 @dataclass(frozen=True)
@@ -80,6 +112,8 @@ def _create_dataset(
     mode: str,
     num_ranks: int = 0,
     shuffle_within_shard: bool = False,
+    provisional_acks: bool = False,
+    max_attempts: int = 0,
 ) -> None:
     """Create the plan's dataset, or find it with the same settings (every process calls this)."""
     try:
@@ -93,6 +127,8 @@ def _create_dataset(
             mode=mode,
             num_ranks=num_ranks,
             shuffle_within_shard=shuffle_within_shard,
+            provisional_acks=provisional_acks,
+            max_attempts=max_attempts,
         )
     except ConflictError as exc:
         raise ValidationError(
@@ -143,25 +179,104 @@ class ManagedShards:
         return samples
 
 
-class DynamicFeed:
-    """BatchFeed over AcquireShard/AckShard: one shard of B/N samples per EST mini-batch."""
+class IndexLog:
+    """JSON lines of what a feed read, covered and released (`--index-log-dir`), for tests.
 
-    def __init__(self, client: ShardClient, plan: DataPlan, per_est_batch: int) -> None:
+    Each line is written with one write() and no buffering left behind, so a process
+    killed with SIGKILL loses no line it wrote; a line cut short cannot happen either.
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file: TextIO = path.open("a", buffering=1)
+
+    def write(self, kind: str, **fields: Any) -> None:
+        self._file.write(json.dumps({"kind": kind, **fields}) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def index_log_path(directory: Path, job_id: str, rank: int) -> Path:
+    """A file of its own for this process (a restarted one gets a new one)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_id) or "job"
+    return directory / f"{safe}.rank{rank}.{os.getpid()}.{time.time_ns()}.jsonl"
+
+
+class DynamicFeed:
+    """BatchFeed over AcquireShard/AckShard: one shard of B/N samples per EST mini-batch.
+
+    CheckpointAware (runtime/data.py): `begin` releases this process's ESTs' holders
+    (what a predecessor read after its last checkpoint is read again) and numbers the
+    batches from the start step; the process that writes a checkpoint covers every
+    process's shards of the steps before it as soon as it is durable, so only the steps
+    a crash can roll back stay provisional.
+    """
+
+    def __init__(
+        self,
+        client: ShardClient,
+        plan: DataPlan,
+        per_est_batch: int,
+        *,
+        index_log: Path | None = None,
+        placement: str = "",
+    ) -> None:
+        """`placement` names the processes started together (the task id up to its worker),
+        in the index log: a checkpoint's covers are logged by the process that wrote it."""
         self.client = client
+        self.placement = placement
         self.plan = plan
         self.per_est_batch = per_est_batch
         self.size = plan.size
         self._consumers: dict[int, ShardConsumer] = {}
+        self._start = 0
+        self._taken: dict[int, int] = {}  # EST -> batches handed out since begin
+        # EST -> (step, epoch, shard) read and not covered yet, oldest first.
+        self._uncovered: dict[int, deque[tuple[int, int, int]]] = {}
+        self.log = IndexLog(index_log) if index_log is not None else None
 
     def create(self) -> None:
-        _create_dataset(self.client, self.plan, shard_size=self.per_est_batch, mode="dynamic")
+        _create_dataset(
+            self.client,
+            self.plan,
+            shard_size=self.per_est_batch,
+            mode="dynamic",
+            provisional_acks=True,
+            max_attempts=DYNAMIC_MAX_ATTEMPTS,
+        )
+
+    def _holder(self, est: int) -> str:
+        return shard_holder_id(self.plan.job_id, est)
+
+    def begin(self, step: int, ests: Sequence[int]) -> None:
+        self._start = step
+        self._taken = {est: 0 for est in ests}
+        self._uncovered = {est: deque() for est in ests}
+        requeued: dict[int, int] = {}
+        for est in ests:
+            reply = self.client.release_holder(
+                self.plan.dataset_id,
+                self._holder(est),
+                f"a process starts EST {est} at step {step}: what it read since its last "
+                "checkpoint is read again",
+            )
+            requeued[est] = reply.requeued
+        if any(requeued.values()):
+            log.info(
+                "shards read after the last checkpoint go back to the queue",
+                extra={"dataset_id": self.plan.dataset_id, "step": step, "requeued": requeued},
+            )
+        if self.log is not None:
+            self.log.write(
+                "begin", step=step, ests=list(ests), requeued=requeued, placement=self.placement
+            )
 
     def next_samples(self, est: int, count: int) -> tuple[int, list[int]]:
         consumer = self._consumers.get(est)
         if consumer is None:
-            consumer = self.client.consumer(
-                self.plan.dataset_id, shard_holder_id(self.plan.job_id, est)
-            )
+            consumer = self.client.consumer(self.plan.dataset_id, self._holder(est))
             self._consumers[est] = consumer
         shard = consumer.acquire()
         if shard is None:
@@ -170,8 +285,52 @@ class DynamicFeed:
             consumer.ack(shard)
         except PreconditionError as exc:  # taken back meanwhile: someone reads it again
             log.warning("shard taken back before its acknowledgement", extra={"error": exc.message})
-        return shard.epoch, shard.sample_indices()[:count]
+        taken = self._taken.get(est, 0)
+        self._taken[est] = taken + 1
+        step = self._start + taken
+        self._uncovered.setdefault(est, deque()).append((step, shard.epoch, shard.shard_id))
+        samples = shard.sample_indices()[:count]
+        if self.log is not None:
+            self.log.write(
+                "read", step=step, est=est, epoch=shard.epoch, shard=shard.shard_id,
+                indices=samples,
+            )  # fmt: skip
+        return shard.epoch, samples
+
+    def pending_before(self, step: int) -> PendingReads:
+        return {
+            est: [(epoch, shard) for read_at, epoch, shard in reads if read_at < step]
+            for est, reads in self._uncovered.items()
+        }
+
+    def checkpoint_durable(self, step: int, pending: Sequence[PendingReads] | None) -> None:
+        """The checkpoint of `step` is on disk: the writer covers every process's reads of
+        the steps before it; every process forgets its own. A cover that fails leaves
+        them provisional: a restart reads them again (never fewer reads, at worst more)."""
+        for reads in self._uncovered.values():
+            while reads and reads[0][0] < step:
+                reads.popleft()
+        for part in pending or ():
+            for est, refs in part.items():
+                self._cover(step, est, refs)
+
+    def _cover(self, step: int, est: int, refs: list[tuple[int, int]]) -> None:
+        covered = 0
+        try:
+            for first in range(0, len(refs), _COVER_BATCH):
+                chunk = refs[first : first + _COVER_BATCH]
+                covered += self.client.cover(self.plan.dataset_id, self._holder(est), chunk)
+        except GearshiftError as exc:
+            log.warning(
+                "shards not covered by the checkpoint; they stay provisional",
+                extra={"step": step, "est": est, "error": exc.message},
+            )
+            return
+        if self.log is not None:
+            self.log.write("covered", step=step, est=est, shards=covered)
 
     def close(self) -> None:
         for consumer in self._consumers.values():
             consumer.close()
+        if self.log is not None:
+            self.log.close()

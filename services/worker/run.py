@@ -217,6 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="FOR TESTS: sleep this many seconds in each global step's compute, making this "
         "process a straggler on purpose (the values computed do not change)",
     )
+    svc.add_argument(
+        "--index-log-dir",
+        type=Path,
+        help="dynamic mode: append every shard this process reads (step, EST, epoch, sample "
+        "indices), and its releases and covers, to a file of its own in this folder (tests "
+        "count samples with it)",
+    )
     mux = parser.add_argument_group(
         "multiplexing (set by a worker daemon for a background task, DeepPool's)"
     )

@@ -24,7 +24,13 @@ from pathlib import Path
 from gearshift.common.auth import TOKEN_VARIABLE, ClientTls
 from gearshift.common.channel import plain_channel
 from gearshift.common.errors import ValidationError
-from gearshift.worker.datasource import DataPlan, DynamicFeed, ManagedShards, epochs_needed
+from gearshift.worker.datasource import (
+    DataPlan,
+    DynamicFeed,
+    ManagedShards,
+    epochs_needed,
+    index_log_path,
+)
 from gearshift.worker.reporting import ReportTarget, SampleReporter
 from gearshift.worker.runtime import checkpoint
 from gearshift.worker.runtime.data import DataSource, LocalShards
@@ -56,6 +62,8 @@ class Wiring:
     reporter: SampleReporter | None = None
     progress_file: Path | None = None
     timing_file: Path | None = None  # every rank's compute time per step (stragglers)
+    index_log_dir: Path | None = None  # dynamic mode: every shard read, logged (tests)
+    placement: str = ""  # the task id up to its worker: the same for the whole placement
     started_fresh: bool = False  # told to resume, found no checkpoint: starts at step 0
     _feed: DynamicFeed | None = field(default=None, init=False)
     _client: ShardClient | None = field(default=None, init=False)
@@ -81,6 +89,8 @@ class Wiring:
             tls=tls,
             progress_file=args.progress_file if args.rank == 0 else None,
             timing_file=args.timing_file,
+            index_log_dir=args.index_log_dir,
+            placement=args.task_id.rpartition(".")[0] or args.task_id,
         )
         if wiring.progress_file is not None and args.resume:
             wiring.started_fresh = checkpoint.latest(args.checkpoint_dir) is None
@@ -119,7 +129,16 @@ class Wiring:
             plain_channel(self.shard_manager, tls=self.tls), token=self.token
         )
         if self.data_mode == "dynamic":
-            self._feed = DynamicFeed(self._client, self.plan, s.per_est_batch)
+            index_log = None
+            if self.index_log_dir is not None:
+                index_log = index_log_path(self.index_log_dir, self.plan.job_id, self.rank)
+            self._feed = DynamicFeed(
+                self._client,
+                self.plan,
+                s.per_est_batch,
+                index_log=index_log,
+                placement=self.placement,
+            )
             self._feed.create()
             return self._feed
         managed = ManagedShards(self._client, self.plan)
@@ -172,8 +191,9 @@ def _plan(args: argparse.Namespace, settings: RunSettings) -> DataPlan:
     n, b = settings.num_ests, settings.per_est_batch
     if args.data_mode == "dynamic":
         shards = math.ceil(args.data_size / b)
-        # Every restart from a checkpoint hands out again the shards of the steps since it
-        # (dynamic mode does not rewind): twice the epochs the steps need, one more spare.
+        # A restart reads again only what its predecessor read after its last checkpoint,
+        # as shards of their own epoch (provisional acks): the epochs the steps need and
+        # one more would do; twice that is kept, as datasets of running jobs have it.
         epochs = 2 * math.ceil(settings.total_steps * n / shards) + 1
         shard_size = b
     else:

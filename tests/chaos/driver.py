@@ -41,6 +41,11 @@ class Site:
     redis: PrivateRedis
 
 
+def index_dir(run_dir: Path) -> Path:
+    """Where the dynamic job's training processes log what they read (--index-log-dir)."""
+    return run_dir / "index"
+
+
 @contextmanager
 def chaos_site(root: Path, *, max_restarts: int = 1000) -> Iterator[Site]:
     """A started cluster on a fresh PostgreSQL and Redis; everything stopped afterwards."""
@@ -51,7 +56,10 @@ def chaos_site(root: Path, *, max_restarts: int = 1000) -> Iterator[Site]:
         postgres.url,
         redis.url,
         workers=WORKERS,
-        flags={"scheduler": ["--max-restarts", str(max_restarts)]},
+        flags={
+            "scheduler": ["--max-restarts", str(max_restarts)],
+            "workers": ["--index-log-dir", str(index_dir(root / "cluster"))],
+        },
     )
     try:
         postgres.start()

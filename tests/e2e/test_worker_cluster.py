@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from gearshift.v1 import (
     shardmanager_pb2,
     shardmanager_pb2_grpc,
 )
+from tests import index_logs
 from tests.e2e.worker_cluster import (
     CHECKPOINT_EVERY,
     READY_TIMEOUT,
@@ -56,7 +58,8 @@ ACTIVE_TASK = (C.TASK_STATE_STARTING, C.TASK_STATE_RUNNING, C.TASK_STATE_STOPPIN
 
 @pytest.fixture
 def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevCluster]:
-    cluster = e2e_cluster(tmp_path, postgres_db, redis_url)
+    flags = {"workers": ["--index-log-dir", str(tmp_path / "index")]}  # dynamic jobs only
+    cluster = e2e_cluster(tmp_path, postgres_db, redis_url, flags=flags)
     try:
         yield cluster
     finally:
@@ -244,9 +247,11 @@ def test_cancel_stops_the_training_processes(cluster: DevCluster) -> None:
     wait_until(lambda: dataset(cluster, job_id) is None, WAIT, "the dataset is deleted")
 
 
-def test_a_dynamic_mode_job_pulls_its_shards(cluster: DevCluster) -> None:
+def test_a_dynamic_mode_job_pulls_its_shards(cluster: DevCluster, tmp_path: Path) -> None:
     """Dynamic mode: not reproducible, but it trains to the end on shards handed out as
-    they are asked for (one per EST mini-batch), acknowledged as they are read."""
+    they are asked for (one per EST mini-batch), acknowledged as they are read. Counted
+    from the processes' index logs: each step read one shard per EST, every sample of the
+    first epoch was read exactly once, and the second epoch went on where the first ended."""
     started(cluster, [("w1", "cpu:2")])
     spec = digits_spec("dynamic", 60)
     spec.dataset.mode = C.DATA_MODE_DYNAMIC
@@ -260,9 +265,20 @@ def test_a_dynamic_mode_job_pulls_its_shards(cluster: DevCluster) -> None:
         data = wait_until(progressed, WAIT, "shards are acknowledged")
         assert data is not None
         assert data.config.mode == C.DATA_MODE_DYNAMIC and data.config.shard_size == 4
+        assert data.config.provisional_acks
         job = client.wait(job_id, timeout=WAIT)
     assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.log_tails()
     assert job.final_digest and job.progress.step == 60
+    logs = index_logs.load(tmp_path / "index", job_id)
+    assert len(logs) == 2 and sorted(log.ests for log in logs) == [(0, 1), (2, 3)]
+    steps = Counter((r["step"], r["est"]) for log in logs for r in log.reads)
+    assert steps == Counter({(step, est): 1 for step in range(60) for est in range(4)})
+    assert not index_logs.read_twice(logs) and not index_logs.uncovered(logs)
+    by_epoch = index_logs.samples_by_epoch(logs)
+    # 60 steps x 4 ESTs x 4 samples: epoch 0 (512 samples) whole, 448 of epoch 1.
+    assert by_epoch[0] == Counter(range(512))
+    assert sorted(by_epoch) == [0, 1] and sum(by_epoch[1].values()) == 448
+    assert max(by_epoch[1].values()) == 1
 
 
 def test_a_job_restarted_before_its_first_checkpoint_says_it_starts_over(

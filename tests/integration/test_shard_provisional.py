@@ -159,3 +159,21 @@ def test_a_dataset_stored_before_provisional_acks_existed_is_not_a_conflict(
     store.create("ds", plain)  # EXISTS, not a conflict
     with pytest.raises(ConflictError, match="provisional"):
         store.create("ds", provisional())
+
+
+def test_a_repeated_request_gets_the_same_late_grant_back(store: ShardStore) -> None:
+    """A late grant's answer lost (the service killed after Redis ran it): the client's
+    retry, with the same request id, gets the same shard, not the next one; the first
+    would stay provisional under the holder and never be read."""
+    store.create("ds", provisional(num_epochs=3))
+    epoch0 = read(store, "a", 5)
+    assert read(store, "b", 1)[0][0] == 1
+    store.release("ds", "a")  # epoch 0's shards go to the late list
+    first = store.acquire("ds", "c", "rid-1")
+    again = store.acquire("ds", "c", "rid-1")
+    assert first.shard is not None and again.shard is not None
+    ref = (first.shard.epoch, first.shard.shard_id)
+    assert ref in epoch0 and (again.shard.epoch, again.shard.shard_id) == ref
+    nxt = store.acquire("ds", "c", "rid-2")
+    assert nxt.shard is not None and (nxt.shard.epoch, nxt.shard.shard_id) != ref
+    assert store.describe("ds").epochs[0].shards_redelivered == 2

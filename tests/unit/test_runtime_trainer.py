@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 from gearshift.common.errors import ValidationError
 from gearshift.worker.runtime import checkpoint
 from gearshift.worker.runtime.control import Progress
+from gearshift.worker.runtime.data import PendingReads
 from gearshift.worker.runtime.job import load_job
 from gearshift.worker.runtime.process import seed_globals
 from gearshift.worker.runtime.rng import restore, snapshot
@@ -108,3 +110,60 @@ def test_d2_pins_its_thread_count_for_the_whole_job(tmp_path: Path) -> None:
 def test_a_module_without_build_is_refused() -> None:
     with pytest.raises(ValidationError, match="has no build"):
         load_job("gearshift.worker.runtime.tree", {})
+
+
+class RecordingFeed:
+    """A BatchFeed that is CheckpointAware: hands out consecutive indices and records what
+    the trainer tells it."""
+
+    size = 256
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, tuple[Any, ...]]] = []
+        self.handed: dict[int, int] = {}
+
+    def next_samples(self, est: int, count: int) -> tuple[int, list[int]]:
+        taken = self.handed.get(est, 0)
+        self.handed[est] = taken + 1
+        start = (taken * 2 + est) * count % self.size
+        return 0, list(range(start, start + count))
+
+    def begin(self, step: int, ests: Sequence[int]) -> None:
+        self.calls.append(("begin", step, tuple(ests)))
+
+    def pending_before(self, step: int) -> PendingReads:
+        return {est: [(step, taken)] for est, taken in sorted(self.handed.items())}
+
+    def checkpoint_durable(self, step: int, pending: Sequence[PendingReads] | None) -> None:
+        self.calls.append(("durable", step, tuple(pending or ())))
+
+
+def test_a_checkpoint_aware_feed_hears_the_start_and_every_durable_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Told where the process starts before its first batch, and each checkpoint once it
+    is on disk (the dynamic feed covers its shards then)."""
+    settings = replace(SETTINGS, checkpoint_every=3)
+    feeds = [RecordingFeed(), RecordingFeed()]
+    for feed, resume, stop_at in ((feeds[0], False, 4), (feeds[1], True, None)):
+        seed_globals(settings.seed)
+        stop = StopFlag()
+
+        def progress(p: Progress, at: int | None = stop_at, flag: StopFlag = stop) -> None:
+            if p.step == at:
+                flag.request()
+
+        Trainer(
+            load_job("gearshift.examples.mlp", CONFIG), settings, [[0, 1]], 0, tmp_path,
+            job_ref={"module": "gearshift.examples.mlp"}, resume=resume, stop=stop,
+            on_progress=progress, source=feed,
+        ).run()  # fmt: skip
+
+    # One process: it writes the checkpoints, and gets its own pending reads back.
+    def durable(step: int, taken: int) -> tuple[str, int, tuple[PendingReads, ...]]:
+        return ("durable", step, ({0: [(step, taken)], 1: [(step, taken)]},))
+
+    assert feeds[0].calls == [("begin", 0, (0, 1)), durable(3, 3), durable(5, 5)]
+    assert feeds[0].handed == {0: 5, 1: 5}
+    assert feeds[1].calls == [("begin", 5, (0, 1)), durable(6, 1), durable(8, 3)]
+    assert feeds[1].handed == {0: 3, 1: 3}

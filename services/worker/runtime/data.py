@@ -9,6 +9,10 @@ the local computation and yield the identical stream.
 A `BatchFeed` is the other kind of source: it hands out each EST's next samples
 itself (the shard manager's dynamic mode), so what an EST reads depends on
 timing and the run is not reproducible; the position then only counts samples.
+A feed that is also `CheckpointAware` is told the step a process starts from and
+every checkpoint that became durable: what it handed out for the steps up to that
+checkpoint can no longer be rolled back (the dynamic feed makes those shards'
+acknowledgements final then; the rest is read again after a restart).
 """
 
 from __future__ import annotations
@@ -38,6 +42,33 @@ class BatchFeed(Protocol):
 
 
 DataSource = ShardSource | BatchFeed
+
+
+# What a process read and no checkpoint holds yet: EST -> [(epoch, shard), ...] (plain data:
+# it travels to the process that writes the checkpoint with the ESTs' contexts).
+PendingReads = dict[int, list[tuple[int, int]]]
+
+
+@runtime_checkable
+class CheckpointAware(Protocol):
+    """A source that must know which steps a durable checkpoint holds.
+
+    `begin(step, ests)`: this process trains `ests` from global step `step` (a fresh start
+    or a resume); called before the first batch is asked for. Each EST then takes one
+    batch per step, so the k-th batch of an EST belongs to step `step + k`.
+    `pending_before(step)`: what this process read for the steps before `step` that no
+    checkpoint holds yet; every process gives it to the one that writes the checkpoint.
+    `checkpoint_durable(step, pending)`: the checkpoint of `step` is on disk. The writer
+    calls it at once with every process's pending reads (it makes them final before any
+    peer can die in the barrier that follows); the others call it after the barrier with
+    None, and forget theirs.
+    """
+
+    def begin(self, step: int, ests: Sequence[int]) -> None: ...
+
+    def pending_before(self, step: int) -> PendingReads: ...
+
+    def checkpoint_durable(self, step: int, pending: Sequence[PendingReads] | None) -> None: ...
 
 
 @dataclass(frozen=True)

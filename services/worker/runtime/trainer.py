@@ -37,7 +37,7 @@ from gearshift.worker.runtime.context import (
     fresh_context,
 )
 from gearshift.worker.runtime.control import ControlExchange, Progress, ProgressCallback
-from gearshift.worker.runtime.data import DataSource, LocalShards
+from gearshift.worker.runtime.data import CheckpointAware, DataSource, LocalShards
 from gearshift.worker.runtime.digest import state_digest, training_state
 from gearshift.worker.runtime.gradients import GradLayout, GradTaker
 from gearshift.worker.runtime.job import Job
@@ -236,11 +236,19 @@ class Trainer:
         return [context_from_plain(by_est[est]) for est in self.my_ests]
 
     def save_checkpoint(self) -> Path | None:
-        """All processes call this at the same step boundary; rank 0 writes."""
-        gathered = self.comm.gather_to_first([context_to_plain(c) for c in self.contexts])
+        """All processes call this at the same step boundary; rank 0 writes.
+
+        A CheckpointAware source's reads for the steps it holds travel to rank 0 with the
+        ESTs' contexts; rank 0 hands them back to it as soon as the file is durable, before
+        the barrier, so a peer killed in the barrier cannot leave them provisional.
+        """
+        aware = self.aware
+        pending = aware.pending_before(self.step) if aware is not None else {}
+        contexts = [context_to_plain(c) for c in self.contexts]
+        gathered = self.comm.gather_to_first((contexts, pending))
         path = None
         if gathered is not None:
-            ests = sorted((c for part in gathered for c in part), key=lambda c: int(c["est"]))
+            ests = sorted((c for part, _ in gathered for c in part), key=lambda c: int(c["est"]))
             payload = {
                 "format": 1,
                 "step": self.step,
@@ -267,8 +275,17 @@ class Trainer:
             path = checkpoint.save(
                 self.checkpoint_dir, self.step, payload, self.settings.keep_checkpoints
             )
+            if aware is not None:
+                aware.checkpoint_durable(self.step, [reads for _, reads in gathered])
         self.comm.barrier()
+        if aware is not None and gathered is None:
+            aware.checkpoint_durable(self.step, None)
         return path
+
+    @property
+    def aware(self) -> CheckpointAware | None:
+        """The source, when it must hear of checkpoints (the dynamic feed)."""
+        return self.source if isinstance(self.source, CheckpointAware) else None
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -328,6 +345,9 @@ class Trainer:
 
     def _train(self, result: RunResult) -> Outcome:
         settings = self.settings
+        aware = self.aware
+        if aware is not None:  # before any batch: it may give back what a crash left unread
+            aware.begin(self.step, self.my_ests)
         loader = BatchLoader(
             self.job.dataset,
             self.job.collate,

@@ -1,0 +1,207 @@
+"""Dynamic data that survives a rollback (issue 14, point 5), on the whole cluster.
+
+A dynamic-mode digits job (4 ESTs, a checkpoint every 10 steps) has a training process
+killed with SIGKILL, is shrunk by a newcomer, has a process killed again, and grows back
+when the newcomer leaves. A kill rolls the job back to its last checkpoint; the shards the
+dead placement read after it were acknowledged only provisionally, so the next placement
+gets them back. Counted from the processes' index logs (`--index-log-dir`): every sample
+of every epoch handed out in full was read at least once, and the shards read twice are
+exactly those the killed placements read after their last covering checkpoint, which are
+the reads of the steps run again; the shard manager's own accounting (polled while the
+job runs: its dataset goes with it) undid and redelivered as many.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gearshift.client.devcluster import DevCluster
+from gearshift.client.sdk import Client
+from gearshift.common.channel import connect
+from gearshift.common.facts import TERMINAL_STATES
+from gearshift.v1 import common_pb2, scheduler_pb2, shardmanager_pb2, shardmanager_pb2_grpc
+from tests import index_logs
+from tests.e2e.worker_cluster import (
+    CHECKPOINT_EVERY,
+    SIZE,
+    client_of,
+    digits_spec,
+    e2e_cluster,
+    started,
+    training_processes,
+)
+from tests.helpers import wait_until
+
+C = common_pb2
+S = scheduler_pb2
+STEPS = 640  # 20 epochs of 32 steps; ~19 steps/s on 2 cores
+WAIT = 120.0
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevCluster]:
+    flags = {"workers": ["--index-log-dir", str(tmp_path / "index")]}
+    cluster = e2e_cluster(tmp_path, postgres_db, redis_url, flags=flags)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+class Ledger:
+    """The dataset's per-epoch progress as the shard manager last told it."""
+
+    def __init__(self, cluster: DevCluster, dataset_id: str) -> None:
+        self.cluster = cluster
+        self.dataset_id = dataset_id
+        self.epochs: dict[int, shardmanager_pb2.EpochProgress] = {}
+
+    def poll(self) -> None:
+        with connect(self.cluster.address("shardmanager")) as channel:
+            stub = shardmanager_pb2_grpc.ShardManagerStub(channel)
+            request = shardmanager_pb2.DescribeDatasetRequest(dataset_id=self.dataset_id)
+            try:
+                data = stub.DescribeDataset(request, timeout=5)
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.NOT_FOUND, exc  # not yet, or gone
+                return
+        for progress in data.epochs:
+            self.epochs[progress.epoch] = progress
+
+    def total(self, name: str) -> int:
+        return sum(getattr(p, name) for p in self.epochs.values())
+
+
+def started_count(client: Client, job_id: str) -> int:
+    return sum(e.type == S.JOB_EVENT_TYPE_STARTED for e in client.events(job_id))
+
+
+def follow(
+    client: Client, ledger: Ledger, job_id: str, ready: Callable[[S.Job], bool], what: str
+) -> S.Job:
+    """Poll the job (and the ledger) until `ready(job)`."""
+
+    def check() -> S.Job | None:
+        ledger.poll()
+        job = client.get(job_id)
+        assert job.state not in TERMINAL_STATES or ready(job), (
+            f"{job_id} ended before {what}: {job.message}"
+        )
+        return job if ready(job) else None
+
+    found = wait_until(check, WAIT, f"job {job_id}: {what}", interval=0.2)
+    assert found is not None
+    return found
+
+
+def kill_one(cluster: DevCluster, client: Client, ledger: Ledger, job_id: str) -> int:
+    """SIGKILL one of the job's training processes (the last rank's, not the rendezvous),
+    once it is past a checkpoint and mid-way to the next; wait for the job to run again
+    past the step it was killed at. Returns that step."""
+    first = client.get(job_id).progress.step
+    job = follow(
+        client,
+        ledger,
+        job_id,
+        lambda j: (
+            j.state == C.JOB_STATE_RUNNING
+            and j.progress.step >= first + CHECKPOINT_EVERY
+            and j.progress.step % CHECKPOINT_EVERY >= CHECKPOINT_EVERY // 2
+        ),
+        "mid-way between checkpoints",
+    )
+    starts = started_count(client, job_id)
+    last = max(p.rank for p in job.placement.processes)
+    pids = training_processes(cluster, "*", f"{job.job_id}.*")
+    assert pids, "no training process to kill"
+    by_rank = {}
+    for pid_file in cluster.work_root.glob(f"*/tasks/{job_id}.*/rank*.pid"):
+        pid = int(pid_file.read_text())
+        if pid in pids:
+            by_rank[int(pid_file.stem.removeprefix("rank"))] = pid
+    victim = by_rank.get(last) or pids[0]
+    os.kill(victim, signal.SIGKILL)
+    at = job.progress.step
+    follow(
+        client,
+        ledger,
+        job_id,
+        lambda j: (
+            started_count(client, job_id) > starts
+            and j.state == C.JOB_STATE_RUNNING
+            and j.progress.step >= at + CHECKPOINT_EVERY
+        ),
+        "running again past the kill",
+    )
+    return at
+
+
+@pytest.mark.slow
+def test_a_killed_and_rescaled_dynamic_job_reads_every_sample_and_only_rolled_back_ones_twice(
+    cluster: DevCluster, tmp_path: Path
+) -> None:
+    started(cluster)
+    spec = digits_spec("rollback", STEPS)
+    spec.dataset.mode = C.DATA_MODE_DYNAMIC
+    with client_of(cluster) as client:
+        job_id = client.submit(spec).job_id
+        ledger = Ledger(cluster, job_id)
+        kills = [kill_one(cluster, client, ledger, job_id)]
+        # A newcomer takes a device: the job shrinks (a checkpointed stop, nothing rolled back).
+        newcomer = client.submit(digits_spec("newcomer", 100_000, ests=1)).job_id
+        follow(
+            client,
+            ledger,
+            job_id,
+            lambda j: (
+                j.rescale_count >= 1
+                and j.state == C.JOB_STATE_RUNNING
+                and len(j.placement.processes) < 4
+            ),
+            "shrunk and running again",
+        )
+        kills.append(kill_one(cluster, client, ledger, job_id))
+        client.cancel(newcomer, reason="leaving")
+        follow(
+            client,
+            ledger,
+            job_id,
+            lambda j: j.rescale_count >= 2 and len(j.placement.processes) == 4,
+            "grown back to 4 processes",
+        )
+        job = follow(client, ledger, job_id, lambda j: j.state in TERMINAL_STATES, "its end")
+        history = [e.type for e in client.events(job_id)]
+    assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.log_tails()
+    assert job.progress.step == STEPS
+    assert history.count(S.JOB_EVENT_TYPE_RESCALED) >= 2
+    logs = index_logs.load(tmp_path / "index", job_id)
+    twice = index_logs.read_twice(logs)
+    uncovered = index_logs.uncovered(logs)
+    rolled_back = index_logs.rolled_back(logs)
+    undone, redelivered = ledger.total("shards_undone"), ledger.total("shards_redelivered")
+    figures = (
+        f"kills at steps {kills}; {len(index_logs.placements(logs))} placements, {len(logs)} "
+        f"processes; shards read twice {sum(twice.values())}, read after their placement's "
+        f"last checkpoint {sum(uncovered.values())}, reads of steps run again {rolled_back}; "
+        f"shard manager: undone {undone}, redelivered {redelivered}"
+    )
+    print(figures)
+    # Every sample of every epoch handed out in full was read, at least once.
+    assert index_logs.unread(logs, SIZE) == {}, figures
+    assert len(index_logs.samples_by_epoch(logs)) >= STEPS * 4 * 4 // SIZE, figures
+    # Read twice: exactly the shards the killed processes read for the steps rolled back.
+    assert twice == uncovered, figures
+    assert sum(uncovered.values()) == rolled_back > 0, figures
+    total = sum(len(log.reads) for log in logs)
+    assert total == STEPS * 4 + rolled_back, figures
+    # The shard manager undid as many provisional acknowledgements and handed them out
+    # again. A process killed between an acknowledgement and its log line (or holding a
+    # shard it had not acknowledged) adds one it never logged: at most one per process.
+    slack = 4 * len(kills)  # a kill takes the whole placement down
+    assert rolled_back <= undone <= redelivered <= rolled_back + slack, figures
