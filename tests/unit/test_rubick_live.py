@@ -150,3 +150,26 @@ def test_guaranteed_jobs_need_a_quota_to_be_guaranteed() -> None:
     s = JobSnapshot(**{**s.__dict__, "guaranteed": True, "entity": "t"})
     run(rubick, [(facts("a", gc=True), s)], [worker("w", 4, 80.0)])
     assert rubick.policy.quotas == {"t": 2}
+
+
+def test_a_running_jobs_plan_changes_only_while_restarts_pay() -> None:
+    """The paper's rule: reconfigure while (T - N*delta)/T > 0.97 (T its running time, N its
+    reconfigurations, delta a restart's cost)."""
+    fit = {"j": Fitted("job j", ACTIVATIONS, PARAMS, A800)}
+    rubick = live(fit)
+    f = facts("j", gc=True)
+    roomy, tight = [worker("w", 4, 80.0)], [worker("w", 4, 4.0)]
+    assert not run(rubick, [(f, snap("j"))], roomy)["j"][1].gradient_checkpointing
+
+    def running(attained: float) -> JobSnapshot:
+        s = snap("j").__dict__ | {"current": (("v100", 4),), "restart_seconds": 10.0}
+        return JobSnapshot(**s | {"attained_seconds": attained})
+
+    # First change (N = 0): always allowed - the memory shrank, GC on.
+    assert run(rubick, [(f, running(100.0))], tight)["j"][1].gradient_checkpointing
+    assert rubick.policy.reconfigurations("j") == 1
+    # Room again, but (100 - 1*10)/100 = 0.9: it keeps GC on ...
+    assert run(rubick, [(f, running(100.0))], roomy)["j"][1].gradient_checkpointing
+    # ... until (1000 - 10)/1000 = 0.99 says a restart pays.
+    assert not run(rubick, [(f, running(1000.0))], roomy)["j"][1].gradient_checkpointing
+    assert rubick.policy.reconfigurations("j") == 2
