@@ -100,14 +100,17 @@ def fitted_from_message(reply: brain_pb2.FittedModel, subject: str) -> Fitted | 
     w = reply.workload
     if w.global_batch < 1 or w.layers < 1 or w.params_millions <= 0 or not w.forward:
         return None
-    workload = Workload(
-        name=subject,
-        params_m=w.params_millions,
-        global_batch=w.global_batch,
-        seq_hid_layers=w.seq_hid_layers,
-        layers=w.layers,
-        forward=tuple(ForwardSample(f.samples_per_gpu, f.milliseconds) for f in w.forward),
-    )
+    try:
+        workload = Workload(
+            name=subject,
+            params_m=w.params_millions,
+            global_batch=w.global_batch,
+            seq_hid_layers=w.seq_hid_layers,
+            layers=w.layers,
+            forward=tuple(ForwardSample(f.samples_per_gpu, f.milliseconds) for f in w.forward),
+        )
+    except ValueError:  # a profile the model cannot read: as good as none
+        return None
     p = reply.params
     params = Params(p.k_bwd, p.k_sync, p.k_opt, p.k_opt_off, p.k_off, p.k_swap, p.k_const)
     c = reply.cluster
@@ -201,6 +204,7 @@ class LiveRubick:
     _asked: dict[str, float] = field(default_factory=dict)
     _memory_gb: float = 0.0
     _told: set[str] = field(default_factory=set)
+    _models: dict[str, ModelPerf] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.policy = RubickPolicy(PerfSource({}), self.variant)
@@ -265,7 +269,8 @@ class LiveRubick:
             request = Request(snap.job_id, original_plan(f, devices), devices, 1, guaranteed)
             jobs.append(dataclasses.replace(snap, request=request))
         policy = self.policy
-        policy.perf = PerfSource(models)
+        if models != self._models:  # a new source: its cached curves and plans are stale
+            policy.perf, self._models = PerfSource(models), models
         policy.gpus_per_node = _gpus_per_node(snapshot.devices)
         policy.cpus_per_node = policy.gpus_per_node  # one core per device: the request's
         policy.quotas = {t: sum(q.values()) for t, q in quotas.items()}
