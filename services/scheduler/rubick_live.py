@@ -12,9 +12,10 @@ job's execution plan is chosen from the Brain's fitted model, not only its devic
   offload (ZeRO-Offload) where it allows it and the devices are GPUs. Threads per process
   are kept as they are (Eq. 1 has no term for intra-op threads). Never TP, PP or ZeRO-DP.
 - Request (Algorithm 1's input): the job's current plan (its default before its first
-  start) on its max_devices, ESTs / devices per device, 1 CPU core per device; guaranteed
-  when its service class is GUARANTEED and its tenant has a quota. Algorithm 1 counts a
-  tenant's quota in GPUs: the tenants file's devices summed over the types.
+  start) on its max_devices (at most the live devices: a job never waits for devices that
+  do not exist), ESTs / devices per device, 1 CPU core per device; guaranteed when its
+  service class is GUARANTEED and its tenant has a quota. Algorithm 1 counts a tenant's
+  quota in GPUs: the tenants file's devices summed over the types.
 - Environment: the bandwidths the job was fitted with; GPU memory = the smallest device
   memory among live workers (a device group's registered memory, else its worker's memory
   over its devices - a CPU slot's share), else the fit's; GPUs per node = the most devices
@@ -265,7 +266,7 @@ class LiveRubick:
                 )
             models[snap.job_id] = self._model(f, fit, memory, gpus)
             guaranteed = snap.guaranteed and sum(quotas.get(snap.entity, {}).values()) > 0
-            devices = snap.max_devices
+            devices = max(1, min(snap.max_devices, len(snapshot.devices)))  # what exists
             request = Request(snap.job_id, original_plan(f, devices), devices, 1, guaranteed)
             jobs.append(dataclasses.replace(snap, request=request))
         policy = self.policy

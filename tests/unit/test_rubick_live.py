@@ -143,6 +143,11 @@ def test_an_unfitted_job_keeps_its_request_and_its_plan() -> None:
     assert got["a"][1].gradient_checkpointing
 
 
+def test_an_unfitted_job_larger_than_the_cluster_gets_what_exists() -> None:
+    got = run(live({}), [(facts("b", ests=8), snap("b", ests=8))], [worker("w", 4, 4.0)])
+    assert got["b"] == (4, C.ExecutionPlan(), {"v100": (2, 2, 2, 2)})
+
+
 def test_guaranteed_jobs_need_a_quota_to_be_guaranteed() -> None:
     fit = {"a": Fitted("job a", ACTIVATIONS, PARAMS, A800)}
     rubick = LiveRubick(lambda f: fit.get(f.job_id), quotas=lambda: Quotas({"t": {"v100": 2}}))
