@@ -189,10 +189,12 @@ def _gpus_per_node(devices: Sequence[Device]) -> int:
 
 @dataclass
 class LiveRubick:
-    """The `rubick` allocate plugin of the daemon; see the module docstring. `fetch` asks
-    for a job's fitted model (brain_fits: the Brain's FitModel)."""
+    """The `rubick` allocate plugin of the daemon; see the module docstring. `fit_job` and
+    `fit_key` ask for the fitted model of a job and of a model key (brain_fits: the
+    Brain's FitModel)."""
 
-    fetch: Callable[[JobFacts], Fitted | None]
+    fit_job: Callable[[str], Fitted | None]
+    fit_key: Callable[[str], Fitted | None] = lambda key: None
     variant: str = "rubick"
     quotas: Callable[[], Quotas] = Quotas
     refresh_seconds: float = 60.0
@@ -227,14 +229,17 @@ class LiveRubick:
                 self._fits.pop(gone, None)
                 self._told.discard(gone)
             due = [f for f in facts if self._due(f.job_id, now)]
+        by_key: dict[str, Fitted | None] = {}  # a model key's fit: asked once per pass
         for f in due:
-            fit = self.fetch(f)
+            fit = self.fit_job(f.job_id)
+            if fit is None and f.model_key:
+                if f.model_key not in by_key:
+                    by_key[f.model_key] = self.fit_key(f.model_key)
+                fit = by_key[f.model_key]
             with self._lock:
                 self._asked[f.job_id] = now
-                if fit is not None:
+                if fit is not None:  # none now (the Brain is down?): a fit it gave stays
                     self._fits[f.job_id] = fit
-                elif f.job_id in self._fits:
-                    pass  # the Brain could not answer now: keep the fit it gave
 
     def _due(self, job_id: str, now: float) -> bool:
         at = self._asked.get(job_id)
@@ -301,20 +306,20 @@ class LiveRubick:
         return dataclasses.replace(target, ests=ests, cpus_per_device=0)
 
 
-def brain_fits(brain: BrainAdvisor) -> Callable[[JobFacts], Fitted | None]:
-    """A job's fit from the Brain: the job's own, else its model key's (RPCs)."""
+def brain_fits(
+    brain: BrainAdvisor,
+) -> tuple[Callable[[str], Fitted | None], Callable[[str], Fitted | None]]:
+    """The Brain's fit (FitModel) of a job, and of a model key (RPCs; None: no fit)."""
 
-    def fetch(facts: JobFacts) -> Fitted | None:
-        reply = brain.fit_model(job_id=facts.job_id)
-        if reply is not None:
-            return fitted_from_message(reply, f"job {facts.job_id}")
-        if facts.model_key:
-            reply = brain.fit_model(model_key=facts.model_key)
-            if reply is not None:
-                return fitted_from_message(reply, f"model {facts.model_key}")
-        return None
+    def of_job(job_id: str) -> Fitted | None:
+        reply = brain.fit_model(job_id=job_id)
+        return fitted_from_message(reply, f"job {job_id}") if reply is not None else None
 
-    return fetch
+    def of_key(key: str) -> Fitted | None:
+        reply = brain.fit_model(model_key=key)
+        return fitted_from_message(reply, f"model {key}") if reply is not None else None
+
+    return of_job, of_key
 
 
 def make_live_rubick(
@@ -323,4 +328,5 @@ def make_live_rubick(
     """The daemon's `rubick`, `rubick_e`, `rubick_r` or `rubick_n` allocator."""
     if name not in VARIANTS:
         raise ValueError(f"unknown Rubick variant {name!r}; one of {', '.join(LIVE_VARIANTS)}")
-    return LiveRubick(brain_fits(brain), name, quotas or Quotas)
+    of_job, of_key = brain_fits(brain)
+    return LiveRubick(of_job, of_key, name, quotas or Quotas)

@@ -3,6 +3,7 @@ the runtime's ExecutionPlan, and Algorithm 1 over a live snapshot (fitted and un
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import pytest
@@ -65,7 +66,7 @@ def devices(workers: list[WorkerRecord]) -> tuple[Device, ...]:
 
 
 def live(fits: Mapping[str, Fitted]) -> LiveRubick:
-    return LiveRubick(lambda f: fits.get(f.job_id))
+    return LiveRubick(fits.get)
 
 
 def test_runtime_limits_give_only_data_parallel_plans_over_the_ests() -> None:
@@ -148,9 +149,29 @@ def test_an_unfitted_job_larger_than_the_cluster_gets_what_exists() -> None:
     assert got["b"] == (4, C.ExecutionPlan(), {"v100": (2, 2, 2, 2)})
 
 
+def test_a_model_keys_fit_serves_its_jobs_asked_once_a_pass_and_retried() -> None:
+    asked: list[str] = []
+    key_fit = Fitted("model lm", ACTIVATIONS, PARAMS, A800)
+
+    def of_key(key: str) -> Fitted | None:
+        asked.append(key)
+        return key_fit if len(asked) > 1 else None  # not fitted at the first ask
+
+    rubick = LiveRubick({}.get, of_key, retry_seconds=5.0)
+    jobs = [dataclasses.replace(facts(j, gc=True), model_key="lm") for j in ("a", "b")]
+    rubick.refresh(jobs, [], 0.0)
+    assert asked == ["lm"] and rubick.fitted("a") is None
+    rubick.refresh(jobs, [], 4.0)  # not due yet
+    assert asked == ["lm"]
+    rubick.refresh(jobs, [], 5.0)
+    assert asked == ["lm", "lm"] and rubick.fitted("a") == rubick.fitted("b") == key_fit
+    rubick.refresh(jobs[:1], [], 6.0)  # b ended: forgotten
+    assert rubick.fitted("b") is None
+
+
 def test_guaranteed_jobs_need_a_quota_to_be_guaranteed() -> None:
     fit = {"a": Fitted("job a", ACTIVATIONS, PARAMS, A800)}
-    rubick = LiveRubick(lambda f: fit.get(f.job_id), quotas=lambda: Quotas({"t": {"v100": 2}}))
+    rubick = LiveRubick(fit.get, quotas=lambda: Quotas({"t": {"v100": 2}}))
     s = snap("a")
     s = JobSnapshot(**{**s.__dict__, "guaranteed": True, "entity": "t"})
     run(rubick, [(facts("a", gc=True), s)], [worker("w", 4, 80.0)])
