@@ -157,7 +157,7 @@ def test_a_model_keys_fit_serves_its_jobs_asked_once_a_pass_and_retried() -> Non
         asked.append(key)
         return key_fit if len(asked) > 1 else None  # not fitted at the first ask
 
-    rubick = LiveRubick({}.get, of_key, retry_seconds=5.0)
+    rubick = LiveRubick(lambda job_id: None, of_key, retry_seconds=5.0)
     jobs = [dataclasses.replace(facts(j, gc=True), model_key="lm") for j in ("a", "b")]
     rubick.refresh(jobs, [], 0.0)
     assert asked == ["lm"] and rubick.fitted("a") is None
