@@ -138,6 +138,16 @@ def workload(message: B.RubickWorkload, field: str = "workload") -> Workload:
     )
 
 
+def workload_message(w: Workload) -> B.RubickWorkload:
+    return B.RubickWorkload(
+        params_millions=w.params_m,
+        global_batch=w.global_batch,
+        seq_hid_layers=w.seq_hid_layers,
+        layers=w.layers,
+        forward=[B.RubickForward(samples_per_gpu=f.work, milliseconds=f.ms) for f in w.forward],
+    )
+
+
 def runs(messages: Iterable[B.RubickRun], field: str = "runs") -> tuple[Run, ...]:
     items = list(messages)
     require(len(items) <= MAX_RUNS, field, f"at most {MAX_RUNS:,} runs, got {len(items)}")

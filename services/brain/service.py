@@ -710,6 +710,10 @@ class BrainService:
         )
         return row
 
+    def rubick_model(self, subject: Subject) -> tuple[Workload, Params, Env]:
+        """The subject's stored fit: its workload, parameters and cluster."""
+        return self._rubick_model(subject)
+
     def _rubick_model(self, subject: Subject) -> tuple[Workload, Params, Env]:
         fit = self.store.rubick_fit(subject)
         if fit is None:

@@ -108,7 +108,10 @@ class BrainServicer(brain_pb2_grpc.BrainServicer):
         self, request: brain_pb2.FitModelRequest, context: grpc.ServicerContext
     ) -> brain_pb2.FittedModel:
         fit_request = rm.fit_request(request)
-        return rm.fit_message(fit_request.subject, self.service.fit_rubick(fit_request))
+        reply = rm.fit_message(fit_request.subject, self.service.fit_rubick(fit_request))
+        workload = self.service.rubick_model(fit_request.subject)[0]
+        reply.workload.CopyFrom(rm.workload_message(workload))
+        return reply
 
     def PredictPlan(
         self, request: brain_pb2.PredictPlanRequest, context: grpc.ServicerContext

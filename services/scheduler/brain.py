@@ -29,6 +29,11 @@ log = logging.getLogger("gearshift.scheduler.brain")
 
 DEFAULT_THROUGHPUT = 1.0
 _FALLBACK_CODES = {grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE}
+_NO_FIT_CODES = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.FAILED_PRECONDITION,
+}
 
 
 class BrainAdvisor:
@@ -104,6 +109,25 @@ class BrainAdvisor:
                 self._fallback("PlanBurstParallel", code.name if code else rpc_details(exc))
                 return None
         return None
+
+    def fit_model(self, *, job_id: str = "", model_key: str = "") -> brain_pb2.FittedModel | None:
+        """Rubick's model fitted (FitModel) on the runs the Brain holds for the job, or for the
+        model key; None when it holds too few (or none), or cannot be asked."""
+        if self._stub is None:
+            return None
+        request = (
+            brain_pb2.FitModelRequest(job_id=job_id)
+            if job_id
+            else brain_pb2.FitModelRequest(model_key=model_key)
+        )
+        try:
+            return self._stub.FitModel(request, timeout=self._timeout)
+        except grpc.RpcError as exc:
+            code = rpc_code(exc)
+            if code in _NO_FIT_CODES:
+                return None  # nothing (enough) stored for it yet
+            self._fallback("FitModel", code.name if code else rpc_details(exc))
+            return None
 
     def report_event(
         self,

@@ -30,6 +30,7 @@ from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.datasets import DatasetKeeper
 from gearshift.scheduler.policies.base import EntityPolicy
 from gearshift.scheduler.prices import parse_prices
+from gearshift.scheduler.rubick_live import LIVE_VARIANTS
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.servicer import JobServicer, WorkerRegistryServicer
 from gearshift.scheduler.store import SqlStore
@@ -52,9 +53,11 @@ OPTIONS = [
         "easyscale_homo), the rigid FIFO gang baseline (yarn_cs), or a Gavel objective run in "
         "rounds (e.g. las, finish_time_fairness, max_sum_throughput, makespan, "
         "min_total_cost, min_total_cost_slo, hierarchical) - over rigid jobs, or with "
-        "--elastic over elastic ones",
+        "--elastic over elastic ones; or Rubick's Algorithm 1 (rubick, and its break-down "
+        "variants rubick_e, rubick_r, rubick_n), which also chooses each job's execution plan "
+        "from the Brain's fitted model (needs --brain-address to plan)",
         "easyscale",
-        choices=allocator_names(),
+        choices=sorted([*allocator_names(), *LIVE_VARIANTS]),
     ),
     Option(
         "elastic",
@@ -258,7 +261,13 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         raise ValueError("--estimate-refresh-seconds must be > 0")
     try:
         prices = parse_prices(config.prices)
-        make_allocator(config.policy, elastic=config.elastic, field_name="--policy")
+        if config.policy in LIVE_VARIANTS:
+            if config.elastic:
+                raise ValidationError(
+                    "--policy", f"{config.policy} decides devices itself: drop --elastic"
+                )
+        else:
+            make_allocator(config.policy, elastic=config.elastic, field_name="--policy")
     except ValidationError as exc:
         raise ValueError(exc.message) from None
     if config.amp_limit < 1:

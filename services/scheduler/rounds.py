@@ -47,6 +47,7 @@ from gearshift.scheduler.policies.configs import config_of
 from gearshift.scheduler.reconcile import Change, diff
 from gearshift.scheduler.registry import WorkerRegistry
 from gearshift.scheduler.resource_plans import PlanAsk, ResourcePlans, describe
+from gearshift.scheduler.rubick_live import JobFacts, LiveRubick, execution_plan
 from gearshift.scheduler.state import (
     ONE_TYPE_LEVELS,
     RUNNING_STATES,
@@ -157,6 +158,7 @@ class Rounds:
         self.last_round_ended_at = 0.0
         self._checked_at = 0.0  # when the loop last looked for lost workers and tasks
         self._cpus: dict[str, int] = {}  # job -> the round's cpus_per_device (0: default)
+        self._plans: dict[str, common_pb2.ExecutionPlan] = {}  # job -> the round's plan (Rubick)
         self._snapshots: dict[str, tuple[Hashable, JobSnapshot]] = {}  # see _job
         self._round_lock = threading.Lock()
         self._wake = threading.Event()
@@ -242,15 +244,21 @@ class Rounds:
                 types = state.types()
                 asks = [_ask(j) for j in jobs]
                 plan_asks = self._plan_asks(jobs) if self.plans is not None else []
+                rubick = self.allocator if isinstance(self.allocator, LiveRubick) else None
+                facts = [JobFacts.of(j) for j in jobs] if rubick else []
+                workers = list(state.workers.values()) if rubick else []
             self.estimates.refresh(self.estimates.due(asks, types, now), types, now)
             if self.plans is not None:
                 self.plans.refresh(plan_asks)
+            if rubick is not None:  # the Brain's fitted models, outside the lock
+                rubick.refresh(facts, workers, now)
             with state.lock:
                 gathered = self._gather(now)
             snapshot, current = self._snapshot(now, gathered)  # estimates: outside the lock
             targets, desired = plan_round(snapshot, self.allocator, current, self.collocator)
             with state.lock:
                 report.desired = desired
+                self._plans = self._new_plans(targets)
                 moves = self._reconcile(desired, current, report)
                 self._collocations(targets, desired)
                 self._cpus = {j: t.cpus_per_device for j, t in targets.items()}
@@ -434,6 +442,26 @@ class Rounds:
                 )
             )
 
+    def _new_plans(self, targets: Mapping[str, Target]) -> dict[str, common_pb2.ExecutionPlan]:
+        """The execution plans the allocator chose (Rubick) that differ from the jobs' own
+        (under the lock): a start runs them, and a running job whose plan alone changed is
+        restarted on the same devices (the policy weighed the restart: its 0.97 rule)."""
+        out: dict[str, common_pb2.ExecutionPlan] = {}
+        for job_id, target in targets.items():
+            job = self.state.jobs.get(job_id)
+            if target.plan is None or job is None or job.terminal:
+                continue
+            plan = execution_plan(target.plan, job.plan)
+            if plan != job.plan:
+                out[job_id] = plan
+        return out
+
+    def _replanned(self, change: Change) -> Change:
+        """A renewal becomes a restart on the same devices when the job's plan changes."""
+        if change.kind == "renew" and change.job_id in self._plans:
+            return dataclasses.replace(change, kind="rescale")
+        return change
+
     def _reconcile(
         self,
         desired: Mapping[str, Assignment],
@@ -449,7 +477,7 @@ class Rounds:
             for job_id, job in state.jobs.items()
             if job.state in RUNNING_STATES and not job.terminal
         }
-        for found in diff(desired, running):
+        for found in map(self._replanned, diff(desired, running)):
             change = found
             job = state.jobs.get(change.job_id)
             if job is None or job.terminal:
@@ -538,6 +566,7 @@ class Rounds:
                     job,
                     change.assignment,
                     profile_first=profile,
+                    plan=self._plans.get(job.job_id),
                     cpus_per_device=self._cpus.get(job.job_id, 0),
                     resources=resources,
                 )

@@ -162,7 +162,8 @@ class RubickPolicy:
             raw = tuple(x if g == req.gpus else 0.0 for g, x in enumerate(raw))
         shape = consolidated(req.gpus, self.gpus_per_node)
         ms = self.perf.iter_ms(req.application, req.plan, shape, req.cpus_per_gpu)
-        base = 1e3 / ms if ms else (raw[req.gpus] or max(raw) or 1.0)
+        at_request = raw[req.gpus] if req.gpus < len(raw) else 0.0  # may exceed the cluster
+        base = 1e3 / ms if ms else (at_request or max(raw) or 1.0)
         curve = make_curve(tuple(x / base for x in raw))
         min_gpus = 0
         if req.guaranteed:

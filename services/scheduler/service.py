@@ -50,6 +50,7 @@ from gearshift.scheduler.pipeline import Allocator, Collocator
 from gearshift.scheduler.registry import WorkerRegistry
 from gearshift.scheduler.resource_plans import ResourcePlans
 from gearshift.scheduler.rounds import RoundReport, Rounds
+from gearshift.scheduler.rubick_live import LIVE_VARIANTS, make_live_rubick
 from gearshift.scheduler.state import SchedulerSettings, SchedulerState
 from gearshift.scheduler.store import EventRecord, JobRecord, Store, WorkerRecord
 from gearshift.scheduler.task_control import TaskControl
@@ -70,9 +71,21 @@ def collocator_for(settings: SchedulerSettings) -> Collocator | None:
     return None
 
 
-def allocator_for(settings: SchedulerSettings, tenants: TenantsFile | None = None) -> Allocator:
+def allocator_for(
+    settings: SchedulerSettings,
+    tenants: TenantsFile | None = None,
+    brain: BrainAdvisor | None = None,
+) -> Allocator:
     """The allocate stage the settings name (--policy, --elastic and their knobs), with
-    guaranteed jobs admitted first when there are tenants' quotas."""
+    guaranteed jobs admitted first when there are tenants' quotas. Rubick's policies
+    (gearshift.scheduler.rubick_live) admit guaranteed jobs themselves, against the quotas
+    (devices summed over types), and ask the Brain for fitted models."""
+    if settings.policy in LIVE_VARIANTS:
+        return make_live_rubick(
+            settings.policy,
+            brain or BrainAdvisor(),
+            (lambda: tenants.quotas) if tenants is not None else None,
+        )
     policy = make_allocator(
         settings.policy,
         elastic=settings.elastic,
@@ -125,7 +138,7 @@ class Scheduler:
             self.control,
             self.registry,
             self.estimates,
-            allocator or allocator_for(settings, self.tenants),
+            allocator or allocator_for(settings, self.tenants, self.brain),
             observers=[metrics.round_finished],
             collocator=collocator_for(settings),
             plans=ResourcePlans(

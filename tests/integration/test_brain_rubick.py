@@ -152,6 +152,7 @@ def test_fit_predict_and_sensitivity(brain: brain_pb2_grpc.BrainStub) -> None:
     assert fitted.offload_runs == 3 and fitted.runs_from_samples == 0
     assert fitted.rmsle < 0.01 and 0 < fitted.fit_seconds < 10
     assert fitted.cluster.intra_node_gbps == 400 and fitted.cluster.gpu_memory_gb == 80
+    assert fitted.workload == workload_message()  # what a caller predicts from (the scheduler)
 
     for plan, placement, cpus in UNSEEN:
         got = brain.PredictPlan(

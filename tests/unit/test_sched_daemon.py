@@ -39,6 +39,11 @@ def test_defaults_and_flags() -> None:
     assert elastic.elastic and elastic.hysteresis == 0.3 and elastic.prices["v100"] == 3.0
 
 
+def test_rubick_policies_are_accepted() -> None:
+    for name in ("rubick", "rubick_e", "rubick_r", "rubick_n"):
+        assert settings("--policy", name).policy == name
+
+
 def test_environment_fallback() -> None:
     config = parse_config(PROG, "", OPTIONS, [], environ={"GEARSHIFT_POLICY": "las"})
     assert settings_from(config).policy == "las"
@@ -54,6 +59,7 @@ def test_environment_fallback() -> None:
         (["--tenant-policies", "a=lifo"], "--tenant-policies: 'lifo' is not fairness or fifo"),
         (["--rendezvous-port-base", "80"], "--rendezvous-port-base must be between"),
         (["--policy", "fifo", "--elastic"], "--policy: 'fifo' has no elastic form"),
+        (["--policy", "rubick", "--elastic"], "--policy: rubick decides devices itself"),
         (["--prices", "v100=free"], "--prices: 'v100=free' is not TYPE=DOLLARS_PER_HOUR"),
         (["--hysteresis", "-1"], "--hysteresis must be >= 0"),
         (["--straggler-margin", "0"], "--straggler-margin must be > 0"),

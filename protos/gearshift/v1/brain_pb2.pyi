@@ -2059,6 +2059,7 @@ class FittedModel(_message.Message):
     FITTED_AT_FIELD_NUMBER: _builtins.int
     FIT_SECONDS_FIELD_NUMBER: _builtins.int
     CLUSTER_FIELD_NUMBER: _builtins.int
+    WORKLOAD_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job fitted for (empty for a model key)."""
     model_key: _builtins.str
@@ -2085,6 +2086,13 @@ class FittedModel(_message.Message):
     def cluster(self) -> Global___RubickCluster:
         """The cluster it was fitted for (defaults filled in)."""
 
+    @_builtins.property
+    def workload(self) -> Global___RubickWorkload:
+        """The workload it was fitted for (what its predictions scale from): with the
+        parameters, all a caller needs to predict plans itself (the scheduler's
+        `rubick` policy does).
+        """
+
     def __init__(
         self,
         *,
@@ -2098,10 +2106,11 @@ class FittedModel(_message.Message):
         fitted_at: _builtins.float = ...,
         fit_seconds: _builtins.float = ...,
         cluster: Global___RubickCluster | None = ...,
+        workload: Global___RubickWorkload | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "params", b"params"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "params", b"params", "workload", b"workload"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "fit_seconds", b"fit_seconds", "fitted_at", b"fitted_at", "job_id", b"job_id", "model_key", b"model_key", "offload_runs", b"offload_runs", "params", b"params", "rmsle", b"rmsle", "run_count", b"run_count", "runs_from_samples", b"runs_from_samples"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "fit_seconds", b"fit_seconds", "fitted_at", b"fitted_at", "job_id", b"job_id", "model_key", b"model_key", "offload_runs", b"offload_runs", "params", b"params", "rmsle", b"rmsle", "run_count", b"run_count", "runs_from_samples", b"runs_from_samples", "workload", b"workload"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -20,6 +20,13 @@ Which plans a job may use (`Mode`): ANY (Rubick: every plan enumerate_plans give
 job's original plan shape), DP (Rubick-R, as Sia: the original TP, PP, ZeRO and GC kept,
 DP and GA scaled with the GPUs), EXACT (the original plan on the original GPU count only).
 The paper disables TP and PP for ViT, RoBERTa, BERT and T5 (section 7.3): so do we.
+
+A model may also carry `Runtime` limits (a live Gearshift job, whose runtime executes only
+some plans): then, whatever the mode, its plans are data parallel over its ESTs - d devices
+with a = ESTs / d on each (GA in EST terms; d must divide the ESTs), GC only where the job
+allows it, ZeRO-Offload (optimizer offload) only where it allows that - never TP, PP or
+ZeRO-DP. A `Runtime` with `fixed_ms` stands for a job without a fitted model: only its
+original plan on its requested devices, at that iteration time (rubick_n's semantics).
 """
 
 from __future__ import annotations
@@ -67,6 +74,36 @@ def _shape(placement: Sequence[int]) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
+class Runtime:
+    """The plans a live job's runtime executes (see the module docstring)."""
+
+    ests: int  # d * a == ests
+    gc: bool = False  # may turn gradient checkpointing on
+    offload: bool = False  # may offload optimizer states to the host (ZeRO-Offload)
+    fixed_ms: float = 0.0  # > 0: no fit - the original plan only, at this iteration time
+    min_devices: int = 1  # the job's bounds
+    max_devices: int = 0  # 0: ests
+
+    def __post_init__(self) -> None:
+        if self.ests < 1 or self.fixed_ms < 0 or self.min_devices < 1 or self.max_devices < 0:
+            raise ValueError(
+                f"runtime limits need ests, min_devices >= 1, max_devices, fixed_ms >= 0: {self}"
+            )
+
+    def plans(self, original: Plan, gpus: int, devices: int) -> list[Plan]:
+        """The plans on `devices` devices (`gpus`: the request, for `fixed_ms`)."""
+        if self.fixed_ms > 0:
+            return [original] if devices == gpus else []
+        most = self.max_devices or self.ests
+        if self.ests % devices or not self.min_devices <= devices <= most:
+            return []
+        zeros = (Zero.NONE, Zero.OFFLOAD) if self.offload else (Zero.NONE,)
+        gcs = (False, True) if self.gc else (original.gc,)
+        a = self.ests // devices
+        return [Plan(dp=devices, ga=a, gc=gc, zero=z) for z in zeros for gc in gcs]
+
+
+@dataclass(frozen=True)
 class ModelPerf:
     """One model: its workload, Eq. 1's parameters and its measured iteration times (ms)
     keyed by (plan, GPUs per node in decreasing order), with the CPUs per GPU measured."""
@@ -74,6 +111,8 @@ class ModelPerf:
     workload: Workload
     params: Params
     measured: Mapping[tuple[Plan, tuple[int, ...]], tuple[float, int]]
+    runtime: Runtime | None = None  # a live job's limits (see the module docstring)
+    env: Env | None = None  # its own cluster (a live job's); None: the source's
 
     @functools.cached_property
     def ran(self) -> frozenset[Plan]:
@@ -116,7 +155,8 @@ class PerfSource:
         if not plans:
             return []
         cfgs = [Config(p, res) for p in plans]
-        return [float(x) for x in iter_time_from_terms(m.params, terms(m.workload, cfgs, self.env))]
+        env = m.env or self.env
+        return [float(x) for x in iter_time_from_terms(m.params, terms(m.workload, cfgs, env))]
 
     def iter_ms(
         self, application: str, plan: Plan, placement: Sequence[int], cpus_per_gpu: int
@@ -131,6 +171,8 @@ class PerfSource:
         self, application: str, plans: Sequence[Plan], shape: tuple[int, ...], cpus: int
     ) -> list[float | None]:
         m = self._model(application)
+        if m.runtime is not None and m.runtime.fixed_ms > 0:
+            return [m.runtime.fixed_ms] * len(plans)  # no fit: the request's speed
         res = Resources(shape, max(1, cpus))
         out: list[float | None] = [None] * len(plans)
         todo = []
@@ -143,7 +185,7 @@ class PerfSource:
                     then = self._predict(m, [plan], Resources(shape, at))[0]
                     ms *= now / then
                 out[i] = ms
-            elif plan in m.ran or fits(m.workload, plan, self.env):
+            elif plan in m.ran or fits(m.workload, plan, m.env or self.env):
                 todo.append(i)
         for i, ms in zip(todo, self._predict(m, [plans[i] for i in todo], res), strict=True):
             out[i] = ms
@@ -157,6 +199,11 @@ class PerfSource:
         if mode is Mode.EXACT:
             return [original] if g == gpus else []
         m = self._model(application)
+        if m.runtime is not None:
+            live = m.runtime.plans(original, gpus, g)
+            if mode is Mode.DP:
+                live = [p for p in live if (p.gc, p.zero) == (original.gc, original.zero)]
+            return live
         name = model_name(application)
         plans = set(
             enumerate_plans(

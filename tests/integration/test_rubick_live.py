@@ -1,0 +1,134 @@
+"""`--policy rubick` in the scheduler with a real Brain process (SQLite): a job without a fit
+runs its own plan on its request; once its model key's profile is in the Brain, the next
+round fetches the fit and - gradient checkpointing off not fitting in the workers' device
+memory - restarts the job with GC on (same devices, a checkpoint), recorded as an event."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gearshift.common.channel import connect
+from gearshift.common.rubick.model import Config, ForwardSample, Params, Workload, iter_time
+from gearshift.common.rubick.plans import Plan, Resources, Zero
+from gearshift.scheduler.brain import BrainAdvisor
+from gearshift.scheduler.rubick_live import LiveRubick
+from gearshift.scheduler.service import SchedulerSettings
+from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2, scheduler_pb2
+from tests.conftest import DaemonFactory
+from tests.sched_harness import Clock, job_spec, make_scheduler
+
+B = brain_pb2
+C = common_pb2
+S = scheduler_pb2
+TRUE = Params(k_bwd=2.0, k_sync=3.0, k_opt=0.02, k_opt_off=4.0, k_off=2.5, k_swap=3.5, k_const=5.0)
+# 100 M parameters, 64 samples a step over 4 ESTs: 5.4 GB of activations per device without
+# GC, 0.9 GB with it - on 4 GB devices only GC on fits.
+WORKLOAD = Workload("lm", 100.0, 64, 1e7, 10, (ForwardSample(4, 10.0), ForwardSample(16, 40.0)))
+PROFILED = [
+    Plan(dp=1, ga=4),
+    Plan(dp=2, ga=2),
+    Plan(dp=4),
+    Plan(dp=4, gc=True),
+    Plan(dp=2, ga=2, gc=True),
+    Plan(dp=4, zero=Zero.OFFLOAD),
+    Plan(dp=2, ga=2, zero=Zero.OFFLOAD),
+    Plan(dp=1, ga=4, zero=Zero.OFFLOAD, gc=True),
+]
+
+
+@pytest.fixture
+def brain(daemons: DaemonFactory, tmp_path: Path) -> Iterator[str]:
+    daemon = daemons("brain", ["--database-url", f"sqlite:///{tmp_path / 'brain.db'}"])
+    yield daemon.address
+
+
+def store_profile(address: str, key: str) -> None:
+    runs = []
+    for plan in PROFILED:
+        ms = iter_time(TRUE, WORKLOAD, Config(plan, Resources((plan.gpus,), 1)))
+        runs.append(
+            B.RubickRun(
+                plan=B.RubickPlan(
+                    dp=plan.dp,
+                    ga=plan.ga,
+                    gc=plan.gc,
+                    zero=B.ZERO_MODE_OFFLOAD
+                    if plan.zero is Zero.OFFLOAD
+                    else B.ZERO_MODE_UNSPECIFIED,
+                ),
+                resources=B.RubickResources(placement=[plan.gpus], cpus_per_gpu=1),
+                iteration_seconds=ms / 1e3,
+            )
+        )
+    w = WORKLOAD
+    workload = B.RubickWorkload(
+        params_millions=w.params_m,
+        global_batch=w.global_batch,
+        seq_hid_layers=w.seq_hid_layers,
+        layers=w.layers,
+        forward=[B.RubickForward(samples_per_gpu=f.work, milliseconds=f.ms) for f in w.forward],
+    )
+    with connect(address, retry=False) as channel:
+        stub = brain_pb2_grpc.BrainStub(channel)
+        stub.StoreRubickProfile(
+            B.StoreRubickProfileRequest(model_key=key, workload=workload, runs=runs), timeout=30
+        )
+
+
+@pytest.mark.parametrize("workers", [{"w1": ("v100", 4)}, {"w1": ("cpu", 2), "w2": ("cpu", 2)}])
+def test_a_fitted_model_changes_a_running_jobs_plan(
+    brain: str, workers: dict[str, tuple[str, int]]
+) -> None:
+    clock = Clock()
+    settings = SchedulerSettings(policy="rubick", round_seconds=60.0, heartbeat_timeout=1e9)
+    scheduler, agents = make_scheduler(settings, clock=clock, brain=BrainAdvisor(brain))
+    try:
+        assert isinstance(scheduler.rounds.allocator, LiveRubick)
+        for i, (name, (kind, count)) in enumerate(sorted(workers.items())):
+            scheduler.register_worker(
+                name,
+                f"127.0.0.1:{1001 + i}",
+                "test",
+                [C.DeviceGroup(accelerator_type=kind, count=count, memory_bytes=4 << 30)],
+                [],
+            )
+        spec = job_spec("lm", 4, global_batch_size=64)
+        spec.plan_dimensions.gradient_checkpointing = True
+        job, _ = scheduler.submit(spec, "")
+
+        # No fit yet: its own plan (GC off) on its request (4 devices, one EST each).
+        report = scheduler.run_round()
+        assert report.started == [job.job_id]
+        first = agents.started[-1]
+        assert len(first.placement.processes) == 4
+        assert not first.plan.gradient_checkpointing
+        assert scheduler.rounds.allocator.fitted(job.job_id) is None
+
+        # The profile arrives; the fit is asked again after retry_seconds.
+        store_profile(brain, "lm")
+        clock.now += 6.0
+        report = scheduler.run_round()
+        assert scheduler.rounds.allocator.fitted(job.job_id) is not None
+        assert report.rescaled == [job.job_id]  # a new plan alone: restarted in place
+        assert agents.stopped and all(checkpoint for _, checkpoint in agents.stopped)
+        second = agents.started[-1]
+        assert second.plan.gradient_checkpointing
+        assert [p.worker_id for p in second.placement.processes] == [
+            p.worker_id for p in first.placement.processes
+        ]
+        record = scheduler.get(job.job_id)
+        assert record.plan.gradient_checkpointing
+        events = scheduler.store.events_after(job.job_id, 0)
+        rescaled = [e for e in events if e.type == S.JOB_EVENT_TYPE_RESCALED]
+        assert len(rescaled) == 1 and "plan: gc on" in rescaled[0].message
+
+        # The plan it runs is the one the model prefers: nothing changes next round.
+        clock.now += 60.0
+        report = scheduler.run_round()
+        assert report.renewed == [job.job_id] and not report.rescaled
+        assert len({r.task_id.rsplit(".", 1)[0] for r in agents.started}) == 2  # two starts
+    finally:
+        scheduler.stop()
