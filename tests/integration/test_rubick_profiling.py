@@ -52,12 +52,14 @@ def test_runs_map_onto_rubick_and_the_process_is_left_alone() -> None:
     torch.manual_seed(7)
     random.seed(7)
     np.random.seed(7)
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
     before = (torch.get_rng_state(), random.getstate(), pickle.dumps(np.random.get_state()))
     profile = measure(DIGITS, {"lr": 0.05}, points, global_batch=16, warmup=1, steps=2)
     assert torch.equal(torch.get_rng_state(), before[0])
     assert random.getstate() == before[1]
     assert pickle.dumps(np.random.get_state()) == before[2]
     assert torch.get_num_threads() == 2
+    assert torch.are_deterministic_algorithms_enabled() is was_deterministic
 
     assert [t.point for t in profile.runs] == points
     assert all(t.iteration_ms > 0 and t.cpu_ms > 0 and len(t.step_ms) == 2 for t in profile.runs)

@@ -175,11 +175,14 @@ def default_points(
 
 @contextlib.contextmanager
 def isolated() -> Iterator[None]:
-    """Put back the process's random generators and intra-op thread count on exit."""
+    """Put back the process's random generators, intra-op thread count and deterministic
+    switches (the runs apply D1's) on exit."""
     import numpy as np  # noqa: PLC0415
     import torch  # noqa: PLC0415
 
     py_state, np_state, threads = random.getstate(), np.random.get_state(), torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    cudnn = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
     cuda = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
     devices = list(range(torch.cuda.device_count())) if cuda else []
     try:
@@ -189,6 +192,8 @@ def isolated() -> Iterator[None]:
         random.setstate(py_state)
         np.random.set_state(np_state)
         torch.set_num_threads(threads)
+        torch._C._set_deterministic_algorithms(deterministic)
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = cudnn
 
 
 def _inputs(job: Any, batch: int) -> tuple[Any, Any]:
