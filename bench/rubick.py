@@ -39,6 +39,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -63,6 +64,9 @@ from gearshift.scheduler.rubick_policy import make_rubick
 from gearshift.scheduler.rubick_sim import rubick_devices
 from gearshift.scheduler.rubick_trace import generate_rubick_workload
 from gearshift.v1 import brain_pb2
+
+if TYPE_CHECKING:
+    from gearshift.worker.profiling.rubick_run import RubickProfile
 
 DEFAULT_DATA = shared_data("rubick")
 
@@ -255,6 +259,19 @@ def holdout(
     return fitted, np.abs(predicted - measured) / measured, chosen
 
 
+def gc_over_forward(profile: RubickProfile, clock: str) -> list[float]:
+    """Per (per-EST batch, ESTs, threads): (T with GC - T without) / (ESTs x T_fwd), which
+    Eq. 1 fixes at 1 (T_bwd gains one T_fwd under GC)."""
+    by = {(t.point.batch_per_est, t.point.ests, t.point.threads, t.point.gc): t.ms(clock)
+          for t in profile.runs}  # fmt: skip
+    forward = profile.forward_cpu_ms if clock == "cpu" else profile.forward_ms
+    return [
+        (by[(b, k, th, True)] - ms) / (k * forward[(b, th)])
+        for (b, k, th, gc), ms in by.items()
+        if not gc and (b, k, th, True) in by and forward.get((b, th), 0) > 0
+    ]
+
+
 def real(repeat: int, steps: int) -> None:
     """Check (c): see the module docstring."""
     import os
@@ -319,6 +336,14 @@ def real(repeat: int, steps: int) -> None:
                 f"     {clock:4s} clock, all: n={len(errs)} mean {_pct(errs.mean())} / max "
                 f"{_pct(errs.max())}  | Table 2: <= 7.4% / <= 10.4% ({verdict})"
             )
+        for clock in ("wall", "cpu"):
+            ratios = gc_over_forward(profile, clock)
+            if ratios:
+                print(
+                    f"     {clock:4s} clock: GC adds {statistics.median(ratios):.1f} x T_fwd per "
+                    f"EST (median of {len(ratios)} pairs, {min(ratios):.1f}-{max(ratios):.1f}); "
+                    "Eq. 1 says 1 x (one more forward in the backward pass)"
+                )
         print("       configuration       wall ms   cpu ms")
         for timed in profile.runs:
             print(f"       {timed.point.label:18s} {timed.iteration_ms:8.2f} {timed.cpu_ms:8.2f}")
