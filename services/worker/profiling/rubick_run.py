@@ -166,7 +166,7 @@ def default_points(
 ) -> list[Point]:
     """A job's profiling run before its first round: per-EST batches b/2, b, 2b around its
     own b = B/N, 1 and 2 ESTs per process (and its N when larger, up to 4), GC off (and on
-    when the job allows it), at each of `threads`: 12 to 36 short runs."""
+    when asked), at each of `threads`: 6 to 18 short runs per thread count."""
     b = max(1, global_batch // max(1, num_ests))
     batches = sorted({max(1, b // 2), b, 2 * b})
     ests = sorted({1, 2, min(max(num_ests, 1), 4)})
