@@ -17,6 +17,16 @@
    holds their placements). Median of --repeat. Target: < 1 s. Curves are cached per
    (model, plan, CPUs); the first call fills the cache and is reported apart.
 
+4. Check (c), `--real` (only that part runs): on this machine, Rubick's profiling run
+   (gearshift.worker.profiling.rubick_run, the real runtime loop) over the digits CNN and
+   the tiny LM: per-EST batch 8/16/32 x ESTs per process 1/2/4 x GC off/on at 1 thread (18
+   configurations) and per-EST batch 8/16/32 x ESTs 1/2 x GC at 2 threads (12). Each
+   configuration's iteration time is the median of --steps timed steps after 2 warm-up
+   steps, and of --repeat passes over the grid. Per thread count (Eq. 1 has no thread
+   term outside ZeRO-Offload: a thread count is another device), fit on 7 configurations
+   spread evenly over the grid, predict the rest; mean and max error beside Table 2's
+   worst figures (mean <= 7.4%, max <= 10.4%). The load average is printed with them.
+
 The CPU is shared: figures are what one run measured.
 """
 
@@ -29,6 +39,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,12 +47,15 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.shared import shared_data
+from gearshift.brain import rubick_messages
+from gearshift.brain.rubick import fit_runs as fit_brain_runs
+from gearshift.brain.rubick import run_terms
 from gearshift.brain.service import BrainService
 from gearshift.brain.servicer import BrainServicer
 from gearshift.brain.storage import SqlBrainStore
 from gearshift.common.db import create_engine, open_database
 from gearshift.common.rubick.data import Measurement, load_model, profiled_models
-from gearshift.common.rubick.model import Env, fit, relative_errors
+from gearshift.common.rubick.model import A800, Env, Fit, fit, iter_time_from_terms, relative_errors
 from gearshift.common.rubick.perf import load_perf
 from gearshift.common.rubick.plans import Zero
 from gearshift.common.rubick.validation import TABLE2, family, fit_runs, validate
@@ -50,6 +64,9 @@ from gearshift.scheduler.rubick_policy import make_rubick
 from gearshift.scheduler.rubick_sim import rubick_devices
 from gearshift.scheduler.rubick_trace import generate_rubick_workload
 from gearshift.v1 import brain_pb2
+
+if TYPE_CHECKING:
+    from gearshift.worker.profiling.rubick_run import RubickProfile
 
 DEFAULT_DATA = shared_data("rubick")
 
@@ -210,12 +227,140 @@ def decision_time(root: Path, repeat: int) -> None:
         )
 
 
+FIT_COUNT = 7
+# Check (c)'s jobs: (name, module, config, the job's global batch).
+REAL_JOBS: tuple[tuple[str, str, dict[str, object], int], ...] = (
+    ("digits-cnn", "gearshift.examples.digits_cnn", {"lr": 0.05}, 64),
+    ("tiny-lm", "gearshift.examples.tiny_lm", {}, 32),
+)
+REAL_GRIDS = (  # (per-EST batches, ESTs per process, threads); GC off and on in each
+    ((8, 16, 32), (1, 2, 4), 1),
+    ((8, 16, 32), (1, 2), 2),
+)
+
+
+def fit_indices(n: int, count: int = FIT_COUNT) -> list[int]:
+    """`count` configurations spread evenly over a grid of n (first and last included)."""
+    return sorted({int(i) for i in np.linspace(0, n - 1, count).round()})
+
+
+def holdout(
+    request: brain_pb2.StoreRubickProfileRequest, count: int = FIT_COUNT
+) -> tuple[Fit, np.ndarray, list[int]]:
+    """Fit Eq. 1 on `count` of the request's runs as the Brain does (its validation, its
+    per-run global batches), and the relative errors on the others."""
+    workload = rubick_messages.workload(request.workload)
+    runs = rubick_messages.runs(request.runs)
+    chosen = fit_indices(len(runs), count)
+    fitted = fit_brain_runs(workload, [runs[i] for i in chosen], A800)
+    rest = [r for i, r in enumerate(runs) if i not in chosen]
+    measured = np.array([r.iteration_ms for r in rest])
+    predicted = iter_time_from_terms(fitted.params, run_terms(workload, rest, A800))
+    return fitted, np.abs(predicted - measured) / measured, chosen
+
+
+def gc_over_forward(profile: RubickProfile, clock: str) -> list[float]:
+    """Per (per-EST batch, ESTs, threads): (T with GC - T without) / (ESTs x T_fwd), which
+    Eq. 1 fixes at 1 (T_bwd gains one T_fwd under GC)."""
+    by = {(t.point.batch_per_est, t.point.ests, t.point.threads, t.point.gc): t.ms(clock)
+          for t in profile.runs}  # fmt: skip
+    forward = profile.forward_cpu_ms if clock == "cpu" else profile.forward_ms
+    return [
+        (by[(b, k, th, True)] - ms) / (k * forward[(b, th)])
+        for (b, k, th, gc), ms in by.items()
+        if not gc and (b, k, th, True) in by and forward.get((b, th), 0) > 0
+    ]
+
+
+def real(repeat: int, steps: int) -> None:
+    """Check (c): see the module docstring."""
+    import os
+
+    from gearshift.worker.profiling.rubick_run import Timed, grid, measure
+
+    print("4. check (c): real profiling runs here, fit on 7, error on the rest")
+    print(f"   load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for name, module, config, batch in REAL_JOBS:
+        points = [p for b, k, t in REAL_GRIDS for p in grid(b, k, [False, True], [t])]
+        passes = []
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            passes.append(measure(module, config, points, global_batch=batch, steps=steps))
+        took = time.perf_counter() - t0
+        # The median over passes of each configuration's (and each forward's) median.
+        first = passes[0]
+        runs = tuple(
+            Timed(
+                r.point,
+                statistics.median(p.runs[i].iteration_ms for p in passes),
+                (),
+                statistics.median(p.runs[i].cpu_ms for p in passes),
+            )
+            for i, r in enumerate(first.runs)
+        )
+        forward = {k: statistics.median(p.forward_ms[k] for p in passes) for k in first.forward_ms}
+        forward_cpu = {
+            k: statistics.median(p.forward_cpu_ms[k] for p in passes) for k in first.forward_ms
+        }
+        profile = replace(first, runs=runs, forward_ms=forward, forward_cpu_ms=forward_cpu)
+        print(
+            f"   {name}: {len(points)} configurations x {repeat} passes in {took:.0f} s, "
+            f"{first.params:,} parameters"
+        )
+        for clock in ("wall", "cpu"):
+            all_errs = []
+            for threads in profile.thread_counts:
+                fitted, errs, chosen = holdout(profile.request(threads, clock))
+                all_errs.append(errs)
+                n = len(errs) + len(chosen)
+                p = fitted.params
+                rest = [
+                    t.point
+                    for i, t in enumerate(r for r in profile.runs if r.point.threads == threads)
+                    if i not in chosen
+                ]
+                by_gc = "; ".join(
+                    f"GC {'on' if gc else 'off'} {_pct(e.mean())} / {_pct(e.max())}"
+                    for gc in (False, True)
+                    if len(e := errs[[pt.gc is gc for pt in rest]])
+                )
+                print(
+                    f"     {clock:4s} clock, {threads} thread(s): fit on {len(chosen)} of {n} "
+                    f"(RMSLE {fitted.rmsle:.3f}; k_bwd {p.k_bwd:.2f}, k_const {p.k_const:.2f} ms)"
+                    f", error on {len(errs)}: mean {_pct(errs.mean())}, max {_pct(errs.max())} "
+                    f"({by_gc})"
+                )
+            errs = np.concatenate(all_errs)
+            verdict = "within" if errs.mean() <= 0.074 and errs.max() <= 0.104 else "outside"
+            print(
+                f"     {clock:4s} clock, all: n={len(errs)} mean {_pct(errs.mean())} / max "
+                f"{_pct(errs.max())}  | Table 2: <= 7.4% / <= 10.4% ({verdict})"
+            )
+        for clock in ("wall", "cpu"):
+            ratios = gc_over_forward(profile, clock)
+            if ratios:
+                print(
+                    f"     {clock:4s} clock: GC adds {statistics.median(ratios):.1f} x T_fwd per "
+                    f"EST (median of {len(ratios)} pairs, {min(ratios):.1f}-{max(ratios):.1f}); "
+                    "Eq. 1 says 1 x (one more forward in the backward pass)"
+                )
+        print("       configuration       wall ms   cpu ms")
+        for timed in profile.runs:
+            print(f"       {timed.point.label:18s} {timed.iteration_ms:8.2f} {timed.cpu_ms:8.2f}")
+    print(f"   load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--b-inter", type=float, default=Env().b_inter, help="GB/s across nodes")
+    ap.add_argument("--real", action="store_true", help="only check (c): profile here")
+    ap.add_argument("--steps", type=int, default=15, help="--real: timed steps per config")
     args = ap.parse_args()
+    if args.real:
+        real(args.repeat, args.steps)
+        return
     if not (args.data / "profile").is_dir():
         sys.exit(f"Rubick data not found at {args.data} (set GEARSHIFT_SHARED_DIR or --data)")
     env = Env(b_inter=args.b_inter)

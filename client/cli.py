@@ -222,7 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
         "layer's forward + backward time at per-device batch B/g for g = 1, 2, 4, ..., its "
         "output and parameter bytes; store the profile in the Brain under the job spec's "
         "fingerprint (what `gearshift plan --burst` plans over). Runs "
-        "python -m gearshift.worker.profiling.profile_job; needs the worker extra (torch).",
+        "python -m gearshift.worker.profiling.profile_job; needs the worker extra (torch). "
+        "With --rubick: Rubick's profiling run instead (the training step timed at a few "
+        "per-EST batches, ESTs per process, GC off/on and thread counts), stored and fitted "
+        "in the Brain (python -m gearshift.worker.profiling.rubick_run).",
     )
     add_profile_options(profile)
     profile.set_defaults(func=cmd_profile)

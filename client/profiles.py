@@ -23,6 +23,7 @@ from google.protobuf import json_format
 
 from gearshift.client import render
 from gearshift.client.options import add_brain_options, brain_channel, client_tls
+from gearshift.client.rubick_profile import add_rubick_options, cmd_profile_rubick
 from gearshift.client.spec import JobFile, load_job
 from gearshift.common import codepkg
 from gearshift.common.errors import NotFoundError, ValidationError, typed_call
@@ -55,6 +56,7 @@ def add_profile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="also write the profile's JSON here")
     parser.add_argument("--no-store", action="store_true", help="do not store it in the Brain")
     _brain_options(parser)
+    add_rubick_options(parser)
 
 
 def add_plan_options(parser: argparse.ArgumentParser) -> None:
@@ -134,6 +136,8 @@ def _run_profiler(
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    if args.rubick:
+        return cmd_profile_rubick(args)
     job = load_job(args.file)  # a bad file raises before anything runs
     spec = _spec_with_code(job)
     batch = args.global_batch or spec.global_batch_size

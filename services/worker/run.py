@@ -192,6 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="rank 0 first measures the job's layer profile (DeepPool) and stores it in the "
         "Brain (--brain) under this key; a failure is logged and training goes on",
     )
+    svc.add_argument(
+        "--profile-rubick",
+        action="store_true",
+        help="rank 0 first runs Rubick's profiling run (a few steps in a few execution plans, "
+        "gearshift.worker.profiling.rubick_run) and stores the runs in the Brain (--brain) "
+        "for --job-id; a failure is logged and training goes on",
+    )
     svc.add_argument("--model-type", default="", help="the job's model type, for the Brain")
     svc.add_argument(
         "--report-interval",
@@ -380,6 +387,11 @@ def run_one(
     wiring = Wiring.from_args(args, settings, mapping)
     if rank == 0 and args.profile_key and args.brain:
         _profile_first(args, config, settings, wiring)
+    if rank == 0 and args.profile_rubick and args.brain and args.job_id:
+        if args.device == "cpu":
+            _profile_rubick(args, config, settings, threads, wiring)
+        else:
+            print("rubick profiling run skipped: it times CPU processes only", flush=True)
 
     def report(progress: Progress) -> None:
         wiring.timing(progress.step, progress.compute_s, mapping[rank])
@@ -463,6 +475,35 @@ def _profile_first(
         global_batch=batch,
         max_devices=most,
         device_kind=args.device,
+    )
+    profile_and_store(args.job, config, target)
+
+
+def _profile_rubick(
+    args: argparse.Namespace,
+    config: dict[str, Any],
+    settings: RunSettings,
+    threads: int,
+    wiring: Wiring,
+) -> None:
+    """Rank 0 runs Rubick's profiling run before its first step (the other ranks wait at
+    their first exchange) and stores the runs for its job."""
+    from gearshift.worker.profiling.rubick_run import (  # noqa: PLC0415
+        RubickTarget,
+        profile_and_store,
+    )
+
+    d2 = settings.determinism is Determinism.D2
+    target = RubickTarget(
+        job_id=args.job_id,
+        brain=args.brain,
+        token=wiring.token,
+        tls=wiring.tls,
+        global_batch=settings.global_batch_size,
+        num_ests=settings.num_ests,
+        gc=True,  # a profiling run: GC on and off whatever the job's plan allows
+        threads=settings.d2_threads if d2 else threads,
+        seed=settings.seed,
     )
     profile_and_store(args.job, config, target)
 
