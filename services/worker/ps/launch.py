@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch.distributed import rpc
 
-from gearshift.common.ports import free_port
 from gearshift.worker.ps import checkpoint as ckpt
 from gearshift.worker.ps import server
 from gearshift.worker.ps.data import ClickConfig, ClickData
@@ -74,7 +73,6 @@ class _Proc:
     prev: ckpt.Manifest | None
     num_ps: int
     num_workers: int
-    port: int
     data: ClickConfig
     model: ModelConfig
     end_batch: int
@@ -84,8 +82,12 @@ class _Proc:
 
 
 def _init_rpc(p: _Proc, name: str, rank: int) -> None:
+    # A file store, not tcp://: with tcp the store lives in rank 0, and rank 0 may leave
+    # rpc.shutdown() while another rank still syncs its call counts through the store
+    # (seen: "Connection reset by peer" in a peer's shutdown, the phase lost).
+    store = Path(p.root) / ckpt.gen_folder(p.generation) / "rpc.store"
     opts = rpc.TensorPipeRpcBackendOptions(
-        init_method=f"tcp://127.0.0.1:{p.port}",
+        init_method=f"file://{store}",
         num_worker_threads=8,
         rpc_timeout=120,
         _transports=["uv"],
@@ -228,9 +230,8 @@ def run_phase(
     _warm_up()
     if shards is not None:
         call_out_of_process(shards, "create", train_blocks=data.train_blocks, seed=data.seed)
-    port = free_port()
     specs = [
-        _Proc(str(root), generation, prev, phase.ps, phase.workers, port, data, model,
+        _Proc(str(root), generation, prev, phase.ps, phase.workers, data, model,
               first_batch + phase.steps, role, i, shards)
         for role, count in (("ps", phase.ps), ("worker", phase.workers))
         for i in range(count)
