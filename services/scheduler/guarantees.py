@@ -15,12 +15,15 @@ a guaranteed job needs its devices.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gearshift.scheduler.elastic_rounds import split_ests
 from gearshift.scheduler.pipeline import Allocator, JobSnapshot, Snapshot, Target
 from gearshift.scheduler.tenants import Quotas
+
+log = logging.getLogger("gearshift.scheduler")
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,12 @@ class Guarantees:
 
     def allocate(self, snapshot: Snapshot) -> dict[str, Target]:
         admitted = admit(snapshot, self.quotas())
+        for job_id in admitted.keys() - self.admitted.keys():
+            a = admitted[job_id]
+            log.info(
+                "guaranteed job admitted within its tenant's quota",
+                extra={"job_id": job_id, "devices": f"{a.accelerator_type}x{a.devices}"},
+            )
         self.admitted = admitted
         if not admitted:
             return self.inner.allocate(snapshot)

@@ -77,16 +77,18 @@ class ProcessPlan:
 
 def from_message(plan: brain_pb2.ResourcePlan) -> ProcessPlan:
     """The worker group of a Brain plan as per-process resources (whole cores, rounded up;
-    memory to the MiB). Devices bound only a plan from history: the defaults' single
-    sampling worker says nothing about how many devices the job can use, and their
-    memory is left to the worker's share."""
+    memory to the MiB). The plan's worker count never bounds the devices: for a
+    data-parallel job the Brain has no measured count (no one reports the processes a
+    job ran as nodes), so a history plan's count is the defaults' single sampling worker
+    carried over - it capped a 2-device guaranteed job at 1 device. Devices stay the
+    allocator's. The defaults' memory is left to the worker's share."""
     workers = plan.workers
     source = _SOURCES.get(plan.source, "optimizer")
     return ProcessPlan(
         plan_id=plan.plan_id,
         stage=_STAGES.get(plan.stage, "adjust"),
         source=source,
-        devices=workers.count if source == "history" else 0,
+        devices=0,
         cpu_cores=max(math.ceil(workers.cpu_cores - 1e-9), 0),
         # The defaults' memory is a sampling guess: the worker's share serves better.
         memory_bytes=math.ceil(workers.memory_bytes / MIB) * MIB

@@ -98,7 +98,7 @@ def test_due_asks_new_jobs_at_once_and_running_ones_every_interval() -> None:
     assert due(asks, plans, asked, 100.0, 0.0)[1] == []  # 0: never adjusted
 
 
-def test_from_message_rounds_and_bounds_devices_only_from_history() -> None:
+def test_from_message_rounds_and_never_bounds_devices() -> None:
     message = brain_pb2.ResourcePlan(
         plan_id="x",
         stage=brain_pb2.PLAN_STAGE_INITIAL,
@@ -109,11 +109,11 @@ def test_from_message_rounds_and_bounds_devices_only_from_history() -> None:
         reason="from 3 similar finished job(s)",
     )
     got = from_message(message)
-    assert (got.devices, got.cpu_cores, got.memory_bytes, got.loader_procs) == (2, 2, 301 * MIB, 1)
+    assert (got.devices, got.cpu_cores, got.memory_bytes, got.loader_procs) == (0, 2, 301 * MIB, 1)
     assert got.stage == "initial" and got.source == "history"
     assert describe(got) == (
-        "initial plan from history: 2 cores, 301 MiB, 1 loader proc per process; "
-        "at most 2 device(s) (from 3 similar finished job(s))"
+        "initial plan from history: 2 cores, 301 MiB, 1 loader proc per process "
+        "(from 3 similar finished job(s))"
     )
     message.source = brain_pb2.PLAN_SOURCE_DEFAULT
     defaults = from_message(message)

@@ -154,3 +154,38 @@ def test_the_daemon_admits_against_a_reloaded_file_and_shows_tenants(tmp_path: P
         assert agents.started
     finally:
         scheduler.stop()
+
+
+def test_a_guaranteed_job_arriving_as_a_best_effort_job_ends_gets_its_request(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants: {a: {quota: {cpu: 2}}, b: {}}\n")
+    settings = SchedulerSettings(
+        policy="max_min_fairness",
+        elastic=True,
+        round_seconds=60.0,
+        heartbeat_interval=1.0,
+        heartbeat_timeout=5.0,
+        tenants_file=str(path),
+    )
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings, clock=clock)
+    try:
+        register(scheduler, "w1", {"cpu": 2})
+        register(scheduler, "w2", {"cpu": 2})
+        b1, _ = scheduler.submit(job_spec("b1", 2, tenant="b"), "")
+        scheduler.submit(job_spec("b2", 2, tenant="b"), "")
+        scheduler.run_round()
+        clock.now += 1.0
+        task = next(t for t in scheduler.state.tasks.values() if t.job_id == b1.job_id)
+        done = C.TaskStatus(
+            task_id=task.task_id, job_id=b1.job_id, state=C.TASK_STATE_COMPLETED, exit_code=0
+        )
+        scheduler.task_finished(task.worker_id, done)
+        spec = job_spec("g", 2, tenant="a", service_class=C.SERVICE_CLASS_GUARANTEED)
+        g, _ = scheduler.submit(spec, "")
+        scheduler.run_round()
+        assert len(scheduler.get(g.job_id).placement.processes) == 2
+    finally:
+        scheduler.stop()
