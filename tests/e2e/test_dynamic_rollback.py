@@ -100,22 +100,43 @@ def follow(
     return found
 
 
-def kill_one(cluster: DevCluster, client: Client, ledger: Ledger, job_id: str) -> int:
-    """SIGKILL one of the job's training processes (the last rank's, not the rendezvous),
-    once it is past a checkpoint and mid-way to the next; wait for the job to run again
-    past the step it was killed at. Returns that step."""
+def reads_past_cover(index_dir: Path, job_id: str) -> int:
+    """Steps the job's current placement has read past its last covering checkpoint,
+    from its processes' index logs (written a line at a time, read live)."""
+    groups = index_logs.placements(index_logs.load(index_dir, job_id))
+    if not groups:
+        return -1
+    group = groups[-1]
+    steps = [int(r["step"]) for log in group for r in log.reads]
+    if not steps:
+        return -1
+    cover = max((s for log in group for s in log.covered.values()), default=group[0].start)
+    return max(steps) - max(int(cover), group[0].start)
+
+
+def kill_one(
+    cluster: DevCluster, client: Client, ledger: Ledger, job_id: str, index_dir: Path
+) -> int:
+    """SIGKILL one of the job's training processes (the last rank's, not the rendezvous)
+    once its placement has read a few steps past its last checkpoint and is short of the
+    next (seen in the index logs, not in the lagging progress reports, so that a kill
+    always rolls something back); wait for the job to run again past the step it was
+    killed at. Returns that step."""
     first = client.get(job_id).progress.step
-    job = follow(
+    follow(
         client,
         ledger,
         job_id,
-        lambda j: (
-            j.state == C.JOB_STATE_RUNNING
-            and j.progress.step >= first + CHECKPOINT_EVERY
-            and j.progress.step % CHECKPOINT_EVERY >= CHECKPOINT_EVERY // 2
-        ),
-        "mid-way between checkpoints",
+        lambda j: j.state == C.JOB_STATE_RUNNING and j.progress.step >= first + CHECKPOINT_EVERY,
+        "past a checkpoint",
     )
+    wait_until(
+        lambda: 2 <= reads_past_cover(index_dir, job_id) <= CHECKPOINT_EVERY // 2 + 1,
+        60.0,
+        "reads a few steps past the last checkpoint",
+        interval=0.01,
+    )
+    job = client.get(job_id)
     starts = started_count(client, job_id)
     last = max(p.rank for p in job.placement.processes)
     pids = training_processes(cluster, "*", f"{job.job_id}.*")
@@ -152,7 +173,7 @@ def test_a_killed_and_rescaled_dynamic_job_reads_every_sample_and_only_rolled_ba
     with client_of(cluster) as client:
         job_id = client.submit(spec).job_id
         ledger = Ledger(cluster, job_id)
-        kills = [kill_one(cluster, client, ledger, job_id)]
+        kills = [kill_one(cluster, client, ledger, job_id, tmp_path / "index")]
         # A newcomer takes a device: the job shrinks (a checkpointed stop, nothing rolled back).
         newcomer = client.submit(digits_spec("newcomer", 100_000, ests=1)).job_id
         follow(
@@ -166,7 +187,7 @@ def test_a_killed_and_rescaled_dynamic_job_reads_every_sample_and_only_rolled_ba
             ),
             "shrunk and running again",
         )
-        kills.append(kill_one(cluster, client, ledger, job_id))
+        kills.append(kill_one(cluster, client, ledger, job_id, tmp_path / "index"))
         client.cancel(newcomer, reason="leaving")
         follow(
             client,
