@@ -26,6 +26,7 @@ from gearshift.common.server import AioGrpcServer, GrpcServer, ServerSettings, r
 from gearshift.v1 import shardmanager_pb2, shardmanager_pb2_grpc
 from gearshift.worker.shard_client import ShardClient, ShardStream
 from tests.conftest import DaemonFactory
+from tests.helpers import wait_until
 from tests.integration.test_shard_consumers import replica_factory
 
 pb = shardmanager_pb2
@@ -125,9 +126,17 @@ def test_a_stopping_daemon_ends_streams_at_once_and_consumers_carry_on(
         assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
         idle.close()
         restarted: list[Any] = []
-        threading.Timer(1.0, lambda: restarted.append(daemons("shardmanager", args))).start()
+        restarting = threading.Event()  # set before the new daemon starts listening
+
+        def restart() -> None:
+            restarting.set()
+            restarted.append(daemons("shardmanager", args))
+
+        threading.Timer(1.0, restart).start()
         after = next(shards)  # acknowledges `held` once the daemon is back, on a new stream
-        assert restarted and after.shard_id != held.shard_id
+        # the answer may come before the factory has seen the new daemon ready
+        assert restarting.is_set() and after.shard_id != held.shard_id
+        wait_until(lambda: restarted, 60.0, "the restarted shard manager ready")
         consumer.close()
         progress = client.describe("ds").epochs[0]
         assert (progress.shards_done, progress.shards_redelivered) == (1, 0)
