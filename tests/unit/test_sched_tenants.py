@@ -114,10 +114,9 @@ def test_past_its_quota_a_guaranteed_job_is_served_as_best_effort() -> None:
     assert out["g"].size >= 1 and out["b1"].size >= 1  # the policy shares: nobody is first
 
 
-def test_the_daemon_admits_against_a_reloaded_file_and_shows_tenants(tmp_path: Path) -> None:
-    path = tmp_path / "tenants.yaml"
-    path.write_text("tenants: {a: {quota: {cpu: 0}}, b: {}}\n")
-    settings = SchedulerSettings(
+def tenant_settings(path: Path) -> SchedulerSettings:
+    """Elastic max-min fairness with the tenants file at `path`."""
+    return SchedulerSettings(
         policy="max_min_fairness",
         elastic=True,
         round_seconds=60.0,
@@ -125,6 +124,12 @@ def test_the_daemon_admits_against_a_reloaded_file_and_shows_tenants(tmp_path: P
         heartbeat_timeout=5.0,
         tenants_file=str(path),
     )
+
+
+def test_the_daemon_admits_against_a_reloaded_file_and_shows_tenants(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants: {a: {quota: {cpu: 0}}, b: {}}\n")
+    settings = tenant_settings(path)
     clock = Clock()
     scheduler, agents = make_scheduler(settings, clock=clock)
     try:
@@ -161,14 +166,7 @@ def test_a_guaranteed_job_arriving_as_a_best_effort_job_ends_gets_its_request(
 ) -> None:
     path = tmp_path / "tenants.yaml"
     path.write_text("tenants: {a: {quota: {cpu: 2}}, b: {}}\n")
-    settings = SchedulerSettings(
-        policy="max_min_fairness",
-        elastic=True,
-        round_seconds=60.0,
-        heartbeat_interval=1.0,
-        heartbeat_timeout=5.0,
-        tenants_file=str(path),
-    )
+    settings = tenant_settings(path)
     clock = Clock()
     scheduler, _ = make_scheduler(settings, clock=clock)
     try:
