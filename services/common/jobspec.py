@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import json
+import math
 import re
+from collections.abc import Callable
 
 from gearshift.common.codepkg import check_sha256
 from gearshift.common.errors import ValidationError
@@ -24,11 +26,152 @@ DEFAULT_TENANT = "default"
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
+# A parameter-server job's process: the PS launcher (gearshift.worker.ps).
+PS_MODULE = "gearshift.worker.ps.run"
+PS_DEFAULT_MAX = 8  # PS / workers a plan may give a PS job whose spec sets no bound
+MAX_PS_PROCESSES = 64
+
+
+def is_ps_job(spec: common_pb2.JobSpec) -> bool:
+    """A parameter-server job (spec.parameter_server present)."""
+    return spec.HasField("parameter_server")
+
+
+def ps_defaults(ps: common_pb2.ParameterServerSpec) -> common_pb2.ParameterServerSpec:
+    """A copy with every 0 made its default (the PS runtime's ClickConfig / ModelConfig)."""
+    out = common_pb2.ParameterServerSpec()
+    out.CopyFrom(ps)
+    for name, value in (
+        ("max_ps", PS_DEFAULT_MAX),
+        ("max_workers", PS_DEFAULT_MAX),
+        ("fields", 8),
+        ("vocab", 50_000),
+        ("batch", 256),
+        ("train_blocks", 400),
+        ("dim", 8),
+        ("lr", 0.05),
+        ("eval_blocks", 40),
+    ):
+        if not getattr(out, name):
+            setattr(out, name, value)
+    return out
+
+
+def _ps_derived(ps: common_pb2.ParameterServerSpec) -> common_pb2.JobSpec:
+    """The JobSpec fields a PS job's PS spec decides (what with_defaults fills in)."""
+    d = ps_defaults(ps)
+    return common_pb2.JobSpec(
+        entrypoint=common_pb2.Entrypoint(module=PS_MODULE),
+        num_ests=1,
+        global_batch_size=d.batch,
+        dataset=common_pb2.DatasetSpec(
+            name="synthetic-clicks",
+            size=d.train_blocks * d.batch,
+            shard_size=d.batch,
+            seed=d.seed,
+            mode=common_pb2.DATA_MODE_DYNAMIC,
+        ),
+    )
+
+
+def _validate_ps(spec: common_pb2.JobSpec, f: Callable[[str], str]) -> None:
+    """A PS job: its PS spec, and the generic fields it decides unset or equal to that."""
+    ps = spec.parameter_server
+
+    def p(name: str) -> str:
+        return f(f"parameter_server.{name}")
+
+    for name in ("ps", "workers", "max_ps", "max_workers"):
+        value = getattr(ps, name)
+        zero = "the Brain decides" if name in ("ps", "workers") else str(PS_DEFAULT_MAX)
+        require(
+            0 <= value <= MAX_PS_PROCESSES,
+            p(name),
+            f"must be between 0 and {MAX_PS_PROCESSES} (0: {zero}) (got {value})",
+        )
+    d = ps_defaults(ps)
+    require(ps.ps <= d.max_ps, p("ps"), f"{ps.ps} is above parameter_server.max_ps ({d.max_ps})")
+    require(
+        ps.workers <= d.max_workers,
+        p("workers"),
+        f"{ps.workers} is above parameter_server.max_workers ({d.max_workers})",
+    )
+    require(ps.seed >= 0, p("seed"), f"must be >= 0 (got {ps.seed})")
+    for name in ("fields", "vocab", "batch", "train_blocks", "dim", "eval_blocks"):
+        value = getattr(ps, name)
+        require(value >= 0, p(name), f"must be > 0 (0: the default) (got {value})")
+    require(math.isfinite(ps.lr) and ps.lr >= 0, p("lr"), f"must be > 0 (0: 0.05) (got {ps.lr})")
+    require(
+        d.fields * d.vocab <= 100_000_000,
+        p("vocab"),
+        f"fields x vocab = {d.fields * d.vocab} embedding rows; at most 100000000",
+    )
+    require(
+        spec.WhichOneof("length") == "total_steps",
+        f("total_steps"),
+        "a parameter-server job's length is total_steps (global batches), not epochs",
+    )
+    require(spec.total_steps > 0, f("total_steps"), f"must be > 0 (got {spec.total_steps})")
+    derived = _ps_derived(ps)
+    entry = spec.entrypoint
+    require(
+        not spec.HasField("entrypoint")
+        or (
+            entry.module == PS_MODULE and entry.config_json in ("", "{}") and not entry.code_sha256
+        ),
+        f("entrypoint"),
+        f"must be unset for a parameter-server job (it runs {PS_MODULE})",
+    )
+    require(
+        not spec.HasField("dataset") or spec.dataset == derived.dataset,
+        f("dataset"),
+        "must be unset for a parameter-server job (spec.parameter_server decides it)",
+    )
+    for name in ("num_ests", "global_batch_size"):
+        value = getattr(spec, name)
+        require(
+            value in (0, getattr(derived, name)),
+            f(name),
+            f"must be unset for a parameter-server job (it is {getattr(derived, name)} "
+            f"by spec.parameter_server), got {value}",
+        )
+    require(
+        not spec.HasField("elastic") or spec.elastic.max_devices <= 1,
+        f("elastic"),
+        "must be unset for a parameter-server job (parameter_server.max_ps / max_workers bound it)",
+    )
+    require(
+        not spec.accelerator_types or list(spec.accelerator_types) == ["cpu"],
+        f("accelerator_types"),
+        "a parameter-server job runs on CPU cores only (leave it unset or [cpu])",
+    )
+    require(
+        spec.determinism
+        in (common_pb2.DETERMINISM_LEVEL_UNSPECIFIED, common_pb2.DETERMINISM_LEVEL_D0),
+        f("determinism"),
+        "a parameter-server job is asynchronous, not bitwise reproducible: D0 (or unset) only",
+    )
+    require(
+        not spec.plan_dimensions.ListFields(),
+        f("plan_dimensions"),
+        "must be unset for a parameter-server job (its plan is PS and worker counts)",
+    )
+
+
 def validate_job_spec(spec: common_pb2.JobSpec, prefix: str = "spec") -> None:
     """Raise ValidationError naming the first bad field (e.g. "spec.num_ests"); return if valid."""
 
     def f(name: str) -> str:
         return f"{prefix}.{name}"
+
+    if is_ps_job(spec):
+        _validate_ps(spec, f)
+        derived = common_pb2.JobSpec()
+        derived.CopyFrom(spec)
+        derived.MergeFrom(_ps_derived(spec.parameter_server))
+        derived.elastic.Clear()
+        derived.ClearField("elastic")
+        spec = derived  # the generic checks below, on what the PS spec decides
 
     check_name(spec.name, f("name"))
     check_name(spec.tenant, f("tenant"), max_length=64, required=False)
@@ -142,6 +285,13 @@ def with_defaults(spec: common_pb2.JobSpec) -> common_pb2.JobSpec:
     """A copy of a valid spec with every "unset means default" field made explicit."""
     out = common_pb2.JobSpec()
     out.CopyFrom(spec)
+    if is_ps_job(out):
+        out.MergeFrom(_ps_derived(out.parameter_server))
+        out.parameter_server.CopyFrom(ps_defaults(out.parameter_server))
+        out.elastic.min_devices = out.elastic.max_devices = 1
+        out.determinism = common_pb2.DETERMINISM_LEVEL_D0  # asynchronous updates
+        if not out.model_type:
+            out.model_type = "wide-deep"
     if not out.tenant:
         out.tenant = DEFAULT_TENANT
     if not out.model_type:

@@ -407,6 +407,7 @@ class JobSpec(_message.Message):
     CHECKPOINT_EVERY_STEPS_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     PLAN_DIMENSIONS_FIELD_NUMBER: _builtins.int
+    PARAMETER_SERVER_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Human-readable name (1-128 characters: letters, digits, '-', '_', '.')."""
     tenant: _builtins.str
@@ -465,6 +466,14 @@ class JobSpec(_message.Message):
         (Rubick); ESTs per device always may. Unset: every dimension stays off.
         """
 
+    @_builtins.property
+    def parameter_server(self) -> Global___ParameterServerSpec:
+        """Present: a parameter-server job (gearshift.worker.ps: Wide&Deep on synthetic
+        click data, embedding rows on PS processes, asynchronous workers). Its
+        entrypoint, num_ests, global_batch_size and dataset follow from it (leave
+        them unset); total_steps counts global batches. Not bitwise reproducible.
+        """
+
     def __init__(
         self,
         *,
@@ -486,16 +495,180 @@ class JobSpec(_message.Message):
         checkpoint_every_steps: _builtins.int = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         plan_dimensions: Global___PlanDimensions | None = ...,
+        parameter_server: Global___ParameterServerSpec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "elastic", b"elastic", "entrypoint", b"entrypoint", "epochs", b"epochs", "length", b"length", "plan_dimensions", b"plan_dimensions", "slo", b"slo", "total_steps", b"total_steps"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dataset", b"dataset", "elastic", b"elastic", "entrypoint", b"entrypoint", "epochs", b"epochs", "length", b"length", "parameter_server", b"parameter_server", "plan_dimensions", b"plan_dimensions", "slo", b"slo", "total_steps", b"total_steps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accelerator_types", b"accelerator_types", "checkpoint_every_steps", b"checkpoint_every_steps", "dataset", b"dataset", "determinism", b"determinism", "elastic", b"elastic", "entrypoint", b"entrypoint", "epochs", b"epochs", "global_batch_size", b"global_batch_size", "labels", b"labels", "length", b"length", "model_type", b"model_type", "name", b"name", "num_ests", b"num_ests", "plan_dimensions", b"plan_dimensions", "priority_weight", b"priority_weight", "service_class", b"service_class", "slo", b"slo", "tenant", b"tenant", "total_steps", b"total_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accelerator_types", b"accelerator_types", "checkpoint_every_steps", b"checkpoint_every_steps", "dataset", b"dataset", "determinism", b"determinism", "elastic", b"elastic", "entrypoint", b"entrypoint", "epochs", b"epochs", "global_batch_size", b"global_batch_size", "labels", b"labels", "length", b"length", "model_type", b"model_type", "name", b"name", "num_ests", b"num_ests", "parameter_server", b"parameter_server", "plan_dimensions", b"plan_dimensions", "priority_weight", b"priority_weight", "service_class", b"service_class", "slo", b"slo", "tenant", b"tenant", "total_steps", b"total_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_length: _TypeAlias = _typing.Literal["total_steps", "epochs"]  # noqa: Y015
     _WhichOneofArgType_length: _TypeAlias = _typing.Literal["length", b"length"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_length) -> _WhichOneofReturnType_length | None: ...
 
 Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
+
+@_typing.final
+class ParameterServerSpec(_message.Message):
+    """A parameter-server job: the counts (0: the Brain's plan decides), their
+    bounds, and the click data and model knobs of the PS runtime.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PS_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    MAX_PS_FIELD_NUMBER: _builtins.int
+    MAX_WORKERS_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    VOCAB_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
+    TRAIN_BLOCKS_FIELD_NUMBER: _builtins.int
+    DIM_FIELD_NUMBER: _builtins.int
+    LR_FIELD_NUMBER: _builtins.int
+    EVAL_BLOCKS_FIELD_NUMBER: _builtins.int
+    ps: _builtins.int
+    """PS processes to start with (0: the Brain's initial plan)."""
+    workers: _builtins.int
+    """Worker processes to start with (0: the Brain's initial plan)."""
+    max_ps: _builtins.int
+    """Most PS processes any plan may give the job (0: 8)."""
+    max_workers: _builtins.int
+    """Most worker processes any plan may give the job (0: 8)."""
+    seed: _builtins.int
+    """Seed of the synthetic click data and of the model's initialisation."""
+    fields: _builtins.int
+    """Categorical fields per sample (0: 8)."""
+    vocab: _builtins.int
+    """Ids per field (0: 50000); the embedding table has fields x vocab rows."""
+    batch: _builtins.int
+    """Samples per global batch (0: 256)."""
+    train_blocks: _builtins.int
+    """Training set size in batches (0: 400); one dynamic shard per batch."""
+    dim: _builtins.int
+    """Deep columns of an embedding row (0: 8)."""
+    lr: _builtins.float
+    """Adagrad learning rate of rows and dense net (0: 0.05)."""
+    eval_blocks: _builtins.int
+    """Held-out batches the AUC is measured on at the end of each phase (0: 40)."""
+    def __init__(
+        self,
+        *,
+        ps: _builtins.int = ...,
+        workers: _builtins.int = ...,
+        max_ps: _builtins.int = ...,
+        max_workers: _builtins.int = ...,
+        seed: _builtins.int = ...,
+        fields: _builtins.int = ...,
+        vocab: _builtins.int = ...,
+        batch: _builtins.int = ...,
+        train_blocks: _builtins.int = ...,
+        dim: _builtins.int = ...,
+        lr: _builtins.float = ...,
+        eval_blocks: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "dim", b"dim", "eval_blocks", b"eval_blocks", "fields", b"fields", "lr", b"lr", "max_ps", b"max_ps", "max_workers", b"max_workers", "ps", b"ps", "seed", b"seed", "train_blocks", b"train_blocks", "vocab", b"vocab", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ParameterServerSpec: _TypeAlias = ParameterServerSpec  # noqa: Y015
+
+@_typing.final
+class ParameterServerPlan(_message.Message):
+    """A parameter-server task's processes and cores (the scheduler's plan)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PS_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    PS_CORES_FIELD_NUMBER: _builtins.int
+    WORKER_CORES_FIELD_NUMBER: _builtins.int
+    PS_CORES_EACH_FIELD_NUMBER: _builtins.int
+    ps: _builtins.int
+    """PS processes (>= 1)."""
+    workers: _builtins.int
+    """Worker processes (>= 1)."""
+    ps_cores: _builtins.float
+    """Cores of each PS (> 0); ps_cores_each overrides it per PS."""
+    worker_cores: _builtins.float
+    """Cores of each worker (> 0)."""
+    @_builtins.property
+    def ps_cores_each(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Cores of PS i (a hot PS replaced by a larger one); empty: ps_cores each."""
+
+    def __init__(
+        self,
+        *,
+        ps: _builtins.int = ...,
+        workers: _builtins.int = ...,
+        ps_cores: _builtins.float = ...,
+        worker_cores: _builtins.float = ...,
+        ps_cores_each: _abc.Iterable[_builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ps", b"ps", "ps_cores", b"ps_cores", "ps_cores_each", b"ps_cores_each", "worker_cores", b"worker_cores", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ParameterServerPlan: _TypeAlias = ParameterServerPlan  # noqa: Y015
+
+@_typing.final
+class ParameterServerMetrics(_message.Message):
+    """What a parameter-server task measured (DLRover's metrics), carried by heartbeats."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_CORES_USED_FIELD_NUMBER: _builtins.int
+    PS_CORES_PER_WORKER_FIELD_NUMBER: _builtins.int
+    PS_CORES_USED_FIELD_NUMBER: _builtins.int
+    WORKER_MEMORY_BYTES_USED_FIELD_NUMBER: _builtins.int
+    PS_MEMORY_BYTES_USED_FIELD_NUMBER: _builtins.int
+    PS_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    HELDOUT_AUC_FIELD_NUMBER: _builtins.int
+    MEASURED_SECONDS_FIELD_NUMBER: _builtins.int
+    worker_cores_used: _builtins.float
+    """CPU cores a worker used on average (DLRover's w-hat)."""
+    ps_cores_per_worker: _builtins.float
+    """PS cores used per worker: the PS side's total over the workers (s-hat)."""
+    worker_memory_bytes_used: _builtins.int
+    """Peak RSS of a worker process, bytes."""
+    ps_memory_bytes_used: _builtins.int
+    """Peak RSS of a PS process, bytes."""
+    ps: _builtins.int
+    """PS and worker counts the measurement was made with."""
+    workers: _builtins.int
+    heldout_auc: _builtins.float
+    """Held-out AUC at the end of the last finished phase (0: none yet)."""
+    measured_seconds: _builtins.float
+    """Seconds the processes were measured over (0: nothing measured yet)."""
+    @_builtins.property
+    def ps_cores_used(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """CPU cores each PS used, in PS order."""
+
+    def __init__(
+        self,
+        *,
+        worker_cores_used: _builtins.float = ...,
+        ps_cores_per_worker: _builtins.float = ...,
+        ps_cores_used: _abc.Iterable[_builtins.float] | None = ...,
+        worker_memory_bytes_used: _builtins.int = ...,
+        ps_memory_bytes_used: _builtins.int = ...,
+        ps: _builtins.int = ...,
+        workers: _builtins.int = ...,
+        heldout_auc: _builtins.float = ...,
+        measured_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heldout_auc", b"heldout_auc", "measured_seconds", b"measured_seconds", "ps", b"ps", "ps_cores_per_worker", b"ps_cores_per_worker", "ps_cores_used", b"ps_cores_used", "ps_memory_bytes_used", b"ps_memory_bytes_used", "worker_cores_used", b"worker_cores_used", "worker_memory_bytes_used", b"worker_memory_bytes_used", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ParameterServerMetrics: _TypeAlias = ParameterServerMetrics  # noqa: Y015
 
 @_typing.final
 class PlanDimensions(_message.Message):
@@ -787,6 +960,7 @@ class TaskStatus(_message.Message):
     ENFORCEMENT_FIELD_NUMBER: _builtins.int
     OUT_OF_MEMORY_FIELD_NUMBER: _builtins.int
     PROCESS_TIMINGS_FIELD_NUMBER: _builtins.int
+    PS_METRICS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id, assigned by the scheduler."""
     job_id: _builtins.str
@@ -833,6 +1007,10 @@ class TaskStatus(_message.Message):
         the first window of steps.
         """
 
+    @_builtins.property
+    def ps_metrics(self) -> Global___ParameterServerMetrics:
+        """A parameter-server task's measured use (unset for other tasks)."""
+
     def __init__(
         self,
         *,
@@ -850,10 +1028,11 @@ class TaskStatus(_message.Message):
         enforcement: _builtins.str = ...,
         out_of_memory: _builtins.bool = ...,
         process_timings: _abc.Iterable[Global___ProcessTiming] | None = ...,
+        ps_metrics: Global___ParameterServerMetrics | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress", "ps_metrics", b"ps_metrics"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "digest", b"digest", "enforcement", b"enforcement", "exit_code", b"exit_code", "job_id", b"job_id", "message", b"message", "out_of_memory", b"out_of_memory", "pause_count", b"pause_count", "pause_reason", b"pause_reason", "paused", b"paused", "process_timings", b"process_timings", "progress", b"progress", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "digest", b"digest", "enforcement", b"enforcement", "exit_code", b"exit_code", "job_id", b"job_id", "message", b"message", "out_of_memory", b"out_of_memory", "pause_count", b"pause_count", "pause_reason", b"pause_reason", "paused", b"paused", "process_timings", b"process_timings", "progress", b"progress", "ps_metrics", b"ps_metrics", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

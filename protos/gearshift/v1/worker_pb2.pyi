@@ -74,6 +74,7 @@ class StartTaskRequest(_message.Message):
     CPU_CORES_PER_PROCESS_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_PER_PROCESS_FIELD_NUMBER: _builtins.int
     LOADER_PROCS_PER_PROCESS_FIELD_NUMBER: _builtins.int
+    PS_PLAN_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id, unique per scheduler."""
     job_id: _builtins.str
@@ -138,6 +139,12 @@ class StartTaskRequest(_message.Message):
     def plan(self) -> _common_pb2.ExecutionPlan:
         """The job's current execution plan (unset: all off, one thread per process)."""
 
+    @_builtins.property
+    def ps_plan(self) -> _common_pb2.ParameterServerPlan:
+        """A parameter-server job's processes and cores (required when the spec has
+        parameter_server; the task then runs one PS launcher process).
+        """
+
     def __init__(
         self,
         *,
@@ -159,10 +166,11 @@ class StartTaskRequest(_message.Message):
         cpu_cores_per_process: _builtins.int = ...,
         memory_bytes_per_process: _builtins.int = ...,
         loader_procs_per_process: _builtins.int = ...,
+        ps_plan: _common_pb2.ParameterServerPlan | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "endpoints", b"endpoints", "lease", b"lease", "placement", b"placement", "plan", b"plan", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "endpoints", b"endpoints", "lease", b"lease", "placement", b"placement", "plan", b"plan", "ps_plan", b"ps_plan", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "collocation", b"collocation", "cpu_cores_per_process", b"cpu_cores_per_process", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "job_id", b"job_id", "job_token", b"job_token", "lease", b"lease", "loader_procs_per_process", b"loader_procs_per_process", "local_ranks", b"local_ranks", "memory_bytes_per_process", b"memory_bytes_per_process", "placement", b"placement", "plan", b"plan", "profile_first", b"profile_first", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "collocation", b"collocation", "cpu_cores_per_process", b"cpu_cores_per_process", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "job_id", b"job_id", "job_token", b"job_token", "lease", b"lease", "loader_procs_per_process", b"loader_procs_per_process", "local_ranks", b"local_ranks", "memory_bytes_per_process", b"memory_bytes_per_process", "placement", b"placement", "plan", b"plan", "profile_first", b"profile_first", "ps_plan", b"ps_plan", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,80 @@
+"""A parameter-server JobSpec: the PS spec decides the generic fields; errors name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gearshift.client.spec import load_spec
+from gearshift.common.errors import ValidationError
+from gearshift.common.jobspec import PS_MODULE, is_ps_job, validate_job_spec, with_defaults
+from gearshift.v1 import common_pb2
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ps-wide-deep.yaml"
+
+
+def ps_spec(**ps: int | float) -> common_pb2.JobSpec:
+    return common_pb2.JobSpec(
+        name="wd",
+        total_steps=100,
+        parameter_server=common_pb2.ParameterServerSpec(
+            **{"ps": 2, "workers": 2, "vocab": 1000, "train_blocks": 50, **ps}
+        ),
+    )
+
+
+def test_ps_spec_is_valid_and_defaults_are_derived() -> None:
+    spec = ps_spec()
+    validate_job_spec(spec)
+    full = with_defaults(spec)
+    validate_job_spec(full)  # the worker validates the spec with defaults again
+    assert is_ps_job(full)
+    assert full.entrypoint.module == PS_MODULE
+    assert full.num_ests == 1 and full.global_batch_size == 256
+    assert full.dataset.size == 50 * 256 and full.dataset.shard_size == 256
+    assert full.dataset.mode == common_pb2.DATA_MODE_DYNAMIC
+    assert full.determinism == common_pb2.DETERMINISM_LEVEL_D0
+    assert full.parameter_server.max_ps == 8 and full.parameter_server.lr == 0.05
+    assert full.model_type == "wide-deep"
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda s: setattr(s.parameter_server, "ps", -1), "spec.parameter_server.ps"),
+        (lambda s: setattr(s.parameter_server, "max_ps", 1), "spec.parameter_server.ps"),
+        (lambda s: setattr(s.parameter_server, "workers", 65), "spec.parameter_server.workers"),
+        (lambda s: setattr(s.parameter_server, "batch", -4), "spec.parameter_server.batch"),
+        (lambda s: setattr(s.parameter_server, "lr", -0.1), "spec.parameter_server.lr"),
+        (lambda s: setattr(s.parameter_server, "vocab", 10**8), "spec.parameter_server.vocab"),
+        (lambda s: setattr(s, "epochs", 3), "spec.total_steps"),
+        (lambda s: setattr(s, "total_steps", -1), "spec.total_steps"),
+        (lambda s: setattr(s, "num_ests", 4), "spec.num_ests"),
+        (lambda s: setattr(s, "global_batch_size", 64), "spec.global_batch_size"),
+        (lambda s: setattr(s.entrypoint, "module", "my.job"), "spec.entrypoint"),
+        (lambda s: setattr(s.dataset, "size", 10), "spec.dataset"),
+        (lambda s: setattr(s.elastic, "max_devices", 4), "spec.elastic"),
+        (lambda s: s.accelerator_types.append("v100"), "spec.accelerator_types"),
+        (
+            lambda s: setattr(s, "determinism", common_pb2.DETERMINISM_LEVEL_D1),
+            "spec.determinism",
+        ),
+        (lambda s: setattr(s.plan_dimensions, "threads", True), "spec.plan_dimensions"),
+    ],
+)
+def test_bad_ps_spec_names_the_field(change: object, field: str) -> None:
+    spec = ps_spec()
+    change(spec)  # type: ignore[operator]
+    with pytest.raises(ValidationError) as err:
+        validate_job_spec(spec)
+    assert err.value.field == field, str(err.value)
+
+
+def test_example_ps_spec_is_accepted() -> None:
+    """`gearshift submit examples/ps-wide-deep.yaml` sends this spec."""
+    spec = load_spec(EXAMPLE)
+    validate_job_spec(spec)
+    assert is_ps_job(spec)
+    assert spec.parameter_server.ps == 0  # the Brain decides
+    assert with_defaults(spec).parameter_server.max_workers == 4
