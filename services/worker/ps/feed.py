@@ -34,6 +34,7 @@ class ShardSource:
     dataset_id: str
     token: str | None = None
     epochs: int = 100
+    job_id: str = ""  # the job the dataset belongs to (deleted with it); "": dataset_id
 
     def holder(self, generation: int, worker: int) -> str:
         return f"{self.dataset_id}/gen{generation}/worker{worker}"
@@ -43,7 +44,7 @@ class ShardSource:
         with ShardClient(self.address, token=self.token) as client:
             client.create_dataset(
                 self.dataset_id,
-                job_id=self.dataset_id,
+                job_id=self.job_id or self.dataset_id,
                 size=train_blocks,
                 shard_size=1,
                 seed=seed,

@@ -10,11 +10,17 @@ cleanly. Scaling = ending a phase and starting the next with other counts.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import multiprocessing as mp
 import multiprocessing.connection
+import os
+import signal
+import threading
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +34,8 @@ from gearshift.worker.ps.data import ClickConfig, ClickData
 from gearshift.worker.ps.feed import CounterFeed, Feed, ShardFeed, ShardSource, call_out_of_process
 from gearshift.worker.ps.model import DenseNet, ModelConfig, init_rows
 from gearshift.worker.ps.sharding import repartition
+from gearshift.worker.ps.task import PS0_PROGRESS, STOP_FILE, UseMeter, write_json_atomic
+from gearshift.worker.ps.task import read_json as ckpt_read_json
 from gearshift.worker.ps.trainer import ps_name, train, worker_name
 
 
@@ -64,6 +72,8 @@ class PhaseResult:
     batches_repeated: int  # global batches trained more than once (expected 0)
     shards_covered: int = 0  # shard-manager acks made final by this phase's checkpoint
     auc: float | None = None
+    stopped: bool = False  # ended early by a stop request (the stop file)
+    metrics: dict[str, Any] | None = None  # measured use (task.UseMeter.metrics)
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,7 @@ class _Proc:
     role: str  # "ps" or "worker"
     index: int
     shards: ShardSource | None = None
+    cores: tuple[int, ...] = ()  # pinned to these (empty: the launcher's affinity)
 
 
 def _init_rpc(p: _Proc, name: str, rank: int) -> None:
@@ -126,12 +137,28 @@ def _write_result(p: _Proc, fields: dict[str, Any]) -> None:
     path.write_text(json.dumps(fields))
 
 
+def _watch_counter(p: _Proc, dense: server.DenseServer, done: threading.Event) -> None:
+    """PS 0: publish the batch counter (the launcher's progress) and honour the stop file."""
+    root = Path(p.root)
+    out = root / ckpt.gen_folder(p.generation) / PS0_PROGRESS
+    while not done.is_set():
+        if (root / STOP_FILE).exists():
+            dense.stop()
+        next_batch, end_batch = dense.counter()
+        write_json_atomic(out, {"next_batch": next_batch, "end_batch": end_batch})
+        done.wait(0.1)
+
+
 def _ps_main(p: _Proc) -> None:
     shard = _load_shard(p)
     dense = _load_dense(p) if p.index == 0 else None
     server.serve(shard, dense)
+    done = threading.Event()
+    if dense is not None:
+        threading.Thread(target=_watch_counter, args=(p, dense, done), daemon=True).start()
     _init_rpc(p, ps_name(p.index), p.index)
     rpc.shutdown()  # returns once every worker is done and every call is answered
+    done.set()
     saved = time.time()
     root = Path(p.root)
     ckpt.save_atomic(
@@ -162,7 +189,19 @@ def _worker_main(p: _Proc) -> None:
     _write_result(p, {**asdict(stats), "holder": holder, "shards": acked})
 
 
+def _die_with_parent() -> None:
+    """SIGKILL this process when the launcher dies (a stop without checkpoint kills only
+    the launcher): PR_SET_PDEATHSIG. Linux only; elsewhere a no-op."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
 def _child(p: _Proc) -> None:
+    _die_with_parent()
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the launcher's stop signal is not ours
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if p.cores:
+        os.sched_setaffinity(0, p.cores)
     torch.set_num_threads(1)
     # rpc.shutdown's own all-gather trips a deprecation warning inside torch; not ours to fix.
     warnings.filterwarnings("ignore", message="You are using a Backend")
@@ -179,14 +218,20 @@ def _kill(procs: list[Any]) -> None:
             proc.join(10)
 
 
-def _wait_all(procs: list[Any], deadline: float) -> None:
-    """Until every process has exited, one has failed (the rest would hang), or the deadline."""
+TICK_S = 0.5
+
+
+def _wait_all(procs: list[Any], deadline: float, tick: Callable[[], None] | None = None) -> None:
+    """Until every process has exited, one has failed (the rest would hang), or the deadline;
+    `tick` every TICK_S meanwhile."""
     live = list(procs)
     while live:
         left = deadline - time.monotonic()
         if left <= 0:
             return
-        mp.connection.wait([p.sentinel for p in live], timeout=left)
+        if tick is not None:
+            tick()
+        mp.connection.wait([p.sentinel for p in live], timeout=min(left, TICK_S))
         live = [p for p in live if p.exitcode is None]
         if any(p.exitcode not in (None, 0) for p in procs):
             return
@@ -207,6 +252,8 @@ def run_phase(
     *,
     timeout_s: float = 300.0,
     shards: ShardSource | None = None,
+    cores: Sequence[Sequence[int]] | None = None,
+    on_tick: Callable[[UseMeter, dict[str, Any]], None] | None = None,
 ) -> PhaseResult:
     """Train one phase from the checkpoint in `root` (if any) and checkpoint it there.
 
@@ -230,12 +277,18 @@ def run_phase(
     _warm_up()
     if shards is not None:
         call_out_of_process(shards, "create", train_blocks=data.train_blocks, seed=data.seed)
+    if cores is not None and len(cores) != phase.ps + phase.workers:
+        raise ValueError(f"{len(cores)} core sets for {phase.ps + phase.workers} processes")
     specs = [
         _Proc(str(root), generation, prev, phase.ps, phase.workers, data, model,
               first_batch + phase.steps, role, i, shards)
         for role, count in (("ps", phase.ps), ("worker", phase.workers))
         for i in range(count)
     ]  # fmt: skip
+    if cores is not None:
+        specs = [
+            _Proc(**{**s.__dict__, "cores": tuple(c)}) for s, c in zip(specs, cores, strict=True)
+        ]
     # fork: the children inherit torch already imported, which keeps a restart short.
     ctx = mp.get_context("fork")
     launched = time.time()
@@ -245,8 +298,19 @@ def run_phase(
     for proc in procs:
         proc.start()
     deadline = time.monotonic() + timeout_s
+    meter = UseMeter([pr.pid for pr in procs[: phase.ps]], [pr.pid for pr in procs[phase.ps :]])
+
+    def tick() -> None:
+        counter = ckpt_read_json(gen_dir / PS0_PROGRESS)
+        next_batch = int(counter.get("next_batch", first_batch))  # type: ignore[call-overload]
+        end_batch = int(counter.get("end_batch", first_batch + phase.steps))  # type: ignore[call-overload]
+        if first_batch < next_batch < end_batch:  # training: not set-up, not the drain
+            meter.sample()
+        if on_tick is not None:
+            on_tick(meter, counter)
+
     try:
-        _wait_all(procs, deadline)
+        _wait_all(procs, deadline, tick)
         failed = [(s, pr.exitcode) for s, pr in zip(specs, procs, strict=True) if pr.exitcode != 0]
         if failed:
             names = ", ".join(f"{s.role}{s.index} (exit {code})" for s, code in failed)
@@ -306,4 +370,6 @@ def run_phase(
         batches_missing=len(expected - set(trained)),
         batches_repeated=len(trained) - len(set(trained)),
         shards_covered=covered,
+        stopped=manifest.next_batch < first_batch + phase.steps,
+        metrics=meter.metrics(),
     )

@@ -5,6 +5,11 @@
 `--phases 2x2:300,3x4:300,2x2:300` trains phase after phase (PS x workers : global
 batches), checkpointing and re-partitioning between them; a checkpoint dir that
 already holds a checkpoint is resumed. Prints samples/s and held-out AUC per phase.
+
+`--task` is how a worker daemon runs a PS job's task (see task.py): one phase up to
+`--total-steps` global batches from the checkpoint, the cores of the launcher's affinity
+split over the processes (`--ps-cores-each`, `--worker-cores`), progress and measured use
+in `--progress-file`, SIGUSR1 = stop at the batches claimed and checkpoint (exit 75).
 """
 
 from __future__ import annotations
@@ -13,15 +18,19 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
-from gearshift.worker.ps.checkpoint import evaluate
+from gearshift.common.facts import EXIT_COMPLETED, EXIT_STOPPED
+from gearshift.worker.ps import task as pstask
+from gearshift.worker.ps.checkpoint import evaluate, read_manifest
 from gearshift.worker.ps.data import ClickConfig
 from gearshift.worker.ps.feed import ShardSource
 from gearshift.worker.ps.launch import Phase, PhaseResult, run_phase
@@ -58,6 +67,116 @@ def run(
         res = replace(res, auc=evaluate(root, eval_blocks) if eval_blocks else None)
         results.append(res)
     return results
+
+
+def checkpoint_digest(root: Path) -> str:
+    """SHA-256 of the last checkpoint (manifest, dense part, every PS shard): what a
+    finished PS task reports as its digest. Asynchronous training: two runs differ."""
+    manifest = read_manifest(root)
+    if manifest is None:
+        return ""
+    h = hashlib.sha256((root / "manifest.json").read_bytes())
+    for path in sorted((root / manifest.folder).glob("*.pt")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def run_task(args: argparse.Namespace, data: ClickConfig, model: ModelConfig) -> int:
+    """One phase as a worker daemon's task (module doc of task.py); the exit code."""
+    from gearshift.worker.resources import pin_from_environment  # noqa: PLC0415
+
+    root: Path = args.checkpoint_dir
+    root.mkdir(parents=True, exist_ok=True)
+    stop = root / pstask.STOP_FILE
+    stop.unlink(missing_ok=True)  # a stop meant for an earlier task
+
+    def on_stop(signum: int, frame: object) -> None:
+        stop.touch()
+
+    signal.signal(signal.SIGUSR1, on_stop)
+    signal.signal(signal.SIGTERM, on_stop)
+    pinned = pin_from_environment()
+    if pinned:
+        print(pinned, flush=True)
+    prev = read_manifest(root)
+    first = prev.next_batch if prev is not None else 0
+    steps = max(args.total_steps - first, 0)
+    progress_file: Path | None = args.progress_file
+    ps_each = args.ps_cores_each or [1.0] * args.ps
+    if len(ps_each) != args.ps:
+        raise ValueError(f"--ps-cores-each has {len(ps_each)} values for {args.ps} PS")
+    cores = pstask.assign_cores(
+        sorted(os.sched_getaffinity(0)), [*ps_each, *[args.worker_cores] * args.workers]
+    )
+    last_auc = float(pstask.read_json(root / "last-auc.json").get("auc", 0.0))  # type: ignore[arg-type]
+    started: list[tuple[float, int]] = []
+
+    def write_progress(next_batch: int, rate: float, metrics: dict[str, object]) -> None:
+        if progress_file is None:
+            return
+        pstask.write_json_atomic(
+            progress_file,
+            {
+                "step": next_batch,
+                "loss": 0.0,
+                "samples_per_s": rate,
+                "started_fresh": prev is None,
+                "ps_metrics": {**metrics, "heldout_auc": last_auc},
+            },
+        )
+
+    def on_tick(meter: pstask.UseMeter, counter: dict[str, object]) -> None:
+        next_batch = int(counter.get("next_batch", first))  # type: ignore[call-overload]
+        now = time.monotonic()
+        if not started and next_batch > first:
+            started.append((now, next_batch))
+        rate = 0.0
+        if started and now > started[0][0]:
+            rate = (next_batch - started[0][1]) * data.batch / (now - started[0][0])
+        write_progress(next_batch, rate, meter.metrics())
+
+    print(
+        f"PS task: {args.ps} PS x {args.workers} workers, batches {first} -> "
+        f"{args.total_steps}, cores {cores}",
+        flush=True,
+    )
+    write_progress(first, 0.0, {"ps": args.ps, "workers": args.workers})
+    shards = _shards(args, root)
+    res = run_phase(
+        root,
+        Phase(args.ps, args.workers, steps),
+        data,
+        model,
+        timeout_s=args.timeout,
+        shards=shards,
+        cores=cores,
+        on_tick=on_tick,
+    )
+    if args.eval_blocks:
+        last_auc = evaluate(root, args.eval_blocks)
+        pstask.write_json_atomic(root / "last-auc.json", {"auc": last_auc})
+    res = replace(res, auc=last_auc)
+    write_progress(res.end_batch, res.samples_per_s, dict(res.metrics or {}))
+    print(json.dumps(asdict(res)) if args.json else describe(res), flush=True)
+    if res.stopped or res.end_batch < args.total_steps:
+        return EXIT_STOPPED
+    if args.stats_file is not None:
+        args.stats_file.parent.mkdir(parents=True, exist_ok=True)
+        pstask.write_json_atomic(args.stats_file, {"digest": checkpoint_digest(root)})
+    return EXIT_COMPLETED
+
+
+def _shards(args: argparse.Namespace, root: Path) -> ShardSource | None:
+    if not args.shard_manager:
+        return None
+    dataset_id = (
+        args.dataset_id or f"ps-{hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:12]}"
+    )
+    token = args.token or os.environ.get("GEARSHIFT_TOKEN")
+    return ShardSource(
+        args.shard_manager, dataset_id, token, args.epochs, job_id=args.job_id or dataset_id
+    )
 
 
 def describe(res: PhaseResult) -> str:
@@ -111,7 +230,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=100, help="epochs of the shard-manager dataset")
     ap.add_argument("--token", help="bearer token for the shard manager (GEARSHIFT_TOKEN)")
     ap.add_argument("--json", action="store_true", help="print one JSON object per phase")
+    ap.add_argument(
+        "--task", action="store_true", help="run as a worker daemon's task (see task.py)"
+    )
+    ap.add_argument("--total-steps", type=int, help="--task: train up to this global batch")
+    ap.add_argument("--job-id", help="--task: the job that owns the shard-manager dataset")
+    ap.add_argument("--progress-file", type=Path, help="--task: progress and measured use")
+    ap.add_argument("--stats-file", type=Path, help="--task: the digest, once finished")
+    ap.add_argument(
+        "--ps-cores-each",
+        type=lambda t: [float(x) for x in t.split(",")],
+        help="--task: cores of each PS, e.g. 1,2 (default 1 each)",
+    )
+    ap.add_argument("--worker-cores", type=float, default=1.0, help="--task: cores per worker")
     args = ap.parse_args(argv)
+    if args.task and (args.checkpoint_dir is None or args.total_steps is None):
+        ap.error("--task needs --checkpoint-dir and --total-steps")
     try:
         phases = (
             parse_phases(args.phases) if args.phases else [Phase(args.ps, args.workers, args.steps)]
@@ -127,14 +261,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     torch.set_num_threads(1)  # the launcher only evaluates; its children fork from it
+    if args.task:
+        try:
+            return run_task(args, data, model)
+        except (RuntimeError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     root = args.checkpoint_dir or Path(tempfile.mkdtemp(prefix="gearshift-ps-"))
-    shards = None
-    if args.shard_manager:
-        dataset_id = (
-            args.dataset_id or f"ps-{hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:12]}"
-        )
-        token = args.token or os.environ.get("GEARSHIFT_TOKEN")
-        shards = ShardSource(args.shard_manager, dataset_id, token, args.epochs)
+    shards = _shards(args, root)
     try:
         for res in run(
             root,

@@ -79,6 +79,16 @@ class DenseServer:
             self.next_batch += 1
             return number, [p.detach().clone() for p in self.net.parameters()]
 
+    def stop(self) -> None:
+        """Hand out no more batches (a stop request): the phase ends at the ones claimed."""
+        with self._lock:
+            self.end_batch = min(self.end_batch, self.next_batch)
+
+    def counter(self) -> tuple[int, int]:
+        """(next batch, end batch) as of now."""
+        with self._lock:
+            return self.next_batch, self.end_batch
+
     def push(self, grads: list[torch.Tensor]) -> None:
         with self._lock:
             for p, g in zip(self.net.parameters(), grads, strict=True):
