@@ -37,6 +37,12 @@ waits before a global step while its pause file exists (the daemon's collocation
 loop writes it); foreground and shared tasks run as any other.
 
 Validation names the request field (`placement.processes[2].est_ids`, ...).
+
+A parameter-server job (spec.parameter_server) runs one process instead: the PS launcher,
+`python -m gearshift.worker.ps.run --task`, with the counts and cores of the request's
+ps_plan, the spec's click-data and model knobs, the job's checkpoint folder (always
+resumed when it holds a checkpoint), total_steps global batches, the shard manager's
+dynamic shards (dataset_id), and the task folder's progress.json (ps/task.py).
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ from gearshift.common.auth import TOKEN_VARIABLE
 from gearshift.common.config import host_port
 from gearshift.common.errors import ValidationError
 from gearshift.common.facts import DETERMINISM_NAMES, total_steps
-from gearshift.common.jobspec import validate_job_spec, with_defaults
+from gearshift.common.jobspec import is_ps_job, validate_job_spec, with_defaults
 from gearshift.common.profiles import profile_key
 from gearshift.common.sharding import num_shards
 from gearshift.common.validation import check_name, require
@@ -116,6 +122,7 @@ class TaskPlan:
     plan: common_pb2.ExecutionPlan = field(default_factory=common_pb2.ExecutionPlan)
     collocation: common_pb2.Collocation = field(default_factory=common_pb2.Collocation)
     loader_procs: int = 0  # shared loader processes per training process (the resource plan)
+    ps_plan: common_pb2.ParameterServerPlan | None = None  # a parameter-server job's plan
 
     @property
     def background(self) -> bool:
@@ -156,6 +163,8 @@ class TaskPlan:
         code_dir: Path | None = None,
     ) -> list[str]:
         """The argv of local rank `rank` (`code_dir`: the job's own code, unpacked)."""
+        if self.ps_plan is not None:
+            return self.ps_command(settings, task_dir)
         cmd = [settings.python, "-m", "gearshift.worker.run"]
         cmd += spec_args(self.spec, settings.checkpoint_every, config_file)
         if code_dir is not None:
@@ -206,6 +215,58 @@ class TaskPlan:
         if settings.index_log_dir is not None and self.data_mode == "dynamic":
             cmd += ["--index-log-dir", str(settings.index_log_dir)]
         return cmd
+
+    def ps_command(self, settings: CommandSettings, task_dir: Path) -> list[str]:
+        """The PS launcher's argv (a parameter-server job's one process)."""
+        assert self.ps_plan is not None
+        plan, ps = self.ps_plan, self.spec.parameter_server
+        cmd = [settings.python, "-m", "gearshift.worker.ps.run", "--task"]
+        cmd += ["--ps", str(plan.ps), "--workers", str(plan.workers)]
+        each = list(plan.ps_cores_each) or [plan.ps_cores] * plan.ps
+        cmd += ["--ps-cores-each", ",".join(f"{c:g}" for c in each)]
+        cmd += ["--worker-cores", f"{plan.worker_cores:g}"]
+        cmd += ["--total-steps", str(self.total_steps)]
+        cmd += ["--checkpoint-dir", str(self.checkpoint_dir)]
+        cmd += ["--seed", str(ps.seed), "--fields", str(ps.fields), "--vocab", str(ps.vocab)]
+        cmd += ["--batch", str(ps.batch), "--train-blocks", str(ps.train_blocks)]
+        cmd += ["--dim", str(ps.dim), "--lr", repr(ps.lr), "--eval-blocks", str(ps.eval_blocks)]
+        cmd += ["--shard-manager", self.endpoints.shard_manager]
+        cmd += ["--dataset-id", self.dataset_id, "--job-id", self.job_id]
+        # Enough epochs of one-batch shards for every global batch of the job.
+        cmd += ["--epochs", str(-(-self.total_steps // ps.train_blocks) + 1)]
+        cmd += ["--progress-file", str(task_dir / "progress.json")]
+        cmd += ["--stats-file", str(task_dir / "stats" / "rank0.json")]
+        cmd += ["--timeout", str(max(settings.process_group_timeout, 60.0) * 100)]
+        return cmd
+
+
+def check_ps_plan(plan: common_pb2.ParameterServerPlan, spec: common_pb2.JobSpec) -> None:
+    """A ParameterServerPlan within the spec's bounds; ValidationError naming the field."""
+    ps = spec.parameter_server
+    require(
+        1 <= plan.ps <= ps.max_ps,
+        "ps_plan.ps",
+        f"must be 1-{ps.max_ps} (spec.parameter_server.max_ps), got {plan.ps}",
+    )
+    require(
+        1 <= plan.workers <= ps.max_workers,
+        "ps_plan.workers",
+        f"must be 1-{ps.max_workers} (spec.parameter_server.max_workers), got {plan.workers}",
+    )
+    for name in ("ps_cores", "worker_cores"):
+        value = getattr(plan, name)
+        require(math.isfinite(value) and value > 0, f"ps_plan.{name}", f"must be > 0, got {value}")
+    require(
+        len(plan.ps_cores_each) in (0, plan.ps),
+        "ps_plan.ps_cores_each",
+        f"{len(plan.ps_cores_each)} values for {plan.ps} PS (empty: ps_cores each)",
+    )
+    for i, value in enumerate(plan.ps_cores_each):
+        require(
+            math.isfinite(value) and value > 0,
+            f"ps_plan.ps_cores_each[{i}]",
+            f"must be > 0, got {value}",
+        )
 
 
 def spec_args(
@@ -334,6 +395,21 @@ def plan_task(
             f"{spec.dataset.size} samples in shards of {spec.dataset.shard_size} make {shards} "
             f"shards, fewer than the {spec.num_ests} ESTs",
         )
+    ps_plan = None
+    if is_ps_job(spec):
+        require(
+            request.HasField("ps_plan"),
+            "ps_plan",
+            "is required for a parameter-server job (spec.parameter_server)",
+        )
+        check_ps_plan(request.ps_plan, spec)
+        ps_plan = request.ps_plan
+    else:
+        require(
+            not request.HasField("ps_plan"),
+            "ps_plan",
+            "is only for a parameter-server job (spec.parameter_server is unset)",
+        )
     mapping = _mapping(request.placement.processes, spec.num_ests)
     execplan.check_allowed(spec, request.plan, "plan")
     by_rank = {p.rank: (i, p) for i, p in enumerate(request.placement.processes)}
@@ -412,4 +488,5 @@ def plan_task(
         collocation=request.collocation,
         plan=request.plan,
         loader_procs=request.loader_procs_per_process,
+        ps_plan=ps_plan,
     )

@@ -181,7 +181,11 @@ class Task:
                     child_env[CORES_VARIABLE] = format_cores(self.cores[rank])
                 argv = self.plan.command(rank, settings, self.task_dir, config_file, code_dir)
                 # D2 pins kernels through variables torch reads at import: a fresh interpreter.
-                forkable = self.plan.spec.determinism != common_pb2.DETERMINISM_LEVEL_D2
+                # A PS launcher forks its own processes and handles signals: fresh too.
+                forkable = (
+                    self.plan.spec.determinism != common_pb2.DETERMINISM_LEVEL_D2
+                    and self.plan.ps_plan is None
+                )
                 process = spawner.spawn(
                     SpawnRequest(argv, child_env, self.task_dir, self.log_path(rank), forkable)
                 )
@@ -499,7 +503,29 @@ class Task:
                 enforcement=self.enforcement,
                 out_of_memory=self.out_of_memory,
                 process_timings=self.timings(),
+                ps_metrics=self.ps_metrics(),
             )
+
+    def ps_metrics(self) -> common_pb2.ParameterServerMetrics | None:
+        """A PS task's measured use, from the launcher's progress.json (None: not a PS task,
+        or nothing written yet)."""
+        if self.plan.ps_plan is None:
+            return None
+        try:
+            data = json.loads((self.task_dir / "progress.json").read_text())["ps_metrics"]
+            return common_pb2.ParameterServerMetrics(
+                worker_cores_used=float(data.get("worker_cores_used", 0.0)),
+                ps_cores_per_worker=float(data.get("ps_cores_per_worker", 0.0)),
+                ps_cores_used=[float(c) for c in data.get("ps_cores_used", [])],
+                worker_memory_bytes_used=int(data.get("worker_memory_bytes_used", 0)),
+                ps_memory_bytes_used=int(data.get("ps_memory_bytes_used", 0)),
+                ps=int(data.get("ps", 0)),
+                workers=int(data.get("workers", 0)),
+                heldout_auc=float(data.get("heldout_auc", 0.0)),
+                measured_seconds=float(data.get("measured_seconds", 0.0)),
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
 
 
 def describe_enforcement(

@@ -85,6 +85,7 @@ def checkpoint_digest(root: Path) -> str:
 def run_task(args: argparse.Namespace, data: ClickConfig, model: ModelConfig) -> int:
     """One phase as a worker daemon's task (module doc of task.py); the exit code."""
     from gearshift.worker.resources import pin_from_environment  # noqa: PLC0415
+    from gearshift.worker.spawner import STOP_SIGNALS, die_with_parent  # noqa: PLC0415
 
     root: Path = args.checkpoint_dir
     root.mkdir(parents=True, exist_ok=True)
@@ -94,8 +95,11 @@ def run_task(args: argparse.Namespace, data: ClickConfig, model: ModelConfig) ->
     def on_stop(signum: int, frame: object) -> None:
         stop.touch()
 
-    signal.signal(signal.SIGUSR1, on_stop)
-    signal.signal(signal.SIGTERM, on_stop)
+    die_with_parent()  # a worker daemon that dies takes its task along
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, on_stop)
+    # The daemon spawns with the stop signals blocked (one that came early waits): let them in.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     pinned = pin_from_environment()
     if pinned:
         print(pinned, flush=True)
@@ -159,8 +163,15 @@ def run_task(args: argparse.Namespace, data: ClickConfig, model: ModelConfig) ->
     res = replace(res, auc=last_auc)
     write_progress(res.end_batch, res.samples_per_s, dict(res.metrics or {}))
     print(json.dumps(asdict(res)) if args.json else describe(res), flush=True)
-    if res.stopped or res.end_batch < args.total_steps:
-        return EXIT_STOPPED
+    if res.end_batch < args.total_steps:
+        if stop.exists():
+            return EXIT_STOPPED
+        print(
+            f"error: the data ran out at global batch {res.end_batch} of {args.total_steps} "
+            f"(the shard manager's dataset has {args.epochs} epochs of {data.train_blocks})",
+            file=sys.stderr,
+        )
+        return 1
     if args.stats_file is not None:
         args.stats_file.parent.mkdir(parents=True, exist_ok=True)
         pstask.write_json_atomic(args.stats_file, {"digest": checkpoint_digest(root)})
