@@ -43,7 +43,7 @@ def ps_spec(total: int) -> C.JobSpec:
 
 
 def ps_request(
-    tmp_path: Path, task_id: str, sm_address: str, ps: int, workers: int, total: int = TOTAL
+    tmp_path: Path, task_id: str, sm_address: str, ps: int, workers: int
 ) -> worker_pb2.StartTaskRequest:
     return worker_pb2.StartTaskRequest(
         task_id=task_id,
