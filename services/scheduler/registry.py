@@ -298,6 +298,9 @@ class WorkerRegistry:
                 job = state.jobs.get(task.job_id)
                 if job is not None and status.HasField("progress"):
                     self._progress(job, task, status.progress, now)
+                ps_run = job is not None and task.generation == job.generation
+                if ps_run and status.HasField("ps_metrics"):  # of the running plan's processes
+                    state.ps_metrics[task.job_id] = status.ps_metrics
                 if job is not None and status.process_timings:
                     self._timings(job, task, status.process_timings, now)
                 if job is not None and status.paused != job.paused and not job.terminal:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
 from gearshift.common import execplan
+from gearshift.common.jobspec import is_ps_job
 from gearshift.scheduler.estimates import EstimateRequest, Estimates
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.pipeline import (
@@ -44,6 +45,8 @@ from gearshift.scheduler.placement import (
     workers_of,
 )
 from gearshift.scheduler.policies.configs import config_of
+from gearshift.scheduler.ps_jobs import PsPlans, ps_asks_of
+from gearshift.scheduler.ps_jobs import describe as ps_describe
 from gearshift.scheduler.reconcile import Change, diff
 from gearshift.scheduler.registry import WorkerRegistry
 from gearshift.scheduler.resource_plans import PlanAsk, ResourcePlans, describe
@@ -144,9 +147,11 @@ class Rounds:
         observers: list[Callable[[RoundReport, float], None]] | None = None,
         collocator: Collocator | None = None,
         plans: ResourcePlans | None = None,
+        ps_plans: PsPlans | None = None,
     ) -> None:
         self.state = state
         self.plans = plans
+        self.ps_plans = ps_plans  # parameter-server jobs' plans (ps_jobs.py)
         self.collocator = collocator
         self.control = control
         self.registry = registry
@@ -243,13 +248,20 @@ class Rounds:
                 jobs = [j for j in state.jobs.values() if not j.terminal]
                 types = state.types()
                 asks = [_ask(j) for j in jobs]
-                plan_asks = self._plan_asks(jobs) if self.plans is not None else []
+                plan_asks = (
+                    self._plan_asks([j for j in jobs if not is_ps_job(j.spec)])
+                    if self.plans is not None
+                    else []
+                )
+                ps_asks = ps_asks_of(state, jobs) if self.ps_plans is not None else []
                 rubick = self.allocator if isinstance(self.allocator, LiveRubick) else None
                 facts = [JobFacts.of(j) for j in jobs] if rubick else []
                 workers = list(state.workers.values()) if rubick else []
             self.estimates.refresh(self.estimates.due(asks, types, now), types, now)
             if self.plans is not None:
                 self.plans.refresh(plan_asks)
+            if self.ps_plans is not None:
+                self.ps_plans.refresh(ps_asks)
             if rubick is not None:  # the Brain's fitted models, outside the lock
                 rubick.refresh(facts, workers, now)
             with state.lock:
@@ -482,10 +494,9 @@ class Rounds:
             job = state.jobs.get(change.job_id)
             if job is None or job.terminal:
                 continue
-            replan = (
-                change.kind == "renew"
-                and self.plans is not None
-                and self.plans.restart_wanted(job.job_id)
+            replan = change.kind == "renew" and (
+                (self.plans is not None and self.plans.restart_wanted(job.job_id))
+                or (self.ps_plans is not None and self.ps_plans.restart_wanted(job.job_id))
             )
             if replan:  # the same devices, new resources: the rescale path applies them
                 change = Change(job.job_id, "rescale", change.assignment)
@@ -569,6 +580,7 @@ class Rounds:
                     plan=self._plans.get(job.job_id),
                     cpus_per_device=self._cpus.get(job.job_id, 0),
                     resources=resources,
+                    ps_plan=self.ps_plans.plan(job.job_id) if self.ps_plans else None,
                 )
             failures, unreachable = self.control.start_tasks(requests)
             with state.lock:
@@ -620,6 +632,11 @@ class Rounds:
         if applied is not None:  # what it started with, after the start itself
             job.resource_plan = describe(applied)
             state.record(job, S.JOB_EVENT_TYPE_PLAN, job.resource_plan)
+        ps_applied = self.ps_plans.started(job.job_id) if self.ps_plans is not None else None
+        if ps_applied is not None:
+            state.ps_metrics.pop(job.job_id, None)  # measured under the previous plan
+            job.resource_plan = ps_describe(ps_applied)
+            state.record(job, S.JOB_EVENT_TYPE_PLAN, job.resource_plan)
 
     def _start_failed(
         self, job: JobRecord, tasks: list[TaskRecord], failures: list[str], unreachable: set[str]
@@ -650,6 +667,9 @@ class Rounds:
         self._snapshots.pop(job_id, None)
         if self.plans is not None:
             self.plans.forget(job_id)
+        if self.ps_plans is not None:
+            self.ps_plans.forget(job_id)
+            self.state.ps_metrics.pop(job_id, None)
 
 
 def _sharing(collocation: common_pb2.Collocation) -> str:

@@ -47,6 +47,7 @@ from gearshift.scheduler.guarantees import Admission, Guarantees
 from gearshift.scheduler.job_logs import LogSources, TaskSource, job_log_lines
 from gearshift.scheduler.jobs_api import JobsApi
 from gearshift.scheduler.pipeline import Allocator, Collocator
+from gearshift.scheduler.ps_jobs import PsPlans
 from gearshift.scheduler.registry import WorkerRegistry
 from gearshift.scheduler.resource_plans import ResourcePlans
 from gearshift.scheduler.rounds import RoundReport, Rounds
@@ -146,6 +147,10 @@ class Scheduler:
             )
             if self.brain.address
             else None,  # no Brain, no plans: every job runs on the defaults
+            # PS jobs without a Brain run their spec's counts (ps_jobs.fallback).
+            ps_plans=PsPlans(self.brain.plan_resources, settings.plan_interval, clock)
+            if self.brain.address
+            else None,
         )
         self.jobs = JobsApi(
             self.state,

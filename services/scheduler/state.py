@@ -129,6 +129,8 @@ class SchedulerState:
         # job -> (placement generation, rank -> its step-time track): the straggler
         # detection's memory of the running placement (in memory only).
         self.timings: dict[str, tuple[int, dict[int, Track]]] = {}
+        # job -> its PS task's latest measured use (heartbeats; in memory only): ps_jobs.py
+        self.ps_metrics: dict[str, common_pb2.ParameterServerMetrics] = {}
         self.ended_listeners: list[Callable[[str], None]] = []
         # Each tenant's queued jobs, kept by `track` on every change of a job (every change
         # passes through `record`), so that a submission's --max-queued-jobs check does not

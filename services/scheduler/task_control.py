@@ -22,9 +22,12 @@ from gearshift.common import execplan
 from gearshift.common.errors import rpc_code, rpc_details
 from gearshift.common.facts import ENDED_TASK_STATES
 from gearshift.common.identity import JobTokens
+from gearshift.common.jobspec import is_ps_job
+from gearshift.scheduler import ps_jobs
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.placement import build_placement, local_ranks, workers_of
 from gearshift.scheduler.process_resources import process_resources
+from gearshift.scheduler.ps_jobs import PsPlan
 from gearshift.scheduler.resource_plans import ProcessPlan
 from gearshift.scheduler.state import SchedulerState
 from gearshift.scheduler.store import JobRecord, TaskRecord
@@ -63,6 +66,7 @@ class TaskControl:
         plan: common_pb2.ExecutionPlan | None = None,
         cpus_per_device: int = 0,
         resources: ProcessPlan | None = None,
+        ps_plan: PsPlan | None = None,
     ) -> tuple[common_pb2.Placement, list[TaskRecord], StartRequests]:
         """Tasks and StartTask requests of a new placement, saved before any is sent
         (under the lock); `profile_first`: rank 0 measures the job's layer profile first;
@@ -70,7 +74,9 @@ class TaskControl:
         spec does not allow raises ValidationError naming the plan's field, before anything
         changes. Each process gets its worker's share of cores and memory
         (process_resources; `cpus_per_device` > 0 sets the cores), or what the job's
-        resource plan `resources` gives, with its loader processes."""
+        resource plan `resources` gives, with its loader processes. A parameter-server
+        job runs `ps_plan` (ps_jobs.py; None: its spec's counts, 1 core each), its one
+        process holding the plan's cores, at most its worker's share."""
         plan = job.plan if plan is None else plan
         execplan.check_allowed(job.spec, plan)
         state = self.state
@@ -112,6 +118,11 @@ class TaskControl:
                 plan_cores=resources.cpu_cores if resources else 0,
                 plan_memory=resources.memory_bytes if resources else 0,
             )
+            ps_task = None
+            if is_ps_job(job.spec):
+                ps_plan = ps_plan or ps_jobs.fallback(job.spec, "no plan yet")
+                ps_task = ps_jobs.to_task(ps_plan)
+                cores = ps_jobs.task_cores(ps_plan, cores or worker.cpu_cores)
             request = worker_pb2.StartTaskRequest(
                 task_id=task_id,
                 job_id=job.job_id,
@@ -134,6 +145,7 @@ class TaskControl:
                 cpu_cores_per_process=cores,
                 memory_bytes_per_process=memory,
                 loader_procs_per_process=resources.loader_procs if resources else 0,
+                ps_plan=ps_task,
             )
             requests.append((worker.address, request))
         state.store.save_tasks(tasks)

@@ -75,15 +75,13 @@ def test_a_ps_task_trains_stops_checkpointed_and_resumes_with_other_counts(
     with connect(worker.address) as channel:
         stub = worker_pb2_grpc.WorkerAgentStub(channel)
         stub.StartTask(ps_request(tmp_path, "ps.g0", shard_manager, 2, 2))
-        running = wait_until(
-            lambda: (
-                (s := status(worker, "ps.g0")).progress.step >= 50
-                and s.ps_metrics.measured_seconds > 0
-                and s
-            ),
-            WAIT,
-            "the PS task training and measured",
-        )
+
+        def measured() -> C.TaskStatus | None:
+            s = status(worker, "ps.g0")
+            return s if s.progress.step >= 50 and s.ps_metrics.measured_seconds > 0 else None
+
+        running = wait_until(measured, WAIT, "the PS task training and measured")
+        assert running is not None
         metrics = running.ps_metrics
         assert (metrics.ps, metrics.workers) == (2, 2)
         assert len(metrics.ps_cores_used) == 2 and metrics.worker_cores_used > 0

@@ -14,12 +14,12 @@ from gearshift.v1 import common_pb2
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ps-wide-deep.yaml"
 
 
-def ps_spec(**ps: int | float) -> common_pb2.JobSpec:
+def ps_spec() -> common_pb2.JobSpec:
     return common_pb2.JobSpec(
         name="wd",
         total_steps=100,
         parameter_server=common_pb2.ParameterServerSpec(
-            **{"ps": 2, "workers": 2, "vocab": 1000, "train_blocks": 50, **ps}
+            ps=2, workers=2, vocab=1000, train_blocks=50
         ),
     )
 

@@ -38,7 +38,7 @@ def test_metrics_are_dlrovers_w_hat_and_s_hat() -> None:
 
 
 def request(**plan: float) -> worker_pb2.StartTaskRequest:
-    return worker_pb2.StartTaskRequest(
+    req = worker_pb2.StartTaskRequest(
         task_id="j.g0.w",
         job_id="j",
         spec=common_pb2.JobSpec(
@@ -52,10 +52,13 @@ def request(**plan: float) -> worker_pb2.StartTaskRequest:
         local_ranks=[0],
         checkpoint_dir="/tmp/ck",
         endpoints=worker_pb2.ServiceEndpoints(shard_manager="127.0.0.1:7000"),
-        ps_plan=common_pb2.ParameterServerPlan(
-            **{"ps": 2, "workers": 3, "ps_cores": 1.0, "worker_cores": 2.0, **plan}
-        ),
     )
+    req.ps_plan.CopyFrom(
+        common_pb2.ParameterServerPlan(ps=2, workers=3, ps_cores=1.0, worker_cores=2.0)
+    )
+    for name, value in plan.items():
+        setattr(req.ps_plan, name, value)
+    return req
 
 
 def test_the_daemon_runs_the_ps_launcher_with_the_plan() -> None:

@@ -298,12 +298,15 @@ def run_phase(
     for proc in procs:
         proc.start()
     deadline = time.monotonic() + timeout_s
-    meter = UseMeter([pr.pid for pr in procs[: phase.ps]], [pr.pid for pr in procs[phase.ps :]])
+    meter = UseMeter(
+        [int(pr.pid or 0) for pr in procs[: phase.ps]],
+        [int(pr.pid or 0) for pr in procs[phase.ps :]],
+    )
 
     def tick() -> None:
         counter = ckpt_read_json(gen_dir / PS0_PROGRESS)
-        next_batch = int(counter.get("next_batch", first_batch))  # type: ignore[call-overload]
-        end_batch = int(counter.get("end_batch", first_batch + phase.steps))  # type: ignore[call-overload]
+        next_batch = int(counter.get("next_batch", first_batch))
+        end_batch = int(counter.get("end_batch", first_batch + phase.steps))
         if first_batch < next_batch < end_batch:  # training: not set-up, not the drain
             meter.sample()
         if on_tick is not None:

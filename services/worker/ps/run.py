@@ -22,9 +22,10 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -113,10 +114,10 @@ def run_task(args: argparse.Namespace, data: ClickConfig, model: ModelConfig) ->
     cores = pstask.assign_cores(
         sorted(os.sched_getaffinity(0)), [*ps_each, *[args.worker_cores] * args.workers]
     )
-    last_auc = float(pstask.read_json(root / "last-auc.json").get("auc", 0.0))  # type: ignore[arg-type]
+    last_auc = float(pstask.read_json(root / "last-auc.json").get("auc", 0.0))
     started: list[tuple[float, int]] = []
 
-    def write_progress(next_batch: int, rate: float, metrics: dict[str, object]) -> None:
+    def write_progress(next_batch: int, rate: float, metrics: Mapping[str, object]) -> None:
         if progress_file is None:
             return
         pstask.write_json_atomic(
@@ -130,8 +131,8 @@ def run_task(args: argparse.Namespace, data: ClickConfig, model: ModelConfig) ->
             },
         )
 
-    def on_tick(meter: pstask.UseMeter, counter: dict[str, object]) -> None:
-        next_batch = int(counter.get("next_batch", first))  # type: ignore[call-overload]
+    def on_tick(meter: pstask.UseMeter, counter: dict[str, Any]) -> None:
+        next_batch = int(counter.get("next_batch", first))
         now = time.monotonic()
         if not started and next_batch > first:
             started.append((now, next_batch))

@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 STOP_FILE = "stop"  # in the checkpoint folder: PS 0 hands out no more batches
 PS0_PROGRESS = "ps0-progress.json"  # in a generation's folder: PS 0's batch counter
@@ -119,7 +120,7 @@ def write_json_atomic(path: Path, data: object) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: Path) -> dict[str, object]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
