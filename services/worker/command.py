@@ -227,6 +227,8 @@ class TaskPlan:
         cmd += ["--worker-cores", f"{plan.worker_cores:g}"]
         cmd += ["--total-steps", str(self.total_steps)]
         cmd += ["--checkpoint-dir", str(self.checkpoint_dir)]
+        if self.resume:
+            cmd.append("--resume")
         cmd += ["--seed", str(ps.seed), "--fields", str(ps.fields), "--vocab", str(ps.vocab)]
         cmd += ["--batch", str(ps.batch), "--train-blocks", str(ps.train_blocks)]
         cmd += ["--dim", str(ps.dim), "--lr", repr(ps.lr), "--eval-blocks", str(ps.eval_blocks)]

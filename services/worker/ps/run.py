@@ -126,7 +126,8 @@ def run_task(args: argparse.Namespace, data: ClickConfig, model: ModelConfig) ->
                 "step": next_batch,
                 "loss": 0.0,
                 "samples_per_s": rate,
-                "started_fresh": prev is None,
+                # Told to resume and found no checkpoint: the scheduler's STARTED_FRESH.
+                "started_fresh": args.resume and prev is None,
                 "ps_metrics": {**metrics, "heldout_auc": last_auc},
             },
         )
@@ -246,6 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--task", action="store_true", help="run as a worker daemon's task (see task.py)"
     )
     ap.add_argument("--total-steps", type=int, help="--task: train up to this global batch")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="--task: a checkpoint is expected (the progress says so when none is found); "
+        "a task always resumes the checkpoint it finds",
+    )
     ap.add_argument("--job-id", help="--task: the job that owns the shard-manager dataset")
     ap.add_argument("--progress-file", type=Path, help="--task: progress and measured use")
     ap.add_argument("--stats-file", type=Path, help="--task: the digest, once finished")
