@@ -136,6 +136,16 @@ def collocation_text(collocation: common_pb2.Collocation, paused: bool) -> str:
     return text + ("  PAUSED" if paused else "")
 
 
+def ps_job_text(ps: common_pb2.ParameterServerSpec) -> str:
+    """A parameter-server job's bounds and data, and what it does not promise."""
+    start = f"{ps.ps or 'Brain'} PS x {ps.workers or 'Brain'} workers"
+    return (
+        f"Wide&Deep, starts {start} (at most {ps.max_ps or 8} x {ps.max_workers or 8}), "
+        f"{ps.fields or 8} fields x {ps.vocab or 50000} ids, batch {ps.batch or 256}; "
+        "asynchronous updates: NOT bitwise reproducible"
+    )
+
+
 def job_details(job: scheduler_pb2.Job) -> str:
     spec = job.spec
     length = (
@@ -153,6 +163,8 @@ def job_details(job: scheduler_pb2.Job) -> str:
         f"devices     {devices_by_type(job.placement)}  ESTs/device "
         f"{ests_per_device(job.placement)}  rescales {job.rescale_count}",
     ]
+    if spec.HasField("parameter_server"):
+        lines.append(f"ps job      {ps_job_text(spec.parameter_server)}")
     lines.append(f"plan        {plan_text(job)}")
     if job.resource_plan:
         lines.append(f"resources   {job.resource_plan}")

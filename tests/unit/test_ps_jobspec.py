@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from gearshift.client import render
 from gearshift.client.spec import load_spec
 from gearshift.common.errors import ValidationError
 from gearshift.common.jobspec import PS_MODULE, is_ps_job, validate_job_spec, with_defaults
-from gearshift.v1 import common_pb2
+from gearshift.v1 import common_pb2, scheduler_pb2
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ps-wide-deep.yaml"
 
@@ -78,3 +79,10 @@ def test_example_ps_spec_is_accepted() -> None:
     assert is_ps_job(spec)
     assert spec.parameter_server.ps == 0  # the Brain decides
     assert with_defaults(spec).parameter_server.max_workers == 4
+
+
+def test_gearshift_job_says_a_ps_job_is_not_bitwise_reproducible() -> None:
+    job = scheduler_pb2.Job(job_id="j", spec=with_defaults(ps_spec()))
+    line = next(x for x in render.job_details(job).splitlines() if x.startswith("ps job"))
+    assert "starts 2 PS x 2 workers (at most 8 x 8)" in line
+    assert "NOT bitwise reproducible" in line
