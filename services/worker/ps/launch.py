@@ -21,7 +21,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,7 @@ from gearshift.worker.ps.data import ClickConfig, ClickData
 from gearshift.worker.ps.feed import CounterFeed, Feed, ShardFeed, ShardSource, call_out_of_process
 from gearshift.worker.ps.model import DenseNet, ModelConfig, init_rows
 from gearshift.worker.ps.sharding import repartition
-from gearshift.worker.ps.task import PS0_PROGRESS, STOP_FILE, UseMeter, write_json_atomic
-from gearshift.worker.ps.task import read_json as ckpt_read_json
+from gearshift.worker.ps.task import PS0_PROGRESS, STOP_FILE, UseMeter, read_json, write_json_atomic
 from gearshift.worker.ps.trainer import ps_name, train, worker_name
 
 
@@ -286,9 +285,7 @@ def run_phase(
         for i in range(count)
     ]  # fmt: skip
     if cores is not None:
-        specs = [
-            _Proc(**{**s.__dict__, "cores": tuple(c)}) for s, c in zip(specs, cores, strict=True)
-        ]
+        specs = [replace(s, cores=tuple(c)) for s, c in zip(specs, cores, strict=True)]
     # fork: the children inherit torch already imported, which keeps a restart short.
     ctx = mp.get_context("fork")
     launched = time.time()
@@ -304,7 +301,7 @@ def run_phase(
     )
 
     def tick() -> None:
-        counter = ckpt_read_json(gen_dir / PS0_PROGRESS)
+        counter = read_json(gen_dir / PS0_PROGRESS)
         next_batch = int(counter.get("next_batch", first_batch))
         end_batch = int(counter.get("end_batch", first_batch + phase.steps))
         if first_batch < next_batch < end_batch:  # training: not set-up, not the drain
