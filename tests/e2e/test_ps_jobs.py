@@ -16,7 +16,11 @@ shard of every finished epoch was consumed, and no acknowledged update was lost.
 from __future__ import annotations
 
 import re
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -24,6 +28,8 @@ import pytest
 from gearshift.brain.dlrover import optimize_counts
 from gearshift.client import render
 from gearshift.client.devcluster import DevCluster
+from gearshift.client.sdk import Client
+from gearshift.common.errors import NotFoundError
 from gearshift.v1 import common_pb2, scheduler_pb2, shardmanager_pb2
 from gearshift.worker.ps import checkpoint as ckpt
 from gearshift.worker.shard_client import ShardClient
@@ -32,17 +38,16 @@ from tests.helpers import wait_until
 
 C = common_pb2
 S = scheduler_pb2
-TOTAL = 5000  # global batches of 128 samples: ~25-40 s on 2 shared cores
+TOTAL = 4000  # global batches of 128 samples: ~30 s on 2 shared cores
 TRAIN_BLOCKS = 40
 WAIT = 120.0
+EVAL_BLOCKS = 40
 
 
 @pytest.fixture
 def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevCluster]:
     flags = {"scheduler": ["--plan-interval", "3"], "workers": ["--cpu-cores", "2"]}
-    cluster = e2e_cluster(
-        tmp_path, postgres_db, redis_url, workers=(("w1", "cpu:1"),), flags=flags
-    )
+    cluster = e2e_cluster(tmp_path, postgres_db, redis_url, workers=(("w1", "cpu:1"),), flags=flags)
     try:
         yield started(cluster)
     finally:
@@ -66,12 +71,18 @@ def plan_events(cluster: DevCluster, job_id: str) -> list[str]:
 
 
 def epochs(cluster: DevCluster, job_id: str) -> shardmanager_pb2.Dataset | None:
-    """The job's shard-manager dataset (None once the job's end deleted it)."""
+    """The job's shard-manager dataset (None before it exists or once the job's end
+    deleted it)."""
     try:
         with ShardClient(cluster.address("shardmanager")) as client:
             return client.describe(job_id)
-    except Exception:  # noqa: BLE001 - gone with its job
+    except NotFoundError:
         return None
+
+
+def moved(client: Client, job_id: str, step: int) -> bool:
+    job = client.get(job_id)
+    return job.progress.step > step or job.state == C.JOB_STATE_SUCCEEDED
 
 
 @pytest.mark.slow
@@ -102,19 +113,15 @@ def test_a_ps_job_starts_on_its_plan_is_optimized_while_running_and_succeeds(
         details = render.job_details(running)
     assert f"resources   {running.resource_plan}" in details.splitlines()
     assert "asynchronous, not bitwise reproducible" in details
-    snapshots = []
+    snapshots: list[shardmanager_pb2.Dataset] = []
     with client_of(cluster) as client:
-        while not client.get(job_id).state == C.JOB_STATE_SUCCEEDED:
+        # Until it ends: the dataset's counts as it goes (the job's end deletes them).
+        while client.get(job_id).state != C.JOB_STATE_SUCCEEDED:
             if (seen := epochs(cluster, job_id)) is not None:
                 snapshots.append(seen)
             job = client.get(job_id)
             assert job.state not in (C.JOB_STATE_FAILED, C.JOB_STATE_CANCELLED), job
-            wait_until(
-                lambda: client.get(job_id).progress.step > job.progress.step
-                or client.get(job_id).state == C.JOB_STATE_SUCCEEDED,
-                WAIT,
-                "the job stopped progressing",
-            )
+            wait_until(partial(moved, client, job_id, job.progress.step), WAIT, "stuck")
         job = client.get(job_id)
         events = list(client.events(job_id))
         kinds = [e.type for e in events]
@@ -143,3 +150,37 @@ def test_a_ps_job_starts_on_its_plan_is_optimized_while_running_and_succeeds(
     last = snapshots[-1]
     finished = [e for e in last.epochs if e.epoch < last.epoch]
     assert finished and all(e.shards_done >= TRAIN_BLOCKS for e in finished), last
+
+    # Its held-out AUC against a fixed small plan (1 PS x 1 worker) given the same wall time.
+    started_at = min(e.time for e in events if e.type == S.JOB_EVENT_TYPE_STARTED)
+    ended_at = max(e.time for e in events if e.type == S.JOB_EVENT_TYPE_SUCCEEDED)
+    elastic = ckpt.evaluate(checkpoint, EVAL_BLOCKS)
+    fixed_root = checkpoint.parent / "fixed-1x1"
+    fixed_batches = fixed_run(fixed_root, ended_at - started_at)
+    fixed = ckpt.evaluate(fixed_root, EVAL_BLOCKS)
+    print(
+        f"held-out AUC in {ended_at - started_at:.1f} s: elastic {elastic:.4f} "
+        f"({TOTAL} batches), fixed 1x1 {fixed:.4f} ({fixed_batches} batches)"
+    )
+    assert elastic > 0.5 and fixed > 0.5
+
+
+def fixed_run(root: Path, seconds: float) -> int:
+    """The job's data and model on a fixed 1 PS x 1 worker for `seconds` (then stopped and
+    checkpointed); the global batches it trained."""
+    ps = ps_spec().parameter_server
+    argv = [
+        sys.executable, "-m", "gearshift.worker.ps.run", "--task", "--ps", "1", "--workers", "1",
+        "--total-steps", str(10**9), "--checkpoint-dir", str(root), "--seed", str(ps.seed),
+        "--fields", str(ps.fields), "--vocab", str(ps.vocab), "--batch", str(ps.batch),
+        "--train-blocks", str(ps.train_blocks), "--eval-blocks", "0",
+    ]  # fmt: skip
+    with subprocess.Popen(argv, stdout=subprocess.DEVNULL) as proc:
+        try:
+            proc.wait(seconds)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)
+        assert proc.wait(WAIT) == 75  # stopped and checkpointed
+    manifest = ckpt.read_manifest(root)
+    assert manifest is not None
+    return manifest.next_batch
