@@ -46,6 +46,8 @@ class WorkerRegistry:
         self.workers_changed: list[Callable[[], None]] = []
         self._taskless: dict[str, float] = {}  # job -> when it was first seen running taskless
         self._strays: dict[str, float] = {}  # task -> when it was first seen not running its job
+        self._aucs: dict[str, float] = {}  # PS job -> the held-out AUC last announced
+        state.ended_listeners.append(self._forget_auc)
 
     def register_worker(
         self,
@@ -299,8 +301,8 @@ class WorkerRegistry:
                 if job is not None and status.HasField("progress"):
                     self._progress(job, task, status.progress, now)
                 ps_run = job is not None and task.generation == job.generation
-                if ps_run and status.HasField("ps_metrics"):  # of the running plan's processes
-                    state.ps_metrics[task.job_id] = status.ps_metrics
+                if job is not None and ps_run and status.HasField("ps_metrics"):
+                    self._ps_metrics(job, status.ps_metrics)
                 if job is not None and status.process_timings:
                     self._timings(job, task, status.process_timings, now)
                 if job is not None and status.paused != job.paused and not job.terminal:
@@ -323,6 +325,24 @@ class WorkerRegistry:
         self.control.kill(kill, "a task of the job failed")
         if ended:
             self.wake()
+
+    def _forget_auc(self, job_id: str) -> None:
+        self._aucs.pop(job_id, None)
+
+    def _ps_metrics(self, job: JobRecord, metrics: common_pb2.ParameterServerMetrics) -> None:
+        """A PS task's measured use, for its plans (ps_jobs.py); a new held-out AUC (a
+        phase ended) is a PROGRESS event saying it (under the lock)."""
+        state = self.state
+        state.ps_metrics[job.job_id] = metrics
+        auc = metrics.heldout_auc
+        if auc > 0 and self._aucs.get(job.job_id) != auc:
+            self._aucs[job.job_id] = auc  # a restarted task reports its last phase's again
+            state.record(
+                job,
+                S.JOB_EVENT_TYPE_PROGRESS,
+                f"held-out AUC {auc:.4f} at step {job.progress.step} "
+                f"({metrics.ps} PS x {metrics.workers} workers)",
+            )
 
     def _paused(self, job: JobRecord, status: common_pb2.TaskStatus) -> None:
         """A background job's worker paused it for its foreground, or let it run again."""

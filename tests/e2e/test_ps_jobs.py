@@ -138,6 +138,9 @@ def test_a_ps_job_starts_on_its_plan_is_optimized_while_running_and_succeeds(
     assert counts is not None
     assert (int(counts.group(1)), int(counts.group(2))) == (n_ps, min(workers, 4)), optimized
     assert (n_ps, min(workers, 4)) != (2, 2)  # a change, not the spec's counts again
+    aucs = [e.message for e in events if e.message.startswith("held-out AUC")]  # each phase's
+    last_phase = f"at step {TOTAL} ({n_ps} PS x {min(workers, 4)} workers)"
+    assert len(aucs) >= 2 and aucs[-1].endswith(last_phase), aucs
     print("\n".join(f"{S.JobEventType.Name(e.type)}: {e.message[:300]}" for e in events))
 
     # No acknowledged update lost; every batch trained; every shard of a finished epoch read.
