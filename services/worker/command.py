@@ -238,7 +238,8 @@ class TaskPlan:
         cmd += ["--epochs", str(-(-self.total_steps // ps.train_blocks) + 1)]
         cmd += ["--progress-file", str(task_dir / "progress.json")]
         cmd += ["--stats-file", str(task_dir / "stats" / "rank0.json")]
-        cmd += ["--timeout", str(max(settings.process_group_timeout, 60.0) * 100)]
+        # No phase deadline: the task runs until its batches are done or it is stopped.
+        cmd += ["--timeout", "inf"]
         return cmd
 
 
