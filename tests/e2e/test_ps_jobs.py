@@ -29,8 +29,9 @@ from gearshift.brain.dlrover import optimize_counts
 from gearshift.client import render
 from gearshift.client.devcluster import DevCluster
 from gearshift.client.sdk import Client
+from gearshift.common.channel import connect
 from gearshift.common.errors import NotFoundError
-from gearshift.v1 import common_pb2, scheduler_pb2, shardmanager_pb2
+from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2, scheduler_pb2, shardmanager_pb2
 from gearshift.worker.ps import checkpoint as ckpt
 from gearshift.worker.shard_client import ShardClient
 from tests.e2e.worker_cluster import client_of, e2e_cluster, started, worker_tasks
@@ -142,6 +143,15 @@ def test_a_ps_job_starts_on_its_plan_is_optimized_while_running_and_succeeds(
     last_phase = f"at step {TOTAL} ({n_ps} PS x {min(workers, 4)} workers)"
     assert len(aucs) >= 2 and aucs[-1].endswith(last_phase), aucs
     print("\n".join(f"{S.JobEventType.Name(e.type)}: {e.message[:300]}" for e in events))
+
+    # The Brain holds every plan it issued: initial, optimize, then adjust every interval.
+    with connect(cluster.address("brain")) as channel:
+        history = brain_pb2_grpc.BrainStub(channel).GetJobHistory(
+            brain_pb2.GetJobHistoryRequest(job_id=job_id, max_samples=1)
+        )
+    stages = [p.plan.stage for p in history.plans]
+    assert stages[:2] == [brain_pb2.PLAN_STAGE_INITIAL, brain_pb2.PLAN_STAGE_OPTIMIZE], stages
+    assert brain_pb2.PLAN_STAGE_ADJUST in stages[2:], stages
 
     # No acknowledged update lost; every batch trained; every shard of a finished epoch read.
     checkpoint = Path(next(t.checkpoint_path for t in worker_tasks(cluster, "w1")))
