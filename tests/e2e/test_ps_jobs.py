@@ -40,7 +40,7 @@ from tests.helpers import wait_until
 C = common_pb2
 S = scheduler_pb2
 TOTAL = 4000  # global batches of 128 samples: ~30 s on 2 shared cores
-TRAIN_BLOCKS = 40
+TRAIN_BLOCKS = 400  # 51,200 training samples: 10 epochs in the job
 WAIT = 120.0
 EVAL_BLOCKS = 40
 
