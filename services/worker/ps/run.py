@@ -230,7 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--eval-blocks", type=int, default=40, help="held-out batches for the AUC (0: none)"
     )
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds a phase may take (inf: no limit)")
+    ap.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds a phase may take (inf: no limit)"
+    )
     ap.add_argument(
         "--shard-manager",
         metavar="ADDRESS",
