@@ -392,7 +392,9 @@ class Rounds:
         if burst is not None and spec.elastic.max_devices:  # DeepPool: as many as help
             most = max(min(most, burst.elastic_devices), min(spec.elastic.min_devices, most), 1)
         planned = self._plan_devices(job.job_id)
-        if planned:  # DLRover: the devices similar jobs ran on, within the elastic bounds
+        if planned and spec.service_class != common_pb2.SERVICE_CLASS_GUARANTEED:
+            # DLRover: start on the devices similar jobs ran on, within the elastic bounds
+            # (a guaranteed job is owed its requested devices whatever history says)
             most = max(min(most, planned), min(spec.elastic.min_devices, most), 1)
         allowed = [t for t in types if not spec.accelerator_types or t in spec.accelerator_types]
         if view.locked_type:
