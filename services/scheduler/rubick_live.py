@@ -22,8 +22,9 @@ job's execution plan is chosen from the Brain's fitted model, not only its devic
   on one live worker.
 - A job without a fit runs its own plan on its request (rubick_n's semantics:
   Runtime.fixed_ms), and a log line says its model is not fitted yet (once per job).
-- Limits: Algorithm 1 keeps a job on nodes of one type and does not read a job's allowed
-  types: use it on clusters of one accelerator type.
+- Types: Algorithm 1 keeps a job on nodes of one type among those it allows; its fitted
+  model prices every type alike (one fit per job, not per type, and GPU memory the
+  smallest of any live worker's).
 """
 
 from __future__ import annotations

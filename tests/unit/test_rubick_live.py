@@ -199,3 +199,14 @@ def test_a_running_jobs_plan_changes_only_while_restarts_pay() -> None:
     # ... until (1000 - 10)/1000 = 0.99 says a restart pays.
     assert not run(rubick, [(f, running(1000.0))], roomy)["j"][1].gradient_checkpointing
     assert rubick.policy.reconfigurations("j") == 2
+
+
+def test_a_job_is_placed_only_on_the_accelerator_types_it_allows() -> None:
+    # v100 nodes come first and are as free: without the job's types it would land there.
+    cluster = [worker("a", 4, 16.0), worker("b", 4, 16.0, kind="k80")]
+    only_k80 = dataclasses.replace(
+        snap("b", ests=2), types=("k80",), capability={"k80": 1.0}, throughputs={"k80": 1.0}
+    )
+    assert run(live({}), [(facts("b", ests=2), only_k80)], cluster)["b"][2] == {"k80": (1, 1)}
+    anywhere = run(live({}), [(facts("b", ests=2), snap("b", ests=2))], cluster)["b"]
+    assert anywhere[2] == {"v100": (1, 1)}
