@@ -126,3 +126,41 @@ def test_a_ps_task_trains_stops_checkpointed_and_resumes_with_other_counts(
     with ShardClient(shard_manager) as client:
         done = sum(e.shards_done for e in client.describe("job-ps").epochs)
     assert done == last.next_batch  # every batch of the checkpoint is an acknowledged shard
+
+
+def processes_of(root: Path) -> list[int]:
+    """Pids of the processes whose command line names this checkpoint folder."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(root).encode() in cmdline:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_a_ps_task_stopped_without_checkpoint_takes_its_processes_along(
+    daemons: DaemonFactory,
+    fake: tuple[FakeScheduler, str],
+    tmp_path: Path,
+    sm: Callable[..., str],  # noqa: F811
+) -> None:
+    """Cancel's path: the launcher is killed, and its PS and worker processes die with it."""
+    _, address = fake
+    shard_manager = sm()
+    worker = start_worker(daemons, address, tmp_path)
+    root = tmp_path / "ckpt" / "job-ps"
+    with connect(worker.address) as channel:
+        stub = worker_pb2_grpc.WorkerAgentStub(channel)
+        stub.StartTask(ps_request(tmp_path, "ps.k", shard_manager, 2, 2))
+        wait_until(lambda: status(worker, "ps.k").progress.step > 0, WAIT, "training")
+        assert len(processes_of(root)) == 5  # the launcher, 2 PS, 2 workers
+        stopped = stub.StopTask(worker_pb2.StopTaskRequest(task_id="ps.k", checkpoint=False))
+    assert stopped.state == C.TASK_STATE_FAILED
+    wait_until(lambda: not processes_of(root), WAIT, "PS processes outlived their launcher")
+    assert ckpt.read_manifest(root) is None  # nothing published: the next start redoes it
