@@ -259,6 +259,8 @@ class Rounds:
             with state.lock:
                 report.desired = desired
                 self._plans = self._new_plans(targets)
+                if rubick is not None:  # which model each job's plans come from, when it changes
+                    self._model_notes(rubick, [f.job_id for f in facts])
                 moves = self._reconcile(desired, current, report)
                 self._collocations(targets, desired)
                 self._cpus = {j: t.cpus_per_device for j, t in targets.items()}
@@ -456,6 +458,14 @@ class Rounds:
                 out[job_id] = plan
         return out
 
+    def _model_notes(self, rubick: LiveRubick, job_ids: list[str]) -> None:
+        """Record, as a PLAN event, the Rubick model a job's plans now come from (under
+        the lock)."""
+        for job_id, note in rubick.new_notes(job_ids).items():
+            job = self.state.jobs.get(job_id)
+            if job is not None and not job.terminal:
+                self.state.record(job, S.JOB_EVENT_TYPE_PLAN, note)
+
     def _replanned(self, change: Change) -> Change:
         """A renewal becomes a restart on the same devices when the job's plan changes."""
         if change.kind == "renew" and change.job_id in self._plans:
@@ -561,11 +571,16 @@ class Rounds:
                     and job.generation == 0
                     and self.estimates.burst(job.job_id) is None
                 )
+                rubick = self.allocator if isinstance(self.allocator, LiveRubick) else None
+                profile_rubick = (  # Rubick: its rank 0 measures the runs its model needs
+                    rubick is not None and job.generation == 0 and rubick.wants_profile(job.job_id)
+                )
                 resources = self.plans.plan(job.job_id) if self.plans is not None else None
                 placement, tasks, requests = self.control.prepare_start(
                     job,
                     change.assignment,
                     profile_first=profile,
+                    profile_rubick=profile_rubick,
                     plan=self._plans.get(job.job_id),
                     cpus_per_device=self._cpus.get(job.job_id, 0),
                     resources=resources,

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from gearshift.client.devcluster import DevCluster
-from gearshift.v1 import common_pb2, scheduler_pb2
+from gearshift.common.channel import connect
+from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2, scheduler_pb2
 from tests.e2e.worker_cluster import (
     Reference,
     client_of,
@@ -79,6 +80,47 @@ def test_a_plan_changed_mid_run_keeps_the_fixed_run_digest(
         assert wait_until(replanned, WAIT, "a RESCALED event with GC on", 0.5) is not None
         now = client.get(job_id)
         assert now.state == C.JOB_STATE_SUCCEEDED or now.plan.gradient_checkpointing
+        job = client.wait(job_id, timeout=WAIT)
+    assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.log_tails()
+    assert job.final_digest == ref.digest
+    assert job.progress.step == STEPS
+
+
+def test_a_job_without_a_fit_is_profiled_at_its_first_placement(
+    cluster: DevCluster, ref: Reference, tmp_path: Path
+) -> None:
+    """Issue 19 point 2: nothing stored for the job or its model key, so its first start runs
+    Rubick's profiling run on rank 0 (StartTaskRequest.profile_rubick); the Brain then holds
+    >= 7 configurations and a fit of the job's own, the job's events say its plans come from
+    that fit, and the job ends with its fixed-run digest (profiling computes on a fresh model
+    with the random generators put back)."""
+    started(cluster)
+    spec = digits_spec("digits", STEPS)
+    spec.model_type = f"digits-unprofiled-{tmp_path.name}"
+    spec.plan_dimensions.gradient_checkpointing = True
+    with client_of(cluster) as client:
+        job_id = client.submit(spec).job_id
+
+        def own_fit_noted() -> list[S.JobEvent] | None:
+            evs = [
+                e
+                for e in client.events(job_id)
+                if e.type == S.JOB_EVENT_TYPE_PLAN and "of the job's own runs" in e.message
+            ]
+            return evs or None
+
+        noted = wait_until(own_fit_noted, WAIT, "an event naming the job's own fit", 0.5)
+        assert noted is not None
+        events = [e.message for e in client.events(job_id)]
+        first = next(i for i, m in enumerate(events) if "none fitted yet" in m)
+        assert first < events.index(noted[0].message)
+        with connect(cluster.address("brain"), retry=False) as channel:
+            fitted = brain_pb2_grpc.BrainStub(channel).FitModel(
+                brain_pb2.FitModelRequest(job_id=job_id), timeout=30
+            )
+        assert fitted.run_count >= 7 and fitted.job_id == job_id
+        runs = int(noted[0].message.split("fitted on ")[1].split()[0])
+        assert 7 <= runs <= fitted.run_count  # runtime samples may add runs later
         job = client.wait(job_id, timeout=WAIT)
     assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.log_tails()
     assert job.final_digest == ref.digest

@@ -13,16 +13,20 @@ from gearshift.common.rubick.perf import Mode, ModelPerf, PerfSource, Runtime
 from gearshift.common.rubick.plans import Plan, Zero
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.pipeline import JobSnapshot, Snapshot
+from gearshift.scheduler.service import SchedulerSettings
 from gearshift.scheduler.rubick_live import (
     Fitted,
     JobFacts,
     LiveRubick,
     execution_plan,
+    model_note,
     original_plan,
+    wants_profile,
 )
 from gearshift.scheduler.store import WorkerRecord
 from gearshift.scheduler.tenants import Quotas
-from gearshift.v1 import common_pb2
+from gearshift.v1 import common_pb2, scheduler_pb2
+from tests.sched_harness import Clock, job_spec, make_scheduler, register
 
 C = common_pb2
 PARAMS = Params(2.0, 2.0, 0.05, 3.0, 2.0, 2.0, 5.0)
@@ -199,3 +203,47 @@ def test_a_running_jobs_plan_changes_only_while_restarts_pay() -> None:
     # ... until (1000 - 10)/1000 = 0.99 says a restart pays.
     assert not run(rubick, [(f, running(1000.0))], roomy)["j"][1].gradient_checkpointing
     assert rubick.policy.reconfigurations("j") == 2
+
+
+def test_model_notes_and_who_is_profiled() -> None:
+    own = Fitted("job j", ACTIVATIONS, PARAMS, A800, runs=14, own=True)
+    keyed = Fitted("model k", ACTIVATIONS, PARAMS, A800, runs=9)
+    assert wants_profile(None, "rubick") and wants_profile(keyed, "rubick_e")
+    assert not wants_profile(own, "rubick") and not wants_profile(None, "rubick_n")
+    assert model_note(own, "rubick").endswith("fitted on 14 configurations of the job's own runs")
+    assert model_note(keyed, "rubick").endswith("fitted on 9 configurations of model k")
+    assert "none fitted yet" in model_note(None, "rubick")
+
+
+def test_the_first_start_profiles_and_the_next_round_uses_the_fit() -> None:
+    """No fit of the job's own: its first start tells rank 0 to profile (profile_rubick), an
+    event says which model its plan came from; once the Brain holds its fit (after the retry
+    interval), the next round uses it and says so; later starts do not profile again."""
+    fits: dict[str, Fitted] = {}
+    rubick = LiveRubick(lambda job_id: fits.get(job_id), retry_seconds=5.0)
+    clock = Clock()
+    settings = SchedulerSettings(policy="rubick", round_seconds=60.0)
+    scheduler, agents = make_scheduler(settings, clock=clock, allocator=rubick)
+    try:
+        register(scheduler, "w", {"cpu": 2})
+        job, _ = scheduler.submit(job_spec("j", 2), "")
+        scheduler.run_round()
+        assert [r.profile_rubick for r in agents.started] == [True]
+
+        def notes() -> list[str]:
+            return [
+                e.message
+                for e in scheduler.state.store.events_after(job.job_id, 0)
+                if e.type == scheduler_pb2.JOB_EVENT_TYPE_PLAN
+            ]
+
+        assert notes() == [model_note(None, "rubick")]
+        fits[job.job_id] = Fitted(f"job {job.job_id}", ACTIVATIONS, PARAMS, A800, 14, own=True)
+        scheduler.run_round()  # asked again only after the retry interval
+        assert len(notes()) == 1
+        clock.now += 6.0
+        scheduler.run_round()
+        assert notes()[-1].endswith("fitted on 14 configurations of the job's own runs")
+        assert all(not r.profile_rubick for r in agents.started[1:])
+    finally:
+        scheduler.stop()
