@@ -46,6 +46,7 @@ from gearshift.common.rubick.plans import Plan, Zero
 from gearshift.common.rubick.request import Request
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.elastic_rounds import split_ests
+from gearshift.scheduler.guarantees import Admission
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.pipeline import JobSnapshot, Snapshot, Target
 from gearshift.scheduler.rubick_policy import VARIANTS, RubickPolicy
@@ -275,6 +276,14 @@ class LiveRubick:
     def fitted(self, job_id: str) -> Fitted | None:
         with self._lock:
             return self._fits.get(job_id)
+
+    def admissions(self) -> dict[str, Admission]:
+        """The last decision's guaranteed jobs within quota: devices, plan, predicted speed
+        and the best-effort jobs shrunk or preempted for them (`gearshift tenants`)."""
+        return {
+            j: Admission(a.accelerator_type, a.gpus, a)
+            for j, a in dict(self.policy.admitted).items()
+        }
 
     def wants_profile(self, job_id: str) -> bool:
         """Whether the job's start should run Rubick's profiling run (see wants_profile)."""

@@ -114,9 +114,65 @@ class _Job:
         return len(self.curve.value) - 1
 
 
+@dataclass(frozen=True)
+class RubickAdmission:
+    """A guaranteed job the quota covered in a decision: its request and what it got, with
+    the best-effort jobs that gave GPUs up for it (shrunk: still running on fewer;
+    preempted: left with none)."""
+
+    job_id: str
+    tenant: str
+    accelerator_type: str  # of the nodes it got
+    requested_gpus: int
+    gpus: int
+    requested_plan: str
+    plan: str
+    requested_rate: float  # iterations/s of its original plan on its request (the model's)
+    predicted_rate: float  # iterations/s the model predicts on what it got
+    shrunk: tuple[str, ...] = ()
+    preempted: tuple[str, ...] = ()
+
+
+def admissions(
+    jobs: Mapping[str, _Job],
+    admitted: Sequence[str],
+    node_type: Mapping[str, str],
+    chosen: Mapping[str, tuple[Plan, int]],
+    before: Mapping[str, Mapping[str, int]],
+    taken: Mapping[str, Sequence[str]],
+    speed: Callable[[_Job, Mapping[str, int]], float],
+) -> dict[str, RubickAdmission]:
+    """The decision's admissions of guaranteed jobs (`admitted`: ids, in order; those left
+    without GPUs are not admitted), from each job's allocation, chosen plan, the allocations `before` the decision and the jobs each
+    took GPUs from (`taken`); only best-effort victims are listed."""
+    out: dict[str, RubickAdmission] = {}
+    for job_id in admitted:
+        job = jobs[job_id]
+        if not job.alloc or job_id not in chosen:  # it waits: not admitted this time
+            continue
+        victims = sorted(
+            {v for v in taken.get(job_id, ()) if not jobs[v].req.guaranteed and before.get(v)}
+        )
+        out[job_id] = RubickAdmission(
+            job_id=job_id,
+            tenant=job.snap.entity,
+            accelerator_type=node_type[next(iter(job.alloc))],
+            requested_gpus=job.req.gpus,
+            gpus=job.gpus,
+            requested_plan=job.req.plan.label,
+            plan=chosen[job_id][0].label,
+            requested_rate=job.base_rate,
+            predicted_rate=speed(job, job.alloc) * job.base_rate,
+            shrunk=tuple(v for v in victims if jobs[v].alloc),
+            preempted=tuple(v for v in victims if not jobs[v].alloc),
+        )
+    return out
+
+
 @dataclass
 class RubickPolicy:
-    """Algorithm 1 over a snapshot; see the module docstring."""
+    """Algorithm 1 over a snapshot; see the module docstring. `admitted`: the last
+    decision's admissions of guaranteed jobs (what `gearshift tenants` shows)."""
 
     perf: PerfSource
     variant: str = "rubick"
@@ -129,6 +185,7 @@ class RubickPolicy:
     replans_on_events: bool = True
     decisions: int = 0
     decision_seconds: list[float] = field(default_factory=list)
+    admitted: dict[str, RubickAdmission] = field(default_factory=dict)
     _alloc: dict[str, dict[str, int]] = field(default_factory=dict)
     _plan: dict[str, tuple[Plan, int]] = field(default_factory=dict)
     _reconfigs: dict[str, int] = field(default_factory=dict)
@@ -232,10 +289,14 @@ class RubickPolicy:
 
         ctx = _Ctx(jobs, free, holders, node_type, self.min_gain, runs, speed)
 
+        before = {j: dict(job.alloc) for j, job in jobs.items() if job.alloc}
         usage: dict[str, int] = {}
+        covered: list[str] = []  # guaranteed jobs within quota: running ones, then new ones
         for job in jobs.values():
             if job.running and job.req.guaranteed:
                 usage[job.snap.entity] = usage.get(job.snap.entity, 0) + job.min_gpus
+                if self.quotas.get(job.snap.entity, 0) > 0:
+                    covered.append(job.snap.job_id)
         privileged: list[_Job] = []
         for job in jobs.values():  # arrival order
             if job.running or not job.req.guaranteed:
@@ -245,6 +306,7 @@ class RubickPolicy:
                 usage[job.snap.entity] = usage.get(job.snap.entity, 0) + job.min_gpus
                 privileged.append(job)
         chosen = {id(j) for j in privileged}
+        covered += [j.snap.job_id for j in privileged]
         for job in privileged:
             ctx.schedule(job, reclaim=True)
         rest = [j for j in jobs.values() if id(j) not in chosen and not j.frozen]
@@ -257,7 +319,8 @@ class RubickPolicy:
             if not job.alloc:  # work-conserving: what trimming freed
                 ctx.schedule(job, reclaim=False)
                 ctx.trim(job)
-        out = self._targets(jobs, node_type)
+        out, plans = self._targets(jobs, node_type)
+        self.admitted = admissions(jobs, covered, node_type, plans, before, ctx.taken, speed)
         self.decisions += 1
         self.decision_seconds.append(time.perf_counter() - started)
         return out
@@ -266,7 +329,10 @@ class RubickPolicy:
         starving = not job.running and now - job.snap.arrival_time > self.starvation_seconds
         return (not starving, -job.curve.up[job.gpus], job.snap.arrival_time)
 
-    def _targets(self, jobs: Mapping[str, _Job], node_type: Mapping[str, str]) -> dict[str, Target]:
+    def _targets(
+        self, jobs: Mapping[str, _Job], node_type: Mapping[str, str]
+    ) -> tuple[dict[str, Target], dict[str, tuple[Plan, int]]]:
+        """Each placed job's target, and its chosen plan and cores per GPU."""
         mode, elastic = VARIANTS[self.variant]
         cpu_free = {n: self.cpus_per_node for n in node_type}
         chosen: dict[str, tuple[Plan, int]] = {}
@@ -334,7 +400,7 @@ class RubickPolicy:
         for job_id in [j for j in self._alloc if j not in jobs]:  # ended jobs
             self._alloc.pop(job_id, None)
             self._plan.pop(job_id, None)
-        return out
+        return out, chosen
 
 
 @dataclass
@@ -349,6 +415,7 @@ class _Ctx:
     runs: Callable[[_Job], bool]  # whether some plan runs on the job's GPUs per node
     # the job's best speed on these GPUs per node over its speed as requested (0: none runs)
     speed: Callable[[_Job, Mapping[str, int]], float]
+    taken: dict[str, list[str]] = field(default_factory=dict)  # taker -> its victims (ids)
 
     def below(self, job: _Job, alloc: Mapping[str, int] | None = None) -> bool:
         """A guaranteed job slower than its request on `alloc` (default: what it holds)."""
@@ -438,11 +505,14 @@ class _Ctx:
             for victim, n in reversed(undo):
                 self._move(job, n, -1)
                 self._move(victim, n, 1)
+            undo = []
             for n in list(job.alloc):
                 back = job.alloc[n] - start.get(n, 0)
                 if back > 0:
                     self.free[n] += back
                     self._move(job, n, -back)
+        if undo:
+            self.taken.setdefault(job.snap.job_id, []).extend(v.snap.job_id for v, _ in undo)
 
     def trim(self, job: _Job) -> None:
         """Keep the least GPUs that reach the curve's value, on a placement a plan runs on

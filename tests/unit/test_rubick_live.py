@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 import pytest
 
+from gearshift.client.render import as_dict, tenants_text
 from gearshift.common.rubick.model import A800, ForwardSample, Params, Workload
 from gearshift.common.rubick.perf import Mode, ModelPerf, PerfSource, Runtime
 from gearshift.common.rubick.plans import Plan, Zero
@@ -247,3 +248,49 @@ def test_the_first_start_profiles_and_the_next_round_uses_the_fit() -> None:
         assert all(not r.profile_rubick for r in agents.started[1:])
     finally:
         scheduler.stop()
+
+
+def test_admissions_name_the_plan_the_speed_and_the_best_effort_jobs_shrunk() -> None:
+    """Tenant t (quota 2) submits a guaranteed job while a best-effort job holds all four
+    devices: the guaranteed job is admitted on 2 at (at least) its requested speed, and the
+    best-effort job, shrunk to 2, is named; with a second best-effort job on the other two,
+    one of them is preempted."""
+    fit = {j: Fitted(f"job {j}", ACTIVATIONS, PARAMS, A800) for j in ("be", "be2", "g")}
+    rubick = LiveRubick(fit.get, quotas=lambda: Quotas({"t": {"v100": 2}}))
+    w = [worker("w", 4, 80.0)]
+    be = (facts("be", gc=True), snap("be"))
+    assert run(rubick, [be], w)["be"][0] == 4 and rubick.admissions() == {}
+    running = JobSnapshot(**snap("be").__dict__ | {"current": (("v100", 4),)})
+    guaranteed = JobSnapshot(
+        **snap("g", ests=2, arrival=1.0).__dict__ | {"guaranteed": True, "entity": "t"}
+    )
+    got = run(rubick, [(be[0], running), (facts("g", ests=2, gc=True), guaranteed)], w)
+    assert got["g"][0] == 2 and got["be"][0] == 2
+    a = rubick.admissions()["g"]
+    assert (a.accelerator_type, a.devices) == ("v100", 2)
+    r = a.rubick
+    assert r is not None and (r.tenant, r.requested_gpus, r.gpus) == ("t", 2, 2)
+    assert r.requested_plan == "dp2" and r.plan in {"dp2", "dp2+gc"}
+    assert r.predicted_rate >= r.requested_rate * (1 - 1e-6) > 0
+    assert (r.shrunk, r.preempted) == (("be",), ())
+
+
+def test_tenants_text_lists_rubick_admissions() -> None:
+    state = scheduler_pb2.ClusterState()
+    row = state.tenants.add(tenant="t", quota={"v100": 2})
+    row.rubick_admissions.add(
+        job_id="g",
+        accelerator_type="v100",
+        requested_devices=2,
+        devices=2,
+        requested_plan="dp2",
+        plan="dp2+gc",
+        requested_iterations_per_second=4.0,
+        predicted_iterations_per_second=5.0,
+        shrunk_jobs=["be"],
+    )
+    text = tenants_text(state)
+    assert "Rubick admissions" in text
+    line = text.splitlines()[-1].split()
+    assert line == ["t", "g", "v100x2", "dp2", "v100x2", "dp2+gc", "4", "5", "1.25x", "be", "-"]
+    assert as_dict(state.tenants[0])["rubick_admissions"][0]["shrunk_jobs"] == ["be"]
