@@ -136,6 +136,7 @@ class RubickAdmission:
 def admissions(
     jobs: Mapping[str, _Job],
     admitted: Sequence[str],
+    *,
     node_type: Mapping[str, str],
     chosen: Mapping[str, tuple[Plan, int]],
     before: Mapping[str, Mapping[str, int]],
@@ -143,8 +144,9 @@ def admissions(
     speed: Callable[[_Job, Mapping[str, int]], float],
 ) -> dict[str, RubickAdmission]:
     """The decision's admissions of guaranteed jobs (`admitted`: ids, in order; those left
-    without GPUs are not admitted), from each job's allocation, chosen plan, the allocations `before` the decision and the jobs each
-    took GPUs from (`taken`); only best-effort victims are listed."""
+    without GPUs are not admitted), from each job's allocation and chosen plan, the
+    allocations `before` the decision and the jobs each took GPUs from (`taken`); only
+    best-effort victims are listed."""
     out: dict[str, RubickAdmission] = {}
     for job_id in admitted:
         job = jobs[job_id]
@@ -320,7 +322,15 @@ class RubickPolicy:
                 ctx.schedule(job, reclaim=False)
                 ctx.trim(job)
         out, plans = self._targets(jobs, node_type)
-        self.admitted = admissions(jobs, covered, node_type, plans, before, ctx.taken, speed)
+        self.admitted = admissions(
+            jobs,
+            covered,
+            node_type=node_type,
+            chosen=plans,
+            before=before,
+            taken=ctx.taken,
+            speed=speed,
+        )
         self.decisions += 1
         self.decision_seconds.append(time.perf_counter() - started)
         return out

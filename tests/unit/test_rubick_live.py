@@ -14,7 +14,6 @@ from gearshift.common.rubick.perf import Mode, ModelPerf, PerfSource, Runtime
 from gearshift.common.rubick.plans import Plan, Zero
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.pipeline import JobSnapshot, Snapshot
-from gearshift.scheduler.service import SchedulerSettings
 from gearshift.scheduler.rubick_live import (
     Fitted,
     JobFacts,
@@ -24,6 +23,7 @@ from gearshift.scheduler.rubick_live import (
     original_plan,
     wants_profile,
 )
+from gearshift.scheduler.service import SchedulerSettings
 from gearshift.scheduler.store import WorkerRecord
 from gearshift.scheduler.tenants import Quotas
 from gearshift.v1 import common_pb2, scheduler_pb2
@@ -221,7 +221,7 @@ def test_the_first_start_profiles_and_the_next_round_uses_the_fit() -> None:
     event says which model its plan came from; once the Brain holds its fit (after the retry
     interval), the next round uses it and says so; later starts do not profile again."""
     fits: dict[str, Fitted] = {}
-    rubick = LiveRubick(lambda job_id: fits.get(job_id), retry_seconds=5.0)
+    rubick = LiveRubick(fits.get, retry_seconds=5.0)
     clock = Clock()
     settings = SchedulerSettings(policy="rubick", round_seconds=60.0)
     scheduler, agents = make_scheduler(settings, clock=clock, allocator=rubick)
