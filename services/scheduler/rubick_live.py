@@ -4,8 +4,8 @@ job's execution plan is chosen from the Brain's fitted model, not only its devic
 - Models: per job, Rubick's Eq. 1 fitted by the Brain (FitModel) on the runs it holds for
   the job, else for its model key (the spec's model_type). Asked outside the scheduler's
   lock, kept, asked again every `refresh_seconds` (what the Brain learns reaches running
-  jobs) and every `retry_seconds` while there is none (a profiling run may store runs at
-  any time), as the burst-parallel plans are (gearshift.scheduler.estimates).
+  jobs) and every `retry_seconds` while the job has no fit of its own (a profiling run
+  may store its runs at any time), as the burst-parallel plans are (gearshift.scheduler.estimates).
 - Plans: only what the runtime executes (gearshift.common.rubick.perf.Runtime): d devices
   with ESTs / d on each (gradient accumulation in EST terms; d divides the ESTs, within the
   job's min/max devices), gradient checkpointing where the spec allows it, optimizer
@@ -269,8 +269,11 @@ class LiveRubick:
                     self._fits[f.job_id] = fit
 
     def _due(self, job_id: str, now: float) -> bool:
+        """Whether to ask again: every refresh_seconds for a job with a fit of its own, every
+        retry_seconds for one without (its profiling run may store its runs any time)."""
         at = self._asked.get(job_id)
-        wait = self.refresh_seconds if job_id in self._fits else self.retry_seconds
+        fit = self._fits.get(job_id)
+        wait = self.refresh_seconds if fit is not None and fit.own else self.retry_seconds
         return at is None or now - at >= wait
 
     def fitted(self, job_id: str) -> Fitted | None:
