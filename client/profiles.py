@@ -13,16 +13,13 @@ devices a job should hold, not how its layers run.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 from google.protobuf import json_format
 
 from gearshift.client import render
 from gearshift.client.options import add_brain_options, brain_channel, client_tls
+from gearshift.client.profiler_run import run_profiler
 from gearshift.client.rubick_profile import add_rubick_options, cmd_profile_rubick
 from gearshift.client.spec import JobFile, load_job
 from gearshift.common import codepkg
@@ -108,30 +105,15 @@ def _default_max_devices(spec: common_pb2.JobSpec, batch: int) -> int:
 def _run_profiler(
     args: argparse.Namespace, job: JobFile, batch: int, devices: int
 ) -> brain_pb2.LayerProfile:
-    if importlib.util.find_spec("torch") is None:
-        raise ValidationError("--device", "profiling needs torch: pip install 'gearshift[worker]'")
-    spec = job.spec
-    code_dir = [] if job.code is None else [
-        "--code-dir", str(job.code if job.code.is_dir() else job.code.parent)
+    options = [
+        "--global-batch", str(batch),
+        "--max-devices", str(devices),
+        "--device", args.device,
+        "--repeats", str(args.repeats),
     ]  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="gearshift-profile-") as folder:
-        out = Path(folder) / "profile.json"
-        command = [
-            sys.executable, "-m", PROFILER_MODULE,
-            "--job", spec.entrypoint.module,
-            "--config", spec.entrypoint.config_json or "{}",
-            "--global-batch", str(batch),
-            "--max-devices", str(devices),
-            "--device", args.device,
-            "--repeats", str(args.repeats),
-            "--seed", str(spec.dataset.seed),
-            "--out", str(out),
-            *code_dir,
-        ]  # fmt: skip
-        code = subprocess.call(command)
-        if code != 0:
-            raise ValidationError(args.file, f"the profiler failed (exit {code}); see above")
-        text = out.read_text()
+    text = run_profiler(
+        PROFILER_MODULE, job, options, flag="--device", source=str(args.file), what="the profiler"
+    )
     return json_format.Parse(text, brain_pb2.LayerProfile())
 
 

@@ -14,18 +14,14 @@ thread count is fitted as a device of its own. A job id takes one thread count.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
 
 from gearshift.client import render
 from gearshift.client.options import brain_channel, client_tls
+from gearshift.client.profiler_run import run_profiler
 from gearshift.client.spec import JobFile, load_job
 from gearshift.common.errors import ValidationError, typed_call
 from gearshift.common.profiles import profile_key
@@ -76,29 +72,20 @@ def _defaults(spec: common_pb2.JobSpec, batch: int) -> tuple[str, str]:
 
 
 def _run(args: argparse.Namespace, job: JobFile, batch: int, batches: str, ests: str) -> Any:
-    if importlib.util.find_spec("torch") is None:
-        raise ValidationError("--rubick", "profiling needs torch: pip install 'gearshift[worker]'")
-    spec = job.spec
-    code_dir = [] if job.code is None else [
-        "--code-dir", str(job.code if job.code.is_dir() else job.code.parent)
+    options = [
+        "--global-batch", str(batch),
+        "--batches", batches, "--ests", ests, "--gc", args.gc, "--threads", args.threads,
+        "--steps", str(args.steps),
     ]  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="gearshift-rubick-") as folder:
-        out = Path(folder) / "runs.json"
-        command = [
-            sys.executable, "-m", RUBICK_MODULE,
-            "--job", spec.entrypoint.module,
-            "--config", spec.entrypoint.config_json or "{}",
-            "--global-batch", str(batch),
-            "--batches", batches, "--ests", ests, "--gc", args.gc, "--threads", args.threads,
-            "--steps", str(args.steps),
-            "--seed", str(spec.dataset.seed),
-            "--out", str(out),
-            *code_dir,
-        ]  # fmt: skip
-        code = subprocess.call(command)
-        if code != 0:
-            raise ValidationError(args.file, f"the profiling run failed (exit {code}); see above")
-        return json.loads(out.read_text())
+    text = run_profiler(
+        RUBICK_MODULE,
+        job,
+        options,
+        flag="--rubick",
+        source=str(args.file),
+        what="the profiling run",
+    )
+    return json.loads(text)
 
 
 def _store_and_fit(

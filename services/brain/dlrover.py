@@ -330,14 +330,12 @@ def adjust_plan(
                 replacements.append(PsReplacement(i, cores))
     if replacements:
         detail = ", ".join(f"PS {r.ps_index} -> {r.cpu_cores:g} cores" for r in replacements)
-        return replace(
+        return _adjusted(
             current,
-            stage=Stage.ADJUST,
-            workers=workers,
-            ps_replacements=tuple(replacements),
-            source=Source.OPTIMIZER,
-            predicted_steps_per_second=0.0,
-            reason=f"hot PS replaced with s = min((ŝ_hot/ŝ_total)*ŝ*N_w, C_max): {detail}",
+            workers,
+            0.0,
+            f"hot PS replaced with s = min((ŝ_hot/ŝ_total)*ŝ*N_w, C_max): {detail}",
+            tuple(replacements),
         )
     allocated = current.ps.total_cores
     if allocated > 0 and 0 < used_total < defaults.ps_idle_utilization * allocated:
@@ -348,25 +346,38 @@ def adjust_plan(
         add = max(0, min(target - n_w, room))
         if add > 0:
             per_worker = metrics.steps_per_second / n_w
-            return replace(
+            return _adjusted(
                 current,
-                stage=Stage.ADJUST,
-                workers=replace(workers, count=n_w + add),
-                ps_replacements=(),
-                source=Source.OPTIMIZER,
-                predicted_steps_per_second=per_worker * (n_w + add),
-                reason=f"idle PS CPU ({used_total:g} of {allocated:g} cores): ŝ = "
+                replace(workers, count=n_w + add),
+                per_worker * (n_w + add),
+                f"idle PS CPU ({used_total:g} of {allocated:g} cores): ŝ = "
                 f"{s_new:.3g}, workers {n_w} -> {n_w + add} (s_total/ŝ = {target}, C_total)",
             )
+    return _adjusted(
+        current,
+        workers,
+        metrics.steps_per_second,
+        "no hot or idle PS: plan kept"
+        + (", worker memory from observed use" if workers != current.workers else ""),
+    )
+
+
+def _adjusted(
+    current: ResourcePlan,
+    workers: NodeGroup,
+    rate: float,
+    reason: str,
+    replacements: tuple[PsReplacement, ...] = (),
+) -> ResourcePlan:
+    """An ADJUST-stage plan from the optimizer: `current` with these workers and PS swaps."""
     return replace(
         current,
         stage=Stage.ADJUST,
         workers=workers,
-        ps_replacements=(),
+        ps_replacements=replacements,
         source=Source.OPTIMIZER,
-        predicted_steps_per_second=metrics.steps_per_second,
-        reason="no hot or idle PS: plan kept"
-        + (", worker memory from observed use" if workers != current.workers else ""),
+        predicted_steps_per_second=rate,
+        reason=reason,
     )
 
 

@@ -185,6 +185,7 @@ class FinishedJob:
     nodes: list[NodeInfo]
     memory_peak_by_role: dict[str, int] = field(default_factory=dict)
     steps_per_second: float = 0.0
+    device_count: int = 0  # of its last runtime sample: the devices it ended on
 
 
 @dataclass(frozen=True)

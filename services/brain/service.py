@@ -260,9 +260,10 @@ RUBICK_SAMPLES = 10_000
 
 
 def _past_job(found: FinishedJob) -> dlrover.PastJob | None:
-    """What a finished job ran with: its last plan, else its recorded nodes."""
-    if found.last_plan is not None:
-        plan = dlrover.plan_from_dict(found.last_plan)
+    """What a finished job ran with: its last plan, else its recorded nodes; a
+    data-parallel job's device count from its samples."""
+    plan = dlrover.plan_from_dict(found.last_plan) if found.last_plan is not None else None
+    if plan is not None:
         workers, ps = plan.workers, plan.ps
     else:
         groups: dict[str, dlrover.NodeGroup] = {}
@@ -274,8 +275,13 @@ def _past_job(found: FinishedJob) -> dlrover.PastJob | None:
                 max((n.memory_bytes for n in nodes), default=0),
             )
         workers, ps = groups[dlrover.Role.WORKER], groups[dlrover.Role.PS]
-        if workers.count == 0:
+        if workers.count == 0 and found.device_count == 0:
             return None
+    if found.device_count > 0 and _data_parallel(found, plan):
+        # Its processes are not reported as nodes and its plans carry what it was asked
+        # (the defaults' sampling plan has PS); its samples say the devices it ended on.
+        workers = replace(workers, count=found.device_count)
+        ps = dlrover.NodeGroup(0, 0.0, 0)
     return dlrover.PastJob(
         found.job.job_id,
         found.job.finished_at or found.job.submitted_at,
@@ -285,6 +291,14 @@ def _past_job(found: FinishedJob) -> dlrover.PastJob | None:
         found.memory_peak_by_role.get(dlrover.Role.PS.value, 0),
         found.steps_per_second,
     )
+
+
+def _data_parallel(found: FinishedJob, plan: dlrover.ResourcePlan | None) -> bool:
+    """No PS node recorded, and no PS in a plan measured for it (history or optimizer;
+    only the defaults' sampling plan has PS for a job that never had one)."""
+    if any(n.role == dlrover.Role.PS.value for n in found.nodes):
+        return False
+    return plan is None or plan.ps.count == 0 or plan.source is dlrover.Source.DEFAULT
 
 
 class BrainService:

@@ -692,6 +692,12 @@ class SqlBrainStore:
                         samples.c.job_id == job.job_id, samples.c.steps_per_second > 0
                     )
                 ).scalar()
+                devices = conn.execute(
+                    sa.select(samples.c.device_count)
+                    .where(samples.c.job_id == job.job_id)
+                    .order_by(samples.c.time.desc(), samples.c.step.desc())
+                    .limit(1)
+                ).scalar()
                 out.append(
                     FinishedJob(
                         job,
@@ -699,6 +705,7 @@ class SqlBrainStore:
                         node_rows,
                         {role: int(peak or 0) for role, peak in peaks},
                         float(rate or 0.0),
+                        int(devices or 0),
                     )
                 )
         return out

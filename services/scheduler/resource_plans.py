@@ -1,5 +1,5 @@
 """DLRover's resource plans applied to live jobs: cores, memory and loader processes per
-training process, and the devices a job's history says it uses.
+training process, and the devices a best-effort job starts on (its history's).
 
 The Brain computes the plans (PlanResources); this module decides when to ask and
 whether a changed plan is worth a restart, as plain functions over plain data, and
@@ -55,7 +55,8 @@ _STAGES = {
 @dataclass(frozen=True)
 class ProcessPlan:
     """What each of a job's training processes runs with; 0 means the default (its
-    worker's share of cores / memory; no bound on devices)."""
+    worker's share of cores / memory; no bound on devices). `devices` bounds a
+    best-effort job until its first ADJUST: where similar jobs ended."""
 
     plan_id: str
     stage: str
@@ -77,18 +78,18 @@ class ProcessPlan:
 
 def from_message(plan: brain_pb2.ResourcePlan) -> ProcessPlan:
     """The worker group of a Brain plan as per-process resources (whole cores, rounded up;
-    memory to the MiB). The plan's worker count never bounds the devices: for a
-    data-parallel job the Brain has no measured count (no one reports the processes a
-    job ran as nodes), so a history plan's count is the defaults' single sampling worker
-    carried over - it capped a 2-device guaranteed job at 1 device. Devices stay the
-    allocator's. The defaults' memory is left to the worker's share."""
+    memory to the MiB). Only a history plan bounds the devices: its worker count is what
+    similar data-parallel jobs ran on (the Brain reads it from their samples); the
+    defaults' count is a sampling guess and an optimizer's a core count, so those leave
+    the devices to the allocator, as does the job's own first ADJUST (`ResourcePlans`).
+    The defaults' memory is left to the worker's share."""
     workers = plan.workers
     source = _SOURCES.get(plan.source, "optimizer")
     return ProcessPlan(
         plan_id=plan.plan_id,
         stage=_STAGES.get(plan.stage, "adjust"),
         source=source,
-        devices=0,
+        devices=max(workers.count, 0) if source == "history" and plan.ps.count == 0 else 0,
         cpu_cores=max(math.ceil(workers.cpu_cores - 1e-9), 0),
         # The defaults' memory is a sampling guess: the worker's share serves better.
         memory_bytes=math.ceil(workers.memory_bytes / MIB) * MIB
@@ -130,7 +131,7 @@ def describe(plan: ProcessPlan) -> str:
         _bytes(plan.memory_bytes) if plan.memory_bytes else "the worker's share of memory",
         f"{plan.loader_procs} loader proc{'' if plan.loader_procs == 1 else 's'}",
     ]
-    devices = f"; at most {plan.devices} device(s)" if plan.devices else ""
+    devices = f"; starting on at most {plan.devices} device(s)" if plan.devices else ""
     return f"{plan.stage} plan from {plan.source}: {', '.join(parts)} per process{devices}" + (
         f" ({plan.reason})" if plan.reason else ""
     )
@@ -312,10 +313,11 @@ class ResourcePlans:
             ),
             list(zip(adjust, currents, strict=True)),
         )
-        for a, current, reply in zip(adjust, currents, replies, strict=True):
-            if current is None or reply is None:
+        for a, asked_with, reply in zip(adjust, currents, replies, strict=True):
+            if asked_with is None or reply is None:
                 continue
-            proposed = replace(from_message(reply), devices=current.devices)
+            current = self._uncap(a.job_id, asked_with)
+            proposed = from_message(reply)
             decision = restart_pays(
                 current,
                 proposed,
@@ -340,6 +342,19 @@ class ResourcePlans:
                     proposed = replace(proposed, reason=f"{proposed.reason}; {decision.why}")
                     self._restart.add(a.job_id)
                 self._next[a.job_id] = proposed
+
+    def _uncap(self, job_id: str, plan: ProcessPlan) -> ProcessPlan:
+        """From its first ADJUST on, a job's own measurements and the allocator decide its
+        devices: the history's bound is dropped (without a new PLAN event)."""
+        if not plan.devices:
+            return plan
+        uncapped = replace(plan, devices=0)
+        with self._lock:
+            if self._plans.get(job_id) is plan:
+                self._plans[job_id] = uncapped
+            if self._announced.get(job_id) is plan:
+                self._announced[job_id] = uncapped
+        return uncapped
 
     def _map(self, call: Callable[[T], R], items: Sequence[T]) -> list[R]:
         if self._pool is None or len(items) < 2:

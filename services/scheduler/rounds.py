@@ -394,7 +394,9 @@ class Rounds:
         if burst is not None and spec.elastic.max_devices:  # DeepPool: as many as help
             most = max(min(most, burst.elastic_devices), min(spec.elastic.min_devices, most), 1)
         planned = self._plan_devices(job.job_id)
-        if planned:  # DLRover: the devices similar jobs ran on, within the elastic bounds
+        if planned and spec.service_class != common_pb2.SERVICE_CLASS_GUARANTEED:
+            # DLRover: start on the devices similar jobs ran on, within the elastic bounds
+            # (a guaranteed job is owed its requested devices whatever history says)
             most = max(min(most, planned), min(spec.elastic.min_devices, most), 1)
         allowed = [t for t in types if not spec.accelerator_types or t in spec.accelerator_types]
         if view.locked_type:
@@ -466,11 +468,15 @@ class Rounds:
             if job is not None and not job.terminal:
                 self.state.record(job, S.JOB_EVENT_TYPE_PLAN, note)
 
-    def _replanned(self, change: Change) -> Change:
-        """A renewal becomes a restart on the same devices when the job's plan changes."""
-        if change.kind == "renew" and change.job_id in self._plans:
-            return dataclasses.replace(change, kind="rescale")
-        return change
+    def _restart_reason(self, job_id: str) -> str | None:
+        """Why a job keeping its devices is restarted on them anyway (None: it is not):
+        it starts with other arguments - a new execution plan (Rubick: the policy
+        weighed the restart) or a new resource plan that `restart_pays` for (DLRover)."""
+        if job_id in self._plans:
+            return "restarting with a new execution plan"
+        if self.plans is not None and self.plans.restart_wanted(job_id):
+            return "restarting with a new resource plan"
+        return None
 
     def _reconcile(
         self,
@@ -487,18 +493,13 @@ class Rounds:
             for job_id, job in state.jobs.items()
             if job.state in RUNNING_STATES and not job.terminal
         }
-        for found in map(self._replanned, diff(desired, running)):
-            change = found
-            job = state.jobs.get(change.job_id)
+        for found in diff(desired, running):
+            job = state.jobs.get(found.job_id)
             if job is None or job.terminal:
                 continue
-            replan = (
-                change.kind == "renew"
-                and self.plans is not None
-                and self.plans.restart_wanted(job.job_id)
-            )
-            if replan:  # the same devices, new resources: the rescale path applies them
-                change = Change(job.job_id, "rescale", change.assignment)
+            replan = self._restart_reason(job.job_id) if found.kind == "renew" else None
+            # the same devices, other start arguments: the rescale path restarts it
+            change = Change(job.job_id, "rescale", found.assignment) if replan else found
             if change.kind == "renew":
                 report.renewed.append(job.job_id)
                 for task in state.open_tasks(job.job_id):
@@ -513,7 +514,7 @@ class Rounds:
                 state.record(
                     job,
                     S.JOB_EVENT_TYPE_RESCALING,
-                    "restarting with a new resource plan" if replan else _moving(state, change),
+                    replan or _moving(state, change),
                 )
                 report.rescaled.append(job.job_id)
             elif change.kind == "preempt":

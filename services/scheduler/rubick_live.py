@@ -28,8 +28,9 @@ job's execution plan is chosen from the Brain's fitted model, not only its devic
   from the round after it arrives. Which model a job's plans come from (its own fit on N
   configurations, its model key's, none) is a note (`model_note`) the daemon records as
   an event whenever it changes.
-- Limits: Algorithm 1 keeps a job on nodes of one type and does not read a job's allowed
-  types: use it on clusters of one accelerator type.
+- Types: Algorithm 1 keeps a job on nodes of one type among those it allows; its fitted
+  model prices every type alike (one fit per job, not per type, and GPU memory the
+  smallest of any live worker's).
 """
 
 from __future__ import annotations

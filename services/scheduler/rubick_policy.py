@@ -39,7 +39,8 @@ break-down variants of section 7.3.
   (T - N*delta)/T > `threshold` (0.97): T its running time so far, N its reconfigurations,
   delta its restart cost; otherwise it keeps what it has (a guaranteed job below its minRes
   may still reclaim from it).
-- GPU types: a job stays on nodes of one type; curves use the A800 environment for all.
+- GPU types: a job stays on nodes of one type among those it allows (`JobSnapshot.types`);
+  curves use the A800 environment for all.
 """
 
 from __future__ import annotations
@@ -495,8 +496,14 @@ class _Ctx:
             return
         kind = self.node_type[next(iter(job.alloc))] if job.alloc else None
         need = max(job.req.gpus, job.min_gpus) - job.gpus
+        allowed = job.snap.types  # the job's accelerator types (empty: any)
         nodes = sorted(  # its own nodes, then the tightest that holds the request, the freest
-            (n for n in self.free if kind is None or self.node_type[n] == kind),
+            (
+                n
+                for n in self.free
+                if (kind is None or self.node_type[n] == kind)
+                and (not allowed or self.node_type[n] in allowed)
+            ),
             key=lambda n: (
                 -job.alloc.get(n, 0),
                 not 0 < need <= self.free[n],

@@ -158,13 +158,14 @@ def test_history_sets_a_new_jobs_plan_and_idle_cpu_is_shrunk(cluster: DevCluster
         assert stages[0] == brain_pb2.PLAN_STAGE_INITIAL
         assert brain_pb2.PLAN_STAGE_ADJUST in stages
 
-    # A fourth job of the type starts with what the history implies, not the defaults.
+    # A fourth job of the type starts with what the history implies, not the defaults
+    # (the devices too: the Brain reads them from the past jobs' samples).
     with client_of(cluster) as client:
         fourth = client.submit(sleepy_spec("sleepy-4", steps=2000)).job_id
     pid, worker = running_process(cluster, fourth)
     events = plan_events(cluster, fourth)
     assert events[0].startswith("initial plan from history: 1 core, "), events
-    assert "0 loader procs per process " in events[0]
+    assert "0 loader procs per process; starting on at most 1 device(s) " in events[0]
     match = "from 3 similar finished job(s) (model type 'sleepy-mlp', dataset 'sleepy')"
     assert match in events[0]
     with client_of(cluster) as client:  # `gearshift job JOB` shows it

@@ -325,6 +325,19 @@ def test_plans_from_history(service: BrainService, store) -> None:
     assert _count(store, models.plans) == 4
 
 
+def test_a_data_parallel_history_gives_the_devices_its_jobs_ended_on(service: BrainService) -> None:
+    # Its only plan was the sampling defaults (1 worker); its samples say 2, then 3 devices.
+    _submit(service, "dp", model="cnn", dataset="digits")
+    assert _plan(service, "dp", Stage.INITIAL).plan.workers.count == 1
+    service.report_samples("a", "dp", _samples(3, count=2))
+    service.report_samples("b", "dp", _samples(3, count=3, start=10))
+    _event(service, "dp", EventKind.SUCCEEDED)
+    _submit(service, "next", model="cnn", dataset="digits")
+    initial = _plan(service, "next", Stage.INITIAL).plan
+    assert initial.source is Source.HISTORY and initial.workers.count == 3
+    assert initial.ps.count == 0
+
+
 def test_est_plans_estimate_missing_capabilities(service: BrainService) -> None:
     _submit(service, "est", num_ests=4)
     service.report_samples("b", "est", _samples(10, rate=3.0, ests=(2, 2)))  # C(v100) = 6

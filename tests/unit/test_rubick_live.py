@@ -294,3 +294,14 @@ def test_tenants_text_lists_rubick_admissions() -> None:
     line = text.splitlines()[-1].split()
     assert line == ["t", "g", "v100x2", "dp2", "v100x2", "dp2+gc", "4", "5", "1.25x", "be", "-"]
     assert as_dict(state.tenants[0])["rubick_admissions"][0]["shrunk_jobs"] == ["be"]
+
+
+def test_a_job_is_placed_only_on_the_accelerator_types_it_allows() -> None:
+    # v100 nodes come first and are as free: without the job's types it would land there.
+    cluster = [worker("a", 4, 16.0), worker("b", 4, 16.0, kind="k80")]
+    only_k80 = dataclasses.replace(
+        snap("b", ests=2), types=("k80",), capability={"k80": 1.0}, throughputs={"k80": 1.0}
+    )
+    assert run(live({}), [(facts("b", ests=2), only_k80)], cluster)["b"][2] == {"k80": (1, 1)}
+    anywhere = run(live({}), [(facts("b", ests=2), snap("b", ests=2))], cluster)["b"]
+    assert anywhere[2] == {"v100": (1, 1)}

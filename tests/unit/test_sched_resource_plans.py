@@ -21,8 +21,10 @@ from gearshift.scheduler.resource_plans import (
     from_message,
     restart_pays,
 )
+from gearshift.scheduler.service import SchedulerSettings
 from gearshift.v1 import brain_pb2, common_pb2, worker_pb2
 from gearshift.worker.command import CommandSettings, plan_task
+from tests.sched_harness import Clock, TableBrain, job_spec, make_scheduler, register
 
 MIB = 1024**2
 
@@ -98,7 +100,7 @@ def test_due_asks_new_jobs_at_once_and_running_ones_every_interval() -> None:
     assert due(asks, plans, asked, 100.0, 0.0)[1] == []  # 0: never adjusted
 
 
-def test_from_message_rounds_and_never_bounds_devices() -> None:
+def test_from_message_rounds_and_only_history_bounds_devices() -> None:
     message = brain_pb2.ResourcePlan(
         plan_id="x",
         stage=brain_pb2.PLAN_STAGE_INITIAL,
@@ -109,15 +111,20 @@ def test_from_message_rounds_and_never_bounds_devices() -> None:
         reason="from 3 similar finished job(s)",
     )
     got = from_message(message)
-    assert (got.devices, got.cpu_cores, got.memory_bytes, got.loader_procs) == (0, 2, 301 * MIB, 1)
+    assert (got.devices, got.cpu_cores, got.memory_bytes, got.loader_procs) == (2, 2, 301 * MIB, 1)
     assert got.stage == "initial" and got.source == "history"
     assert describe(got) == (
-        "initial plan from history: 2 cores, 301 MiB, 1 loader proc per process "
-        "(from 3 similar finished job(s))"
+        "initial plan from history: 2 cores, 301 MiB, 1 loader proc per process; "
+        "starting on at most 2 device(s) (from 3 similar finished job(s))"
     )
     message.source = brain_pb2.PLAN_SOURCE_DEFAULT
     defaults = from_message(message)
     assert (defaults.devices, defaults.memory_bytes) == (0, 0)  # the worker's share
+    message.source = brain_pb2.PLAN_SOURCE_OPTIMIZER
+    assert from_message(message).devices == 0  # the allocator's
+    message.source = brain_pb2.PLAN_SOURCE_HISTORY
+    message.ps.count = 1  # a PS job's workers are not devices
+    assert from_message(message).devices == 0
 
 
 def test_process_resources_apply_the_plan_within_the_workers_share() -> None:
@@ -300,6 +307,27 @@ def test_the_loop_starts_on_the_initial_plan_then_restarts_for_a_shrink_that_pay
     assert not plans.restart_wanted("j")
 
 
+def test_a_history_plan_bounds_the_devices_until_the_first_adjust() -> None:
+    now = [0.0]
+    initial = _reply(1, brain_pb2.PLAN_SOURCE_HISTORY, 2.0, 0.0)
+    initial.workers.count = 3  # similar jobs ended on 3 devices
+    brain = Brain(
+        {
+            brain_pb2.PLAN_STAGE_INITIAL: initial,
+            brain_pb2.PLAN_STAGE_ADJUST: _reply(4, brain_pb2.PLAN_SOURCE_OPTIMIZER, 2.0, 10.0),
+        }
+    )
+    plans = ResourcePlans(brain, 5.0, lambda: now[0])
+    plans.refresh([_ask("j", False)])
+    first = plans.started("j")
+    assert first is not None and first.devices == 3
+    now[0] = 5.0
+    plans.refresh([_running("j", 10_000)])  # same resources: no restart, no new event
+    after = plans.plan("j")
+    assert after is not None and after.devices == 0 and after.cpu_cores == 2
+    assert not plans.restart_wanted("j") and plans.started("j") is None
+
+
 def test_a_shrink_that_does_not_pay_waits_for_the_next_start_and_no_brain_means_defaults() -> None:
     now = [0.0]
     brain = Brain(
@@ -337,3 +365,35 @@ def test_an_unreachable_brain_gives_no_plan_and_a_log_line(
     finally:
         advisor.close()
     assert any("PlanResources" in str(r.__dict__.get("call", "")) for r in caplog.records)
+
+
+class HistoryBrain(TableBrain):
+    """Every job's initial plan is a history plan: similar jobs ended on 1 device."""
+
+    def plan_resources(
+        self, request: brain_pb2.PlanResourcesRequest, spec: common_pb2.JobSpec, at: float
+    ) -> brain_pb2.ResourcePlan | None:
+        reply = _reply(request.stage, brain_pb2.PLAN_SOURCE_HISTORY, 1.0, 0.0)
+        reply.workers.count = 1
+        return reply
+
+
+def test_a_history_plan_starts_best_effort_jobs_on_its_devices_not_guaranteed_ones() -> None:
+    settings = SchedulerSettings(
+        policy="max_min_fairness", elastic=True, round_seconds=60.0, plan_interval=0.0
+    )
+    scheduler, _ = make_scheduler(
+        settings, clock=Clock(), brain=HistoryBrain(lambda job, kind, n: float(n))
+    )
+    try:
+        register(scheduler, "w", {"cpu": 8})
+        best, _ = scheduler.submit(job_spec("best", 2), "")
+        owed, _ = scheduler.submit(
+            job_spec("owed", 2, service_class=common_pb2.SERVICE_CLASS_GUARANTEED), ""
+        )
+        scheduler.run_round()
+        # Both could have 2 of the 8 devices; history holds the best-effort one to 1.
+        assert len(scheduler.get(best.job_id).placement.processes) == 1
+        assert len(scheduler.get(owed.job_id).placement.processes) == 2
+    finally:
+        scheduler.stop()
