@@ -229,7 +229,47 @@ def tenants_text(state: scheduler_pb2.ClusterState) -> str:
         for t in state.tenants
     ]
     head = ("TENANT", "QUOTA", "GUARANTEED", "USING", "GUARANTEED JOBS", "RUNNING", "QUEUED")
+    out = table(rows, head)
+    admitted = [(t.tenant, a) for t in state.tenants for a in t.rubick_admissions]
+    if admitted:
+        out += "\n\nRubick admissions (last round)\n" + rubick_admissions_text(admitted)
+    return out
+
+
+def rubick_admissions_text(admitted: list[tuple[str, scheduler_pb2.RubickAdmission]]) -> str:
+    """Guaranteed jobs Rubick admitted: requested plan and speed against what they got, and
+    the best-effort jobs shrunk or preempted for them."""
+    rows = [
+        (
+            tenant,
+            a.job_id,
+            f"{a.accelerator_type}x{a.requested_devices} {a.requested_plan}",
+            f"{a.accelerator_type}x{a.devices} {a.plan}",
+            f"{a.requested_iterations_per_second:.3g}",
+            f"{a.predicted_iterations_per_second:.3g}",
+            f"{_ratio(a)}",
+            ",".join(a.shrunk_jobs) or "-",
+            ",".join(a.preempted_jobs) or "-",
+        )
+        for tenant, a in admitted
+    ]
+    head = (
+        "TENANT",
+        "JOB",
+        "REQUESTED",
+        "ADMITTED",
+        "REQ IT/S",
+        "PRED IT/S",
+        "PERF",
+        "SHRUNK",
+        "PREEMPTED",
+    )
     return table(rows, head)
+
+
+def _ratio(a: scheduler_pb2.RubickAdmission) -> str:
+    req = a.requested_iterations_per_second
+    return f"{a.predicted_iterations_per_second / req:.2f}x" if req > 0 else "-"
 
 
 def cluster_text(state: scheduler_pb2.ClusterState) -> str:

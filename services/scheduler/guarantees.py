@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from gearshift.scheduler.elastic_rounds import split_ests
 from gearshift.scheduler.pipeline import Allocator, JobSnapshot, Snapshot, Target
+from gearshift.scheduler.rubick_policy import RubickAdmission
 from gearshift.scheduler.tenants import Quotas
 
 log = logging.getLogger("gearshift.scheduler")
@@ -28,10 +29,12 @@ log = logging.getLogger("gearshift.scheduler")
 
 @dataclass(frozen=True)
 class Admission:
-    """A guaranteed job's reserved devices: `devices` of `accelerator_type`."""
+    """A guaranteed job's reserved devices: `devices` of `accelerator_type` (and, under a
+    rubick policy, what Algorithm 1 admitted it with)."""
 
     accelerator_type: str
     devices: int
+    rubick: RubickAdmission | None = None  # under a rubick policy: plan, speed, victims
 
 
 def admit(snapshot: Snapshot, quotas: Quotas) -> dict[str, Admission]:

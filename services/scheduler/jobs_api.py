@@ -9,6 +9,7 @@ from gearshift.common.codepkg import assemble
 from gearshift.common.errors import NotFoundError, PreconditionError, ResourceExhaustedError
 from gearshift.common.facts import total_steps
 from gearshift.scheduler.guarantees import Admission
+from gearshift.scheduler.rubick_policy import RubickAdmission
 from gearshift.scheduler.state import RUNNING_STATES, SchedulerState, new_job_id
 from gearshift.scheduler.store import EventRecord, JobRecord
 from gearshift.scheduler.task_control import TaskControl
@@ -224,4 +225,22 @@ class JobsApi:
                 a = admitted[job.job_id]
                 row.guaranteed_jobs += 1
                 row.guaranteed_devices[a.accelerator_type] += a.devices
+                if a.rubick is not None:
+                    row.rubick_admissions.append(rubick_admission(a.rubick))
         out.tenants.extend(rows[name] for name in sorted(rows))
+
+
+def rubick_admission(a: RubickAdmission) -> S.RubickAdmission:
+    """The message of a Rubick admission."""
+    return S.RubickAdmission(
+        job_id=a.job_id,
+        accelerator_type=a.accelerator_type,
+        requested_devices=a.requested_gpus,
+        devices=a.gpus,
+        requested_plan=a.requested_plan,
+        plan=a.plan,
+        requested_iterations_per_second=a.requested_rate,
+        predicted_iterations_per_second=a.predicted_rate,
+        shrunk_jobs=a.shrunk,
+        preempted_jobs=a.preempted,
+    )

@@ -48,6 +48,8 @@ class Job(Base):
     message: Mapped[str] = mapped_column(sa.Text, default="")
     final_digest: Mapped[str] = mapped_column(sa.String(128), default="")
     last_sequence: Mapped[int] = mapped_column(sa.Integer, default=0)
+    # The current execution plan (serialized ExecutionPlan; NULL: the default plan).
+    plan: Mapped[bytes | None] = mapped_column(sa.LargeBinary, nullable=True, default=b"")
 
     __table_args__ = (sa.Index("ix_sched_jobs_newest", "submitted_at", "job_id"),)
 

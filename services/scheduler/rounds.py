@@ -271,6 +271,8 @@ class Rounds:
             with state.lock:
                 report.desired = desired
                 self._plans = self._new_plans(targets)
+                if rubick is not None:  # which model each job's plans come from, when it changes
+                    self._model_notes(rubick, [f.job_id for f in facts])
                 moves = self._reconcile(desired, current, report)
                 self._collocations(targets, desired)
                 self._cpus = {j: t.cpus_per_device for j, t in targets.items()}
@@ -470,6 +472,14 @@ class Rounds:
                 out[job_id] = plan
         return out
 
+    def _model_notes(self, rubick: LiveRubick, job_ids: list[str]) -> None:
+        """Record, as a PLAN event, the Rubick model a job's plans now come from (under
+        the lock)."""
+        for job_id, note in rubick.new_notes(job_ids).items():
+            job = self.state.jobs.get(job_id)
+            if job is not None and not job.terminal:
+                self.state.record(job, S.JOB_EVENT_TYPE_PLAN, note)
+
     def _restart_reason(self, job_id: str) -> str | None:
         """Why a job keeping its devices is restarted on them anyway (None: it is not):
         it starts with other arguments - a new execution plan (Rubick: the policy
@@ -576,11 +586,16 @@ class Rounds:
                     and job.generation == 0
                     and self.estimates.burst(job.job_id) is None
                 )
+                rubick = self.allocator if isinstance(self.allocator, LiveRubick) else None
+                profile_rubick = (  # Rubick: its rank 0 measures the runs its model needs
+                    rubick is not None and job.generation == 0 and rubick.wants_profile(job.job_id)
+                )
                 resources = self.plans.plan(job.job_id) if self.plans is not None else None
                 placement, tasks, requests = self.control.prepare_start(
                     job,
                     change.assignment,
                     profile_first=profile,
+                    profile_rubick=profile_rubick,
                     plan=self._plans.get(job.job_id),
                     cpus_per_device=self._cpus.get(job.job_id, 0),
                     resources=resources,

@@ -4,8 +4,8 @@ job's execution plan is chosen from the Brain's fitted model, not only its devic
 - Models: per job, Rubick's Eq. 1 fitted by the Brain (FitModel) on the runs it holds for
   the job, else for its model key (the spec's model_type). Asked outside the scheduler's
   lock, kept, asked again every `refresh_seconds` (what the Brain learns reaches running
-  jobs) and every `retry_seconds` while there is none (a profiling run may store runs at
-  any time), as the burst-parallel plans are (gearshift.scheduler.estimates).
+  jobs) and every `retry_seconds` while the job has no fit of its own (a profiling run
+  may store its runs at any time), as the burst-parallel plans are (gearshift.scheduler.estimates).
 - Plans: only what the runtime executes (gearshift.common.rubick.perf.Runtime): d devices
   with ESTs / d on each (gradient accumulation in EST terms; d divides the ESTs, within the
   job's min/max devices), gradient checkpointing where the spec allows it, optimizer
@@ -22,6 +22,12 @@ job's execution plan is chosen from the Brain's fitted model, not only its devic
   on one live worker.
 - A job without a fit runs its own plan on its request (rubick_n's semantics:
   Runtime.fixed_ms), and a log line says its model is not fitted yet (once per job).
+- Profiling: a job the Brain holds no fit of its own for (fewer than 7 runs) is profiled
+  at its first placement (`wants_profile`: StartTaskRequest.profile_rubick, its rank 0
+  runs gearshift.worker.profiling.rubick_run and stores the runs); its own fit is used
+  from the round after it arrives. Which model a job's plans come from (its own fit on N
+  configurations, its model key's, none) is a note (`model_note`) the daemon records as
+  an event whenever it changes.
 - Types: Algorithm 1 keeps a job on nodes of one type among those it allows; its fitted
   model prices every type alike (one fit per job, not per type, and GPU memory the
   smallest of any live worker's).
@@ -41,6 +47,7 @@ from gearshift.common.rubick.plans import Plan, Zero
 from gearshift.common.rubick.request import Request
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.elastic_rounds import split_ests
+from gearshift.scheduler.guarantees import Admission
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.pipeline import JobSnapshot, Snapshot, Target
 from gearshift.scheduler.rubick_policy import VARIANTS, RubickPolicy
@@ -95,6 +102,8 @@ class Fitted:
     workload: Workload
     params: Params
     env: Env
+    runs: int = 0  # configurations fitted on
+    own: bool = False  # fitted on the job's own runs (not its model key's)
 
 
 def fitted_from_message(reply: brain_pb2.FittedModel, subject: str) -> Fitted | None:
@@ -122,7 +131,23 @@ def fitted_from_message(reply: brain_pb2.FittedModel, subject: str) -> Fitted | 
         b_pcie=c.pcie_gbps or A800.b_pcie,
         gpu_memory_gb=c.gpu_memory_gb or A800.gpu_memory_gb,
     )
-    return Fitted(subject, workload, params, env)
+    return Fitted(subject, workload, params, env, reply.run_count, bool(reply.job_id))
+
+
+def model_note(fit: Fitted | None, variant: str) -> str:
+    """Which model a job's plans come from, for its events."""
+    if variant == "rubick_n":
+        return "rubick_n: the job's own plan on its request (no model)"
+    if fit is None:
+        return "rubick model: none fitted yet; the job runs its own plan on its request"
+    source = "the job's own runs" if fit.own else fit.subject
+    return f"rubick model: Eq. 1 fitted on {fit.runs} configurations of {source}"
+
+
+def wants_profile(fit: Fitted | None, variant: str) -> bool:
+    """Whether a job's first placement should run Rubick's profiling run: the policy reads
+    a model (not rubick_n) and the Brain has no fit of the job's own runs."""
+    return variant != "rubick_n" and (fit is None or not fit.own)
 
 
 # Mapping between the runtime's execution plans and Rubick's plans ----------------------------
@@ -208,6 +233,7 @@ class LiveRubick:
     _asked: dict[str, float] = field(default_factory=dict)
     _memory_gb: float = 0.0
     _told: set[str] = field(default_factory=set)
+    _notes: dict[str, str] = field(default_factory=dict)  # job -> the model note last given
     _models: dict[str, ModelPerf] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -229,6 +255,7 @@ class LiveRubick:
                 self._asked.pop(gone, None)
                 self._fits.pop(gone, None)
                 self._told.discard(gone)
+                self._notes.pop(gone, None)
             due = [f for f in facts if self._due(f.job_id, now)]
         by_key: dict[str, Fitted | None] = {}  # a model key's fit: asked once per pass
         for f in due:
@@ -243,13 +270,38 @@ class LiveRubick:
                     self._fits[f.job_id] = fit
 
     def _due(self, job_id: str, now: float) -> bool:
+        """Whether to ask again: every refresh_seconds for a job with a fit of its own, every
+        retry_seconds for one without (its profiling run may store its runs any time)."""
         at = self._asked.get(job_id)
-        wait = self.refresh_seconds if job_id in self._fits else self.retry_seconds
+        fit = self._fits.get(job_id)
+        wait = self.refresh_seconds if fit is not None and fit.own else self.retry_seconds
         return at is None or now - at >= wait
 
     def fitted(self, job_id: str) -> Fitted | None:
         with self._lock:
             return self._fits.get(job_id)
+
+    def admissions(self) -> dict[str, Admission]:
+        """The last decision's guaranteed jobs within quota: devices, plan, predicted speed
+        and the best-effort jobs shrunk or preempted for them (`gearshift tenants`)."""
+        return {
+            j: Admission(a.accelerator_type, a.gpus, a)
+            for j, a in dict(self.policy.admitted).items()
+        }
+
+    def wants_profile(self, job_id: str) -> bool:
+        """Whether the job's start should run Rubick's profiling run (see wants_profile)."""
+        return wants_profile(self.fitted(job_id), self.variant)
+
+    def new_notes(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """The model notes of these jobs that changed since last asked (their events)."""
+        out: dict[str, str] = {}
+        with self._lock:
+            for job_id in job_ids:
+                note = model_note(self._fits.get(job_id), self.variant)
+                if self._notes.get(job_id) != note:
+                    self._notes[job_id] = out[job_id] = note
+        return out
 
     # The allocate stage ------------------------------------------------------------------
     def allocate(self, snapshot: Snapshot) -> dict[str, Target]:

@@ -29,10 +29,12 @@ break-down variants of section 7.3.
   speed on what it keeps, and a new one that cannot reach it gives back what it took and
   waits. The nodes chosen reach the place stage (`Target.workers`), so the job runs on
   the GPUs per node the check saw.
-- CPUs: each GPU gets the cores per GPU of the request; cores a node has left go to
-  ZeRO-Offload jobs (the only plans whose speed reads them) where the model says they help.
-  CPUs are not reclaimed from other jobs (a simplification: the paper's loop also runs
-  over CPUs).
+- CPUs: each GPU gets the cores per GPU of the request; then (`share_cpus`) ZeRO-Offload
+  jobs (the only plans whose speed reads cores) take one more core per GPU at a time,
+  steepest slope first: free cores on the node first, then cores reclaimed from the job
+  there with the gentlest slope down above its CPU minRes (a guaranteed job keeps the
+  fewest cores at which it runs at its requested speed; others keep one per GPU) while
+  that slope is below the taker's - Algorithm 1's loop over CPUs.
 - Reconfiguration: a running job is changed (resized, re-planned, preempted) only while
   (T - N*delta)/T > `threshold` (0.97): T its running time so far, N its reconfigurations,
   delta its restart cost; otherwise it keeps what it has (a guaranteed job below its minRes
@@ -115,9 +117,67 @@ class _Job:
         return len(self.curve.value) - 1
 
 
+@dataclass(frozen=True)
+class RubickAdmission:
+    """A guaranteed job the quota covered in a decision: its request and what it got, with
+    the best-effort jobs that gave GPUs up for it (shrunk: still running on fewer;
+    preempted: left with none)."""
+
+    job_id: str
+    tenant: str
+    accelerator_type: str  # of the nodes it got
+    requested_gpus: int
+    gpus: int
+    requested_plan: str
+    plan: str
+    requested_rate: float  # iterations/s of its original plan on its request (the model's)
+    predicted_rate: float  # iterations/s the model predicts on what it got
+    shrunk: tuple[str, ...] = ()
+    preempted: tuple[str, ...] = ()
+
+
+def admissions(
+    jobs: Mapping[str, _Job],
+    admitted: Sequence[str],
+    *,
+    node_type: Mapping[str, str],
+    chosen: Mapping[str, tuple[Plan, int]],
+    before: Mapping[str, Mapping[str, int]],
+    taken: Mapping[str, Sequence[str]],
+    speed: Callable[[_Job, Mapping[str, int]], float],
+) -> dict[str, RubickAdmission]:
+    """The decision's admissions of guaranteed jobs (`admitted`: ids, in order; those left
+    without GPUs are not admitted), from each job's allocation and chosen plan, the
+    allocations `before` the decision and the jobs each took GPUs from (`taken`); only
+    best-effort victims are listed."""
+    out: dict[str, RubickAdmission] = {}
+    for job_id in admitted:
+        job = jobs[job_id]
+        if not job.alloc or job_id not in chosen:  # it waits: not admitted this time
+            continue
+        victims = sorted(
+            {v for v in taken.get(job_id, ()) if not jobs[v].req.guaranteed and before.get(v)}
+        )
+        out[job_id] = RubickAdmission(
+            job_id=job_id,
+            tenant=job.snap.entity,
+            accelerator_type=node_type[next(iter(job.alloc))],
+            requested_gpus=job.req.gpus,
+            gpus=job.gpus,
+            requested_plan=job.req.plan.label,
+            plan=chosen[job_id][0].label,
+            requested_rate=job.base_rate,
+            predicted_rate=speed(job, job.alloc) * job.base_rate,
+            shrunk=tuple(v for v in victims if jobs[v].alloc),
+            preempted=tuple(v for v in victims if not jobs[v].alloc),
+        )
+    return out
+
+
 @dataclass
 class RubickPolicy:
-    """Algorithm 1 over a snapshot; see the module docstring."""
+    """Algorithm 1 over a snapshot; see the module docstring. `admitted`: the last
+    decision's admissions of guaranteed jobs (what `gearshift tenants` shows)."""
 
     perf: PerfSource
     variant: str = "rubick"
@@ -130,6 +190,7 @@ class RubickPolicy:
     replans_on_events: bool = True
     decisions: int = 0
     decision_seconds: list[float] = field(default_factory=list)
+    admitted: dict[str, RubickAdmission] = field(default_factory=dict)
     _alloc: dict[str, dict[str, int]] = field(default_factory=dict)
     _plan: dict[str, tuple[Plan, int]] = field(default_factory=dict)
     _reconfigs: dict[str, int] = field(default_factory=dict)
@@ -233,10 +294,14 @@ class RubickPolicy:
 
         ctx = _Ctx(jobs, free, holders, node_type, self.min_gain, runs, speed)
 
+        before = {j: dict(job.alloc) for j, job in jobs.items() if job.alloc}
         usage: dict[str, int] = {}
+        covered: list[str] = []  # guaranteed jobs within quota: running ones, then new ones
         for job in jobs.values():
             if job.running and job.req.guaranteed:
                 usage[job.snap.entity] = usage.get(job.snap.entity, 0) + job.min_gpus
+                if self.quotas.get(job.snap.entity, 0) > 0:
+                    covered.append(job.snap.job_id)
         privileged: list[_Job] = []
         for job in jobs.values():  # arrival order
             if job.running or not job.req.guaranteed:
@@ -246,6 +311,7 @@ class RubickPolicy:
                 usage[job.snap.entity] = usage.get(job.snap.entity, 0) + job.min_gpus
                 privileged.append(job)
         chosen = {id(j) for j in privileged}
+        covered += [j.snap.job_id for j in privileged]
         for job in privileged:
             ctx.schedule(job, reclaim=True)
         rest = [j for j in jobs.values() if id(j) not in chosen and not j.frozen]
@@ -258,7 +324,16 @@ class RubickPolicy:
             if not job.alloc:  # work-conserving: what trimming freed
                 ctx.schedule(job, reclaim=False)
                 ctx.trim(job)
-        out = self._targets(jobs, node_type)
+        out, plans = self._targets(jobs, node_type)
+        self.admitted = admissions(
+            jobs,
+            covered,
+            node_type=node_type,
+            chosen=plans,
+            before=before,
+            taken=ctx.taken,
+            speed=speed,
+        )
         self.decisions += 1
         self.decision_seconds.append(time.perf_counter() - started)
         return out
@@ -267,7 +342,35 @@ class RubickPolicy:
         starving = not job.running and now - job.snap.arrival_time > self.starvation_seconds
         return (not starving, -job.curve.up[job.gpus], job.snap.arrival_time)
 
-    def _targets(self, jobs: Mapping[str, _Job], node_type: Mapping[str, str]) -> dict[str, Target]:
+    def _cpu_share(self, job: _Job, plan: Plan, cpus: int) -> CpuShare:
+        """The job as share_cpus sees it: its speed per cores per GPU on what it holds
+        (normalised as its curve), its CPU minRes (a guaranteed job keeps the fewest cores
+        per GPU at which it still runs at its requested speed; others keep one)."""
+        shape = tuple(sorted(job.alloc.values(), reverse=True))
+        app = job.req.application
+
+        @functools.cache
+        def rate(c: int) -> float:
+            ms = self.perf.iter_ms(app, plan, shape, c) if c > 0 else 0.0
+            return 1e3 / ms / job.base_rate if ms else 0.0
+
+        least = 1
+        if job.req.guaranteed:
+            least = next((c for c in range(1, cpus) if rate(c) >= 1.0 - 1e-6), cpus)
+        return CpuShare(
+            job.snap.job_id,
+            dict(job.alloc),
+            cpus,
+            min(least, cpus),
+            rate,
+            taker=plan.zero is Zero.OFFLOAD and not job.frozen,
+            victim=not job.frozen,
+        )
+
+    def _targets(
+        self, jobs: Mapping[str, _Job], node_type: Mapping[str, str]
+    ) -> tuple[dict[str, Target], dict[str, tuple[Plan, int]]]:
+        """Each placed job's target, and its chosen plan and cores per GPU."""
         mode, elastic = VARIANTS[self.variant]
         cpu_free = {n: self.cpus_per_node for n in node_type}
         chosen: dict[str, tuple[Plan, int]] = {}
@@ -291,22 +394,10 @@ class RubickPolicy:
                 chosen[job_id] = (best.plan, c)
             for n, k in job.alloc.items():
                 cpu_free[n] -= k * chosen[job_id][1]
-        if elastic:  # spare cores to ZeRO-Offload jobs where they speed it up
-            for job_id, (plan, c) in list(chosen.items()):
-                job = jobs[job_id]
-                if plan.zero is not Zero.OFFLOAD or job.frozen:
-                    continue
-                extra = min(cpu_free[n] // k for n, k in job.alloc.items())
-                if extra <= 0:
-                    continue
-                shape = tuple(sorted(job.alloc.values(), reverse=True))
-                app = job.req.application
-                now_ms = self.perf.iter_ms(app, plan, shape, c)
-                more_ms = self.perf.iter_ms(app, plan, shape, c + extra)
-                if now_ms and more_ms and more_ms < now_ms * (1 - 1e-3):
-                    chosen[job_id] = (plan, c + extra)
-                    for n, k in job.alloc.items():
-                        cpu_free[n] -= k * extra
+        if elastic:  # cores to ZeRO-Offload jobs: free ones, then reclaimed (Algorithm 1)
+            shares = [self._cpu_share(jobs[j], plan, c) for j, (plan, c) in chosen.items()]
+            for job_id, c in share_cpus(shares, cpu_free).items():
+                chosen[job_id] = (chosen[job_id][0], c)
         out: dict[str, Target] = {}
         for job_id, job in jobs.items():
             before = (self._alloc.get(job_id), self._plan.get(job_id))
@@ -335,7 +426,7 @@ class RubickPolicy:
         for job_id in [j for j in self._alloc if j not in jobs]:  # ended jobs
             self._alloc.pop(job_id, None)
             self._plan.pop(job_id, None)
-        return out
+        return out, chosen
 
 
 @dataclass
@@ -350,6 +441,7 @@ class _Ctx:
     runs: Callable[[_Job], bool]  # whether some plan runs on the job's GPUs per node
     # the job's best speed on these GPUs per node over its speed as requested (0: none runs)
     speed: Callable[[_Job, Mapping[str, int]], float]
+    taken: dict[str, list[str]] = field(default_factory=dict)  # taker -> its victims (ids)
 
     def below(self, job: _Job, alloc: Mapping[str, int] | None = None) -> bool:
         """A guaranteed job slower than its request on `alloc` (default: what it holds)."""
@@ -445,11 +537,14 @@ class _Ctx:
             for victim, n in reversed(undo):
                 self._move(job, n, -1)
                 self._move(victim, n, 1)
+            undo = []
             for n in list(job.alloc):
                 back = job.alloc[n] - start.get(n, 0)
                 if back > 0:
                     self.free[n] += back
                     self._move(job, n, -back)
+        if undo:
+            self.taken.setdefault(job.snap.job_id, []).extend(v.snap.job_id for v, _ in undo)
 
     def trim(self, job: _Job) -> None:
         """Keep the least GPUs that reach the curve's value, on a placement a plan runs on
@@ -464,6 +559,82 @@ class _Ctx:
                 return
             self.free[smallest] += 1
             self._move(job, smallest, -1)
+
+
+@dataclass(frozen=True)
+class CpuShare:
+    """A placed job in the CPU loop: GPUs per node, cores per GPU now, its CPU minRes,
+    and its speed (normalised) at c cores per GPU."""
+
+    job_id: str
+    alloc: Mapping[str, int]
+    cpus: int
+    min_cpus: int
+    rate: Callable[[int], float]
+    taker: bool = False  # its speed reads cores (ZeRO-Offload plans) and it may change
+    victim: bool = True  # it may give cores up (not held by the 0.97 rule)
+
+
+def share_cpus(
+    jobs: Sequence[CpuShare], free: dict[str, int], *, min_gain: float = 1e-3
+) -> dict[str, int]:
+    """Algorithm 1's loop over CPU cores: the taker with the steepest slope (speed gained per
+    core) takes one more core per GPU - on each of its nodes free cores first, then cores
+    reclaimed from the job there with the gentlest slope down that is above its CPU minRes,
+    while that slope is below the taker's - until no taker gains more than `min_gain`
+    (relative) or can be given the cores. Cores per GPU stay uniform over a job's nodes,
+    so a victim gives one core per GPU on every node it holds. Returns the jobs whose
+    cores per GPU changed; `free` (cores per node) is updated."""
+    cpus = {j.job_id: j.cpus for j in jobs}
+
+    def gpus(job: CpuShare) -> int:
+        return max(sum(job.alloc.values()), 1)
+
+    def up(job: CpuShare) -> float:
+        c = cpus[job.job_id]
+        now, more = job.rate(c), job.rate(c + 1)
+        return (more - now) / gpus(job) if more > now * (1 + min_gain) else 0.0
+
+    def down(job: CpuShare, have: Mapping[str, int]) -> float:
+        c = have[job.job_id]
+        return (job.rate(c) - job.rate(c - 1)) / gpus(job)
+
+    def grow(taker: CpuShare) -> bool:
+        """One more core per GPU for `taker`, or nothing changes."""
+        slope = up(taker)
+        if slope <= 0:
+            return False
+        have, left = dict(cpus), dict(free)
+        for node, k in sorted(taker.alloc.items()):
+            while left[node] < k:
+                victims = [
+                    v
+                    for v in jobs
+                    if v is not taker
+                    and v.victim
+                    and v.alloc.get(node, 0) > 0
+                    and have[v.job_id] > v.min_cpus
+                ]
+                if not victims:
+                    return False
+                victim = min(victims, key=lambda v: (down(v, have), v.job_id))
+                if down(victim, have) >= slope:
+                    return False
+                have[victim.job_id] -= 1
+                for m, km in victim.alloc.items():
+                    left[m] += km
+            left[node] -= k
+        have[taker.job_id] += 1
+        cpus.update(have)
+        free.update(left)
+        return True
+
+    takers = [j for j in jobs if j.taker]
+    bound = sum(free.values()) + sum(j.cpus * gpus(j) for j in jobs)  # cores: a finite loop
+    for _ in range(bound):
+        if not any(grow(t) for t in sorted(takers, key=lambda j: (-up(j), j.job_id))):
+            break
+    return {j.job_id: cpus[j.job_id] for j in jobs if cpus[j.job_id] != j.cpus}
 
 
 def make_rubick(

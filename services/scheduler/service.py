@@ -51,7 +51,7 @@ from gearshift.scheduler.ps_jobs import PsPlans
 from gearshift.scheduler.registry import WorkerRegistry
 from gearshift.scheduler.resource_plans import ResourcePlans
 from gearshift.scheduler.rounds import RoundReport, Rounds
-from gearshift.scheduler.rubick_live import LIVE_VARIANTS, make_live_rubick
+from gearshift.scheduler.rubick_live import LIVE_VARIANTS, LiveRubick, make_live_rubick
 from gearshift.scheduler.state import SchedulerSettings, SchedulerState
 from gearshift.scheduler.store import EventRecord, JobRecord, Store, WorkerRecord
 from gearshift.scheduler.task_control import TaskControl
@@ -167,6 +167,8 @@ class Scheduler:
         if self.tenants is None:
             return Quotas(), {}
         allocator = self.rounds.allocator
+        if isinstance(allocator, LiveRubick):
+            return self.tenants.quotas, allocator.admissions()
         admitted = allocator.admitted if isinstance(allocator, Guarantees) else {}
         return self.tenants.quotas, dict(admitted)
 

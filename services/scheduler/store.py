@@ -48,13 +48,13 @@ class JobRecord:
     message: str = ""
     final_digest: str = ""
     last_sequence: int = 0
+    # The execution plan of the job's current (or last) placement; default: all off, one
+    # thread. Stored (migration 0008): a restarted scheduler resumes the job on it.
+    plan: common_pb2.ExecutionPlan = field(default_factory=common_pb2.ExecutionPlan)
     # Not stored: each round decides them again, and heartbeats say whether it is paused.
     collocation: common_pb2.Collocation = field(default_factory=common_pb2.Collocation)
     paused: bool = False
-    # The execution plan of the job's current (or last) placement; default: all off, one
-    # thread. Not stored either: a restarted scheduler starts the job on the plan it decides.
-    plan: common_pb2.ExecutionPlan = field(default_factory=common_pb2.ExecutionPlan)
-    # The resource plan its placement started with, in words (not stored either).
+    # The resource plan its placement started with, in words (not stored).
     resource_plan: str = ""
 
     @property
@@ -180,6 +180,8 @@ def _job_from_row(row: models.Job) -> JobRecord:
     progress.ParseFromString(row.progress or b"")
     placement = common_pb2.Placement()
     placement.ParseFromString(row.placement or b"")
+    plan = common_pb2.ExecutionPlan()
+    plan.ParseFromString(row.plan or b"")
     return JobRecord(
         job_id=row.job_id,
         spec=spec,
@@ -197,6 +199,7 @@ def _job_from_row(row: models.Job) -> JobRecord:
         message=row.message,
         final_digest=row.final_digest,
         last_sequence=row.last_sequence,
+        plan=plan,
     )
 
 
@@ -223,6 +226,7 @@ def _job_values(job: JobRecord) -> dict[str, object]:
         "message": job.message,
         "final_digest": job.final_digest,
         "last_sequence": job.last_sequence,
+        "plan": job.plan.SerializeToString(deterministic=True),
     }
 
 

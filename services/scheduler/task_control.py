@@ -63,6 +63,7 @@ class TaskControl:
         assignments: Sequence[tuple[Device, int]],
         *,
         profile_first: bool = False,
+        profile_rubick: bool = False,
         plan: common_pb2.ExecutionPlan | None = None,
         cpus_per_device: int = 0,
         resources: ProcessPlan | None = None,
@@ -70,6 +71,7 @@ class TaskControl:
     ) -> tuple[common_pb2.Placement, list[TaskRecord], StartRequests]:
         """Tasks and StartTask requests of a new placement, saved before any is sent
         (under the lock); `profile_first`: rank 0 measures the job's layer profile first;
+        `profile_rubick`: rank 0 runs Rubick's profiling run first;
         `plan`: the execution plan to run (None: the job's current one). A plan the job's
         spec does not allow raises ValidationError naming the plan's field, before anything
         changes. Each process gets its worker's share of cores and memory
@@ -141,6 +143,7 @@ class TaskControl:
                 job_token=self.job_tokens.mint(job.job_id) if self.job_tokens else "",
                 collocation=job.collocation if job.collocation.role else None,
                 profile_first=profile_first and 0 in ranks,
+                profile_rubick=profile_rubick and 0 in ranks,
                 plan=plan,
                 cpu_cores_per_process=cores,
                 memory_bytes_per_process=memory,

@@ -119,6 +119,7 @@ class TaskPlan:
     accelerator_type: str
     job_token: str = ""  # the processes' bearer token, scoped to the job ("": the daemon's)
     profile_first: bool = False  # rank 0 profiles the job's layers before training
+    profile_rubick: bool = False  # rank 0 runs Rubick's profiling run before training
     plan: common_pb2.ExecutionPlan = field(default_factory=common_pb2.ExecutionPlan)
     collocation: common_pb2.Collocation = field(default_factory=common_pb2.Collocation)
     loader_procs: int = 0  # shared loader processes per training process (the resource plan)
@@ -210,6 +211,8 @@ class TaskPlan:
             device = "cuda" if settings.accelerator == "cuda" else "cpu"
             cmd += ["--profile-key", profile_key(self.spec, device)]
             cmd += ["--model-type", self.spec.model_type]
+        if rank == 0 and self.profile_rubick and e.brain:
+            cmd += ["--profile-rubick"]
         if self.background:
             cmd += ["--background", "--pause-file", str(task_dir / PAUSE_FILE)]
         if settings.index_log_dir is not None and self.data_mode == "dynamic":
@@ -488,6 +491,7 @@ def plan_task(
         accelerator_type=processes[0].accelerator_type or device_types[0],
         job_token=request.job_token,
         profile_first=request.profile_first,
+        profile_rubick=request.profile_rubick,
         collocation=request.collocation,
         plan=request.plan,
         loader_procs=request.loader_procs_per_process,

@@ -11,13 +11,24 @@ from pathlib import Path
 import pytest
 
 from gearshift.common.channel import connect
+from gearshift.common.ports import free_port_in
 from gearshift.common.rubick.model import Config, ForwardSample, Params, Workload, iter_time
 from gearshift.common.rubick.plans import Plan, Resources, Zero
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.rubick_live import LiveRubick
 from gearshift.scheduler.service import SchedulerSettings
-from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2, scheduler_pb2
+from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from tests.conftest import DaemonFactory
+from tests.helpers import wait_until
+from tests.integration.test_sched_service import (
+    WAIT,
+    FakeWorker,
+    events,
+    fresh_channel,
+    job_state,
+    spec,
+    start_scheduler,
+)
 from tests.sched_harness import Clock, job_spec, make_scheduler
 
 B = brain_pb2
@@ -43,6 +54,14 @@ PROFILED = [
 def brain(daemons: DaemonFactory, tmp_path: Path) -> Iterator[str]:
     daemon = daemons("brain", ["--database-url", f"sqlite:///{tmp_path / 'brain.db'}"])
     yield daemon.address
+
+
+@pytest.fixture
+def fake_workers() -> Iterator[list[FakeWorker]]:
+    started: list[FakeWorker] = []
+    yield started
+    for worker in started:
+        worker.close()
 
 
 def store_profile(address: str, key: str) -> None:
@@ -132,3 +151,48 @@ def test_a_fitted_model_changes_a_running_jobs_plan(
         assert len({r.task_id.rsplit(".", 1)[0] for r in agents.started}) == 2  # two starts
     finally:
         scheduler.stop()
+
+
+def test_a_restarted_scheduler_resumes_the_job_on_its_stored_plan(
+    brain: str, daemons: DaemonFactory, postgres_db: str, fake_workers: list[FakeWorker]
+) -> None:
+    """Issue 19: the job's plan (GC on, which the fit demands on 4 GiB devices) is stored with
+    it, so a scheduler killed and started again on the same database shows the same plan and
+    keeps the running job as it is - no restart because it forgot the plan."""
+    store_profile(brain, "lm-restart")
+    port = free_port_in(20000, 30000)  # the same address after the restart
+    flags = ["--listen", f"127.0.0.1:{port}", "--brain-address", brain]
+    daemon = start_scheduler(daemons, postgres_db, *flags, policy="rubick")
+    device = C.DeviceGroup(accelerator_type="cpu", count=4, memory_bytes=4 << 30)
+    fake_workers.append(FakeWorker("w1", daemon.address, [device]))
+    agent = fake_workers[0].agent
+    lm = spec("lm", 4)
+    lm.global_batch_size = 64
+    lm.model_type = "lm-restart"
+    lm.plan_dimensions.gradient_checkpointing = True
+    with connect(daemon.address) as channel:
+        jobs = scheduler_pb2_grpc.JobServiceStub(channel)
+        job_id = jobs.SubmitJob(S.SubmitJobRequest(spec=lm)).job.job_id
+        wait_until(lambda: job_state(jobs, job_id) == C.JOB_STATE_RUNNING, WAIT, "it runs")
+        before = jobs.GetJob(S.GetJobRequest(job_id=job_id))
+        seen = len(events(jobs, job_id))
+    assert before.plan.gradient_checkpointing and len(before.placement.processes) == 4
+    assert [r.plan.gradient_checkpointing for r in agent.starts] == [True]
+    daemon.kill()  # as a crash would
+    restarted = start_scheduler(daemons, postgres_db, *flags, policy="rubick")
+    with fresh_channel(restarted.address) as fresh:
+        jobs = scheduler_pb2_grpc.JobServiceStub(fresh)
+        after = jobs.GetJob(S.GetJobRequest(job_id=job_id))
+        assert after.plan == before.plan  # read back from the store
+        round_now = jobs.GetClusterState(S.GetClusterStateRequest()).round
+        wait_until(
+            lambda: jobs.GetClusterState(S.GetClusterStateRequest()).round >= round_now + 4,
+            WAIT,
+            "rounds continue (the fit asked for again)",
+        )
+        now = jobs.GetJob(S.GetJobRequest(job_id=job_id))
+        kinds_after = {e.type for e in events(jobs, job_id)[seen:]}
+    assert now.state == C.JOB_STATE_RUNNING and now.plan == before.plan
+    assert now.placement == before.placement
+    assert len(agent.starts) == 1 and not agent.stops  # never restarted
+    assert S.JOB_EVENT_TYPE_RESCALING not in kinds_after

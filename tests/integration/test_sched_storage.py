@@ -144,6 +144,45 @@ def test_the_restart_count_column_comes_and_goes_with_its_migration(tmp_path: Pa
     assert "restart_count" not in columns and "rescale_count" in columns
 
 
+def test_a_jobs_execution_plan_is_stored(store: SqlStore) -> None:
+    """A restarted scheduler resumes a job on its plan (Rubick), so the plan is in the row."""
+    store.create_job(_job("p1", 1.0), _event("p1", 1))
+    job = store.get_job("p1")
+    assert job is not None and job.plan == C.ExecutionPlan()
+    job.plan = C.ExecutionPlan(gradient_checkpointing=True, threads_per_process=2)
+    job.last_sequence = 2
+    store.save_job(job, [_event("p1", 2, S.JOB_EVENT_TYPE_STARTED)])
+    again = store.get_job("p1")
+    assert again is not None and again.plan == job.plan
+    assert [j.plan for j in store.active_jobs()] == [job.plan]
+
+
+def test_the_plan_column_comes_and_goes_with_its_migration(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'plans.db'}"
+    migrate(url, "0007_rubick_models")
+    engine = create_engine(url)
+    with engine.begin() as conn:  # a job written before the column existed
+        conn.execute(
+            sa.text(
+                "INSERT INTO sched_jobs (job_id, name, tenant, state, spec, submitted_at,"
+                " started_at, finished_at, progress, placement, generation, rescale_count,"
+                " message, final_digest, last_sequence)"
+                " VALUES ('old', 'n', 't', 1, x'', 1.0, 0.0, 0.0, x'', x'', 0, 0, '', '', 1)"
+            )
+        )
+    engine.dispose()
+    migrate(url)
+    store = SqlStore(url)
+    old = store.get_job("old")
+    store.close()
+    assert old is not None and old.plan == C.ExecutionPlan()  # NULL: the default plan
+    downgrade(url, "0007_rubick_models")
+    engine = create_engine(url)
+    columns = {c["name"] for c in sa.inspect(engine).get_columns("sched_jobs")}
+    engine.dispose()
+    assert "plan" not in columns and "locked_type" in columns
+
+
 def test_listing_newest_first_with_cursor_and_filters(store: SqlStore) -> None:
     for i in range(5):
         store.create_job(

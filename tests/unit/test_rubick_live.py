@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 import pytest
 
+from gearshift.client.render import as_dict, tenants_text
 from gearshift.common.rubick.model import A800, ForwardSample, Params, Workload
 from gearshift.common.rubick.perf import Mode, ModelPerf, PerfSource, Runtime
 from gearshift.common.rubick.plans import Plan, Zero
@@ -18,11 +19,15 @@ from gearshift.scheduler.rubick_live import (
     JobFacts,
     LiveRubick,
     execution_plan,
+    model_note,
     original_plan,
+    wants_profile,
 )
+from gearshift.scheduler.service import SchedulerSettings
 from gearshift.scheduler.store import WorkerRecord
 from gearshift.scheduler.tenants import Quotas
-from gearshift.v1 import common_pb2
+from gearshift.v1 import common_pb2, scheduler_pb2
+from tests.sched_harness import Clock, job_spec, make_scheduler, register
 
 C = common_pb2
 PARAMS = Params(2.0, 2.0, 0.05, 3.0, 2.0, 2.0, 5.0)
@@ -199,6 +204,96 @@ def test_a_running_jobs_plan_changes_only_while_restarts_pay() -> None:
     # ... until (1000 - 10)/1000 = 0.99 says a restart pays.
     assert not run(rubick, [(f, running(1000.0))], roomy)["j"][1].gradient_checkpointing
     assert rubick.policy.reconfigurations("j") == 2
+
+
+def test_model_notes_and_who_is_profiled() -> None:
+    own = Fitted("job j", ACTIVATIONS, PARAMS, A800, runs=14, own=True)
+    keyed = Fitted("model k", ACTIVATIONS, PARAMS, A800, runs=9)
+    assert wants_profile(None, "rubick") and wants_profile(keyed, "rubick_e")
+    assert not wants_profile(own, "rubick") and not wants_profile(None, "rubick_n")
+    assert model_note(own, "rubick").endswith("fitted on 14 configurations of the job's own runs")
+    assert model_note(keyed, "rubick").endswith("fitted on 9 configurations of model k")
+    assert "none fitted yet" in model_note(None, "rubick")
+
+
+def test_the_first_start_profiles_and_the_next_round_uses_the_fit() -> None:
+    """No fit of the job's own: its first start tells rank 0 to profile (profile_rubick), an
+    event says which model its plan came from; once the Brain holds its fit (after the retry
+    interval), the next round uses it and says so; later starts do not profile again."""
+    fits: dict[str, Fitted] = {}
+    rubick = LiveRubick(fits.get, retry_seconds=5.0)
+    clock = Clock()
+    settings = SchedulerSettings(policy="rubick", round_seconds=60.0)
+    scheduler, agents = make_scheduler(settings, clock=clock, allocator=rubick)
+    try:
+        register(scheduler, "w", {"cpu": 2})
+        job, _ = scheduler.submit(job_spec("j", 2), "")
+        scheduler.run_round()
+        assert [r.profile_rubick for r in agents.started] == [True]
+
+        def notes() -> list[str]:
+            return [
+                e.message
+                for e in scheduler.state.store.events_after(job.job_id, 0)
+                if e.type == scheduler_pb2.JOB_EVENT_TYPE_PLAN
+            ]
+
+        assert notes() == [model_note(None, "rubick")]
+        fits[job.job_id] = Fitted(f"job {job.job_id}", ACTIVATIONS, PARAMS, A800, 14, own=True)
+        scheduler.run_round()  # asked again only after the retry interval
+        assert len(notes()) == 1
+        clock.now += 6.0
+        scheduler.run_round()
+        assert notes()[-1].endswith("fitted on 14 configurations of the job's own runs")
+        assert all(not r.profile_rubick for r in agents.started[1:])
+    finally:
+        scheduler.stop()
+
+
+def test_admissions_name_the_plan_the_speed_and_the_best_effort_jobs_shrunk() -> None:
+    """Tenant t (quota 2) submits a guaranteed job while a best-effort job holds all four
+    devices: the guaranteed job is admitted on 2 at (at least) its requested speed, and the
+    best-effort job, shrunk to 2, is named; with a second best-effort job on the other two,
+    one of them is preempted."""
+    fit = {j: Fitted(f"job {j}", ACTIVATIONS, PARAMS, A800) for j in ("be", "be2", "g")}
+    rubick = LiveRubick(fit.get, quotas=lambda: Quotas({"t": {"v100": 2}}))
+    w = [worker("w", 4, 80.0)]
+    be = (facts("be", gc=True), snap("be"))
+    assert run(rubick, [be], w)["be"][0] == 4 and rubick.admissions() == {}
+    running = JobSnapshot(**snap("be").__dict__ | {"current": (("v100", 4),)})
+    guaranteed = JobSnapshot(
+        **snap("g", ests=2, arrival=1.0).__dict__ | {"guaranteed": True, "entity": "t"}
+    )
+    got = run(rubick, [(be[0], running), (facts("g", ests=2, gc=True), guaranteed)], w)
+    assert got["g"][0] == 2 and got["be"][0] == 2
+    a = rubick.admissions()["g"]
+    assert (a.accelerator_type, a.devices) == ("v100", 2)
+    r = a.rubick
+    assert r is not None and (r.tenant, r.requested_gpus, r.gpus) == ("t", 2, 2)
+    assert r.requested_plan == "dp2" and r.plan in {"dp2", "dp2+gc"}
+    assert r.predicted_rate >= r.requested_rate * (1 - 1e-6) > 0
+    assert (r.shrunk, r.preempted) == (("be",), ())
+
+
+def test_tenants_text_lists_rubick_admissions() -> None:
+    state = scheduler_pb2.ClusterState()
+    row = state.tenants.add(tenant="t", quota={"v100": 2})
+    row.rubick_admissions.add(
+        job_id="g",
+        accelerator_type="v100",
+        requested_devices=2,
+        devices=2,
+        requested_plan="dp2",
+        plan="dp2+gc",
+        requested_iterations_per_second=4.0,
+        predicted_iterations_per_second=5.0,
+        shrunk_jobs=["be"],
+    )
+    text = tenants_text(state)
+    assert "Rubick admissions" in text
+    line = text.splitlines()[-1].split()
+    assert line == ["t", "g", "v100x2", "dp2", "v100x2", "dp2+gc", "4", "5", "1.25x", "be", "-"]
+    assert as_dict(state.tenants[0])["rubick_admissions"][0]["shrunk_jobs"] == ["be"]
 
 
 def test_a_job_is_placed_only_on_the_accelerator_types_it_allows() -> None:

@@ -14,7 +14,7 @@ from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.pipeline import Target
 from gearshift.scheduler.placement import place
 from gearshift.scheduler.rubick_gavel import gavel_table, job_type, run_gavel
-from gearshift.scheduler.rubick_policy import make_curve, make_rubick
+from gearshift.scheduler.rubick_policy import CpuShare, make_curve, make_rubick, share_cpus
 from gearshift.scheduler.rubick_sim import simulate_rubick
 from gearshift.scheduler.rubick_trace import generate_rubick_workload, read_rubick_trace
 
@@ -112,3 +112,36 @@ def test_quotas_put_guaranteed_jobs_first_under_gavels_policies(perf: PerfSource
     # an admitted job runs at its full request, however it scales)
     ratio = quotas.average_jct(True) / quotas.average_jct(False)
     assert ratio < plain.average_jct(True) / plain.average_jct(False)
+
+
+def _saturating(c: int) -> float:
+    return c / (c + 1)  # 2 -> 0.667, 3 -> 0.75, 4 -> 0.8, 5 -> 0.833
+
+
+def test_cpu_reclaim_takes_from_the_gentlest_slope_above_its_min_res() -> None:
+    """By hand, one node, 4 GPUs each. (1) No free core: the ZeRO-Offload job (rate
+    c/(c+1): slope (0.75 - 0.667)/4 = 0.021 per core at 2 cores per GPU) reclaims one core
+    per GPU from the best-effort job, whose speed does not read cores (slope 0), down to its
+    minRes of 1; at 3 it would need 4 more and nobody is above minRes: 3 and 1."""
+    off = CpuShare("off", {"n": 4}, 2, 1, _saturating, taker=True)
+    be = CpuShare("be", {"n": 4}, 2, 1, lambda c: 1.0)
+    free = {"n": 0}
+    assert share_cpus([off, be], free) == {"off": 3, "be": 1} and free == {"n": 0}
+    # (2) 4 free cores first (2 -> 3), then the guaranteed job gives its one core per GPU
+    # above its minRes of 2 (3 -> 4); then it is at its minRes: 4 and 2.
+    g = CpuShare("g", {"n": 4}, 3, 2, lambda c: 1.0)
+    free = {"n": 4}
+    assert share_cpus([off, g], free) == {"off": 4, "g": 2} and free == {"n": 0}
+    # (3) A victim whose slope down (1/4 per core) exceeds the taker's keeps its cores; so
+    # does one the 0.97 rule holds (victim=False).
+    steep = CpuShare("steep", {"n": 4}, 2, 1, float)  # c cores: speed c
+    held = CpuShare("held", {"n": 4}, 2, 1, lambda c: 1.0, victim=False)
+    free = {"n": 0}
+    assert share_cpus([off, steep, held], free) == {} and free == {"n": 0}
+    # (4) A victim on two nodes gives a core per GPU on both: the taker on node a gets
+    # 2 -> 3 (4 cores on a) and node b keeps the 2 cores freed there.
+    wide = CpuShare("wide", {"a": 4, "b": 2}, 2, 1, lambda c: 1.0)
+    off_a = CpuShare("off", {"a": 4}, 2, 1, _saturating, taker=True)
+    free = {"a": 0, "b": 0}
+    assert share_cpus([off_a, wide], free) == {"off": 3, "wide": 1}
+    assert free == {"a": 0, "b": 2}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -185,5 +186,40 @@ def test_a_guaranteed_job_arriving_as_a_best_effort_job_ends_gets_its_request(
         g, _ = scheduler.submit(spec, "")
         scheduler.run_round()
         assert len(scheduler.get(g.job_id).placement.processes) == 2
+    finally:
+        scheduler.stop()
+
+
+def test_under_rubick_the_tenants_view_shows_admissions_and_whom_they_preempted(
+    tmp_path: Path,
+) -> None:
+    """`--policy rubick`, no fits (each job runs its own plan on its request): the guaranteed
+    job of tenant a is admitted on its 2 devices at its requested speed, and tenant b's
+    best-effort job, which cannot run on fewer than its 4, is preempted for it - both shown
+    in the tenants view (ClusterState.tenants[].rubick_admissions)."""
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants: {a: {quota: {cpu: 2}}, b: {}}\n")
+    settings = dataclasses.replace(tenant_settings(path), policy="rubick", elastic=False)
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings, clock=clock)
+    try:
+        register(scheduler, "w", {"cpu": 4})
+        b, _ = scheduler.submit(job_spec("b", 4, tenant="b"), "")
+        scheduler.run_round()
+        assert len(scheduler.get(b.job_id).placement.processes) == 4
+        assert not any(t.rubick_admissions for t in scheduler.cluster_state().tenants)
+        clock.now += 3.0
+        scheduler.heartbeat("w", [])
+        spec = job_spec("g", 2, tenant="a", service_class=C.SERVICE_CLASS_GUARANTEED)
+        g, _ = scheduler.submit(spec, "")
+        scheduler.run_round()
+        assert len(scheduler.get(g.job_id).placement.processes) == 2
+        shown = {t.tenant: t for t in scheduler.cluster_state().tenants}
+        assert shown["a"].guaranteed_jobs == 1 and dict(shown["a"].guaranteed_devices) == {"cpu": 2}
+        (a,) = shown["a"].rubick_admissions
+        assert (a.job_id, a.requested_devices, a.devices, a.plan) == (g.job_id, 2, 2, "dp2")
+        assert a.predicted_iterations_per_second == a.requested_iterations_per_second > 0
+        assert list(a.preempted_jobs) == [b.job_id] and not a.shrunk_jobs
+        assert not shown["b"].rubick_admissions
     finally:
         scheduler.stop()

@@ -711,6 +711,7 @@ class TenantState(_message.Message):
     GUARANTEED_JOBS_FIELD_NUMBER: _builtins.int
     RUNNING_JOBS_FIELD_NUMBER: _builtins.int
     QUEUED_JOBS_FIELD_NUMBER: _builtins.int
+    RUBICK_ADMISSIONS_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """Tenant name."""
     guaranteed_jobs: _builtins.int
@@ -731,6 +732,12 @@ class TenantState(_message.Message):
     def devices(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Devices per type held by all its running jobs."""
 
+    @_builtins.property
+    def rubick_admissions(self) -> _containers.RepeatedCompositeFieldContainer[Global___RubickAdmission]:
+        """Under a rubick policy: its guaranteed jobs the quota covered in the last
+        round, with the plan and performance Algorithm 1 admitted them at.
+        """
+
     def __init__(
         self,
         *,
@@ -741,14 +748,83 @@ class TenantState(_message.Message):
         guaranteed_jobs: _builtins.int = ...,
         running_jobs: _builtins.int = ...,
         queued_jobs: _builtins.int = ...,
+        rubick_admissions: _abc.Iterable[Global___RubickAdmission] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["devices", b"devices", "guaranteed_devices", b"guaranteed_devices", "guaranteed_jobs", b"guaranteed_jobs", "queued_jobs", b"queued_jobs", "quota", b"quota", "running_jobs", b"running_jobs", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["devices", b"devices", "guaranteed_devices", b"guaranteed_devices", "guaranteed_jobs", b"guaranteed_jobs", "queued_jobs", b"queued_jobs", "quota", b"quota", "rubick_admissions", b"rubick_admissions", "running_jobs", b"running_jobs", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TenantState: _TypeAlias = TenantState  # noqa: Y015
+
+@_typing.final
+class RubickAdmission(_message.Message):
+    """A guaranteed job Rubick's Algorithm 1 admitted (last round): what it asked
+    for and what it got, by the job's fitted model.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    ACCELERATOR_TYPE_FIELD_NUMBER: _builtins.int
+    REQUESTED_DEVICES_FIELD_NUMBER: _builtins.int
+    DEVICES_FIELD_NUMBER: _builtins.int
+    REQUESTED_PLAN_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
+    REQUESTED_ITERATIONS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    PREDICTED_ITERATIONS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    SHRUNK_JOBS_FIELD_NUMBER: _builtins.int
+    PREEMPTED_JOBS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """The job."""
+    accelerator_type: _builtins.str
+    """Accelerator type of the devices it got."""
+    requested_devices: _builtins.int
+    """Devices it asked for (its max_devices, at most the live ones)."""
+    devices: _builtins.int
+    """Devices it got."""
+    requested_plan: _builtins.str
+    """Its original plan on its request, Rubick's notation (e.g. "dp2+ga2")."""
+    plan: _builtins.str
+    """The plan it runs on what it got (e.g. "dp2+ga2+gc")."""
+    requested_iterations_per_second: _builtins.float
+    """Iterations per second of its original plan on its request (the model's;
+    an unfitted job's are nominal, 1.0).
+    """
+    predicted_iterations_per_second: _builtins.float
+    """Iterations per second the model predicts for its plan on what it got (at
+    least the requested ones: the guarantee).
+    """
+    @_builtins.property
+    def shrunk_jobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Best-effort jobs that gave devices up for it and still run on fewer."""
+
+    @_builtins.property
+    def preempted_jobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Best-effort jobs that gave devices up for it and were left with none."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        accelerator_type: _builtins.str = ...,
+        requested_devices: _builtins.int = ...,
+        devices: _builtins.int = ...,
+        requested_plan: _builtins.str = ...,
+        plan: _builtins.str = ...,
+        requested_iterations_per_second: _builtins.float = ...,
+        predicted_iterations_per_second: _builtins.float = ...,
+        shrunk_jobs: _abc.Iterable[_builtins.str] | None = ...,
+        preempted_jobs: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accelerator_type", b"accelerator_type", "devices", b"devices", "job_id", b"job_id", "plan", b"plan", "predicted_iterations_per_second", b"predicted_iterations_per_second", "preempted_jobs", b"preempted_jobs", "requested_devices", b"requested_devices", "requested_iterations_per_second", b"requested_iterations_per_second", "requested_plan", b"requested_plan", "shrunk_jobs", b"shrunk_jobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RubickAdmission: _TypeAlias = RubickAdmission  # noqa: Y015
 
 @_typing.final
 class RegisterWorkerRequest(_message.Message):
