@@ -639,8 +639,9 @@ class ParameterServerMetrics(_message.Message):
     ps_memory_bytes_used: _builtins.int
     """Peak RSS of a PS process, bytes."""
     ps: _builtins.int
-    """PS and worker counts the measurement was made with."""
+    """PS count the measurement was made with."""
     workers: _builtins.int
+    """Worker count the measurement was made with."""
     heldout_auc: _builtins.float
     """Held-out AUC at the end of the last finished phase (0: none yet)."""
     measured_seconds: _builtins.float
