@@ -279,6 +279,25 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("--reason", default="cancelled from the CLI", help="recorded with the job")
     cancel.set_defaults(func=commands.cmd_cancel)
 
+    scale = sub.add_parser(
+        "scale",
+        parents=[shared],
+        help="set a parameter-server job's PS and worker counts",
+        description="Pin a PS job's counts (and optionally cores per process) over the "
+        "Brain's plans; the scheduler applies them at its next round by stop (checkpoint) -> "
+        "restart, the embedding rows re-partitioned. --auto hands the job back to the Brain. "
+        "Also spelled `gearshift job scale ID ...`.",
+    )
+    scale.add_argument("job_id", metavar="ID")
+    scale.add_argument("--ps", type=int, help="PS processes (1..spec max_ps)")
+    scale.add_argument("--workers", type=int, help="worker processes (1..spec max_workers)")
+    scale.add_argument("--ps-cores", type=float, default=0.0, help="cores per PS (0: keep)")
+    scale.add_argument(
+        "--worker-cores", type=float, default=0.0, help="cores per worker (0: keep)"
+    )
+    scale.add_argument("--auto", action="store_true", help="clear the counts: the Brain plans")
+    scale.set_defaults(func=commands.cmd_scale)
+
     cluster = sub.add_parser(
         "cluster", parents=[shared], help="workers, devices, and which job runs where"
     )
@@ -410,6 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["simulate"]:
         return cmd_simulate(arguments[1:])
+    if arguments[:2] == ["job", "scale"]:  # `gearshift job scale ID`: the scale command
+        arguments = arguments[1:]
     args = build_parser().parse_args(arguments)
     return run_command(args.func, args)
 

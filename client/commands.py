@@ -190,6 +190,32 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    if args.auto == (args.ps is not None or args.workers is not None):
+        raise SystemExit("gearshift scale: give --ps and --workers, or --auto (not both)")
+    if not args.auto and (args.ps is None or args.workers is None):
+        raise SystemExit("gearshift scale: --ps and --workers go together")
+    with _client(args) as client:
+        job = client.scale(
+            args.job_id,
+            args.ps or 0,
+            args.workers or 0,
+            ps_cores=args.ps_cores,
+            worker_cores=args.worker_cores,
+            auto=args.auto,
+        )
+    if args.json:
+        render.print_json(render.job_dict(job))
+    elif args.auto:
+        print(f"{job.job_id} {render.state_name(job.state)}: sized by the Brain's plans again")
+    else:
+        print(
+            f"{job.job_id} {render.state_name(job.state)}: {args.ps} PS x {args.workers} "
+            "workers from the next round (a checkpointed restart when the counts change)"
+        )
+    return EXIT_OK
+
+
 def cmd_cluster(args: argparse.Namespace) -> int:
     with _client(args) as client:
         state = client.cluster()

@@ -147,6 +147,30 @@ class Client:
     def cancel(self, job_id: str, reason: str = "") -> Job:
         return self._jobs.CancelJob(scheduler_pb2.CancelJobRequest(job_id=job_id, reason=reason))
 
+    @_typed_errors
+    def scale(
+        self,
+        job_id: str,
+        ps: int = 0,
+        workers: int = 0,
+        *,
+        ps_cores: float = 0.0,
+        worker_cores: float = 0.0,
+        auto: bool = False,
+    ) -> Job:
+        """Set a parameter-server job's counts (pinned over the Brain's plans; applied at
+        the next round by a checkpointed restart), or with `auto` clear them."""
+        return self._jobs.ScaleJob(
+            scheduler_pb2.ScaleJobRequest(
+                job_id=job_id,
+                ps=ps,
+                workers=workers,
+                ps_cores=ps_cores,
+                worker_cores=worker_cores,
+                auto=auto,
+            )
+        )
+
     def watch(self, job_id: str, after_sequence: int = 0) -> Iterator[JobEvent]:
         """Yield the job's events until it ends."""
         try:

@@ -10,6 +10,8 @@ not allow. Health checks stay open.
 
 from __future__ import annotations
 
+import contextvars
+
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -41,6 +43,18 @@ def _bearer(metadata: Metadata) -> str | None:
         return None
     text = value.decode() if isinstance(value, bytes) else str(value)
     return text.removeprefix("Bearer ").strip() if text.startswith("Bearer ") else None
+
+
+# The identity of the call this thread serves (unary calls of a sync server), for the
+# servicers that record who did something (a PS job's counts "set by <identity>").
+_CALLER: contextvars.ContextVar[Identity | None] = contextvars.ContextVar(
+    "gearshift_caller", default=None
+)
+
+
+def current_identity() -> Identity | None:
+    """Who the unary call being served is from; None without a tokens file (no identities)."""
+    return _CALLER.get()
 
 
 @dataclass(frozen=True)
@@ -132,11 +146,14 @@ class AuthorizationInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg
         def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
             def call(request: Any, context: grpc.ServicerContext) -> Any:
                 admit(request, context)
+                reset = _CALLER.set(identity)
                 try:
                     reply = behavior(request, context)
                 except BaseException:
                     _audit_outcome(rule, identity, method, context, failed=True)
                     raise
+                finally:
+                    _CALLER.reset(reset)
                 _audit_outcome(rule, identity, method, context, failed=False)
                 return filter_response(identity, rule, reply, self.scopes())
 

@@ -69,6 +69,7 @@ RULES: Mapping[str, Rule] = {
     _JOBS + "StreamJobLogs": _rule(TENANT, scope="job"),
     _JOBS + "HasCode": _rule(TENANT),
     _JOBS + "UploadCode": _rule(TENANT, mutates=True),
+    _JOBS + "ScaleJob": _rule(TENANT, scope="job", mutates=True),
     _REGISTRY + "RegisterWorker": _rule(WORKER, SERVICE, scope="worker", mutates=True),
     _REGISTRY + "Heartbeat": _rule(WORKER, SERVICE, scope="worker"),
     _REGISTRY + "RenewLease": _rule(WORKER, SERVICE, scope="worker"),

@@ -6,8 +6,15 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from gearshift.common.codepkg import assemble
-from gearshift.common.errors import NotFoundError, PreconditionError, ResourceExhaustedError
+from gearshift.common.errors import (
+    NotFoundError,
+    PreconditionError,
+    ResourceExhaustedError,
+    ValidationError,
+)
 from gearshift.common.facts import total_steps
+from gearshift.common.jobspec import is_ps_job
+from gearshift.scheduler import ps_jobs
 from gearshift.scheduler.guarantees import Admission
 from gearshift.scheduler.rubick_policy import RubickAdmission
 from gearshift.scheduler.state import RUNNING_STATES, SchedulerState, new_job_id
@@ -33,8 +40,10 @@ class JobsApi:
         stopped: Callable[[], bool],
         *,
         tenancy: Callable[[], tuple[Quotas, Mapping[str, Admission]]] | None = None,
+        ps_plans: ps_jobs.PsPlans | None = None,
     ) -> None:
         self.state = state
+        self.ps_plans = ps_plans
         self.tenancy = tenancy or (lambda: (Quotas(), {}))
         self.control = control
         self.wake = wake
@@ -150,6 +159,73 @@ class JobsApi:
             message = reason or "cancelled by a user"
             state.finish(job, C.JOB_STATE_CANCELLED, S.JOB_EVENT_TYPE_CANCELLED, message)
         self.control.kill(tasks, "job cancelled")
+        self.wake()
+        return job
+
+    def scale(
+        self,
+        job_id: str,
+        *,
+        ps: int,
+        workers: int,
+        ps_cores: float,
+        worker_cores: float,
+        auto: bool,
+        who: str,
+    ) -> JobRecord:
+        """Pin a PS job's counts (or, with `auto`, hand it back to the Brain's plans). A
+        change of shape is applied by the next round (stop -> restart, PLAN event then);
+        the running shape is announced at once. Bad input changes nothing."""
+        state = self.state
+        with state.lock:
+            job = state.jobs.get(job_id)
+            if job is None:
+                stored = state.store.get_job(job_id)
+                if stored is None:
+                    raise NotFoundError("job", job_id)
+                raise PreconditionError(
+                    f"job {job_id!r} already ended ({C.JobState.Name(stored.state)})"  # type: ignore[arg-type]
+                )
+            if not is_ps_job(job.spec) or self.ps_plans is None:
+                raise PreconditionError(
+                    f"job {job_id!r} is not a parameter-server job (spec.parameter_server is "
+                    "unset): only a PS job's process counts can be set"
+                )
+            if auto:
+                if ps or workers or ps_cores or worker_cores:
+                    raise ValidationError(
+                        "auto", "clears the pinned counts: leave ps, workers and cores unset"
+                    )
+                if self.ps_plans.unpin(job_id):
+                    state.record(
+                        job, S.JOB_EVENT_TYPE_PLAN, f"sized by the Brain's plans again (by {who})"
+                    )
+                return job
+            budget = ps_jobs.slot_cores(
+                [
+                    (w.cpu_cores, sum(g.count for g in w.devices))
+                    for w in state.workers.values()
+                    if w.alive
+                ]
+            )
+            plan = ps_jobs.pinned(
+                job.spec,
+                self.ps_plans.plan(job_id),
+                ps=ps,
+                workers=workers,
+                ps_cores=ps_cores,
+                worker_cores=worker_cores,
+                budget=budget,
+                who=who,
+            )
+            restart = self.ps_plans.pin(job_id, plan)
+            log.info(
+                "PS counts set",
+                extra={"job_id": job_id, "plan": ps_jobs.describe(plan), "restart": restart},
+            )
+            if not restart and job.state == C.JOB_STATE_RUNNING:
+                job.resource_plan = ps_jobs.describe(plan)
+                state.record(job, S.JOB_EVENT_TYPE_PLAN, job.resource_plan + " (already running)")
         self.wake()
         return job
 

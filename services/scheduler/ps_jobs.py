@@ -19,6 +19,12 @@ through stop (checkpoint) -> restart with the new counts: the launcher re-partit
 the embedding rows from the checkpoint. Each applied plan is a PLAN job event with the
 Brain's reason. PS jobs are asynchronous: not bitwise reproducible.
 
+A user (its own jobs) or an admin may set the counts instead (`ScaleJob`, `gearshift
+scale JOB --ps 3 --workers 4`): `pinned` checks them against the spec's bounds and the
+slot's cores, and the pinned plan replaces the Brain's, applied through the same
+stop -> restart and announced as "set by <identity>: 3 PS x 4 workers", until cleared
+(`--auto`), when the Brain's ADJUST stage takes the job from the pinned plan on.
+
 Plain functions over plain data here, plus `PsPlans`, the per-job table the round uses.
 A Brain that does not answer leaves the job on its plan (or the spec's counts, 1 core
 each), never fails it.
@@ -33,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from gearshift.common.errors import ValidationError
 from gearshift.common.jobspec import is_ps_job, ps_defaults
 from gearshift.scheduler.resource_plans import Asker
 from gearshift.v1 import brain_pb2, common_pb2
@@ -242,6 +249,57 @@ def next_stage(
     return None
 
 
+SET = "set"  # the stage of a plan a user or admin set (`source` says who)
+
+
+def _whole_cores(value: float, field: str, budget: float) -> float:
+    """A requested per-process core count: whole, >= 1, at most the slot's (when known)."""
+    if value < 1 or value != math.floor(value):
+        raise ValidationError(field, f"must be a whole number of cores >= 1 (got {value:g})")
+    if budget > 0 and value > budget:
+        raise ValidationError(
+            field, f"{value:g} cores is more than a worker slot has ({budget:g}: --cpu-cores "
+            "per device of the largest live worker)"
+        )
+    return float(value)
+
+
+def pinned(
+    spec: common_pb2.JobSpec,
+    current: PsPlan | None,
+    *,
+    ps: int,
+    workers: int,
+    ps_cores: float,
+    worker_cores: float,
+    budget: float,
+    who: str,
+) -> PsPlan:
+    """The plan a user or admin sets: the counts within the spec's bounds, the cores (0:
+    the current plan's, else 1) whole and within a slot. ValidationError names the field."""
+    bounds = ps_defaults(spec.parameter_server)
+    for field, value, most in (("ps", ps, bounds.max_ps), ("workers", workers, bounds.max_workers)):
+        if not 1 <= value <= most:
+            raise ValidationError(
+                field,
+                f"must be 1..{most} (spec.parameter_server.max_{field} of this job; got {value})",
+            )
+    ps_each = _whole_cores(ps_cores or (current.ps_cores if current else 1.0), "ps_cores", budget)
+    worker_each = _whole_cores(
+        worker_cores or (current.worker_cores if current else 1.0), "worker_cores", budget
+    )
+    return PsPlan(
+        ps=ps,
+        workers=workers,
+        ps_cores=ps_each,
+        worker_cores=worker_each,
+        stage=SET,
+        source=who,
+        memory_bytes=current.memory_bytes if current else 0,
+        reason="pinned until `gearshift scale JOB --auto`",
+    )
+
+
 def describe(plan: PsPlan) -> str:
     """The PLAN event's and `gearshift job`'s text."""
     each = plan.cores_each
@@ -250,8 +308,13 @@ def describe(plan: PsPlan) -> str:
         if len(set(each)) <= 1
         else "cores " + "/".join(f"{c:g}" for c in each)
     )
+    head = (
+        f"set by {plan.source}: "
+        if plan.stage == SET
+        else f"{plan.stage} plan from {plan.source}: "
+    )
     return (
-        f"{plan.stage} plan from {plan.source}: {plan.ps} PS ({ps_cores}) x {plan.workers} "
+        f"{head}{plan.ps} PS ({ps_cores}) x {plan.workers} "
         f"workers ({plan.worker_cores:g} cores each), {plan.total_cores:g} cores; "
         "asynchronous, not bitwise reproducible" + (f" ({plan.reason})" if plan.reason else "")
     )
@@ -273,8 +336,8 @@ class PsAsk:
 class PsPlans:
     """Each PS job's plan, the changed plans waiting for their restart, and the asking."""
 
-    def __init__(self, ask: Asker, interval: float, clock: Callable[[], float]) -> None:
-        self._ask = ask
+    def __init__(self, ask: Asker | None, interval: float, clock: Callable[[], float]) -> None:
+        self._ask = ask  # None: no Brain (the spec's counts, or what a user pins)
         self.interval = interval
         self.clock = clock
         self._lock = threading.Lock()
@@ -282,6 +345,7 @@ class PsPlans:
         self._next: dict[str, PsPlan] = {}  # changed: applied at the next round
         self._announced: dict[str, PsPlan] = {}
         self._asked_at: dict[str, float] = {}
+        self._pinned: set[str] = set()  # set by a user or admin: the Brain is not asked
 
     def plan(self, job_id: str) -> PsPlan | None:
         with self._lock:
@@ -307,12 +371,47 @@ class PsPlans:
         with self._lock:
             for table in (self._plans, self._next, self._announced, self._asked_at):
                 table.pop(job_id, None)
+            self._pinned.discard(job_id)
+
+    def pinned(self, job_id: str) -> bool:
+        with self._lock:
+            return job_id in self._pinned
+
+    def pin(self, job_id: str, plan: PsPlan) -> bool:
+        """Run `plan` from now on instead of the Brain's; True when that takes a restart
+        (the job runs or waits to restart with other counts or cores), False when the job
+        already runs that shape (it is announced as the running plan at once)."""
+        with self._lock:
+            self._pinned.add(job_id)
+            running = self._plans.get(job_id)
+            if running is not None and plan.same_shape(running):
+                self._next.pop(job_id, None)
+                self._plans[job_id] = plan
+                self._announced[job_id] = plan
+                return False
+            self._next[job_id] = plan
+            return True
+
+    def unpin(self, job_id: str) -> bool:
+        """Let the Brain plan the job again (ADJUST from its current plan, every interval);
+        False when nothing was pinned."""
+        with self._lock:
+            if job_id not in self._pinned:
+                return False
+            self._pinned.discard(job_id)
+            self._asked_at[job_id] = self.clock()
+            return True
 
     def refresh(self, asks: Sequence[PsAsk]) -> None:
-        """Ask the Brain what is due (outside the scheduler's lock), one job after another."""
+        """Ask the Brain what is due (outside the scheduler's lock), one job after another;
+        never for a job whose counts are pinned."""
+        if self._ask is None:
+            return
         for a in asks:
             now = self.clock()
             with self._lock:
+                if a.job_id in self._pinned:
+                    continue
                 current = self._next.get(a.job_id) or self._plans.get(a.job_id)
                 since = now - self._asked_at.get(a.job_id, now)
             metrics = measured(a.metrics, current) if current is not None else None
@@ -341,7 +440,8 @@ class PsPlans:
                     else fallback(a.spec, "Brain unavailable: the spec's counts, 1 core each")
                 )
                 with self._lock:
-                    self._plans.setdefault(a.job_id, plan)
+                    if a.job_id not in self._pinned:
+                        self._plans.setdefault(a.job_id, plan)
                 continue
             if reply is None:
                 continue
@@ -355,6 +455,8 @@ class PsPlans:
                 },
             )
             with self._lock:
+                if a.job_id in self._pinned:  # pinned while the Brain was asked: it wins
+                    continue
                 if proposed.same_shape(current):
                     # Measured and kept: later asks are ADJUST (the stage moves on).
                     kept = replace(current, stage=proposed.stage, plan_id=proposed.plan_id)

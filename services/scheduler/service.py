@@ -147,10 +147,13 @@ class Scheduler:
             )
             if self.brain.address
             else None,  # no Brain, no plans: every job runs on the defaults
-            # PS jobs without a Brain run their spec's counts (ps_jobs.fallback).
-            ps_plans=PsPlans(self.brain.plan_resources, settings.plan_interval, clock)
-            if self.brain.address
-            else None,
+            # PS jobs without a Brain run their spec's counts (ps_jobs.fallback), or the
+            # counts a user sets (ScaleJob).
+            ps_plans=PsPlans(
+                self.brain.plan_resources if self.brain.address else None,
+                settings.plan_interval,
+                clock,
+            ),
         )
         self.jobs = JobsApi(
             self.state,
@@ -159,6 +162,7 @@ class Scheduler:
             lambda: self.rounds.round,
             self.rounds.stopped,
             tenancy=self._tenancy,
+            ps_plans=self.rounds.ps_plans,
         )
         self.state.ended_listeners.extend([self.estimates.forget, self.rounds.forget])
 
@@ -262,6 +266,27 @@ class Scheduler:
 
     def cancel(self, job_id: str, reason: str) -> JobRecord:
         return self.jobs.cancel(job_id, reason)
+
+    def scale(
+        self,
+        job_id: str,
+        *,
+        ps: int,
+        workers: int,
+        ps_cores: float,
+        worker_cores: float,
+        auto: bool,
+        who: str,
+    ) -> JobRecord:
+        return self.jobs.scale(
+            job_id,
+            ps=ps,
+            workers=workers,
+            ps_cores=ps_cores,
+            worker_cores=worker_cores,
+            auto=auto,
+            who=who,
+        )
 
     def watch(self, job_id: str, after: int, active: Callable[[], bool]) -> Iterator[EventRecord]:
         return self.jobs.watch(job_id, after, active)

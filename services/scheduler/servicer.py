@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 
 import grpc
 
+from gearshift.common.authz import current_identity
 from gearshift.common.codepkg import check_sha256, chunks
 from gearshift.common.config import host_port
 from gearshift.common.facts import ENDED_TASK_STATES
@@ -156,6 +157,27 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
         check_job_id(request.job_id)
         require(len(request.reason) <= 1024, "reason", "at most 1024 characters")
         return job_message(self.scheduler.cancel(request.job_id, request.reason))
+
+    def ScaleJob(
+        self, request: scheduler_pb2.ScaleJobRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.Job:
+        check_job_id(request.job_id)
+        if not request.auto:
+            require(request.ps >= 1, "ps", f"must be >= 1 (got {request.ps})")
+            require(request.workers >= 1, "workers", f"must be >= 1 (got {request.workers})")
+        require(request.ps_cores >= 0, "ps_cores", "must be >= 0 (0: the current plan's)")
+        require(request.worker_cores >= 0, "worker_cores", "must be >= 0 (0: the current plan's)")
+        caller = current_identity()
+        job = self.scheduler.scale(
+            request.job_id,
+            ps=request.ps,
+            workers=request.workers,
+            ps_cores=request.ps_cores,
+            worker_cores=request.worker_cores,
+            auto=request.auto,
+            who=str(caller) if caller is not None else "a user",
+        )
+        return job_message(job)
 
     def WatchJob(
         self, request: scheduler_pb2.WatchJobRequest, context: grpc.ServicerContext

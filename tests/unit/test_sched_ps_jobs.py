@@ -8,6 +8,7 @@ import pytest
 
 from gearshift.brain import dlrover
 from gearshift.brain.convert import plan_message, plan_request
+from gearshift.common.errors import ValidationError
 from gearshift.scheduler.ps_jobs import (
     PsAsk,
     PsPlan,
@@ -17,6 +18,7 @@ from gearshift.scheduler.ps_jobs import (
     from_message,
     measured,
     next_stage,
+    pinned,
     slot_cores,
     task_cores,
     to_task,
@@ -173,3 +175,67 @@ def test_adjust_never_asked_with_interval_0(interval: float) -> None:
     optimized = PsPlan(ps=8, workers=24, ps_cores=16.0, worker_cores=3.0, stage="optimize")
     m = measured(metrics(8, 24), optimized)
     assert next_stage(optimized, m, running=True, since_asked=1e9, interval=interval) is None
+
+
+def test_pinned_counts_are_checked_against_the_spec_and_the_slot() -> None:
+    current = PsPlan(ps=1, workers=4, ps_cores=2.0, worker_cores=1.0, stage="optimize")
+    plan = pinned(
+        spec(max_ps=4, max_workers=4), current, ps=3, workers=4, ps_cores=0, worker_cores=0,
+        budget=2.0, who="tenant:t",
+    )  # fmt: skip
+    assert (plan.ps, plan.workers, plan.ps_cores, plan.worker_cores) == (3, 4, 2.0, 1.0)
+    assert describe(plan).startswith("set by tenant:t: 3 PS (2 cores each) x 4 workers")
+    for kwargs, field in (
+        ({"ps": 5, "workers": 4}, "ps"),
+        ({"ps": 0, "workers": 4}, "ps"),
+        ({"ps": 2, "workers": 9}, "workers"),
+        ({"ps": 2, "workers": 2, "ps_cores": 3.0}, "ps_cores"),
+        ({"ps": 2, "workers": 2, "worker_cores": 1.5}, "worker_cores"),
+    ):
+        args = {"ps_cores": 0.0, "worker_cores": 0.0, **kwargs}
+        with pytest.raises(ValidationError) as err:
+            pinned(spec(max_ps=4, max_workers=4), current, budget=2.0, who="a", **args)  # type: ignore[arg-type]
+        assert err.value.message.startswith(field), err.value.message
+
+
+def test_a_pin_overrides_the_brain_until_auto() -> None:
+    """Pinned counts replace a pending Brain plan, take a restart, and the Brain is not
+    asked until they are cleared; then ADJUST from the pinned plan after the interval."""
+    now = [0.0]
+    asked: list[int] = []
+
+    def brain(r: B.PlanResourcesRequest, s: common_pb2.JobSpec, t: float) -> B.ResourcePlan:
+        asked.append(r.stage)
+        return dlrover_brain(r, s, t)
+
+    plans = PsPlans(brain, 10.0, lambda: now[0])
+    plans.refresh([ask(False)])
+    first = plans.plan("j")
+    assert first is not None
+    plans.started("j")
+    plans.refresh([ask(True, metrics(1, 1))])  # the Brain's optimize plan waits
+    assert plans.restart_wanted("j")
+    set_by = pinned(spec(), first, ps=3, workers=4, ps_cores=1, worker_cores=1, budget=8, who="a")
+    assert plans.pin("j", set_by) and plans.plan("j") == set_by
+    assert plans.started("j") == set_by and not plans.restart_wanted("j")
+    calls = len(asked)
+    now[0] = 100.0
+    plans.refresh([ask(True, metrics(3, 4))])
+    assert len(asked) == calls and plans.plan("j") == set_by  # pinned: not asked
+    same = pinned(spec(), set_by, ps=3, workers=4, ps_cores=1, worker_cores=1, budget=8, who="b")
+    assert not plans.pin("j", same) and not plans.restart_wanted("j")  # already runs that
+    assert plans.unpin("j") and not plans.unpin("j")
+    plans.refresh([ask(True, metrics(3, 4))])  # not due yet: the interval restarts
+    assert len(asked) == calls
+    now[0] = 111.0
+    plans.refresh([ask(True, metrics(3, 4))])
+    assert asked[-1] == B.PLAN_STAGE_ADJUST
+
+
+def test_without_a_brain_a_pin_still_applies() -> None:
+    plans = PsPlans(None, 10.0, lambda: 0.0)
+    plans.refresh([ask(False)])
+    assert plans.plan("j") is None  # the task runs the spec's counts (fallback)
+    set_by = pinned(spec(), None, ps=2, workers=2, ps_cores=0, worker_cores=0, budget=0, who="a")
+    assert (set_by.ps_cores, set_by.worker_cores) == (1.0, 1.0)
+    assert plans.pin("j", set_by) and plans.started("j") == set_by

@@ -395,6 +395,50 @@ class CancelJobRequest(_message.Message):
 Global___CancelJobRequest: _TypeAlias = CancelJobRequest  # noqa: Y015
 
 @_typing.final
+class ScaleJobRequest(_message.Message):
+    """Set a parameter-server job's counts (JobService.ScaleJob)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    PS_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    PS_CORES_FIELD_NUMBER: _builtins.int
+    WORKER_CORES_FIELD_NUMBER: _builtins.int
+    AUTO_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """Id of the job."""
+    ps: _builtins.int
+    """PS processes, 1..spec.parameter_server.max_ps (0 only with auto)."""
+    workers: _builtins.int
+    """Worker processes, 1..spec.parameter_server.max_workers (0 only with auto)."""
+    ps_cores: _builtins.float
+    """Cores of each PS, whole, at most a worker slot's (0: keep the current plan's)."""
+    worker_cores: _builtins.float
+    """Cores of each worker, likewise (0: keep the current plan's)."""
+    auto: _builtins.bool
+    """Clear the pinned counts: the Brain's plans size the job again (ps and
+    workers must then be 0).
+    """
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        ps: _builtins.int = ...,
+        workers: _builtins.int = ...,
+        ps_cores: _builtins.float = ...,
+        worker_cores: _builtins.float = ...,
+        auto: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auto", b"auto", "job_id", b"job_id", "ps", b"ps", "ps_cores", b"ps_cores", "worker_cores", b"worker_cores", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScaleJobRequest: _TypeAlias = ScaleJobRequest  # noqa: Y015
+
+@_typing.final
 class WatchJobRequest(_message.Message):
     """Watch a job's events."""
 

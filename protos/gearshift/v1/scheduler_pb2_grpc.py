@@ -81,6 +81,11 @@ class JobServiceStub:
                 request_serializer=gearshift_dot_v1_dot_common__pb2.CodeChunk.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_scheduler__pb2.UploadCodeResponse.FromString,
                 _registered_method=True)
+        self.ScaleJob = channel.unary_unary(
+                '/gearshift.v1.JobService/ScaleJob',
+                request_serializer=gearshift_dot_v1_dot_scheduler__pb2.ScaleJobRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_scheduler__pb2.Job.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -157,6 +162,17 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScaleJob(self, request, context):
+        """Sets a running or queued parameter-server job's PS and worker counts (and
+        optionally cores), pinned over the Brain's plans until cleared (auto);
+        applied at the next round by stop (checkpoint) -> restart, with a PLAN
+        event. INVALID_ARGUMENT names a count outside the spec's bounds;
+        FAILED_PRECONDITION for a job that is not a PS job or has ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -204,6 +220,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.UploadCode,
                     request_deserializer=gearshift_dot_v1_dot_common__pb2.CodeChunk.FromString,
                     response_serializer=gearshift_dot_v1_dot_scheduler__pb2.UploadCodeResponse.SerializeToString,
+            ),
+            'ScaleJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScaleJob,
+                    request_deserializer=gearshift_dot_v1_dot_scheduler__pb2.ScaleJobRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_scheduler__pb2.Job.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -450,6 +471,33 @@ class JobService:
             '/gearshift.v1.JobService/UploadCode',
             gearshift_dot_v1_dot_common__pb2.CodeChunk.SerializeToString,
             gearshift_dot_v1_dot_scheduler__pb2.UploadCodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScaleJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.JobService/ScaleJob',
+            gearshift_dot_v1_dot_scheduler__pb2.ScaleJobRequest.SerializeToString,
+            gearshift_dot_v1_dot_scheduler__pb2.Job.FromString,
             options,
             channel_credentials,
             insecure,

@@ -67,6 +67,13 @@ class JobServiceStub:
     """Uploads a code package in chunks; the scheduler checks its size and
     hash and stores it once (an upload of a package it holds stores nothing).
     """
+    ScaleJob: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ScaleJobRequest, _scheduler_pb2.Job]
+    """Sets a running or queued parameter-server job's PS and worker counts (and
+    optionally cores), pinned over the Brain's plans until cleared (auto);
+    applied at the next round by stop (checkpoint) -> restart, with a PLAN
+    event. INVALID_ARGUMENT names a count outside the spec's bounds;
+    FAILED_PRECONDITION for a job that is not a PS job or has ended.
+    """
 
 @_typing.type_check_only
 class JobServiceAsyncStub(JobServiceStub):
@@ -103,6 +110,13 @@ class JobServiceAsyncStub(JobServiceStub):
     UploadCode: _aio.StreamUnaryMultiCallable[_common_pb2.CodeChunk, _scheduler_pb2.UploadCodeResponse]  # type: ignore[assignment]
     """Uploads a code package in chunks; the scheduler checks its size and
     hash and stores it once (an upload of a package it holds stores nothing).
+    """
+    ScaleJob: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ScaleJobRequest, _scheduler_pb2.Job]  # type: ignore[assignment]
+    """Sets a running or queued parameter-server job's PS and worker counts (and
+    optionally cores), pinned over the Brain's plans until cleared (auto);
+    applied at the next round by stop (checkpoint) -> restart, with a PLAN
+    event. INVALID_ARGUMENT names a count outside the spec's bounds;
+    FAILED_PRECONDITION for a job that is not a PS job or has ended.
     """
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -191,6 +205,19 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_scheduler_pb2.UploadCodeResponse, _abc.Awaitable[_scheduler_pb2.UploadCodeResponse]]:
         """Uploads a code package in chunks; the scheduler checks its size and
         hash and stores it once (an upload of a package it holds stores nothing).
+        """
+
+    @_abc_1.abstractmethod
+    def ScaleJob(
+        self,
+        request: _scheduler_pb2.ScaleJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.Job, _abc.Awaitable[_scheduler_pb2.Job]]:
+        """Sets a running or queued parameter-server job's PS and worker counts (and
+        optionally cores), pinned over the Brain's plans until cleared (auto);
+        applied at the next round by stop (checkpoint) -> restart, with a PLAN
+        event. INVALID_ARGUMENT names a count outside the spec's bounds;
+        FAILED_PRECONDITION for a job that is not a PS job or has ended.
         """
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import json
 import multiprocessing as mp
 import multiprocessing.connection
@@ -148,8 +149,15 @@ def _watch_counter(p: _Proc, dense: server.DenseServer, done: threading.Event) -
         done.wait(0.1)
 
 
+def rows_digest(rows: torch.Tensor) -> str:
+    """SHA-256 of a shard's rows (local order): what a PS started with, in its result, so a
+    test compares it with the previous checkpoint re-partitioned by global row id."""
+    return hashlib.sha256(rows.contiguous().numpy().tobytes()).hexdigest()
+
+
 def _ps_main(p: _Proc) -> None:
     shard = _load_shard(p)
+    started_with = rows_digest(shard.rows)
     dense = _load_dense(p) if p.index == 0 else None
     server.serve(shard, dense)
     done = threading.Event()
@@ -163,7 +171,11 @@ def _ps_main(p: _Proc) -> None:
     ckpt.save_atomic(
         {"rows": shard.rows, "accum": shard.accum}, ckpt.shard_path(root, p.generation, p.index)
     )
-    result: dict[str, Any] = {"updates": shard.stats.updates, "busy_s": shard.stats.busy_s}
+    result: dict[str, Any] = {
+        "updates": shard.stats.updates,
+        "busy_s": shard.stats.busy_s,
+        "start_rows_sha256": started_with,
+    }
     if dense is not None:
         ckpt.save_atomic(
             {"net": dense.net.state_dict(), "opt": dense.opt.state_dict()},
