@@ -88,6 +88,7 @@ def test_tenants_workers_audit_and_reload(daemons: DaemonFactory, tmp_path: Path
         lambda: jobs_a.WatchJob(S.WatchJobRequest(job_id=other)),
         lambda: jobs_a.CancelJob(S.CancelJobRequest(job_id=other)),
         lambda: jobs_a.StreamJobLogs(S.StreamJobLogsRequest(job_id=other)),
+        lambda: jobs_a.ScaleJob(S.ScaleJobRequest(job_id=other, ps=2, workers=2)),
     ):
         assert denied(call) == f"tenant:a may not see or change job {other}"
     assert jobs_a.GetJob(S.GetJobRequest(job_id=job_a.job_id)).spec.name == "mine"
@@ -101,6 +102,26 @@ def test_tenants_workers_audit_and_reload(daemons: DaemonFactory, tmp_path: Path
     admin_jobs, _ = stubs(admin)
     assert admin_jobs.GetJob(S.GetJobRequest(job_id=other)).spec.name == "theirs"
     assert jobs_b.CancelJob(S.CancelJobRequest(job_id=other)).state == C.JOB_STATE_CANCELLED
+    # A tenant sets its own PS job's counts, recorded with who set them; an admin any job's.
+    ps_spec = C.JobSpec(name="ps", total_steps=10, parameter_server=C.ParameterServerSpec())
+    ps_job = jobs_a.SubmitJob(S.SubmitJobRequest(spec=ps_spec)).job.job_id
+    jobs_a.ScaleJob(S.ScaleJobRequest(job_id=ps_job, ps=3, workers=4))
+    assert "set by tenant:a: 3 PS" in daemon.log_path.read_text()
+    stubs(admin)[0].ScaleJob(S.ScaleJobRequest(job_id=ps_job, ps=2, workers=2))
+    assert "set by admin: 2 PS" in daemon.log_path.read_text()
+    assert "auto: clears the pinned counts" in denied(
+        lambda: jobs_a.ScaleJob(S.ScaleJobRequest(job_id=ps_job, ps=2, auto=True)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    jobs_a.ScaleJob(S.ScaleJobRequest(job_id=ps_job, auto=True))  # the Brain's plans again
+    assert "ps: must be 1..8" in denied(
+        lambda: jobs_a.ScaleJob(S.ScaleJobRequest(job_id=ps_job, ps=9, workers=1)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    assert "not a parameter-server job" in denied(
+        lambda: jobs_a.ScaleJob(S.ScaleJobRequest(job_id=job_a.job_id, ps=1, workers=1)),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    )
 
     worker_request = S.RegisterWorkerRequest(
         worker_id="w1",
