@@ -292,9 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--ps", type=int, help="PS processes (1..spec max_ps)")
     scale.add_argument("--workers", type=int, help="worker processes (1..spec max_workers)")
     scale.add_argument("--ps-cores", type=float, default=0.0, help="cores per PS (0: keep)")
-    scale.add_argument(
-        "--worker-cores", type=float, default=0.0, help="cores per worker (0: keep)"
-    )
+    scale.add_argument("--worker-cores", type=float, default=0.0, help="cores per worker (0: keep)")
     scale.add_argument("--auto", action="store_true", help="clear the counts: the Brain plans")
     scale.set_defaults(func=commands.cmd_scale)
 

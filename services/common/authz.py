@@ -11,7 +11,6 @@ not allow. Health checks stay open.
 from __future__ import annotations
 
 import contextvars
-
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator

@@ -218,12 +218,13 @@ class JobsApi:
                 budget=budget,
                 who=who,
             )
-            restart = self.ps_plans.pin(job_id, plan)
+            running = job.state == C.JOB_STATE_RUNNING
+            restart = self.ps_plans.pin(job_id, plan, running=running)
             log.info(
                 "PS counts set",
                 extra={"job_id": job_id, "plan": ps_jobs.describe(plan), "restart": restart},
             )
-            if not restart and job.state == C.JOB_STATE_RUNNING:
+            if not restart:
                 job.resource_plan = ps_jobs.describe(plan)
                 state.record(job, S.JOB_EVENT_TYPE_PLAN, job.resource_plan + " (already running)")
         self.wake()

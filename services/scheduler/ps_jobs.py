@@ -258,8 +258,9 @@ def _whole_cores(value: float, field: str, budget: float) -> float:
         raise ValidationError(field, f"must be a whole number of cores >= 1 (got {value:g})")
     if budget > 0 and value > budget:
         raise ValidationError(
-            field, f"{value:g} cores is more than a worker slot has ({budget:g}: --cpu-cores "
-            "per device of the largest live worker)"
+            field,
+            f"{value:g} cores is more than a worker slot has ({budget:g}: --cpu-cores "
+            "per device of the largest live worker)",
         )
     return float(value)
 
@@ -377,14 +378,14 @@ class PsPlans:
         with self._lock:
             return job_id in self._pinned
 
-    def pin(self, job_id: str, plan: PsPlan) -> bool:
-        """Run `plan` from now on instead of the Brain's; True when that takes a restart
-        (the job runs or waits to restart with other counts or cores), False when the job
-        already runs that shape (it is announced as the running plan at once)."""
+    def pin(self, job_id: str, plan: PsPlan, *, running: bool) -> bool:
+        """Run `plan` from now on instead of the Brain's; True when it waits for the job's
+        next (re)start (announced then), False when the running job already has that shape
+        (the caller announces it at once)."""
         with self._lock:
             self._pinned.add(job_id)
-            running = self._plans.get(job_id)
-            if running is not None and plan.same_shape(running):
+            current = self._plans.get(job_id)
+            if running and current is not None and plan.same_shape(current):
                 self._next.pop(job_id, None)
                 self._plans[job_id] = plan
                 self._announced[job_id] = plan

@@ -140,20 +140,20 @@ def test_a_ps_job_scales_2x2_to_3x4_and_back_while_running(cluster: DevCluster) 
         job_id = client.submit(ps_spec()).job_id
         client.scale(job_id, 2, 2)  # pinned from the start: the Brain's plans stay out
         # Bad input is refused naming the field, and changes nothing.
-        with pytest.raises(ValidationError, match="ps: must be 1..4"):
+        with pytest.raises(ValidationError, match=r"ps: must be 1\.\.4"):
             client.scale(job_id, 5, 4)
         with pytest.raises(ValidationError, match="workers"):
             client.scale(job_id, 2, 0)
         with pytest.raises(ValidationError, match="ps_cores"):
             client.scale(job_id, 2, 2, ps_cores=64)
 
-        checkpoint = Path(
-            wait_until(
-                lambda: next((t.checkpoint_path for t in worker_tasks(cluster, "w1")), None),
-                WAIT,
-                "the PS task never started",
-            )
+        path = wait_until(
+            lambda: next((t.checkpoint_path for t in worker_tasks(cluster, "w1")), None),
+            WAIT,
+            "the PS task never started",
         )
+        assert path
+        checkpoint = Path(path)
         gens = Generations(checkpoint)
         asked_at = []
         for at, (ps, workers) in zip(SCALE_AT, PHASES[1:], strict=True):
@@ -179,8 +179,10 @@ def test_a_ps_job_scales_2x2_to_3x4_and_back_while_running(cluster: DevCluster) 
         "set by a user: 3 PS",
         "set by a user: 2 PS",
     ], plans
-    assert ["x 2 workers", "x 4 workers", "x 2 workers"] == [
-        p.split(") ", 1)[1][: len("x 2 workers")] for p in plans
+    assert [p.split(") ", 1)[1][: len("x 2 workers")] for p in plans] == [
+        "x 2 workers",
+        "x 4 workers",
+        "x 2 workers",
     ], plans
     aucs = [e.message for e in events if e.message.startswith("held-out AUC")]
     assert any(a.endswith("(3 PS x 4 workers)") for a in aucs), aucs

@@ -4,6 +4,8 @@ planner (convert + dlrover: the formulas the Brain daemon runs, without its stor
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gearshift.brain import dlrover
@@ -216,14 +218,16 @@ def test_a_pin_overrides_the_brain_until_auto() -> None:
     plans.refresh([ask(True, metrics(1, 1))])  # the Brain's optimize plan waits
     assert plans.restart_wanted("j")
     set_by = pinned(spec(), first, ps=3, workers=4, ps_cores=1, worker_cores=1, budget=8, who="a")
-    assert plans.pin("j", set_by) and plans.plan("j") == set_by
+    assert plans.pin("j", set_by, running=True) and plans.plan("j") == set_by
     assert plans.started("j") == set_by and not plans.restart_wanted("j")
     calls = len(asked)
     now[0] = 100.0
     plans.refresh([ask(True, metrics(3, 4))])
     assert len(asked) == calls and plans.plan("j") == set_by  # pinned: not asked
     same = pinned(spec(), set_by, ps=3, workers=4, ps_cores=1, worker_cores=1, budget=8, who="b")
-    assert not plans.pin("j", same) and not plans.restart_wanted("j")  # already runs that
+    assert not plans.pin("j", same, running=True) and not plans.restart_wanted(
+        "j"
+    )  # already runs that
     assert plans.unpin("j") and not plans.unpin("j")
     plans.refresh([ask(True, metrics(3, 4))])  # not due yet: the interval restarts
     assert len(asked) == calls
@@ -238,4 +242,7 @@ def test_without_a_brain_a_pin_still_applies() -> None:
     assert plans.plan("j") is None  # the task runs the spec's counts (fallback)
     set_by = pinned(spec(), None, ps=2, workers=2, ps_cores=0, worker_cores=0, budget=0, who="a")
     assert (set_by.ps_cores, set_by.worker_cores) == (1.0, 1.0)
-    assert plans.pin("j", set_by) and plans.started("j") == set_by
+    assert plans.pin("j", set_by, running=False) and plans.started("j") == set_by
+    again = replace(set_by, source="b")
+    assert plans.pin("j", again, running=False)  # not running: announced at its start
+    assert plans.started("j") == again
