@@ -406,6 +406,11 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
                     "failed": list(result.failed),
                     "resume_step": resume,
                     "covered": result.covered,
+                    # epoch:shard:read step:1 if its ack was undone (0: held), for audits
+                    "released": [
+                        f"{r.epoch}:{r.shard_id}:{r.read_step}:{int(r.acknowledged)}"
+                        for r in result.released
+                    ],
                 },
             )
         return shardmanager_pb2.ReleaseHolderResponse(
