@@ -158,34 +158,49 @@ def rolled_back_reads(logs: list[ProcessLog]) -> Counter[Read]:
     return out
 
 
-def released(
-    shard_manager_log: str, job_id: str, *, acknowledged: bool | None = None
-) -> Counter[Read]:
-    """Every shard the shard manager gave back from the job's holders (each release of
-    each incarnation logs `holder released ... holder_id=<job>/est-<i> ... released=[...]`
-    with epoch:shard:read step:acknowledged), as (EST, epoch, shard, read step); only
-    the undone acknowledgements (True) or the held shards (False) when asked."""
+@dataclass(frozen=True)
+class Given:
+    """One shard a release gave back: the read (EST, epoch, shard, read step), the step
+    the release resumed from (None: the scheduler's release of held shards only) and
+    whether its acknowledgement was undone (else it was held, unacknowledged)."""
+
+    read: Read
+    resume: int | None
+    acknowledged: bool
+
+
+def given_back(shard_manager_log: str, job_id: str) -> list[Given]:
+    """Every shard the shard manager gave back from the job's holders: each release of
+    each incarnation (a restart appends to the log) logs `holder released ...
+    holder_id=<job>/est-<i> ... resume_step=R ... released=[...]`, each item
+    epoch:shard:read step:acknowledged."""
     pattern = re.compile(
         rf"holder released dataset_id={re.escape(job_id)} holder_id={re.escape(job_id)}"
-        r"/est-(\d+) .*?released=\[([^\]]*)\]"
+        r"/est-(\d+) .*?resume_step=(\S+) .*?released=\[([^\]]*)\]"
     )
-    out: Counter[Read] = Counter()
-    for est, items in pattern.findall(shard_manager_log):
+    out = []
+    for est, resume, items in pattern.findall(shard_manager_log):
         for raw in items.split(","):
             item = raw.strip().strip("'\"")
             if item:
                 epoch, shard, step, acked = (int(x) for x in item.split(":"))
-                if acknowledged is None or acknowledged == bool(acked):
-                    out[(int(est), epoch, shard, step)] += 1
+                out.append(
+                    Given(
+                        (int(est), epoch, shard, step),
+                        None if resume == "None" else int(resume),
+                        bool(acked),
+                    )
+                )
     return out
 
 
 @dataclass
 class Audit:
     """Reads set against releases. Exact when: nothing rolled back was kept (`lost`),
-    nothing a checkpoint held was given back (`held_back`), and what was given back
-    beyond the logged rolled-back reads is only grants their process died before
-    logging (`unlogged`: at most one per EST per kill)."""
+    nothing a checkpoint held was given back (`held_back`: a read before the step its
+    release resumed from), and what was given back beyond the logged rolled-back reads
+    is only grants their process died before logging (`unlogged`: at most one per EST
+    per kill)."""
 
     rolled_back: Counter[Read]
     given_back: Counter[Read]
@@ -202,15 +217,16 @@ class Audit:
         )
 
 
-def audit(logs: list[ProcessLog], given_back: Counter[Read]) -> Audit:
+def audit(logs: list[ProcessLog], given: list[Given]) -> Audit:
     """Set the index logs against the shard manager's releases (see Audit)."""
     rolled = rolled_back_reads(logs)
-    logged = Counter(_key(r) for log in logs for r in log.reads)
-    extra = given_back - rolled
+    back = Counter(g.read for g in given)
     return Audit(
         rolled_back=rolled,
-        given_back=given_back,
-        lost=rolled - given_back,
-        held_back=extra & logged,
-        unlogged=extra - logged,
+        given_back=back,
+        lost=rolled - back,
+        held_back=Counter(
+            g.read for g in given if g.resume is not None and not 0 <= g.resume <= g.read[3]
+        ),
+        unlogged=back - rolled,
     )

@@ -33,14 +33,14 @@ class Wave:
         return [*self.est_jobs, self.dynamic_job]
 
 
-def released(cluster: DevCluster, job_id: str) -> Counter[index_logs.Read]:
+def released(cluster: DevCluster, job_id: str) -> list[index_logs.Given]:
     """Shards the shard managers (every incarnation: a restart appends to the log) put back
     from the job's released holders, with the step that read each: those a dead process
     held (the scheduler's release when a process dies, or the next process's), and those
     it had read at or after the step the next process resumes from (provisional
     acknowledgements undone by that process's release)."""
     log = cluster.logs / "shardmanager.log"
-    return index_logs.released(log.read_text(), job_id)
+    return index_logs.given_back(log.read_text(), job_id)
 
 
 def run_wave(
