@@ -10,10 +10,11 @@ One trial: a fresh database on the Postgres server (created, then dropped), a re
 rounds and its Prometheus endpoint; --queued EST jobs submitted first; then
 --processes OS processes drive --workers simulated workers with the real workers API
 (RegisterWorker once, Heartbeat every second, register again when told to; no
-WorkerAgent server: they give an address where nothing listens, so a placement on them
-fails to start and the scheduler declares them lost), while one more process submits
---submits-per-second jobs (open loop), runs a few WatchJob watchers (time to the first
-event) and GetClusterState / ListJobs callers, each once a second. Every latency is
+WorkerAgent server: each gives an address of its own where nothing listens, so a
+placement on them fails to start and the scheduler declares those workers lost), while
+one more process submits --submits-per-second jobs (open loop), runs a few WatchJob
+watchers (time to the first event) and GetClusterState / ListJobs callers, each once a
+second. Every latency is
 measured in the client; during the --seconds window it prints p50 / p99 / count /
 errors per RPC, the round duration (mean from the histogram's sum and count, p50 and
 max as the histogram's bucket bounds), the queued job count, and what the scheduler's
@@ -71,7 +72,17 @@ CALL_TIMEOUT = 10.0
 HEARTBEAT_SECONDS = 1.0
 TYPES = ("v100", "p100", "k80")  # what the simulated workers offer, in turn
 DEVICES_PER_WORKER = 4
-NOWHERE = "127.0.0.1:9"  # a worker address where nothing listens (discard port)
+
+
+def nowhere(index: int) -> str:
+    """Worker `index`'s address: its own loopback IP, port 9 (discard), where nothing
+    listens, so a start on it is refused at once. One address per worker, as real workers
+    have: the scheduler declares the workers at an unreachable address lost, and a shared
+    address would lose every simulated worker at each failed start (a storm of all of
+    them registering again that no real cluster sees)."""
+    return f"127.{1 + index // 65536}.{(index // 256) % 256}.{index % 256}:9"
+
+
 TENANTS = 4
 STARTUP = "RegisterWorker (startup)"  # the first registrations, all at once: not in the knee
 LOG_EVENTS = {  # scheduler log lines worth counting, by a pattern in the line
@@ -160,7 +171,7 @@ def register_request(worker_id: str, index: int) -> scheduler_pb2.RegisterWorker
     kind = TYPES[index % len(TYPES)]
     return S.RegisterWorkerRequest(
         worker_id=worker_id,
-        address=NOWHERE,
+        address=nowhere(index),
         hostname=f"sim-{index}",
         devices=[C.DeviceGroup(accelerator_type=kind, count=DEVICES_PER_WORKER)],
     )
