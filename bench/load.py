@@ -10,10 +10,11 @@ One trial: a fresh database on the Postgres server (created, then dropped), a re
 rounds and its Prometheus endpoint; --queued EST jobs submitted first; then
 --processes OS processes drive --workers simulated workers with the real workers API
 (RegisterWorker once, Heartbeat every second, register again when told to; no
-WorkerAgent server: they give an address where nothing listens, so a placement on them
-fails to start and the scheduler declares them lost), while one more process submits
---submits-per-second jobs (open loop), runs a few WatchJob watchers (time to the first
-event) and GetClusterState / ListJobs callers, each once a second. Every latency is
+WorkerAgent server: each gives an address of its own where nothing listens, so a
+placement on them fails to start and the scheduler declares those workers lost), while
+one more process submits --submits-per-second jobs (open loop), runs a few WatchJob
+watchers (time to the first event) and GetClusterState / ListJobs callers, each once a
+second. Every latency is
 measured in the client; during the --seconds window it prints p50 / p99 / count /
 errors per RPC, the round duration (mean from the histogram's sum and count, p50 and
 max as the histogram's bucket bounds), the queued job count, and what the scheduler's
@@ -71,7 +72,17 @@ CALL_TIMEOUT = 10.0
 HEARTBEAT_SECONDS = 1.0
 TYPES = ("v100", "p100", "k80")  # what the simulated workers offer, in turn
 DEVICES_PER_WORKER = 4
-NOWHERE = "127.0.0.1:9"  # a worker address where nothing listens (discard port)
+
+
+def nowhere(index: int) -> str:
+    """Worker `index`'s address: its own loopback IP, port 9 (discard), where nothing
+    listens, so a start on it is refused at once. One address per worker, as real workers
+    have: the scheduler declares the workers at an unreachable address lost, and a shared
+    address would lose every simulated worker at each failed start (a storm of all of
+    them registering again that no real cluster sees)."""
+    return f"127.{1 + index // 65536}.{(index // 256) % 256}.{index % 256}:9"
+
+
 TENANTS = 4
 STARTUP = "RegisterWorker (startup)"  # the first registrations, all at once: not in the knee
 LOG_EVENTS = {  # scheduler log lines worth counting, by a pattern in the line
@@ -126,6 +137,12 @@ class Report:
     reregistrations: int
     preload_seconds: float
     registration_seconds: float
+    # The scheduler's CPU time (user + system) in the window: what the RPCs and rounds
+    # cost it, less sensitive than the latencies to what else runs on the machine.
+    scheduler_cpu_seconds: float = 0.0
+    # The host's 1-minute load average at the window's start and end (latencies measured
+    # on a shared machine mean little without it).
+    load_average: tuple[float, float] = (0.0, 0.0)
 
     def worst_p99_ms(self) -> float:
         """The highest p99 in the window (the startup registration burst aside)."""
@@ -160,7 +177,7 @@ def register_request(worker_id: str, index: int) -> scheduler_pb2.RegisterWorker
     kind = TYPES[index % len(TYPES)]
     return S.RegisterWorkerRequest(
         worker_id=worker_id,
-        address=NOWHERE,
+        address=nowhere(index),
         hostname=f"sim-{index}",
         devices=[C.DeviceGroup(accelerator_type=kind, count=DEVICES_PER_WORKER)],
     )
@@ -428,6 +445,15 @@ def start_scheduler(database: str, config: Config, run_dir: Path) -> DaemonProce
     return daemon
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time so far, from /proc (0.0 where there is none)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def scrape(daemon: DaemonProcess) -> dict[str, Any]:
     """The scheduler's metrics that matter here, from its Prometheus endpoint."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -538,12 +564,14 @@ def run_trial(config: Config, log: Callable[[str], None] = print) -> Report:
             time.sleep(2 * HEARTBEAT_SECONDS)  # every worker heartbeating before measuring
             log_offset = daemon.log_path.stat().st_size
             before = scrape(daemon)
+            cpu_before, load_before = cpu_seconds(daemon.process.pid), os.getloadavg()[0]
             start = time.time()
             window[0], window[1] = start, start + config.seconds
             results = _collect(
                 out, len(processes), time.monotonic() + config.seconds + 3 * CALL_TIMEOUT, "result"
             )
             after = scrape(daemon)
+            cpu_after, load_after = cpu_seconds(daemon.process.pid), os.getloadavg()[0]
             if daemon.process.poll() is not None:
                 raise LoadError(f"the scheduler exited:\n{daemon.log_tail()}")
             events = log_events(daemon.log_path, log_offset)
@@ -579,6 +607,8 @@ def run_trial(config: Config, log: Callable[[str], None] = print) -> Report:
         reregistrations=sum(r["reregistrations"] for r in results),
         preload_seconds=preload,
         registration_seconds=registration,
+        scheduler_cpu_seconds=cpu_after - cpu_before,
+        load_average=(load_before, load_after),
     )
 
 
@@ -627,6 +657,14 @@ def print_report(report: Report) -> None:
         f"{report.reregistrations} re-registrations"
     )
     print(f"  scheduler log in the window: {report.log_events}")
+    calls = sum(s.count for name, s in report.rpcs.items() if name != STARTUP)
+    per_call = 1000 * report.scheduler_cpu_seconds / max(calls, 1)
+    print(
+        f"  scheduler CPU in the window: {report.scheduler_cpu_seconds:.1f} s "
+        f"({per_call:.2f} ms per RPC, rounds included); host load average "
+        f"{report.load_average[0]:.2f} -> {report.load_average[1]:.2f} "
+        f"on {os.cpu_count()} CPUs"
+    )
 
 
 def knee(reports: Sequence[Report]) -> int | None:

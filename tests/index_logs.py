@@ -7,12 +7,17 @@ line per shard (step, EST, epoch, shard, sample indices) and, in the log of the 
 that wrote a checkpoint, a `covered` line per EST of the placement. From those: which
 samples each epoch read, which shards were read more than once, and which reads a
 process made after the last checkpoint that covered them (the steps a kill rolled back).
+
+`audit` sets them against what the shard manager gave back (its `holder released`
+log lines name every shard with the step that read it): the exact accounting of
+issue 16 (redeliveries equal what the killed holders had not covered).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,9 +99,12 @@ def uncovered(logs: list[ProcessLog]) -> Counter[Ref]:
 
 
 def placements(logs: list[ProcessLog]) -> list[list[ProcessLog]]:
-    """The logs by placement, in the order the placements started."""
+    """The logs by placement, in the order the placements started; a process killed
+    before its start-up release (no `begin` line) read nothing and is left out."""
     groups: dict[str, list[ProcessLog]] = {}
     for log in logs:
+        if log.start < 0:
+            continue
         groups.setdefault(log.placement, []).append(log)
     return sorted(groups.values(), key=lambda g: min(log.started_ns for log in g))
 
@@ -131,3 +139,94 @@ def unread(logs: list[ProcessLog], size: int) -> dict[int, int]:
         if missing:
             out[epoch] = missing
     return out
+
+
+Read = tuple[int, int, int, int]  # (EST, epoch, shard, step)
+
+
+def _key(record: dict[str, Any]) -> Read:
+    return (record["est"], record["epoch"], record["shard"], record["step"])
+
+
+def rolled_back_reads(logs: list[ProcessLog]) -> Counter[Read]:
+    """The reads of steps the next placement ran again: those at or after the step it
+    resumed from (its last durable checkpoint), which no checkpoint holds."""
+    out: Counter[Read] = Counter()
+    for group, after in itertools.pairwise(placements(logs)):
+        resumed = after[0].start
+        out.update(_key(r) for log in group for r in log.reads if r["step"] >= resumed)
+    return out
+
+
+@dataclass(frozen=True)
+class Given:
+    """One shard a release gave back: the read (EST, epoch, shard, read step), the step
+    the release resumed from (None: the scheduler's release of held shards only) and
+    whether its acknowledgement was undone (else it was held, unacknowledged)."""
+
+    read: Read
+    resume: int | None
+    acknowledged: bool
+
+
+def given_back(shard_manager_log: str, job_id: str) -> list[Given]:
+    """Every shard the shard manager gave back from the job's holders: each release of
+    each incarnation (a restart appends to the log) logs `holder released ...
+    holder_id=<job>/est-<i> ... resume_step=R ... released=[...]`, each item
+    epoch:shard:read step:acknowledged."""
+    pattern = re.compile(
+        rf"holder released dataset_id={re.escape(job_id)} holder_id={re.escape(job_id)}"
+        r"/est-(\d+) .*?resume_step=(\S+) .*?released=\[([^\]]*)\]"
+    )
+    out = []
+    for est, resume, items in pattern.findall(shard_manager_log):
+        for raw in items.split(","):
+            item = raw.strip().strip("'\"")
+            if item:
+                epoch, shard, step, acked = (int(x) for x in item.split(":"))
+                out.append(
+                    Given(
+                        (int(est), epoch, shard, step),
+                        None if resume == "None" else int(resume),
+                        bool(acked),
+                    )
+                )
+    return out
+
+
+@dataclass
+class Audit:
+    """Reads set against releases. Exact when: nothing rolled back was kept (`lost`),
+    nothing a checkpoint held was given back (`held_back`: a read before the step its
+    release resumed from), and what was given back beyond the logged rolled-back reads
+    is only grants their process died before logging (`unlogged`: at most one per EST
+    per kill)."""
+
+    rolled_back: Counter[Read]
+    given_back: Counter[Read]
+    lost: Counter[Read]
+    held_back: Counter[Read]
+    unlogged: Counter[Read]
+
+    def figures(self) -> str:
+        return (
+            f"rolled back {sum(self.rolled_back.values())}, given back "
+            f"{sum(self.given_back.values())} (unlogged grants {sum(self.unlogged.values())}), "
+            f"lost {sum(self.lost.values())}, covered but given back "
+            f"{sum(self.held_back.values())}"
+        )
+
+
+def audit(logs: list[ProcessLog], given: list[Given]) -> Audit:
+    """Set the index logs against the shard manager's releases (see Audit)."""
+    rolled = rolled_back_reads(logs)
+    back = Counter(g.read for g in given)
+    return Audit(
+        rolled_back=rolled,
+        given_back=back,
+        lost=rolled - back,
+        held_back=Counter(
+            g.read for g in given if g.resume is not None and not 0 <= g.resume <= g.read[3]
+        ),
+        unlogged=back - rolled,
+    )

@@ -2,10 +2,14 @@
 
 A job's dataset is created by its training processes (idempotently, from the
 JobSpec) and belongs to the job: when the job ends, DeleteJobDatasets drops it.
-In dynamic mode, when a process dies, ReleaseHolder gives its ESTs' shards back
-at once instead of when their leases run out. A shard manager that is down
-costs a log line: a dataset left behind is deleted with the next end of its
-job... or expires with its keys; a holder not released loses its lease.
+In dynamic mode, when a process dies, ReleaseHolder gives its ESTs' held shards
+back at once instead of when their leases run out; it keeps their provisional
+acknowledgements (`keep_provisional`): the scheduler does not know which of them
+the job's last durable checkpoint holds, the job's next process does (it releases
+them at its resume step), so a release here cannot undo what a checkpoint holds.
+A shard manager that is down costs a log line: a dataset left behind is deleted
+with the next end of its job... or expires with its keys; a holder not released
+loses its lease.
 """
 
 from __future__ import annotations
@@ -58,13 +62,17 @@ class DatasetKeeper:
         return list(reply.dataset_ids)
 
     def release(self, dataset_id: str, job_id: str, ests: Iterable[int], reason: str) -> int:
-        """Put the shards of these ESTs' holders back in TODO; how many were requeued."""
+        """Put the shards these ESTs' holders have in DOING back in TODO (their provisional
+        acknowledgements stay for the job's next process); how many were requeued."""
         if self._stub is None:
             return 0
         requeued = 0
         for est in ests:
             request = shardmanager_pb2.ReleaseHolderRequest(
-                dataset_id=dataset_id, holder_id=shard_holder_id(job_id, est), reason=reason
+                dataset_id=dataset_id,
+                holder_id=shard_holder_id(job_id, est),
+                reason=reason,
+                keep_provisional=True,
             )
             try:
                 reply = self._stub.ReleaseHolder(request, timeout=self._timeout)

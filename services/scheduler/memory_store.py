@@ -101,8 +101,12 @@ class MemoryStore:
             return [copy.deepcopy(e) for e in sorted(events, key=lambda e: e.sequence)[:limit]]
 
     def save_worker(self, worker: WorkerRecord) -> None:
+        self.save_workers([worker])
+
+    def save_workers(self, workers: Sequence[WorkerRecord]) -> None:
         with self._lock:
-            self._workers[worker.worker_id] = copy.deepcopy(worker)
+            for worker in workers:
+                self._workers[worker.worker_id] = copy.deepcopy(worker)
 
     def workers(self) -> list[WorkerRecord]:
         with self._lock:

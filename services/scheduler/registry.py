@@ -11,7 +11,9 @@ own queues the job.
 
 from __future__ import annotations
 
+import copy
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 
@@ -29,6 +31,60 @@ C = common_pb2
 S = scheduler_pb2
 
 
+class WorkerRows:
+    """Writes of worker rows that converge on the newest in-memory state, grouped.
+
+    A registration writes its row outside the scheduler's lock (a database round trip
+    under it holds up every heartbeat of every worker). Each change takes a version
+    under the scheduler's lock (`stamp`); `write` queues the stamped copies and the
+    caller that gets the write lock saves everything queued, newest version of each
+    worker, in one transaction (a group commit: hundreds of workers registering at once
+    cost a few transactions, not hundreds in a row). A version older than one written
+    already is dropped, so the row ends as the newest version whatever the order. The
+    write lock is taken after the scheduler's lock when both are held, never the other
+    way round.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # one writer at a time
+        self._queue_lock = threading.Lock()
+        self._next = 0
+        self._queued: dict[str, tuple[int, WorkerRecord]] = {}
+        self._written: dict[str, int] = {}
+
+    def stamp(self, workers: Sequence[WorkerRecord]) -> list[tuple[int, WorkerRecord]]:
+        """Versions and copies of the workers as they are now (under the scheduler's lock)."""
+        out = []
+        for worker in workers:
+            self._next += 1
+            out.append((self._next, copy.copy(worker)))
+        return out
+
+    def write(self, stamped: Sequence[tuple[int, WorkerRecord]], save: Callable[..., None]) -> None:
+        """Queue the stamped copies and save what is queued; returns once they are saved
+        (by this call or by the one that held the write lock meanwhile)."""
+        with self._queue_lock:
+            for version, worker in stamped:
+                queued = self._queued.get(worker.worker_id)
+                if queued is None or queued[0] < version:
+                    self._queued[worker.worker_id] = (version, worker)
+        with self._lock:
+            with self._queue_lock:
+                batch, self._queued = self._queued, {}
+            newer = [(v, w) for v, w in batch.values() if v > self._written.get(w.worker_id, 0)]
+            if not newer:
+                return
+            try:
+                save([w for _, w in newer])
+            except BaseException:
+                with self._queue_lock:  # not written: the next write tries them again
+                    for worker_id, item in batch.items():
+                        self._queued.setdefault(worker_id, item)
+                raise
+            for version, worker in newer:
+                self._written[worker.worker_id] = version
+
+
 class WorkerRegistry:
     """Registration, heartbeats, leases and task reports (progress among them)."""
 
@@ -44,6 +100,7 @@ class WorkerRegistry:
         self.estimates = estimates
         self.wake = wake
         self.workers_changed: list[Callable[[], None]] = []
+        self.rows = WorkerRows()
         self._taskless: dict[str, float] = {}  # job -> when it was first seen running taskless
         self._strays: dict[str, float] = {}  # task -> when it was first seen not running its job
         self._aucs: dict[str, float] = {}  # PS job -> the held-out AUC last announced
@@ -80,9 +137,10 @@ class WorkerRegistry:
                 worker.degraded_reason = previous.degraded_reason  # registering heals nothing
                 worker.degraded_at = previous.degraded_at
             state.workers[worker.worker_id] = worker
-            state.store.save_worker(worker)
+            stamped = self.rows.stamp([worker])
             for listener in self.workers_changed:
                 listener()
+        self.rows.write(stamped, state.store.save_workers)  # outside the lock
         log.info(
             "worker registered",
             extra={
@@ -151,10 +209,10 @@ class WorkerRegistry:
         """Declare workers lost: their tasks fail, their jobs go back to the queue."""
         state = self.state
         for worker_id in lost:
-            worker = state.workers[worker_id]
-            worker.alive = False
-            state.store.save_worker(worker)
+            state.workers[worker_id].alive = False
             log.warning("worker lost", extra={"worker_id": worker_id, "why": why})
+        # One transaction for all of them (a round may lose hundreds at once).
+        self.rows.write(self.rows.stamp([state.workers[w] for w in lost]), state.store.save_workers)
         for listener in self.workers_changed:
             listener()
         gone = set(lost)
@@ -287,6 +345,8 @@ class WorkerRegistry:
     # Task reports -----------------------------------------------------------------------
     def task_reports(self, worker_id: str, statuses: Sequence[common_pb2.TaskStatus]) -> None:
         """Apply what a worker says of its tasks; an ended task frees devices (wake a round)."""
+        if not statuses:  # most heartbeats of an idle cluster: no lock to take
+            return
         state = self.state
         kill: list[TaskRecord] = []
         ended = False

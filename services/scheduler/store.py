@@ -151,6 +151,9 @@ class Store(Protocol):
 
     def save_worker(self, worker: WorkerRecord) -> None: ...
 
+    def save_workers(self, workers: Sequence[WorkerRecord]) -> None:
+        """Save several workers in one transaction."""
+
     def workers(self) -> list[WorkerRecord]: ...
 
     def save_tasks(self, tasks: Iterable[TaskRecord]) -> None: ...
@@ -423,18 +426,22 @@ class SqlStore:
 
     # Workers and tasks ---------------------------------------------------------
     def save_worker(self, worker: WorkerRecord) -> None:
+        self.save_workers([worker])
+
+    def save_workers(self, workers: Sequence[WorkerRecord]) -> None:
         with self._session() as session, session.begin():
-            session.merge(
-                models.Worker(
-                    worker_id=worker.worker_id,
-                    address=worker.address,
-                    hostname=worker.hostname,
-                    devices=_devices_blob(worker.devices),
-                    alive=worker.alive,
-                    registered_at=worker.registered_at,
-                    last_heartbeat_at=worker.last_heartbeat_at,
+            for worker in workers:
+                session.merge(
+                    models.Worker(
+                        worker_id=worker.worker_id,
+                        address=worker.address,
+                        hostname=worker.hostname,
+                        devices=_devices_blob(worker.devices),
+                        alive=worker.alive,
+                        registered_at=worker.registered_at,
+                        last_heartbeat_at=worker.last_heartbeat_at,
+                    )
                 )
-            )
 
     def workers(self) -> list[WorkerRecord]:
         with self._session() as session:

@@ -23,6 +23,8 @@ Keys of one dataset (KEYS, in this order, see `KEY_NAMES`):
   ckpts     hash   checkpoint id -> JSON snapshot
   uncovered hash   "<epoch>:<shard>" -> holder of a provisional acknowledgement
   late      list   "<epoch>:<shard>" undone after their epoch rolled over, read again first
+  steps     hash   "<epoch>:<shard>" -> the step that reads it (AcquireShard's read_step),
+                   set or cleared at every grant, kept while DOING or uncovered
 
 Provisional acknowledgements (a dataset created with `provisional_acks`): an
 acknowledged shard is DONE, so an epoch rolls over as soon as it is read (a
@@ -33,6 +35,14 @@ epoch go back to TODO like a taken-back DOING shard; those of an epoch already
 rolled over go to `late` and are handed out, as shards of their own epoch,
 before anything else; their grant is at once a provisional acknowledgement of
 the new holder (the epoch is over: no lease). Both count as redeliveries.
+
+A release may name the step its holder's reader resumes from (a durable checkpoint
+holds every step before it): then the uncovered acknowledgements of reads before that
+step become final, as CoverShards would make them, and only the later ones are undone.
+So the order of a release and a cover of the same checkpoint does not matter, and a
+release that overtakes the checkpoint writer's cover (its process died just after the
+checkpoint was written) gives back no shard the checkpoint holds. `keep` releases
+(the scheduler, when a process dies) take back DOING shards only.
 
 TODO of the current epoch is `requeue` followed by `order[cursor:]`; a shard
 delivered in this epoch and in none of requeue/doing/failed is DONE. The job
@@ -64,6 +74,7 @@ KEY_NAMES = (
     "ckpts",
     "uncovered",
     "late",
+    "steps",
 )
 
 # Most expired leases one acquire takes back; the rest go on the next calls.
@@ -88,6 +99,7 @@ local K_META, K_ORDER, K_REQUEUE, K_DOING = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_LEASES, K_ATTEMPTS, K_DONE, K_DONE_PREV = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local K_STATS, K_FAILED, K_LAPSED = KEYS[9], KEYS[10], KEYS[11]
 local K_GRANTS, K_CKPTS, K_UNCOVERED, K_LATE = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
+local K_STEPS = KEYS[16]
 
 -- Integers leave Lua through string.format: tostring would print 1e+15.
 local function I(x) return string.format('%d', x) end
@@ -110,6 +122,15 @@ local function load_meta()
   for i, f in ipairs(FIELDS) do m[f] = v[i] end
   for _, f in ipairs(NUMERIC) do m[f] = tonumber(m[f]) end
   return m
+end
+
+-- Record (or clear, '' = not known) the step that reads the shard `key` = "<epoch>:<shard>".
+local function set_step(key, step)
+  if step == '' then
+    redis.call('HDEL', K_STEPS, key)
+  else
+    redis.call('HSET', K_STEPS, key, step)
+  end
 end
 
 local function samples(m, s)
@@ -141,6 +162,7 @@ end
 local function take_back(m, s, holder, reason)
   redis.call('HDEL', K_DOING, s)
   redis.call('ZREM', K_LEASES, s)
+  redis.call('HDEL', K_STEPS, I(m.epoch) .. ':' .. s)
   redis.call('HSET', K_LAPSED, s, reason .. '|' .. holder)
   local attempts = tonumber(redis.call('HGET', K_ATTEMPTS, s) or '0')
   if attempts >= m.max_attempts then
@@ -159,6 +181,7 @@ local function undo_ack(m, key, holder)
   local e, s = string.match(key, '^(%d+):(%d+)$')
   e = tonumber(e)
   redis.call('HDEL', K_UNCOVERED, key)
+  redis.call('HDEL', K_STEPS, key)
   bump(e, 'done', -samples(m, tonumber(s)))
   bump(e, 'shards_done', -1)
   bump(e, 'shards_undone', 1)
@@ -247,8 +270,10 @@ end
 ACQUIRE = (
     _PRELUDE
     + """
--- ARGV: holder, request_id, ack_epoch, ack_shard, next_order, next_order_epoch
-local holder, rid = ARGV[1], ARGV[2]
+-- ARGV: holder, request_id, ack_epoch, ack_shard, next_order, next_order_epoch,
+-- read_step ('' = not known)
+local holder, rid, read_step = ARGV[1], ARGV[2], ARGV[7] or ''
+
 local m = load_meta()
 if not m then return NOTFOUND end
 if m.mode ~= 'dynamic' then return wrong_mode(m) end
@@ -319,6 +344,7 @@ if m.provisional == '1' then
     local le, ls = string.match(key, '^(%d+):(%d+)$')
     local n = samples(m, tonumber(ls))
     redis.call('HSET', K_UNCOVERED, key, holder)
+    set_step(key, read_step)
     bump(tonumber(le), 'done', n)
     bump(tonumber(le), 'shards_done', 1)
     bump(tonumber(le), 'redelivered', n)
@@ -371,6 +397,7 @@ local seq = redis.call('HINCRBY', K_META, 'seq', 1)
 local deadline = now + m.lease_ms
 redis.call('HSET', K_DOING, s, doing_record(deadline, attempt, seq, holder))
 redis.call('ZADD', K_LEASES, I(deadline), s)
+set_step(I(m.epoch) .. ':' .. s, read_step)
 if rid ~= '' then redis.call('HSET', K_GRANTS, holder, I(m.epoch) .. '|' .. s .. '|' .. rid) end
 return granted(s, attempt, deadline, acked)
 """
@@ -442,11 +469,12 @@ RENEW_REPLIES: Replies = {**REFUSALS, "OK": ("renewed", "deadline_ms", "lost")}
 RELEASE = (
     _PRELUDE
     + """
--- ARGV: holder
-local holder = ARGV[1]
+-- ARGV: holder, resume step ('' = none: undo every provisional ack), keep ('1': DOING only)
+local holder, resume, keep = ARGV[1], ARGV[2] or '', ARGV[3] == '1'
 local m = load_meta()
 if not m then return NOTFOUND end
 if m.mode ~= 'dynamic' then return wrong_mode(m) end
+local function step_of(key) return redis.call('HGET', K_STEPS, key) or '-1' end
 local all = redis.call('HGETALL', K_DOING)
 local mine = {}
 for i = 1, #all, 2 do
@@ -454,29 +482,53 @@ for i = 1, #all, 2 do
   if h == holder then mine[#mine + 1] = {seq, all[i]} end
 end
 table.sort(mine, function(a, b) return a[1] < b[1] end)
-local requeued, failed = {}, {}
+-- released: "<epoch>:<shard>:<read step>:<1 if its ack was undone, 0 if it was DOING>"
+local requeued, failed, released, covered = {}, {}, {}, 0
 for _, x in ipairs(mine) do
+  local key = I(m.epoch) .. ':' .. x[2]
+  local step = step_of(key)
   if take_back(m, x[2], holder, 'released') then
     requeued[#requeued + 1] = x[2]
+    released[#released + 1] = key .. ':' .. step .. ':0'
   else
     failed[#failed + 1] = x[2]
   end
 end
-if m.provisional == '1' then
+if m.provisional == '1' and not keep then
   local uncovered = redis.call('HGETALL', K_UNCOVERED)
+  local undo = {}
   for i = 1, #uncovered, 2 do
     if uncovered[i + 1] == holder then
-      requeued[#requeued + 1] = undo_ack(m, uncovered[i], holder)
+      local key = uncovered[i]
+      local step = tonumber(step_of(key))
+      if resume ~= '' and step >= 0 and step < tonumber(resume) then
+        -- A durable checkpoint holds the step that read it: final, as CoverShards would.
+        redis.call('HDEL', K_UNCOVERED, key)
+        redis.call('HDEL', K_STEPS, key)
+        covered = covered + 1
+      else
+        undo[#undo + 1] = {step, key}
+      end
     end
+  end
+  -- Handed out again in the order they were read.
+  table.sort(undo, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
+  for _, x in ipairs(undo) do
+    requeued[#requeued + 1] = undo_ack(m, x[2], holder)
+    released[#released + 1] = x[2] .. ':' .. I(x[1]) .. ':1'
   end
 end
 redis.call('HDEL', K_GRANTS, holder)
 return {'status', 'OK', 'epoch', I(m.epoch), 'requeued', table.concat(requeued, ','),
-        'failed', table.concat(failed, ',')}
+        'failed', table.concat(failed, ','), 'covered', I(covered),
+        'released', table.concat(released, ',')}
 """
 )
 
-RELEASE_REPLIES: Replies = {**REFUSALS, "OK": ("epoch", "requeued", "failed")}
+RELEASE_REPLIES: Replies = {
+    **REFUSALS,
+    "OK": ("epoch", "requeued", "failed", "covered", "released"),
+}
 
 COVER = (
     _PRELUDE
@@ -490,6 +542,7 @@ local covered = 0
 for key in string.gmatch(ARGV[2], '[^,]+') do
   if redis.call('HGET', K_UNCOVERED, key) == holder then
     redis.call('HDEL', K_UNCOVERED, key)
+    redis.call('HDEL', K_STEPS, key)
     covered = covered + 1
   end
 end
@@ -596,7 +649,7 @@ if sm.epoch ~= I(m.epoch) then
   redis.call('SET', K_ORDER, ARGV[3])
 end
 redis.call('DEL', K_REQUEUE, K_DOING, K_LEASES, K_ATTEMPTS, K_DONE, K_DONE_PREV, K_STATS,
-           K_FAILED, K_LAPSED, K_GRANTS, K_UNCOVERED, K_LATE)
+           K_FAILED, K_LAPSED, K_GRANTS, K_UNCOVERED, K_LATE, K_STEPS)
 -- DOING shards go back to TODO first, in the order they were handed out.
 local doing = {}
 for i = 1, #st.doing, 2 do

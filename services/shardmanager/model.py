@@ -145,10 +145,23 @@ class RenewResult:
 
 
 @dataclass(frozen=True)
+class ReleasedShard:
+    """A shard a release put back in TODO, with the step that had read it (-1: not known)
+    and whether its provisional acknowledgement was undone (else it was DOING)."""
+
+    epoch: int
+    shard_id: int
+    read_step: int
+    acknowledged: bool
+
+
+@dataclass(frozen=True)
 class ReleaseResult:
     epoch: int
     requeued: tuple[int, ...]
     failed: tuple[int, ...]
+    covered: int = 0  # provisional acks made final by the release's resume step
+    released: tuple[ReleasedShard, ...] = ()
 
 
 @dataclass(frozen=True)

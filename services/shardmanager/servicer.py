@@ -96,6 +96,22 @@ def check_acquire(request: shardmanager_pb2.AcquireShardRequest, *, identity: bo
     if request.HasField("ack"):
         _non_negative(request.ack.epoch, "ack.epoch")
         _non_negative(request.ack.shard_id, "ack.shard_id")
+    if request.HasField("read_step"):
+        _non_negative(request.read_step, "read_step")
+
+
+def check_release(request: shardmanager_pb2.ReleaseHolderRequest) -> None:
+    """A ReleaseHolder request: a resume step is >= 0 and excludes keep_provisional."""
+    check_name(request.dataset_id, "dataset_id")
+    check_holder(request.holder_id)
+    if request.HasField("resume_step"):
+        _non_negative(request.resume_step, "resume_step")
+        require(
+            not request.keep_provisional,
+            "keep_provisional",
+            "cannot be set with resume_step (a release either settles the provisional "
+            "acknowledgements at a step or keeps them)",
+        )
 
 
 def settings_from_request(config: shardmanager_pb2.DatasetConfig) -> DatasetSettings:
@@ -299,8 +315,9 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
         ack = None
         if request.HasField("ack"):
             ack = (request.ack.epoch, request.ack.shard_id)
+        read_step = request.read_step if request.HasField("read_step") else None
         result = await self.store.acquire(
-            request.dataset_id, request.holder_id, request.request_id, ack
+            request.dataset_id, request.holder_id, request.request_id, ack, read_step
         )
         metrics.transition("acked", int(bool(result.acked)))
         metrics.transition("acquired", int(result.shard is not None))
@@ -367,12 +384,18 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
     async def ReleaseHolder(
         self, request: shardmanager_pb2.ReleaseHolderRequest, context: Context
     ) -> shardmanager_pb2.ReleaseHolderResponse:
-        check_name(request.dataset_id, "dataset_id")
-        check_holder(request.holder_id)
-        result = await self.store.release(request.dataset_id, request.holder_id)
+        check_release(request)
+        resume = request.resume_step if request.HasField("resume_step") else None
+        result = await self.store.release(
+            request.dataset_id,
+            request.holder_id,
+            resume,
+            keep_provisional=request.keep_provisional,
+        )
         metrics.transition("requeued", len(result.requeued))
         metrics.transition("failed", len(result.failed))
-        if result.requeued or result.failed:
+        metrics.transition("covered", result.covered)
+        if result.requeued or result.failed or result.covered:
             log.info(
                 "holder released",
                 extra={
@@ -381,6 +404,13 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
                     "reason": request.reason,
                     "requeued": list(result.requeued),
                     "failed": list(result.failed),
+                    "resume_step": resume,
+                    "covered": result.covered,
+                    # epoch:shard:read step:1 if its ack was undone (0: held), for audits
+                    "released": [
+                        f"{r.epoch}:{r.shard_id}:{r.read_step}:{int(r.acknowledged)}"
+                        for r in result.released
+                    ],
                 },
             )
         return shardmanager_pb2.ReleaseHolderResponse(
@@ -389,6 +419,16 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
             epoch=result.epoch,
             requeued_shard_ids=result.requeued,
             failed_shard_ids=result.failed,
+            covered=result.covered,
+            released=[
+                shardmanager_pb2.ReleasedShard(
+                    epoch=r.epoch,
+                    shard_id=r.shard_id,
+                    read_step=r.read_step,
+                    acknowledged=r.acknowledged,
+                )
+                for r in result.released
+            ],
         )
 
     async def GetShardsAt(

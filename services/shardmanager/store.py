@@ -57,6 +57,7 @@ from gearshift.shardmanager.model import (
     DatasetStatus,
     EpochProgress,
     Mode,
+    ReleasedShard,
     ReleaseResult,
     RenewResult,
     ShardData,
@@ -347,14 +348,20 @@ class _Operations:
     # -- dynamic mode --------------------------------------------------------
 
     def _acquire(
-        self, dataset_id: str, holder: str, request_id: str, ack: tuple[int, int] | None
+        self,
+        dataset_id: str,
+        holder: str,
+        request_id: str,
+        ack: tuple[int, int] | None,
+        read_step: int | None = None,
     ) -> Steps[AcquireResult]:
         ack_args: list[Any] = ["", ""] if ack is None else [ack[0], ack[1]]
+        step_arg = "" if read_step is None else str(read_step)
         order: list[Any] = ["", ""]
         acked: bool | None = None
         for _ in range(4):
             reply: Reply = yield self._script(
-                _ACQUIRE, dataset_id, [holder, request_id, *ack_args, *order]
+                _ACQUIRE, dataset_id, [holder, request_id, *ack_args, *order, step_arg]
             )
             self._check(
                 reply, dataset_id, "AcquireShard", holder, ack_field="ack.",
@@ -404,10 +411,23 @@ class _Operations:
         self._check(reply, dataset_id, "RenewLeases", holder)
         return RenewResult(reply.number("renewed"), reply.number("deadline_ms"), reply.ids("lost"))
 
-    def _release(self, dataset_id: str, holder: str) -> Steps[ReleaseResult]:
-        reply: Reply = yield self._script(_RELEASE, dataset_id, [holder])
+    def _release(
+        self, dataset_id: str, holder: str, resume_step: int | None, keep_provisional: bool
+    ) -> Steps[ReleaseResult]:
+        args = [holder, "" if resume_step is None else resume_step, int(keep_provisional)]
+        reply: Reply = yield self._script(_RELEASE, dataset_id, args)
         self._check(reply, dataset_id, "ReleaseHolder", holder)
-        return ReleaseResult(reply.number("epoch"), reply.ids("requeued"), reply.ids("failed"))
+        released = []
+        for item in filter(None, reply["released"].split(",")):
+            epoch, shard, step, acked = item.split(":")
+            released.append(ReleasedShard(int(epoch), int(shard), int(step), acked == "1"))
+        return ReleaseResult(
+            reply.number("epoch"),
+            reply.ids("requeued"),
+            reply.ids("failed"),
+            reply.number("covered"),
+            tuple(released),
+        )
 
     def _cover(self, dataset_id: str, holder: str, shards: Sequence[tuple[int, int]]) -> Steps[int]:
         csv = ",".join(f"{epoch}:{shard}" for epoch, shard in shards)
@@ -671,9 +691,11 @@ class ShardStore(_Operations):
         holder: str,
         request_id: str = "",
         ack: tuple[int, int] | None = None,
+        read_step: int | None = None,
     ) -> AcquireResult:
-        """TODO -> DOING for `holder`, after acknowledging `ack` = (epoch, shard) if given."""
-        return self._drive(self._acquire(dataset_id, holder, request_id, ack))
+        """TODO -> DOING for `holder`, after acknowledging `ack` = (epoch, shard) if given;
+        `read_step` is the step that reads the shard (see ReleaseHolder's resume_step)."""
+        return self._drive(self._acquire(dataset_id, holder, request_id, ack, read_step))
 
     def ack(self, dataset_id: str, holder: str, epoch: int, shard_id: int) -> bool:
         """DOING -> DONE; True when this call did it, False when the holder had acked before."""
@@ -685,9 +707,18 @@ class ShardStore(_Operations):
         """Extend the listed shards' leases (all of the holder's when none are listed)."""
         return self._drive(self._renew(dataset_id, holder, epoch, shard_ids))
 
-    def release(self, dataset_id: str, holder: str) -> ReleaseResult:
-        """A holder is gone: its DOING shards go back to TODO (or FAILED past the limit)."""
-        return self._drive(self._release(dataset_id, holder))
+    def release(
+        self,
+        dataset_id: str,
+        holder: str,
+        resume_step: int | None = None,
+        *,
+        keep_provisional: bool = False,
+    ) -> ReleaseResult:
+        """A holder is gone: its DOING shards go back to TODO (or FAILED past the limit),
+        and its provisional acks of reads at or after `resume_step` (all, when None) are
+        undone while those before it become final; `keep_provisional` leaves them all."""
+        return self._drive(self._release(dataset_id, holder, resume_step, keep_provisional))
 
     def cover(self, dataset_id: str, holder: str, shards: Sequence[tuple[int, int]]) -> int:
         """Make the holder's provisional acks of these (epoch, shard) final; how many were."""
@@ -781,8 +812,9 @@ class AsyncShardStore(_Operations):
         holder: str,
         request_id: str = "",
         ack: tuple[int, int] | None = None,
+        read_step: int | None = None,
     ) -> AcquireResult:
-        return await self._drive(self._acquire(dataset_id, holder, request_id, ack))
+        return await self._drive(self._acquire(dataset_id, holder, request_id, ack, read_step))
 
     async def ack(self, dataset_id: str, holder: str, epoch: int, shard_id: int) -> bool:
         return await self._drive(self._ack(dataset_id, holder, epoch, shard_id))
@@ -792,8 +824,15 @@ class AsyncShardStore(_Operations):
     ) -> RenewResult:
         return await self._drive(self._renew(dataset_id, holder, epoch, shard_ids))
 
-    async def release(self, dataset_id: str, holder: str) -> ReleaseResult:
-        return await self._drive(self._release(dataset_id, holder))
+    async def release(
+        self,
+        dataset_id: str,
+        holder: str,
+        resume_step: int | None = None,
+        *,
+        keep_provisional: bool = False,
+    ) -> ReleaseResult:
+        return await self._drive(self._release(dataset_id, holder, resume_step, keep_provisional))
 
     async def cover(self, dataset_id: str, holder: str, shards: Sequence[tuple[int, int]]) -> int:
         return await self._drive(self._cover(dataset_id, holder, shards))

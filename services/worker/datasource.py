@@ -19,20 +19,23 @@ the ESTs of a synchronous job cannot finish a step while one of them waits for
 an epoch to end, so no shard is held across a step), but the acknowledgement
 stays provisional until a durable checkpoint holds the step that consumed it;
 then the feed covers it (CoverShards) and it is final. A process that starts
-(fresh, resumed, rescaled) first releases its ESTs' holders (ReleaseHolder): the
-shards that a dead or stopped predecessor read after its last checkpoint (those
-of the steps rolled back, or handed out and never trained on) go back to the
-queue, in their own epoch, and are read again. So every sample is read at least
-once per epoch, by a step that a checkpoint keeps; a sample is read twice only
-when the step that read it was rolled back (or, rarely, when the scheduler's
-release of a dead peer's holders overtakes the checkpoint writer's cover). The
-holders are per EST, not per process, so the accounting follows an EST when a
-rescale moves it.
+(fresh, resumed, rescaled) first releases its ESTs' holders at the step it resumes
+from (ReleaseHolder with resume_step; every grant recorded the step that reads it):
+the shards a dead or stopped predecessor read for steps before it are final (the
+checkpoint holds them, whether or not its writer lived to cover them), and those
+it read at or after it (the steps rolled back, or handed out and never trained on)
+go back to the queue, in their own epoch, and are read again. The scheduler's
+release when a process dies takes back only the shards held unacknowledged, so it
+cannot undo what a checkpoint holds. So every sample is read at least once per
+epoch, by a step that a checkpoint keeps, and a sample is read twice exactly when
+the step that read it was rolled back. The holders are per EST, not per process,
+so the accounting follows an EST when a rescale moves it.
 
 `--index-log-dir` makes the feed append what it does to a file of its own: every
 shard read (step, EST, epoch, shard, sample indices), its release at the start
-(with its placement's name) and, in the checkpoint writer's file, each cover, so a
-test can count which samples were read and which again.
+(with its placement's name, and each shard it put back with the step that had
+read it) and, in the checkpoint writer's file, each cover, so a test can count
+which samples were read and which again.
 """
 
 from __future__ import annotations
@@ -255,14 +258,21 @@ class DynamicFeed:
         self._taken = {est: 0 for est in ests}
         self._uncovered = {est: deque() for est in ests}
         requeued: dict[int, int] = {}
+        covered: dict[int, int] = {}
+        released: dict[int, list[tuple[int, int, int, bool]]] = {}
         for est in ests:
             reply = self.client.release_holder(
                 self.plan.dataset_id,
                 self._holder(est),
                 f"a process starts EST {est} at step {step}: what it read since its last "
                 "checkpoint is read again",
+                resume_step=step,
             )
             requeued[est] = reply.requeued
+            covered[est] = reply.covered
+            released[est] = [
+                (r.epoch, r.shard_id, r.read_step, r.acknowledged) for r in reply.released
+            ]
         if any(requeued.values()):
             log.info(
                 "shards read after the last checkpoint go back to the queue",
@@ -270,24 +280,25 @@ class DynamicFeed:
             )
         if self.log is not None:
             self.log.write(
-                "begin", step=step, ests=list(ests), requeued=requeued, placement=self.placement
-            )
+                "begin", step=step, ests=list(ests), requeued=requeued, covered=covered,
+                released=released, placement=self.placement,
+            )  # fmt: skip
 
     def next_samples(self, est: int, count: int) -> tuple[int, list[int]]:
         consumer = self._consumers.get(est)
         if consumer is None:
             consumer = self.client.consumer(self.plan.dataset_id, self._holder(est))
             self._consumers[est] = consumer
-        shard = consumer.acquire()
+        taken = self._taken.get(est, 0)
+        step = self._start + taken
+        shard = consumer.acquire(read_step=step)
         if shard is None:
             raise RuntimeError(f"dataset {self.plan.dataset_id!r} has no samples left")
         try:
             consumer.ack(shard)
         except PreconditionError as exc:  # taken back meanwhile: someone reads it again
             log.warning("shard taken back before its acknowledgement", extra={"error": exc.message})
-        taken = self._taken.get(est, 0)
         self._taken[est] = taken + 1
-        step = self._start + taken
         self._uncovered.setdefault(est, deque()).append((step, shard.epoch, shard.shard_id))
         samples = shard.sample_indices()[:count]
         if self.log is not None:

@@ -234,11 +234,25 @@ class ShardClient:
         return reply.covered
 
     def release_holder(
-        self, dataset_id: str, holder_id: str, reason: str = ""
+        self,
+        dataset_id: str,
+        holder_id: str,
+        reason: str = "",
+        *,
+        resume_step: int | None = None,
+        keep_provisional: bool = False,
     ) -> shardmanager_pb2.ReleaseHolderResponse:
-        """Report a holder lost: its shards go back to TODO now rather than at lease expiry."""
+        """Report a holder lost: its shards go back to TODO now rather than at lease expiry.
+
+        Provisional acks: with `resume_step` those of reads before it become final and the
+        rest are undone; without it all are undone; `keep_provisional` leaves them alone.
+        """
         request = shardmanager_pb2.ReleaseHolderRequest(
-            dataset_id=dataset_id, holder_id=holder_id, reason=reason
+            dataset_id=dataset_id,
+            holder_id=holder_id,
+            reason=reason,
+            resume_step=resume_step,
+            keep_provisional=keep_provisional,
         )
         reply: shardmanager_pb2.ReleaseHolderResponse = self.call("ReleaseHolder", request)
         return reply
@@ -386,16 +400,18 @@ class ShardConsumer:
         with self._lock:
             return list(self._held.values())
 
-    def acquire(self, *, ack: Shard | None = None) -> Shard | None:
+    def acquire(self, *, ack: Shard | None = None, read_step: int | None = None) -> Shard | None:
         """The next shard (waiting while others finish the epoch), or None at the end of data.
 
-        With `ack`, that shard is acknowledged in the same atomic call.
+        With `ack`, that shard is acknowledged in the same atomic call; `read_step` (the
+        step that reads the shard) is recorded with the grant, for releases at a step.
         """
         self._requests += 1
         request = shardmanager_pb2.AcquireShardRequest(
             dataset_id=self.dataset_id,
             holder_id=self.holder_id,
             request_id=f"{self._session}-{self._requests}",
+            read_step=read_step,
         )
         if ack is not None:
             request.ack.epoch = ack.epoch

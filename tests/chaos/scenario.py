@@ -5,7 +5,7 @@ soak runs waves until its time is up."""
 
 from __future__ import annotations
 
-import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 from gearshift.client.devcluster import DevCluster
@@ -33,19 +33,14 @@ class Wave:
         return [*self.est_jobs, self.dynamic_job]
 
 
-def released(cluster: DevCluster, job_id: str) -> int:
+def released(cluster: DevCluster, job_id: str) -> list[index_logs.Given]:
     """Shards the shard managers (every incarnation: a restart appends to the log) put back
-    from the job's released holders: those a dead process held, and those it had read
-    after its last checkpoint (provisional acknowledgements undone). The releases come from
-    the scheduler when a process dies and from each process as it starts."""
-    pattern = re.compile(
-        rf"holder released dataset_id={re.escape(job_id)} .*?requeued=\[([^\]]*)\]"
-    )
+    from the job's released holders, with the step that read each: those a dead process
+    held (the scheduler's release when a process dies, or the next process's), and those
+    it had read at or after the step the next process resumes from (provisional
+    acknowledgements undone by that process's release)."""
     log = cluster.logs / "shardmanager.log"
-    return sum(
-        len([s for s in found.split(",") if s.strip()])
-        for found in pattern.findall(log.read_text())
-    )
+    return index_logs.given_back(log.read_text(), job_id)
 
 
 def run_wave(
@@ -99,25 +94,40 @@ def problems(wave: Wave, cluster: DevCluster, ref: Reference, dynamic_steps: int
         ):
             found.append(f"epoch {epoch.epoch} not read exactly once: {epoch}")
     # Counted from the training processes' index logs: every sample of every epoch handed
-    # out in full was read, and every shard a killed placement read after its last
-    # checkpoint was read again. (Not "only those": under chaos the scheduler's release of
-    # a dead peer's holders can overtake the checkpoint writer's cover, and the shards of
-    # a checkpoint just written are then read once more: at least once still holds.)
+    # out in full was read, and the shards read twice are exactly the reads of the steps
+    # rolled back (at or after the step the next placement resumed from).
     logs = index_logs.load(index_dir(cluster.config.run_dir), wave.dynamic_job)
     unread = index_logs.unread(logs, ledger.size or SIZE)
     if unread:
         found.append(f"samples never read, by epoch: {unread}")
-    twice, uncovered = index_logs.read_twice(logs), index_logs.uncovered(logs)
-    if uncovered - twice:
-        found.append(f"read after the last checkpoint and never again: {dict(uncovered - twice)}")
-    # What the killed holders held or had not covered came back, once: the shard manager
-    # logs each release.
-    if redelivered(wave) != released(cluster, wave.dynamic_job):
+    audit = dynamic_audit(wave, cluster)
+    twice = index_logs.read_twice(logs)
+    rolled = Counter((epoch, shard) for _, epoch, shard, _ in audit.rolled_back.elements())
+    if twice != rolled:
         found.append(
-            f"{redelivered(wave)} shards redelivered, "
-            f"{released(cluster, wave.dynamic_job)} released from dead holders"
+            f"read twice but not rolled back: {dict(twice - rolled)}; rolled back but read "
+            f"once: {dict(rolled - twice)}"
+        )
+    # Exact: the redeliveries are what the killed holders had not covered by a checkpoint:
+    # every rolled-back read and every grant a killed process held but never logged, and
+    # not one read a checkpoint holds (the shard manager logs each shard it gives back).
+    if audit.lost or audit.held_back:
+        found.append(f"given back wrongly: {audit.figures()}; lost {dict(audit.lost)}, "
+                     f"covered but given back {dict(audit.held_back)}")  # fmt: skip
+    given = sum(audit.given_back.values())
+    expected = sum(audit.rolled_back.values()) + sum(audit.unlogged.values())
+    if not redelivered(wave) == given == expected:
+        found.append(
+            f"{redelivered(wave)} shards redelivered, {given} given back from killed holders, "
+            f"{expected} rolled back or held unlogged ({audit.figures()})"
         )
     return found
+
+
+def dynamic_audit(wave: Wave, cluster: DevCluster) -> index_logs.Audit:
+    """The dynamic job's reads set against what the shard manager gave back."""
+    logs = index_logs.load(index_dir(cluster.config.run_dir), wave.dynamic_job)
+    return index_logs.audit(logs, released(cluster, wave.dynamic_job))
 
 
 def redelivered(wave: Wave) -> int:

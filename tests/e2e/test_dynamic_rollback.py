@@ -6,15 +6,19 @@ when the newcomer leaves. A kill rolls the job back to its last checkpoint; the 
 dead placement read after it were acknowledged only provisionally, so the next placement
 gets them back. Counted from the processes' index logs (`--index-log-dir`): every sample
 of every epoch handed out in full was read at least once, and the shards read twice are
-exactly those the killed placements read after their last covering checkpoint, which are
-the reads of the steps run again; the shard manager's own accounting (polled while the
-job runs: its dataset goes with it) undid and redelivered as many.
+exactly the reads of the steps run again (at or after the step the next placement resumed
+from). Set against the shard manager (its `holder released` log lines name every shard
+given back with the step that read it, its counters are polled while the job runs: its
+dataset goes with it), exactly: the redeliveries are the shards given back, which are the
+rolled-back reads plus the grants a killed process never got to log (at most one per EST
+per kill), and not one read that a checkpoint holds.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -205,24 +209,32 @@ def test_a_killed_and_rescaled_dynamic_job_reads_every_sample_and_only_rolled_ba
     twice = index_logs.read_twice(logs)
     uncovered = index_logs.uncovered(logs)
     rolled_back = index_logs.rolled_back(logs)
+    shard_log = (cluster.logs / "shardmanager.log").read_text()
+    given = index_logs.given_back(shard_log, job_id)
+    audit = index_logs.audit(logs, given)
     undone, redelivered = ledger.total("shards_undone"), ledger.total("shards_redelivered")
     figures = (
         f"kills at steps {kills}; {len(index_logs.placements(logs))} placements, {len(logs)} "
         f"processes; shards read twice {sum(twice.values())}, read after their placement's "
-        f"last checkpoint {sum(uncovered.values())}, reads of steps run again {rolled_back}; "
-        f"shard manager: undone {undone}, redelivered {redelivered}"
+        f"last cover {sum(uncovered.values())}, reads of steps run again {rolled_back}; "
+        f"{audit.figures()}; shard manager: undone {undone}, redelivered {redelivered}"
     )
     print(figures)
     # Every sample of every epoch handed out in full was read, at least once.
     assert index_logs.unread(logs, SIZE) == {}, figures
     assert len(index_logs.samples_by_epoch(logs)) >= STEPS * 4 * 4 // SIZE, figures
     # Read twice: exactly the shards the killed processes read for the steps rolled back.
-    assert twice == uncovered, figures
-    assert sum(uncovered.values()) == rolled_back > 0, figures
+    rolled_refs = Counter((epoch, shard) for _, epoch, shard, _ in audit.rolled_back.elements())
+    assert twice == rolled_refs, figures
+    assert sum(audit.rolled_back.values()) == rolled_back > 0, figures
     total = sum(len(log.reads) for log in logs)
     assert total == STEPS * 4 + rolled_back, figures
-    # The shard manager undid as many provisional acknowledgements and handed them out
-    # again. A process killed between an acknowledgement and its log line (or holding a
-    # shard it had not acknowledged) adds one it never logged: at most one per process.
-    slack = 4 * len(kills)  # a kill takes the whole placement down
-    assert rolled_back <= undone <= redelivered <= rolled_back + slack, figures
+    # Exact: every rolled-back read was given back, nothing a checkpoint held was, and
+    # the redeliveries are what was given back: the rolled-back reads and the grants the
+    # killed processes never logged (at most one per EST per kill: a kill takes the
+    # whole placement down).
+    assert not audit.lost and not audit.held_back, figures
+    assert sum(audit.unlogged.values()) <= 4 * len(kills), figures
+    assert redelivered == len(given), figures
+    assert redelivered == rolled_back + sum(audit.unlogged.values()), figures
+    assert undone == sum(g.acknowledged for g in given), figures

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from gearshift.scheduler.datasets import DatasetKeeper
 from gearshift.worker.datasource import (
     DYNAMIC_MAX_ATTEMPTS,
     DataPlan,
@@ -211,3 +212,43 @@ def test_a_cover_that_fails_leaves_its_shards_provisional(
     checkpoint([proc], 3)
     assert loaded(tmp_path)[0].covered == {0: 3}
     proc.close()
+
+
+@pytest.mark.parametrize("writer", ["dies before covering", "covers after the release"])
+def test_the_schedulers_release_cannot_undo_what_a_durable_checkpoint_holds(
+    client: ShardClient,
+    sm: Callable[..., str],  # noqa: F811
+    tmp_path: Path,
+    writer: str,
+) -> None:
+    """The race issue 16 closes: the checkpoint of step 4 is durable, a peer dies, and the
+    scheduler releases the job's holders before the writer has covered (the writer then
+    dies too, or covers late). The scheduler's release takes back held shards only; the
+    next placement, resuming from step 4, settles steps 0-3 as final and gets back exactly
+    what steps 4-5 read: redeliveries equal the reads no checkpoint holds."""
+    keeper = DatasetKeeper(sm())  # the scheduler's calls, through another replica
+    procs = [feed(client, tmp_path, r) for r in range(2)]
+    for proc, ests in zip(procs, [[0, 1], [2, 3]], strict=True):
+        proc.begin(0, ests)
+    train(procs, [[0, 1], [2, 3]], 0, 6, every=100)  # steps 0-5, nothing covered yet
+    pending = [proc.pending_before(4) for proc in procs]  # checkpoint 4 is on disk
+    assert keeper.release("ds", "job-1", range(ESTS), "a peer died") == 0  # none held
+    if writer == "covers after the release":
+        procs[0].checkpoint_durable(4, pending)
+    nxt = feed(client, tmp_path, 0, "g2")
+    nxt.begin(4, [0, 1, 2, 3])
+    train([nxt], [[0, 1, 2, 3]], 4, 8, every=100)
+    logs = loaded(tmp_path)
+    begin = json.loads(logs[-1].path.read_text().splitlines()[0])
+    assert begin["requeued"] == {"0": 2, "1": 2, "2": 2, "3": 2}
+    settled = sum(begin["covered"].values())
+    assert settled == (16 if writer == "dies before covering" else 0)
+    assert all(step >= 4 for items in begin["released"].values() for _, _, step, _ in items)
+    rolled = index_logs.rolled_back(logs)
+    assert rolled == 2 * ESTS
+    assert sum(index_logs.read_twice(logs).values()) == rolled
+    status = client.describe("ds")
+    assert sum(p.shards_redelivered for p in status.epochs) == rolled
+    keeper.close()
+    for f in (*procs, nxt):
+        f.close()

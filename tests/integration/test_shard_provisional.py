@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 
 from gearshift.common.errors import ConflictError, ValidationError
+from gearshift.shardmanager import lua
 from gearshift.shardmanager.model import AcquireStatus, DatasetSettings, Mode
 from gearshift.shardmanager.store import ShardStore
 from gearshift.worker.shard_client import ShardClient
@@ -177,3 +178,153 @@ def test_a_repeated_request_gets_the_same_late_grant_back(store: ShardStore) -> 
     nxt = store.acquire("ds", "c", "rid-2")
     assert nxt.shard is not None and (nxt.shard.epoch, nxt.shard.shard_id) != ref
     assert store.describe("ds").epochs[0].shards_redelivered == 2
+
+
+# -- releases at a resume step (the race of a release and a checkpoint's cover) -------
+
+
+def read_steps(
+    store: ShardStore, holder: str, steps: range, *, ack: bool = True
+) -> list[tuple[int, int]]:
+    """Acquire (and acknowledge) one shard per step, recording the step with the grant."""
+    seen = []
+    for step in steps:
+        result = store.acquire("ds", holder, uuid.uuid4().hex, read_step=step)
+        assert result.shard is not None, result
+        ref = (result.shard.epoch, result.shard.shard_id)
+        if ack:
+            store.ack("ds", holder, *ref)
+        seen.append(ref)
+    return seen
+
+
+def dataset_state(store: ShardStore) -> tuple[object, ...]:
+    """Everything a release or a cover may change, for comparing two interleavings."""
+    keys = dict(zip(lua.KEY_NAMES, store.keys("ds"), strict=True))
+    client = store.client
+    epochs = [
+        (p.epoch, p.shards_done, p.shards_undone, p.samples_todo)
+        for p in store.describe("ds").epochs
+    ]
+    return (
+        epochs,
+        client.lrange(keys["requeue"], 0, -1),
+        client.lrange(keys["late"], 0, -1),
+        sorted(client.hgetall(keys["uncovered"]).items()),
+        sorted(client.hgetall(keys["steps"]).items()),
+        sorted(client.hgetall(keys["doing"])),
+    )
+
+
+def test_a_release_at_the_resume_step_keeps_what_the_checkpoint_holds(store: ShardStore) -> None:
+    """Reads of steps 0-4, a durable checkpoint at step 3 that nobody covered (its writer
+    died): the release at step 3 makes steps 0-2 final and gives back only 3 and 4, with
+    the steps that read them; a second release changes nothing (idempotent)."""
+    store.create("ds", provisional())
+    refs = read_steps(store, "a", range(5))
+    result = store.release("ds", "a", resume_step=3)
+    assert result.covered == 3
+    assert result.requeued == (refs[3][1], refs[4][1])
+    assert [(r.epoch, r.shard_id, r.read_step, r.acknowledged) for r in result.released] == [
+        (*refs[3], 3, True),
+        (*refs[4], 4, True),
+    ]
+    progress = store.describe("ds").epochs[0]
+    assert (progress.shards_done, progress.shards_undone) == (3, 2)
+    before = dataset_state(store)
+    again = store.release("ds", "a", resume_step=3)
+    assert (again.covered, again.requeued, again.released) == (0, (), ())
+    assert dataset_state(store) == before
+    assert read_steps(store, "b", range(3, 5)) == refs[3:]  # read again, first
+
+
+def test_a_release_and_the_writers_cover_end_the_same_in_either_order(store: ShardStore) -> None:
+    """The race the resume step closes: the checkpoint of step 3 is durable, its writer
+    covers steps 0-2 while the next process releases at step 3. Cover then release and
+    release then cover leave the same dataset state, and a held (unacknowledged) shard
+    of step 5 comes back as well, marked unacknowledged."""
+    states = []
+    for order in ("cover-first", "release-first"):
+        store.client.flushdb()
+        store.create("ds", provisional())
+        refs = read_steps(store, "a", range(5))
+        held = read_steps(store, "a", range(5, 6), ack=False)
+        if order == "cover-first":
+            assert store.cover("ds", "a", refs[:3]) == 3
+            result = store.release("ds", "a", resume_step=3)
+            assert result.covered == 0
+        else:
+            result = store.release("ds", "a", resume_step=3)
+            assert result.covered == 3
+            assert store.cover("ds", "a", refs[:3]) == 0  # nothing left to cover
+        released = [(r.epoch, r.shard_id, r.read_step, r.acknowledged) for r in result.released]
+        assert released == [(*held[0], 5, False), (*refs[3], 3, True), (*refs[4], 4, True)]
+        states.append(dataset_state(store))
+    assert states[0] == states[1]
+
+
+def test_a_release_at_a_step_undoes_reads_of_an_epoch_that_rolled_over(store: ShardStore) -> None:
+    """Steps 0-6 read epoch 0 (5 shards) and 2 of epoch 1; resuming at step 4 gives back
+    epoch 0's shard 4 (to `late`) and both of epoch 1, each with its read step."""
+    store.create("ds", provisional(num_epochs=3))
+    refs = read_steps(store, "a", range(7))
+    assert [e for e, _ in refs] == [0, 0, 0, 0, 0, 1, 1]
+    result = store.release("ds", "a", resume_step=4)
+    assert result.covered == 4
+    assert [(r.epoch, r.shard_id, r.read_step) for r in result.released] == [
+        (*refs[4], 4),
+        (*refs[5], 5),
+        (*refs[6], 6),
+    ]  # in the order they were read
+    again = read_steps(store, "b", range(4, 7))
+    assert again[0] == refs[4]  # the late one first, as a shard of epoch 0
+    assert sorted(again[1:]) == sorted(refs[5:])
+    status = store.describe("ds")
+    assert [p.shards_done for p in status.epochs] == [5, 2]
+    assert sum(p.shards_redelivered for p in status.epochs) == 3
+
+
+def test_a_keep_release_takes_back_held_shards_only(store: ShardStore) -> None:
+    """The scheduler's release when a process dies: the held shard goes back, the
+    provisional acknowledgements stay for the next process's release at its step."""
+    store.create("ds", provisional())
+    refs = read_steps(store, "a", range(3))
+    held = read_steps(store, "a", range(3, 4), ack=False)
+    result = store.release("ds", "a", keep_provisional=True)
+    assert result.requeued == (held[0][1],) and result.covered == 0
+    assert store.describe("ds").epochs[0].shards_done == 3
+    result = store.release("ds", "a", resume_step=2)
+    assert (result.covered, result.requeued) == (2, (refs[2][1],))
+
+
+def test_release_and_acquire_steps_over_grpc(sm: Callable[..., str]) -> None:  # noqa: F811
+    """The client's view, and bad input: a negative step, or a resume step with
+    keep_provisional, is INVALID_ARGUMENT naming the field and changes nothing."""
+    with ShardClient(sm()) as client:
+        client.create_dataset(
+            "ds", job_id="j", size=40, shard_size=10, num_epochs=1, provisional_acks=True
+        )
+        reader = client.consumer("ds", "a", renew=False)
+        for step in range(3):
+            shard = reader.acquire(read_step=step)
+            assert shard is not None and reader.ack(shard)
+        with pytest.raises(ValidationError, match="resume_step"):
+            client.release_holder("ds", "a", resume_step=-1)
+        with pytest.raises(ValidationError, match="keep_provisional"):
+            client.release_holder("ds", "a", resume_step=1, keep_provisional=True)
+        with pytest.raises(ValidationError, match="read_step"):
+            client.consumer("ds", "b", renew=False).acquire(read_step=-2)
+        with pytest.raises(ValidationError, match="holder_id"):
+            client.release_holder("ds", "bad holder", resume_step=1)
+        progress = client.describe("ds").epochs[0]
+        assert (progress.shards_done, progress.shards_undone, progress.samples_in_flight) == (
+            3,
+            0,
+            0,
+        )
+        reply = client.release_holder("ds", "a", resume_step=1)
+        assert (reply.covered, reply.requeued) == (1, 2)
+        assert [(r.read_step, r.acknowledged) for r in reply.released] == [(1, True), (2, True)]
+        # A holder that read nothing (a fresh start's release) has nothing to settle.
+        nothing = client.release_holder("ds", "never-read", resume_step=0)
+        assert (nothing.covered, nothing.requeued) == (0, 0)

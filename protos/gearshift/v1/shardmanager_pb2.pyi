@@ -491,6 +491,7 @@ class AcquireShardRequest(_message.Message):
     HOLDER_ID_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     ACK_FIELD_NUMBER: _builtins.int
+    READ_STEP_FIELD_NUMBER: _builtins.int
     dataset_id: _builtins.str
     """Dataset id."""
     holder_id: _builtins.str
@@ -501,6 +502,12 @@ class AcquireShardRequest(_message.Message):
     """Idempotency key (optional, at most 128 characters): a repeated call
     with the same holder and key returns the shard the first call granted
     while the holder still has it.
+    """
+    read_step: _builtins.int
+    """The training step that reads the granted shard (>= 0; unset: not known).
+    Recorded with the grant and kept with its provisional acknowledgement, so
+    that ReleaseHolder with resume_step can tell the reads a checkpoint holds
+    (before the step) from those it rolls back.
     """
     @_builtins.property
     def ack(self) -> Global___ShardRef:
@@ -516,12 +523,15 @@ class AcquireShardRequest(_message.Message):
         holder_id: _builtins.str = ...,
         request_id: _builtins.str = ...,
         ack: Global___ShardRef | None = ...,
+        read_step: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_read_step", b"_read_step", "ack", b"ack", "read_step", b"read_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "dataset_id", b"dataset_id", "holder_id", b"holder_id", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_read_step", b"_read_step", "ack", b"ack", "dataset_id", b"dataset_id", "holder_id", b"holder_id", "read_step", b"read_step", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__read_step: _TypeAlias = _typing.Literal["read_step"]  # noqa: Y015
+    _WhichOneofArgType__read_step: _TypeAlias = _typing.Literal["_read_step", b"_read_step"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__read_step) -> _WhichOneofReturnType__read_step | None: ...
 
 Global___AcquireShardRequest: _TypeAlias = AcquireShardRequest  # noqa: Y015
 
@@ -819,26 +829,83 @@ class ReleaseHolderRequest(_message.Message):
     DATASET_ID_FIELD_NUMBER: _builtins.int
     HOLDER_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    RESUME_STEP_FIELD_NUMBER: _builtins.int
+    KEEP_PROVISIONAL_FIELD_NUMBER: _builtins.int
     dataset_id: _builtins.str
     """Dataset id."""
     holder_id: _builtins.str
     """The holder."""
     reason: _builtins.str
     """Why, for the log."""
+    resume_step: _builtins.int
+    """Datasets with provisional_acks: the step the holder's reader resumes from
+    (>= 0), i.e. its durable checkpoint holds every step before it. The
+    holder's provisional acknowledgements of reads before this step become
+    final (as CoverShards would make them); those of reads at or after it,
+    or of an unknown step, are undone. Unset: every provisional one is undone.
+    Idempotent, and atomic with respect to CoverShards: a cover before or
+    after the release ends in the same state.
+    """
+    keep_provisional: _builtins.bool
+    """Take back only the shards the holder has in DOING and leave its
+    provisional acknowledgements as they are (the scheduler when a process
+    dies: the next process of the holder knows its resume step and releases
+    them then). Not allowed with resume_step.
+    """
     def __init__(
         self,
         *,
         dataset_id: _builtins.str = ...,
         holder_id: _builtins.str = ...,
         reason: _builtins.str = ...,
+        resume_step: _builtins.int | None = ...,
+        keep_provisional: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_resume_step", b"_resume_step", "resume_step", b"resume_step"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_resume_step", b"_resume_step", "dataset_id", b"dataset_id", "holder_id", b"holder_id", "keep_provisional", b"keep_provisional", "reason", b"reason", "resume_step", b"resume_step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__resume_step: _TypeAlias = _typing.Literal["resume_step"]  # noqa: Y015
+    _WhichOneofArgType__resume_step: _TypeAlias = _typing.Literal["_resume_step", b"_resume_step"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__resume_step) -> _WhichOneofReturnType__resume_step | None: ...
+
+Global___ReleaseHolderRequest: _TypeAlias = ReleaseHolderRequest  # noqa: Y015
+
+@_typing.final
+class ReleasedShard(_message.Message):
+    """A shard a release put back in TODO."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    SHARD_ID_FIELD_NUMBER: _builtins.int
+    READ_STEP_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    """Epoch of the shard."""
+    shard_id: _builtins.int
+    """Shard id."""
+    read_step: _builtins.int
+    """The step that read it, as the grant recorded it (-1: not known)."""
+    acknowledged: _builtins.bool
+    """True when its acknowledgement (provisional) was undone; false when the
+    holder had it in DOING, unacknowledged.
+    """
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        shard_id: _builtins.int = ...,
+        read_step: _builtins.int = ...,
+        acknowledged: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_id", b"dataset_id", "holder_id", b"holder_id", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "epoch", b"epoch", "read_step", b"read_step", "shard_id", b"shard_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ReleaseHolderRequest: _TypeAlias = ReleaseHolderRequest  # noqa: Y015
+Global___ReleasedShard: _TypeAlias = ReleasedShard  # noqa: Y015
 
 @_typing.final
 class ReleaseHolderResponse(_message.Message):
@@ -851,12 +918,16 @@ class ReleaseHolderResponse(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     REQUEUED_SHARD_IDS_FIELD_NUMBER: _builtins.int
     FAILED_SHARD_IDS_FIELD_NUMBER: _builtins.int
+    COVERED_FIELD_NUMBER: _builtins.int
+    RELEASED_FIELD_NUMBER: _builtins.int
     requeued: _builtins.int
     """Shards put back in TODO."""
     failed: _builtins.int
     """Shards marked failed (retry limit reached)."""
     epoch: _builtins.int
     """Epoch of the shards below."""
+    covered: _builtins.int
+    """Provisional acknowledgements made final by resume_step."""
     @_builtins.property
     def requeued_shard_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Ids of the shards put back in TODO, in the order they will be handed out."""
@@ -864,6 +935,12 @@ class ReleaseHolderResponse(_message.Message):
     @_builtins.property
     def failed_shard_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Ids of the shards marked failed."""
+
+    @_builtins.property
+    def released(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReleasedShard]:
+        """Every shard put back in TODO (of any epoch), in requeued_shard_ids' order,
+        with the step that had read it.
+        """
 
     def __init__(
         self,
@@ -873,10 +950,12 @@ class ReleaseHolderResponse(_message.Message):
         epoch: _builtins.int = ...,
         requeued_shard_ids: _abc.Iterable[_builtins.int] | None = ...,
         failed_shard_ids: _abc.Iterable[_builtins.int] | None = ...,
+        covered: _builtins.int = ...,
+        released: _abc.Iterable[Global___ReleasedShard] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "failed", b"failed", "failed_shard_ids", b"failed_shard_ids", "requeued", b"requeued", "requeued_shard_ids", b"requeued_shard_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["covered", b"covered", "epoch", b"epoch", "failed", b"failed", "failed_shard_ids", b"failed_shard_ids", "released", b"released", "requeued", b"requeued", "requeued_shard_ids", b"requeued_shard_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
