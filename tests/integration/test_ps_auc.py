@@ -18,6 +18,7 @@ from gearshift.worker.ps.compare import compare
 from gearshift.worker.ps.data import ClickConfig
 from gearshift.worker.ps.launch import Phase, run_phase
 from gearshift.worker.ps.model import ModelConfig
+from gearshift.worker.ps.run import main
 
 # train_blocks far above the batches either side trains: no batch repeats (no overfitting).
 DATA = ClickConfig(train_blocks=20_000)
@@ -86,3 +87,10 @@ def test_elastic_job_beats_a_fixed_small_plan_in_the_same_wall_time(tmp_path: Pa
     assert c.fixed.wall_s >= c.elastic.wall_s
     assert c.fixed.batches < c.elastic.batches
     assert c.auc_gain >= MIN_AUC_GAIN, c
+
+
+def test_cli_rejects_a_bad_read_ms(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--read-ms", "-5"])
+    assert exit_.value.code == 2
+    assert "--read-ms must be a finite number >= 0, got -5.0" in capsys.readouterr().err
