@@ -80,7 +80,7 @@ def same_wall_time(data: ClickConfig, model: ModelConfig, read_ms: float) -> Com
     with tempfile.TemporaryDirectory(prefix="gearshift-bench-ps-") as tmp:
         root = Path(tmp)
         return compare(
-            root / "elastic", root / "fixed", phases, 1, 1, data, model,
+            root / "elastic", root / "fixed", phases, data, model,
             read_ms=read_ms, timeout_s=TIMEOUT_S,
         )  # fmt: skip
 

@@ -69,16 +69,14 @@ def test_bad_options_are_named(tmp_path: Path, kwargs: dict[str, float], message
 def test_compare_refuses_a_training_set_that_would_repeat(tmp_path: Path) -> None:
     small = ClickConfig(train_blocks=100)
     with pytest.raises(ValueError, match="train_blocks"):
-        compare(
-            tmp_path / "e", tmp_path / "f", [Phase(2, 2, 150)], 1, 1, small, MODEL, read_ms=0.0
-        )
+        compare(tmp_path / "e", tmp_path / "f", [Phase(2, 2, 150)], small, MODEL, read_ms=0.0)
 
 
 @pytest.mark.slow
 def test_elastic_job_beats_a_fixed_small_plan_in_the_same_wall_time(tmp_path: Path) -> None:
     phases = [Phase(2, 2, 150), Phase(3, 4, 500), Phase(2, 2, 150)]
     c = compare(
-        tmp_path / "elastic", tmp_path / "fixed", phases, 1, 1, DATA, MODEL,
+        tmp_path / "elastic", tmp_path / "fixed", phases, DATA, MODEL,
         read_ms=READ_MS, timeout_s=TIMEOUT_S,
     )  # fmt: skip
     print(f"\nelastic: {c.elastic}\nfixed:   {c.fixed}\nAUC gain {c.auc_gain:.4f}")
