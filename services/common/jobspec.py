@@ -102,6 +102,11 @@ def _validate_ps(spec: common_pb2.JobSpec, f: Callable[[str], str]) -> None:
         require(value >= 0, p(name), f"must be > 0 (0: the default) (got {value})")
     require(math.isfinite(ps.lr) and ps.lr >= 0, p("lr"), f"must be > 0 (0: 0.05) (got {ps.lr})")
     require(
+        math.isfinite(ps.read_ms) and 0 <= ps.read_ms <= 10_000,
+        p("read_ms"),
+        f"must be between 0 and 10000 milliseconds (got {ps.read_ms})",
+    )
+    require(
         d.fields * d.vocab <= 100_000_000,
         p("vocab"),
         f"fields x vocab = {d.fields * d.vocab} embedding rows; at most 100000000",

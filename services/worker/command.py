@@ -235,6 +235,7 @@ class TaskPlan:
         cmd += ["--seed", str(ps.seed), "--fields", str(ps.fields), "--vocab", str(ps.vocab)]
         cmd += ["--batch", str(ps.batch), "--train-blocks", str(ps.train_blocks)]
         cmd += ["--dim", str(ps.dim), "--lr", repr(ps.lr), "--eval-blocks", str(ps.eval_blocks)]
+        cmd += ["--read-ms", repr(ps.read_ms)]
         cmd += ["--shard-manager", self.endpoints.shard_manager]
         cmd += ["--dataset-id", self.dataset_id, "--job-id", self.job_id]
         # Enough epochs of one-batch shards for every global batch of the job.

@@ -49,6 +49,11 @@ def test_ps_spec_is_valid_and_defaults_are_derived() -> None:
         (lambda s: setattr(s.parameter_server, "batch", -4), "spec.parameter_server.batch"),
         (lambda s: setattr(s.parameter_server, "lr", -0.1), "spec.parameter_server.lr"),
         (lambda s: setattr(s.parameter_server, "vocab", 10**8), "spec.parameter_server.vocab"),
+        (lambda s: setattr(s.parameter_server, "read_ms", -1), "spec.parameter_server.read_ms"),
+        (
+            lambda s: setattr(s.parameter_server, "read_ms", float("inf")),
+            "spec.parameter_server.read_ms",
+        ),
         (lambda s: setattr(s, "epochs", 3), "spec.total_steps"),
         (lambda s: setattr(s, "total_steps", -1), "spec.total_steps"),
         (lambda s: setattr(s, "num_ests", 4), "spec.num_ests"),

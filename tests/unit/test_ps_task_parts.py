@@ -79,6 +79,15 @@ def test_the_daemon_runs_the_ps_launcher_with_the_plan() -> None:
         "--progress-file /t/progress.json",
     ):
         assert part in text, (part, text)
+    assert "--read-ms 0.0" in text
+
+
+def test_the_spec_read_ms_reaches_the_launcher() -> None:
+    req = request()
+    req.spec.parameter_server.read_ms = 12.5
+    task = plan_task(req, "w", ["cpu"])
+    argv = task.command(0, CommandSettings(python="py"), Path("/t"), Path("/t/c.json"))
+    assert "--read-ms 12.5" in " ".join(argv)
 
 
 @pytest.mark.parametrize(

@@ -527,6 +527,7 @@ class ParameterServerSpec(_message.Message):
     DIM_FIELD_NUMBER: _builtins.int
     LR_FIELD_NUMBER: _builtins.int
     EVAL_BLOCKS_FIELD_NUMBER: _builtins.int
+    READ_MS_FIELD_NUMBER: _builtins.int
     ps: _builtins.int
     """PS processes to start with (0: the Brain's initial plan)."""
     workers: _builtins.int
@@ -551,6 +552,10 @@ class ParameterServerSpec(_message.Message):
     """Adagrad learning rate of rows and dense net (0: 0.05)."""
     eval_blocks: _builtins.int
     """Held-out batches the AUC is measured on at the end of each phase (0: 40)."""
+    read_ms: _builtins.float
+    """Milliseconds each worker waits per batch, a stand-in for reading the batch
+    from remote storage (0: none; the synthetic batches are generated in place).
+    """
     def __init__(
         self,
         *,
@@ -566,10 +571,11 @@ class ParameterServerSpec(_message.Message):
         dim: _builtins.int = ...,
         lr: _builtins.float = ...,
         eval_blocks: _builtins.int = ...,
+        read_ms: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "dim", b"dim", "eval_blocks", b"eval_blocks", "fields", b"fields", "lr", b"lr", "max_ps", b"max_ps", "max_workers", b"max_workers", "ps", b"ps", "seed", b"seed", "train_blocks", b"train_blocks", "vocab", b"vocab", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "dim", b"dim", "eval_blocks", b"eval_blocks", "fields", b"fields", "lr", b"lr", "max_ps", b"max_ps", "max_workers", b"max_workers", "ps", b"ps", "read_ms", b"read_ms", "seed", b"seed", "train_blocks", b"train_blocks", "vocab", b"vocab", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

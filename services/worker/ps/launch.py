@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import hashlib
 import json
+import math
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -90,6 +91,8 @@ class _Proc:
     index: int
     shards: ShardSource | None = None
     cores: tuple[int, ...] = ()  # pinned to these (empty: the launcher's affinity)
+    read_ms: float = 0.0  # a worker's stand-in fetch time per batch (see trainer.train)
+    stop_at: float | None = None  # PS 0: wall clock (time.time) to stop handing out batches
 
 
 def _init_rpc(p: _Proc, name: str, rank: int) -> None:
@@ -142,7 +145,7 @@ def _watch_counter(p: _Proc, dense: server.DenseServer, done: threading.Event) -
     root = Path(p.root)
     out = root / ckpt.gen_folder(p.generation) / PS0_PROGRESS
     while not done.is_set():
-        if (root / STOP_FILE).exists():
+        if (root / STOP_FILE).exists() or (p.stop_at is not None and time.time() >= p.stop_at):
             dense.stop()
         next_batch, end_batch = dense.counter()
         write_json_atomic(out, {"next_batch": next_batch, "end_batch": end_batch})
@@ -194,7 +197,7 @@ def _worker_main(p: _Proc) -> None:
     if p.shards is not None:
         holder = p.shards.holder(p.generation, p.index)
         feed = ShardFeed(data, p.shards, holder)
-    stats = train(data, p.model, p.num_ps, feed)
+    stats = train(data, p.model, p.num_ps, feed, read_ms=p.read_ms)
     acked = feed.finish()
     rpc.shutdown()
     _write_result(p, {**asdict(stats), "holder": holder, "shards": acked})
@@ -265,13 +268,23 @@ def run_phase(
     shards: ShardSource | None = None,
     cores: Sequence[Sequence[int]] | None = None,
     on_tick: Callable[[UseMeter, dict[str, Any]], None] | None = None,
+    read_ms: float = 0.0,
+    stop_after_s: float | None = None,
 ) -> PhaseResult:
     """Train one phase from the checkpoint in `root` (if any) and checkpoint it there.
 
     With `shards`, workers read dynamic shards from the shard manager; their
     provisional acks are covered once the phase's checkpoint is published, and a
     phase that fails releases its workers' holders (their shards are read again).
+    `read_ms`: each worker waits this long per batch, a stand-in for reading the batch
+    from remote storage (what bounds DLRover's workers; see trainer.train).
+    `stop_after_s`: PS 0 hands out no batch later than this many seconds after launch
+    (the phase then drains and checkpoints like a stop request): a wall-time budget.
     """
+    if not (math.isfinite(read_ms) and read_ms >= 0):
+        raise ValueError(f"read_ms must be a finite number >= 0, got {read_ms}")
+    if stop_after_s is not None and not stop_after_s > 0:
+        raise ValueError(f"stop_after_s must be > 0, got {stop_after_s}")
     root.mkdir(parents=True, exist_ok=True)
     prev = ckpt.read_manifest(root)
     if prev is not None and (prev.click_config() != data or prev.model_config() != model):
@@ -301,6 +314,8 @@ def run_phase(
     # fork: the children inherit torch already imported, which keeps a restart short.
     ctx = mp.get_context("fork")
     launched = time.time()
+    stop_at = launched + stop_after_s if stop_after_s is not None else None
+    specs = [replace(s, read_ms=read_ms, stop_at=stop_at) for s in specs]
     procs = [
         ctx.Process(target=_child, args=(s,), name=f"gearshift-{s.role}{s.index}") for s in specs
     ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import signal
 import sys
@@ -60,11 +61,14 @@ def run(
     eval_blocks: int = 40,
     timeout_s: float = 300.0,
     shards: ShardSource | None = None,
+    read_ms: float = 0.0,
 ) -> list[PhaseResult]:
     """Every phase in turn on one checkpoint folder, with the held-out AUC after each."""
     results = []
     for phase in phases:
-        res = run_phase(root, phase, data, model, timeout_s=timeout_s, shards=shards)
+        res = run_phase(
+            root, phase, data, model, timeout_s=timeout_s, shards=shards, read_ms=read_ms
+        )
         res = replace(res, auc=evaluate(root, eval_blocks) if eval_blocks else None)
         results.append(res)
     return results
@@ -158,6 +162,7 @@ def run_task(args: argparse.Namespace, data: ClickConfig, model: ModelConfig) ->
         shards=shards,
         cores=cores,
         on_tick=on_tick,
+        read_ms=args.read_ms,
     )
     if args.eval_blocks:
         last_auc = evaluate(root, args.eval_blocks)
@@ -244,6 +249,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--epochs", type=int, default=100, help="epochs of the shard-manager dataset")
     ap.add_argument("--token", help="bearer token for the shard manager (GEARSHIFT_TOKEN)")
+    ap.add_argument(
+        "--read-ms",
+        type=float,
+        default=0.0,
+        help="each worker sleeps this long per batch: a stand-in for reading it from "
+        "remote storage (the synthetic batches are generated in place)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object per phase")
     ap.add_argument(
         "--task", action="store_true", help="run as a worker daemon's task (see task.py)"
@@ -267,6 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.task and (args.checkpoint_dir is None or args.total_steps is None):
         ap.error("--task needs --checkpoint-dir and --total-steps")
+    if not (math.isfinite(args.read_ms) and args.read_ms >= 0):
+        ap.error(f"--read-ms must be a finite number >= 0, got {args.read_ms}")
     try:
         phases = (
             parse_phases(args.phases) if args.phases else [Phase(args.ps, args.workers, args.steps)]
@@ -299,6 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             eval_blocks=args.eval_blocks,
             timeout_s=args.timeout,
             shards=shards,
+            read_ms=args.read_ms,
         ):
             print(json.dumps(asdict(res)) if args.json else describe(res), flush=True)
     except (RuntimeError, ValueError) as exc:

@@ -41,8 +41,15 @@ class WorkerStats:
     batches: list[int] = field(default_factory=list)  # global batch numbers this worker trained
 
 
-def train(data: ClickData, model_cfg: ModelConfig, num_ps: int, feed: Feed) -> WorkerStats:
-    """Run steps until PS 0 has no batch left for this phase (or the feed has no data)."""
+def train(
+    data: ClickData, model_cfg: ModelConfig, num_ps: int, feed: Feed, read_ms: float = 0.0
+) -> WorkerStats:
+    """Run steps until PS 0 has no batch left for this phase (or the feed has no data).
+
+    `read_ms`: a sleep per batch standing in for fetching it from remote storage (the
+    synthetic batches are generated in place, in well under a millisecond of I/O);
+    DLRover's PS workers are bound by that read, which extra workers overlap.
+    """
     cfg = data.cfg
     net = DenseNet(model_cfg, cfg.fields, cfg.dense, cfg.seed)
     params = list(net.parameters())
@@ -60,6 +67,8 @@ def train(data: ClickData, model_cfg: ModelConfig, num_ps: int, feed: Feed) -> W
         batch = feed.next_batch(number)
         if batch is None:
             return stats
+        if read_ms:
+            time.sleep(read_ms / 1000.0)  # the stand-in remote read, not a synchronisation
         ids = torch.from_numpy(batch.ids)
         uniq, inverse = torch.unique(ids, return_inverse=True)
         parts = split_by_owner(uniq, num_ps)
