@@ -148,6 +148,7 @@ def ps_job_text(ps: common_pb2.ParameterServerSpec) -> str:
 
 def job_details(job: scheduler_pb2.Job) -> str:
     spec = job.spec
+    ps = spec.HasField("parameter_server")
     length = (
         f"{spec.total_steps} steps" if spec.HasField("total_steps") else f"{spec.epochs} epochs"
     )
@@ -159,13 +160,15 @@ def job_details(job: scheduler_pb2.Job) -> str:
         f"entrypoint  {spec.entrypoint.module} {spec.entrypoint.config_json or '{}'}",
         f"ests        {spec.num_ests}  global batch {spec.global_batch_size}  {length}",
         f"progress    step {step_text(job.progress)}  epoch {job.progress.epoch}  "
-        f"loss {job.progress.loss:.4f}  {job.progress.samples_per_second:.1f} samples/s",
+        + ("" if ps else f"loss {job.progress.loss:.4f}  ")
+        + f"{job.progress.samples_per_second:.1f} samples/s",
         f"devices     {devices_by_type(job.placement)}  ESTs/device "
         f"{ests_per_device(job.placement)}  rescales {job.rescale_count}",
     ]
-    if spec.HasField("parameter_server"):
+    if ps:  # its PLAN events carry its counts; execution plans are the EST runtime's
         lines.append(f"ps job      {ps_job_text(spec.parameter_server)}")
-    lines.append(f"plan        {plan_text(job)}")
+    else:
+        lines.append(f"plan        {plan_text(job)}")
     if job.resource_plan:
         lines.append(f"resources   {job.resource_plan}")
     if job.collocation.role:
