@@ -49,6 +49,9 @@ from tests.e2e.worker_cluster import (
 from tests.helpers import wait_until
 
 STEPS = 120
+# The job rescaled twice: the elastic rounds grow it back only while its remaining steps
+# pay for a restart, which on a loaded machine 120 steps did not always leave.
+LONG_STEPS = 360
 WAIT = 180.0
 
 C = common_pb2
@@ -68,9 +71,19 @@ def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevClu
 
 @pytest.fixture
 def ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    return reference(_shared(tmp_path_factory), STEPS)
+
+
+@pytest.fixture(scope="session")
+def long_ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    return reference(_shared(tmp_path_factory), LONG_STEPS)
+
+
+def _shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    return reference(shared / "gearshift-worker-reference", STEPS)
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / (
+        "gearshift-worker-reference"
+    )
 
 
 def events(cluster: DevCluster, job_id: str) -> list[S.JobEvent]:
@@ -144,11 +157,12 @@ def test_a_job_ends_with_the_digest_of_a_fixed_placement(
 
 
 def test_a_job_rescaled_twice_ends_with_the_same_digest(
-    cluster: DevCluster, ref: Reference
+    cluster: DevCluster, long_ref: Reference
 ) -> None:
+    ref = long_ref
     started(cluster)
     with client_of(cluster) as client:
-        big = client.submit(digits_spec("big", STEPS)).job_id
+        big = client.submit(digits_spec("big", LONG_STEPS)).job_id
         wait_until(lambda: client.get(big).progress.step >= 5, WAIT, "the big job trains")
         # A newcomer takes devices (the big job shrinks), then leaves (it grows again).
         small = client.submit(digits_spec("small", 100_000, ests=1)).job_id
