@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from gearshift.common.errors import ValidationError
 from gearshift.common.jobspec import is_ps_job, ps_defaults
+from gearshift.scheduler.plan_book import PlanBook
 from gearshift.scheduler.resource_plans import Asker
 from gearshift.v1 import brain_pb2, common_pb2
 
@@ -334,45 +334,21 @@ class PsAsk:
     steps_per_second: float
 
 
-class PsPlans:
+class PsPlans(PlanBook[PsPlan]):
     """Each PS job's plan, the changed plans waiting for their restart, and the asking."""
 
     def __init__(self, ask: Asker | None, interval: float, clock: Callable[[], float]) -> None:
+        super().__init__(clock)
         self._ask = ask  # None: no Brain (the spec's counts, or what a user pins)
         self.interval = interval
-        self.clock = clock
-        self._lock = threading.Lock()
-        self._plans: dict[str, PsPlan] = {}  # what the job runs (or will start) with
-        self._next: dict[str, PsPlan] = {}  # changed: applied at the next round
-        self._announced: dict[str, PsPlan] = {}
-        self._asked_at: dict[str, float] = {}
         self._pinned: set[str] = set()  # set by a user or admin: the Brain is not asked
-
-    def plan(self, job_id: str) -> PsPlan | None:
-        with self._lock:
-            return self._next.get(job_id) or self._plans.get(job_id)
 
     def restart_wanted(self, job_id: str) -> bool:
         with self._lock:
             return job_id in self._next
 
-    def started(self, job_id: str) -> PsPlan | None:
-        """The job (re)started on plan(job_id): that plan when no PLAN event announced it."""
-        with self._lock:
-            if job_id in self._next:
-                self._plans[job_id] = self._next.pop(job_id)
-            self._asked_at[job_id] = self.clock()
-            plan = self._plans.get(job_id)
-            if plan is None or self._announced.get(job_id) is plan:
-                return None
-            self._announced[job_id] = plan
-            return plan
-
-    def forget(self, job_id: str) -> None:
-        with self._lock:
-            for table in (self._plans, self._next, self._announced, self._asked_at):
-                table.pop(job_id, None)
-            self._pinned.discard(job_id)
+    def _on_forget(self, job_id: str) -> None:
+        self._pinned.discard(job_id)
 
     def pinned(self, job_id: str) -> bool:
         with self._lock:
@@ -478,13 +454,14 @@ def slot_cores(workers: Sequence[tuple[int, int]]) -> float:
 
 def ps_asks_of(state: SchedulerState, jobs: Sequence[JobRecord]) -> list[PsAsk]:
     """The PS jobs' asks (under the scheduler's lock)."""
+    ps_jobs = [job for job in jobs if is_ps_job(job.spec) and not job.terminal]
+    if not ps_jobs:  # every round asks: no pass over the workers without a PS job
+        return []
     budget = slot_cores(
         [(w.cpu_cores, sum(g.count for g in w.devices)) for w in state.workers.values() if w.alive]
     )
     asks = []
-    for job in jobs:
-        if not is_ps_job(job.spec) or job.terminal:
-            continue
+    for job in ps_jobs:
         batch = max(job.spec.global_batch_size, 1)
         asks.append(
             PsAsk(

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+from gearshift.scheduler.plan_book import PlanBook
 from gearshift.v1 import brain_pb2, common_pb2
 
 log = logging.getLogger("gearshift.scheduler.plans")
@@ -228,7 +228,7 @@ Asker = Callable[
 ]
 
 
-class ResourcePlans:
+class ResourcePlans(PlanBook[ProcessPlan]):
     """Each job's plan, the changed plans waiting for a restart, and the asking."""
 
     def __init__(
@@ -238,45 +238,21 @@ class ResourcePlans:
         clock: Callable[[], float],
         pool: Executor | None = None,
     ) -> None:
+        super().__init__(clock)
         self._ask = ask
         self._pool = pool  # the asks of one round run side by side (a slow Brain, once)
         self.interval = interval
-        self.clock = clock
-        self._lock = threading.Lock()
-        self._plans: dict[str, ProcessPlan] = {}  # what the job runs (or will start) with
-        self._next: dict[str, ProcessPlan] = {}  # changed: applied at the job's next start
-        self._restart: set[str] = set()  # ... and worth restarting it for (restart_pays)
-        self._announced: dict[str, ProcessPlan] = {}  # the last plan in a PLAN event
-        self._asked_at: dict[str, float] = {}
-
-    def plan(self, job_id: str) -> ProcessPlan | None:
-        """The plan the job's next start uses (None: none asked yet; the defaults)."""
-        with self._lock:
-            return self._next.get(job_id) or self._plans.get(job_id)
+        self._restart: set[str] = set()  # changed and worth restarting for (restart_pays)
 
     def restart_wanted(self, job_id: str) -> bool:
         with self._lock:
             return job_id in self._restart
 
-    def started(self, job_id: str) -> ProcessPlan | None:
-        """The job (re)started on plan(job_id): returns that plan when no PLAN event has
-        announced it yet (the caller records one)."""
-        with self._lock:
-            if job_id in self._next:
-                self._plans[job_id] = self._next.pop(job_id)
-            self._restart.discard(job_id)
-            self._asked_at[job_id] = self.clock()  # measure the new plan a whole interval
-            plan = self._plans.get(job_id)
-            if plan is None or self._announced.get(job_id) is plan:
-                return None
-            self._announced[job_id] = plan
-            return plan
+    def _on_start(self, job_id: str) -> None:
+        self._restart.discard(job_id)
 
-    def forget(self, job_id: str) -> None:
-        with self._lock:
-            for table in (self._plans, self._next, self._announced, self._asked_at):
-                table.pop(job_id, None)
-            self._restart.discard(job_id)
+    def _on_forget(self, job_id: str) -> None:
+        self._restart.discard(job_id)
 
     def refresh(self, asks: Sequence[PlanAsk]) -> None:
         """Ask the Brain what is due (outside the scheduler's lock)."""
