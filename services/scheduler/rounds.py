@@ -519,9 +519,16 @@ class Rounds:
                 for task in state.open_tasks(job.job_id):
                     task.lease_expires_at = now + state.settings.lease_seconds
                 continue
-            stop = state.open_tasks(job.job_id) if change.kind != "start" else []
+            # A start's are strays of an earlier placement (a crash between requeuing the
+            # job and stopping them): ended before the start, or two placements would run.
+            stop = state.open_tasks(job.job_id)
             state.stopping.update(t.task_id for t in stop)
-            if stop:
+            if stop and change.kind == "start":
+                log.warning(
+                    "stopping an earlier placement's tasks before starting the job",
+                    extra={"job_id": job.job_id, "tasks": [t.task_id for t in stop]},
+                )
+            elif stop:
                 self.estimates.stopping(job.job_id, now)
             if change.kind == "rescale":
                 job.state = C.JOB_STATE_RESCALING
@@ -546,16 +553,23 @@ class Rounds:
         return [f.result() for f in futures]
 
     def _apply_stop(self, move: _Move) -> bool:
-        """Stop the job's tasks with a checkpoint; True when a start is to follow."""
+        """Stop the job's tasks with a checkpoint (a start's strays without one: the job
+        resumes from its last checkpoint, which they must not overwrite); True when a start
+        is to follow."""
         state = self.state
         change = move.change
+        strays = change.kind == "start"
         try:
-            self.control.stop_tasks(move.stop, checkpoint=True, reason=change.kind)
+            self.control.stop_tasks(
+                move.stop,
+                checkpoint=not strays,
+                reason="an earlier placement's task" if strays else change.kind,
+            )
             with state.lock:
                 job = state.jobs.get(change.job_id)
                 if job is None or job.terminal:
                     return False
-                if move.stop:
+                if move.stop and not strays:
                     paths = sorted({t.checkpoint_path for t in move.stop if t.checkpoint_path})
                     state.record(
                         job,
