@@ -7,6 +7,8 @@ into the same types, so callers on either side catch one family of errors.
 
 from __future__ import annotations
 
+import ast
+import re
 from collections.abc import Callable
 from typing import ClassVar, TypeVar
 
@@ -71,6 +73,69 @@ class PreconditionError(GearshiftError):
     """The request is well formed but the object's state does not allow it."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
+
+    @classmethod
+    def from_details(cls, details: str) -> GearshiftError:
+        """A fence's refusal comes back as FencedError (its message says so), others as this."""
+        if details.startswith(FencedError.PREFIX):
+            return FencedError.from_details(details)
+        return cls(details)
+
+
+class FencedError(PreconditionError):
+    """A shard holder's call from a placement older than the one that holds it now.
+
+    The holders of a dynamic-mode job's ESTs are shared by all its placements; the shard
+    manager refuses the calls of a stale placement (one that should be gone but still
+    runs) so it cannot undo or finalize the newer one's reads. The message starts with
+    `PREFIX` and names the holder and both generations; a client rebuilds this type from
+    it, so a training process tells a fence from other refusals and stops instead of
+    retrying (a newer placement of its job does its work).
+    """
+
+    PREFIX = "fenced: "
+    _PATTERN = re.compile(
+        r"^fenced: holder (?P<holder>.+) of dataset (?P<dataset>.+) belongs to generation "
+        r"(?P<current>\d+) of its job; generation (?P<generation>\d+) is stale"
+    )
+
+    def __init__(
+        self, dataset_id: str, holder_id: str, generation: int, current: int, rpc: str = ""
+    ) -> None:
+        refused = f" ({rpc} refused)" if rpc else ""
+        super().__init__(
+            f"{self.PREFIX}holder {holder_id!r} of dataset {dataset_id!r} belongs to generation "
+            f"{current} of its job; generation {generation} is stale: a newer placement of "
+            f"the job holds it{refused}"
+        )
+        self.dataset_id = dataset_id
+        self.holder_id = holder_id
+        self.generation = generation
+        self.current = current
+
+    @classmethod
+    def from_details(cls, details: str) -> GearshiftError:
+        match = cls._PATTERN.match(details)
+        if match is None:  # not our wording: still a refusal, just not a typed fence
+            return PreconditionError(details)
+        fenced = cls(
+            _unquote(match["dataset"]),
+            _unquote(match["holder"]),
+            int(match["generation"]),
+            int(match["current"]),
+        )
+        fenced.message = details  # the server's words, whole
+        fenced.args = (details,)
+        return fenced
+
+
+def _unquote(text: str) -> str:
+    """A name as repr() wrote it, back (the text itself when it is not a quoted literal)."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+    return value if isinstance(value, str) else text
 
 
 class UnavailableError(GearshiftError):

@@ -55,6 +55,7 @@ EXIT_COMPLETED = 0  # reached total steps
 EXIT_BAD_INPUT = 2  # bad flags, spec or job code: no restart can help
 EXIT_STOPPED = 75  # EX_TEMPFAIL: checkpointed on request, resume later
 EXIT_OUT_OF_MEMORY = 3  # a MemoryError: a restart needs more memory, not the same again
+EXIT_FENCED = 4  # a newer placement of the job holds its shard holders: this one is stale
 CLEAN_EXITS = (EXIT_COMPLETED, EXIT_STOPPED)  # every other exit code is a failure
 # How a task's message starts when a process ran out of memory (TaskStatus.out_of_memory).
 OUT_OF_MEMORY = "out of memory"

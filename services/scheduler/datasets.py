@@ -7,6 +7,10 @@ back at once instead of when their leases run out; it keeps their provisional
 acknowledgements (`keep_provisional`): the scheduler does not know which of them
 the job's last durable checkpoint holds, the job's next process does (it releases
 them at its resume step), so a release here cannot undo what a checkpoint holds.
+It carries the generation of the placement whose process died: sent from a pool,
+it may arrive after the next placement started, whose own releases fenced the
+holders; the shard manager then refuses it (FAILED_PRECONDITION, logged here as
+expected) rather than taking back the new placement's shards.
 A shard manager that is down costs a log line: a dataset left behind is deleted
 with the next end of its job... or expires with its keys; a holder not released
 loses its lease.
@@ -61,9 +65,18 @@ class DatasetKeeper:
             return []
         return list(reply.dataset_ids)
 
-    def release(self, dataset_id: str, job_id: str, ests: Iterable[int], reason: str) -> int:
+    def release(
+        self,
+        dataset_id: str,
+        job_id: str,
+        ests: Iterable[int],
+        reason: str,
+        generation: int = 0,
+    ) -> int:
         """Put the shards these ESTs' holders have in DOING back in TODO (their provisional
-        acknowledgements stay for the job's next process); how many were requeued."""
+        acknowledgements stay for the job's next process); how many were requeued.
+        `generation`: the ended placement's (0: unfenced); a holder a newer placement
+        released already is left alone."""
         if self._stub is None:
             return 0
         requeued = 0
@@ -73,11 +86,18 @@ class DatasetKeeper:
                 holder_id=shard_holder_id(job_id, est),
                 reason=reason,
                 keep_provisional=True,
+                generation=generation,
             )
             try:
                 reply = self._stub.ReleaseHolder(request, timeout=self._timeout)
             except grpc.RpcError as exc:
-                if rpc_code(exc) != grpc.StatusCode.NOT_FOUND:
+                code = rpc_code(exc)
+                if code == grpc.StatusCode.FAILED_PRECONDITION:
+                    log.info(
+                        "holder not released: a newer placement holds it",
+                        extra={"job_id": job_id, "est": est, "error": rpc_details(exc)},
+                    )
+                elif code != grpc.StatusCode.NOT_FOUND:
                     log.warning(
                         "holder not released",
                         extra={"job_id": job_id, "est": est, "error": rpc_details(exc)},

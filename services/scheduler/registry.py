@@ -276,7 +276,9 @@ class WorkerRegistry:
             del self._taskless[job_id]
             job = state.jobs[job_id]
             log.warning("running job without tasks", extra={"job_id": job_id})
-            state.release_holders(job, "the job has no task left")
+            # No task is left to say which placement ran; the job's generation is its
+            # last one (a newer one starts only after this requeue).
+            state.release_holders(job, "the job has no task left", job.generation)
             state.requeue(
                 job, S.JOB_EVENT_TYPE_PREEMPTED, "no task of the job runs any more; rescheduling"
             )
@@ -337,7 +339,11 @@ class WorkerRegistry:
             if job is None:
                 continue
             survivors = state.open_tasks(job_id)
-            state.release_holders(job, f"a task of the job ended: {message}")
+            state.release_holders(
+                job,
+                f"a task of the job ended: {message}",
+                max(t.generation for t in tasks),
+            )
             workers = ", ".join(sorted({t.worker_id for t in tasks}))
             state.requeue(job, S.JOB_EVENT_TYPE_WORKER_LOST, f"{event(workers)}; rescheduling")
             self.control.kill(survivors, f"a task of the job ended: {message}")
@@ -529,7 +535,7 @@ class WorkerRegistry:
             # The decision on the first line, after the error's; its log tail below them.
             detail, _, tail = (status.message or f"exit code {status.exit_code}").partition("\n")
             tail = f"\n{tail}" if tail else ""
-            state.release_holders(job, f"task {task.task_id} failed")
+            state.release_holders(job, f"task {task.task_id} failed", task.generation)
             restarts = job.restart_count
             limit = state.settings.max_restarts
             what = f"task {task.task_id} on {worker_id} failed: {detail}"

@@ -217,13 +217,23 @@ class SchedulerState:
         job.placement.Clear()
         self.record(job, kind, message)
 
-    def release_holders(self, job: JobRecord, reason: str) -> None:
-        """Dynamic-mode jobs: give the ESTs' held shards back now (their processes are gone)."""
+    def release_holders(self, job: JobRecord, reason: str, generation: int) -> None:
+        """Dynamic-mode jobs: give the ESTs' held shards back now (their processes are gone).
+
+        `generation` is that of the placement whose processes are gone, not necessarily the
+        job's current one: the release is sent from the pool and may reach the shard manager
+        after a newer placement started; fenced by that one's own releases, it is refused
+        there instead of taking back the newer placement's shards (0: unfenced)."""
         if job.spec.dataset.mode != C.DATA_MODE_DYNAMIC or not self.datasets.address:
             return
         with contextlib.suppress(RuntimeError):  # shutting down
             self.pool.submit(
-                self.datasets.release, job.job_id, job.job_id, range(job.spec.num_ests), reason
+                self.datasets.release,
+                job.job_id,
+                job.job_id,
+                range(job.spec.num_ests),
+                reason,
+                generation,
             )
 
     def types(self) -> list[str]:

@@ -148,6 +148,7 @@ class TaskControl:
                 cpu_cores_per_process=cores,
                 memory_bytes_per_process=memory,
                 loader_procs_per_process=resources.loader_procs if resources else 0,
+                generation=job.generation,
                 ps_plan=ps_task,
             )
             requests.append((worker.address, request))

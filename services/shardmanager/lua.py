@@ -25,6 +25,7 @@ Keys of one dataset (KEYS, in this order, see `KEY_NAMES`):
   late      list   "<epoch>:<shard>" undone after their epoch rolled over, read again first
   steps     hash   "<epoch>:<shard>" -> the step that reads it (AcquireShard's read_step),
                    set or cleared at every grant, kept while DOING or uncovered
+  fences    hash   holder -> the newest placement generation that released it
 
 Provisional acknowledgements (a dataset created with `provisional_acks`): an
 acknowledged shard is DONE, so an epoch rolls over as soon as it is read (a
@@ -43,6 +44,18 @@ So the order of a release and a cover of the same checkpoint does not matter, an
 release that overtakes the checkpoint writer's cover (its process died just after the
 checkpoint was written) gives back no shard the checkpoint holds. `keep` releases
 (the scheduler, when a process dies) take back DOING shards only.
+
+Fences: the holders of a job's ESTs are shared by all its placements, so a placement
+that should be gone (its worker declared lost) but still runs would read, acknowledge
+and cover under the same holder as the placement that replaced it: its covers would make
+final the reads the new one rolled back. Every holder call may carry the generation of
+the caller's placement; a release with one raises the holder's stored generation to it
+(a release of an older one is refused), and every call of an older generation than the
+stored one is refused (FENCED) before it changes anything, in the same script, so no
+stale call slips in between the check and the change. Generation 0 is unfenced (callers
+that predate fences). The fences are not part of a snapshot and a restore leaves them
+alone: generations count placements, which only go forward whatever data a restore
+rewinds, so a restore never lets a stale placement back in.
 
 TODO of the current epoch is `requeue` followed by `order[cursor:]`; a shard
 delivered in this epoch and in none of requeue/doing/failed is DONE. The job
@@ -75,6 +88,7 @@ KEY_NAMES = (
     "uncovered",
     "late",
     "steps",
+    "fences",
 )
 
 # Most expired leases one acquire takes back; the rest go on the next calls.
@@ -85,6 +99,8 @@ Replies = dict[str, tuple[str, ...]]
 
 # The refusals of every script that needs the dataset (in dynamic mode).
 REFUSALS: Replies = {"NOTFOUND": (), "MODE": ("mode",)}
+# The refusal of a holder call whose generation is older than the holder's (`current`).
+FENCE_REFUSAL: Replies = {"FENCED": ("current",)}
 # An acknowledgement's refusals (do_ack); `by` is the other holder, `why` the reason
 # this holder lost the shard ('expired', 'released' or '').
 ACK_REFUSALS: Replies = {
@@ -99,7 +115,7 @@ local K_META, K_ORDER, K_REQUEUE, K_DOING = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_LEASES, K_ATTEMPTS, K_DONE, K_DONE_PREV = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local K_STATS, K_FAILED, K_LAPSED = KEYS[9], KEYS[10], KEYS[11]
 local K_GRANTS, K_CKPTS, K_UNCOVERED, K_LATE = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
-local K_STEPS = KEYS[16]
+local K_STEPS, K_FENCES = KEYS[16], KEYS[17]
 
 -- Integers leave Lua through string.format: tostring would print 1e+15.
 local function I(x) return string.format('%d', x) end
@@ -200,6 +216,17 @@ end
 local NOTFOUND = {'status', 'NOTFOUND'}
 local function wrong_mode(m) return {'status', 'MODE', 'mode', m.mode} end
 
+-- A caller's generation from ARGV ('' or absent: 0, unfenced).
+local function generation_arg(v) return tonumber(v ~= nil and v ~= '' and v or '0') end
+
+-- The holder's generation (0: never fenced) and, when generation `g` (> 0) is older, the
+-- refusal to reply with before anything changes.
+local function fence(holder, g)
+  local current = tonumber(redis.call('HGET', K_FENCES, holder) or '0')
+  if g > 0 and g < current then return current, {'status', 'FENCED', 'current', I(current)} end
+  return current, nil
+end
+
 -- DOING -> DONE for the holder: 'OK', 'DUP' (acknowledged by it before), or nil and the
 -- refusal to reply with (RANGE, FUTURE, PAST or NOT_HELD; see ACK_REFUSALS).
 local function do_ack(m, holder, e, s)
@@ -271,12 +298,14 @@ ACQUIRE = (
     _PRELUDE
     + """
 -- ARGV: holder, request_id, ack_epoch, ack_shard, next_order, next_order_epoch,
--- read_step ('' = not known)
+-- read_step ('' = not known), generation ('' or 0 = unfenced)
 local holder, rid, read_step = ARGV[1], ARGV[2], ARGV[7] or ''
 
 local m = load_meta()
 if not m then return NOTFOUND end
 if m.mode ~= 'dynamic' then return wrong_mode(m) end
+local _, stale = fence(holder, generation_arg(ARGV[8]))
+if stale then return stale end
 local function granted(s, attempt, deadline, acked, e)
   return {'status', 'GRANTED', 'epoch', I(e or m.epoch), 'shard', s, 'attempt', I(attempt),
           'deadline_ms', I(deadline), 'acked', acked, 'lease_ms', I(m.lease_ms),
@@ -405,6 +434,7 @@ return granted(s, attempt, deadline, acked)
 
 ACQUIRE_REPLIES: Replies = {
     **REFUSALS,
+    **FENCE_REFUSAL,
     **ACK_REFUSALS,
     "GRANTED": ("epoch", "shard", "attempt", "deadline_ms", "acked", "lease_ms", "size",
                 "shard_size", "seed", "shuffle"),
@@ -416,25 +446,30 @@ ACQUIRE_REPLIES: Replies = {
 ACK = (
     _PRELUDE
     + """
--- ARGV: holder, epoch, shard
+-- ARGV: holder, epoch, shard, generation ('' or 0 = unfenced)
 local m = load_meta()
 if not m then return NOTFOUND end
 if m.mode ~= 'dynamic' then return wrong_mode(m) end
+local _, stale = fence(ARGV[1], generation_arg(ARGV[4]))
+if stale then return stale end
 local done, refusal = do_ack(m, ARGV[1], tonumber(ARGV[2]), ARGV[3])
 return refusal or {'status', done}
 """
 )
 
-ACK_REPLIES: Replies = {**REFUSALS, **ACK_REFUSALS, "OK": (), "DUP": ()}
+ACK_REPLIES: Replies = {**REFUSALS, **FENCE_REFUSAL, **ACK_REFUSALS, "OK": (), "DUP": ()}
 
 RENEW = (
     _PRELUDE
     + """
--- ARGV: holder, epoch, comma-separated shard ids ('' = every shard of the holder)
+-- ARGV: holder, epoch, comma-separated shard ids ('' = every shard of the holder),
+-- generation ('' or 0 = unfenced)
 local holder = ARGV[1]
 local m = load_meta()
 if not m then return NOTFOUND end
 if m.mode ~= 'dynamic' then return wrong_mode(m) end
+local _, stale = fence(holder, generation_arg(ARGV[4]))
+if stale then return stale end
 local deadline = now_ms() + m.lease_ms
 local renewed, lost = 0, {}
 local function renew(s, rec)
@@ -464,16 +499,21 @@ return {'status', 'OK', 'renewed', I(renewed), 'deadline_ms', I(deadline),
 """
 )
 
-RENEW_REPLIES: Replies = {**REFUSALS, "OK": ("renewed", "deadline_ms", "lost")}
+RENEW_REPLIES: Replies = {**REFUSALS, **FENCE_REFUSAL, "OK": ("renewed", "deadline_ms", "lost")}
 
 RELEASE = (
     _PRELUDE
     + """
--- ARGV: holder, resume step ('' = none: undo every provisional ack), keep ('1': DOING only)
+-- ARGV: holder, resume step ('' = none: undo every provisional ack), keep ('1': DOING only),
+-- generation ('' or 0 = unfenced; otherwise it becomes the holder's, unless older)
 local holder, resume, keep = ARGV[1], ARGV[2] or '', ARGV[3] == '1'
 local m = load_meta()
 if not m then return NOTFOUND end
 if m.mode ~= 'dynamic' then return wrong_mode(m) end
+local g = generation_arg(ARGV[4])
+local current, stale = fence(holder, g)
+if stale then return stale end
+if g > current then redis.call('HSET', K_FENCES, holder, I(g)) end
 local function step_of(key) return redis.call('HGET', K_STEPS, key) or '-1' end
 local all = redis.call('HGETALL', K_DOING)
 local mine = {}
@@ -527,17 +567,21 @@ return {'status', 'OK', 'epoch', I(m.epoch), 'requeued', table.concat(requeued, 
 
 RELEASE_REPLIES: Replies = {
     **REFUSALS,
+    **FENCE_REFUSAL,
     "OK": ("epoch", "requeued", "failed", "covered", "released"),
 }
 
 COVER = (
     _PRELUDE
     + """
--- ARGV: holder, comma-separated '<epoch>:<shard>' keys a durable checkpoint now holds
+-- ARGV: holder, comma-separated '<epoch>:<shard>' keys a durable checkpoint now holds,
+-- generation ('' or 0 = unfenced)
 local holder = ARGV[1]
 local m = load_meta()
 if not m then return NOTFOUND end
 if m.mode ~= 'dynamic' then return wrong_mode(m) end
+local _, stale = fence(holder, generation_arg(ARGV[3]))
+if stale then return stale end
 local covered = 0
 for key in string.gmatch(ARGV[2], '[^,]+') do
   if redis.call('HGET', K_UNCOVERED, key) == holder then
@@ -550,7 +594,7 @@ return {'status', 'OK', 'covered', I(covered), 'uncovered', I(redis.call('HLEN',
 """
 )
 
-COVER_REPLIES: Replies = {**REFUSALS, "OK": ("covered", "uncovered")}
+COVER_REPLIES: Replies = {**REFUSALS, **FENCE_REFUSAL, "OK": ("covered", "uncovered")}
 
 CREATE = (
     _PRELUDE
@@ -648,6 +692,7 @@ if sm.epoch ~= I(m.epoch) then
   if string.len(ARGV[3]) ~= 4 * m.num_shards then return redis.error_reply('bad order length') end
   redis.call('SET', K_ORDER, ARGV[3])
 end
+-- K_FENCES stays: placements only go forward, whatever progress the snapshot rewinds to.
 redis.call('DEL', K_REQUEUE, K_DOING, K_LEASES, K_ATTEMPTS, K_DONE, K_DONE_PREV, K_STATS,
            K_FAILED, K_LAPSED, K_GRANTS, K_UNCOVERED, K_LATE, K_STEPS)
 -- DOING shards go back to TODO first, in the order they were handed out.

@@ -83,6 +83,11 @@ def _non_negative(value: int, field: str) -> None:
     require(value >= 0, field, f"must be >= 0 (got {value})")
 
 
+def check_generation(value: int, field: str = "generation") -> None:
+    """A placement generation: > 0 fences the holder's older placements out, 0 is unfenced."""
+    require(value >= 0, field, f"must be >= 0 (0: unfenced) (got {value})")
+
+
 def check_acquire(request: shardmanager_pb2.AcquireShardRequest, *, identity: bool = True) -> None:
     """An AcquireShard request; `identity=False` skips dataset and holder (checked before)."""
     if identity:
@@ -98,12 +103,14 @@ def check_acquire(request: shardmanager_pb2.AcquireShardRequest, *, identity: bo
         _non_negative(request.ack.shard_id, "ack.shard_id")
     if request.HasField("read_step"):
         _non_negative(request.read_step, "read_step")
+    check_generation(request.generation)
 
 
 def check_release(request: shardmanager_pb2.ReleaseHolderRequest) -> None:
     """A ReleaseHolder request: a resume step is >= 0 and excludes keep_provisional."""
     check_name(request.dataset_id, "dataset_id")
     check_holder(request.holder_id)
+    check_generation(request.generation)
     if request.HasField("resume_step"):
         _non_negative(request.resume_step, "resume_step")
         require(
@@ -317,7 +324,12 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
             ack = (request.ack.epoch, request.ack.shard_id)
         read_step = request.read_step if request.HasField("read_step") else None
         result = await self.store.acquire(
-            request.dataset_id, request.holder_id, request.request_id, ack, read_step
+            request.dataset_id,
+            request.holder_id,
+            request.request_id,
+            ack,
+            read_step,
+            generation=request.generation,
         )
         metrics.transition("acked", int(bool(result.acked)))
         metrics.transition("acquired", int(result.shard is not None))
@@ -335,8 +347,13 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
         check_holder(request.holder_id)
         _non_negative(request.epoch, "epoch")
         _non_negative(request.shard_id, "shard_id")
+        check_generation(request.generation)
         acked = await self.store.ack(
-            request.dataset_id, request.holder_id, request.epoch, request.shard_id
+            request.dataset_id,
+            request.holder_id,
+            request.epoch,
+            request.shard_id,
+            generation=request.generation,
         )
         metrics.transition("acked", int(acked))
         return shardmanager_pb2.AckShardResponse(acknowledged=acked)
@@ -354,8 +371,11 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
         for i, ref in enumerate(request.shards):
             _non_negative(ref.epoch, f"shards[{i}].epoch")
             _non_negative(ref.shard_id, f"shards[{i}].shard_id")
+        check_generation(request.generation)
         refs = [(ref.epoch, ref.shard_id) for ref in request.shards]
-        covered = await self.store.cover(request.dataset_id, request.holder_id, refs)
+        covered = await self.store.cover(
+            request.dataset_id, request.holder_id, refs, generation=request.generation
+        )
         metrics.transition("covered", covered)
         return shardmanager_pb2.CoverShardsResponse(covered=covered)
 
@@ -372,8 +392,13 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
         )
         for i, shard_id in enumerate(request.shard_ids):
             _non_negative(shard_id, f"shard_ids[{i}]")
+        check_generation(request.generation)
         result = await self.store.renew(
-            request.dataset_id, request.holder_id, request.epoch, list(request.shard_ids)
+            request.dataset_id,
+            request.holder_id,
+            request.epoch,
+            list(request.shard_ids),
+            generation=request.generation,
         )
         return shardmanager_pb2.RenewLeasesResponse(
             renewed=result.renewed,
@@ -391,6 +416,7 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
             request.holder_id,
             resume,
             keep_provisional=request.keep_provisional,
+            generation=request.generation,
         )
         metrics.transition("requeued", len(result.requeued))
         metrics.transition("failed", len(result.failed))
@@ -405,6 +431,7 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
                     "requeued": list(result.requeued),
                     "failed": list(result.failed),
                     "resume_step": resume,
+                    "generation": request.generation,
                     "covered": result.covered,
                     # epoch:shard:read step:1 if its ack was undone (0: held), for audits
                     "released": [

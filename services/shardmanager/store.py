@@ -16,7 +16,9 @@ baseline) and `AsyncShardStore` on the daemon's event loop with pipelined
 connections (`gearshift.shardmanager.redis_pipe`). Both send the same commands.
 
 Errors are gearshift.common.errors exceptions naming the dataset, shard or
-holder; a refused call changes nothing in Redis. Script replies are read by
+holder; a refused call changes nothing in Redis. Every holder call takes the
+generation of the caller's placement (0: unfenced); a stale one is FencedError
+(see the fences in `gearshift.shardmanager.lua`). Script replies are read by
 name (`decode_reply`); one that does not match its script's declared fields is
 an InternalError naming the script and the field.
 """
@@ -42,6 +44,7 @@ from redis.retry import Retry
 
 from gearshift.common.errors import (
     ConflictError,
+    FencedError,
     InternalError,
     NotFoundError,
     PreconditionError,
@@ -354,6 +357,8 @@ class _Operations:
         request_id: str,
         ack: tuple[int, int] | None,
         read_step: int | None = None,
+        *,
+        generation: int = 0,
     ) -> Steps[AcquireResult]:
         ack_args: list[Any] = ["", ""] if ack is None else [ack[0], ack[1]]
         step_arg = "" if read_step is None else str(read_step)
@@ -361,10 +366,12 @@ class _Operations:
         acked: bool | None = None
         for _ in range(4):
             reply: Reply = yield self._script(
-                _ACQUIRE, dataset_id, [holder, request_id, *ack_args, *order, step_arg]
+                _ACQUIRE,
+                dataset_id,
+                [holder, request_id, *ack_args, *order, step_arg, generation],
             )
             self._check(
-                reply, dataset_id, "AcquireShard", holder, ack_field="ack.",
+                reply, dataset_id, "AcquireShard", holder, generation, ack_field="ack.",
                 ack_epoch=None if ack is None else ack[0],
                 ack_shard=None if ack is None else ack[1],
             )  # fmt: skip
@@ -398,25 +405,41 @@ class _Operations:
         lease_seconds = reply.number("lease_ms") / 1000.0
         return AcquireResult(AcquireStatus.GRANTED, epoch, shard, lease_seconds, acked)
 
-    def _ack(self, dataset_id: str, holder: str, epoch: int, shard_id: int) -> Steps[bool]:
-        reply: Reply = yield self._script(_ACK, dataset_id, [holder, epoch, shard_id])
-        self._check(reply, dataset_id, "AckShard", holder, ack_epoch=epoch, ack_shard=shard_id)
+    def _ack(
+        self, dataset_id: str, holder: str, epoch: int, shard_id: int, generation: int = 0
+    ) -> Steps[bool]:
+        args = [holder, epoch, shard_id, generation]
+        reply: Reply = yield self._script(_ACK, dataset_id, args)
+        self._check(
+            reply, dataset_id, "AckShard", holder, generation, ack_epoch=epoch, ack_shard=shard_id
+        )
         return reply.status == "OK"
 
     def _renew(
-        self, dataset_id: str, holder: str, epoch: int, shard_ids: Sequence[int]
+        self,
+        dataset_id: str,
+        holder: str,
+        epoch: int,
+        shard_ids: Sequence[int],
+        generation: int = 0,
     ) -> Steps[RenewResult]:
         csv = ",".join(str(s) for s in shard_ids)
-        reply: Reply = yield self._script(_RENEW, dataset_id, [holder, epoch, csv])
-        self._check(reply, dataset_id, "RenewLeases", holder)
+        reply: Reply = yield self._script(_RENEW, dataset_id, [holder, epoch, csv, generation])
+        self._check(reply, dataset_id, "RenewLeases", holder, generation)
         return RenewResult(reply.number("renewed"), reply.number("deadline_ms"), reply.ids("lost"))
 
     def _release(
-        self, dataset_id: str, holder: str, resume_step: int | None, keep_provisional: bool
+        self,
+        dataset_id: str,
+        holder: str,
+        resume_step: int | None,
+        keep_provisional: bool,
+        generation: int = 0,
     ) -> Steps[ReleaseResult]:
-        args = [holder, "" if resume_step is None else resume_step, int(keep_provisional)]
+        resume = "" if resume_step is None else resume_step
+        args = [holder, resume, int(keep_provisional), generation]
         reply: Reply = yield self._script(_RELEASE, dataset_id, args)
-        self._check(reply, dataset_id, "ReleaseHolder", holder)
+        self._check(reply, dataset_id, "ReleaseHolder", holder, generation)
         released = []
         for item in filter(None, reply["released"].split(",")):
             epoch, shard, step, acked = item.split(":")
@@ -429,10 +452,16 @@ class _Operations:
             tuple(released),
         )
 
-    def _cover(self, dataset_id: str, holder: str, shards: Sequence[tuple[int, int]]) -> Steps[int]:
+    def _cover(
+        self,
+        dataset_id: str,
+        holder: str,
+        shards: Sequence[tuple[int, int]],
+        generation: int = 0,
+    ) -> Steps[int]:
         csv = ",".join(f"{epoch}:{shard}" for epoch, shard in shards)
-        reply: Reply = yield self._script(_COVER, dataset_id, [holder, csv])
-        self._check(reply, dataset_id, "CoverShards", holder)
+        reply: Reply = yield self._script(_COVER, dataset_id, [holder, csv, generation])
+        self._check(reply, dataset_id, "CoverShards", holder, generation)
         return reply.number("covered")
 
     def _checkpoint(self, dataset_id: str, checkpoint_id: str) -> Steps[DatasetStatus]:
@@ -441,6 +470,17 @@ class _Operations:
         return self._status(dataset_id, reply["state"])
 
     def _restore(self, dataset_id: str, checkpoint_id: str, force: bool) -> Steps[DatasetStatus]:
+        """Put a snapshot's progress back; the holders' fences stay as they are.
+
+        Fences (each holder's newest placement generation) are not in a snapshot and a
+        restore neither rewinds nor clears them. A generation counts the placements of
+        the job, which only go forward; the data progress a snapshot rewinds says nothing
+        about which placement runs now. Restoring a snapshot taken under generation 4 while
+        generation 5 runs must leave generation 4 fenced out; putting back the snapshot's
+        fences (or none) would let that stale placement read and cover again. Deleting the
+        dataset drops its fences with its other keys (a dataset created again starts
+        unfenced, as it starts with no progress).
+        """
         flag = "1" if force else "0"
         reply: Reply = yield self._script(_RESTORE, dataset_id, [checkpoint_id, flag, "", ""])
         if reply.status == "NEED_ORDER":
@@ -508,6 +548,7 @@ class _Operations:
         dataset_id: str,
         rpc: str,
         holder: str = "",
+        generation: int = 0,
         *,
         ack_field: str = "",
         ack_epoch: int | None = None,
@@ -517,6 +558,8 @@ class _Operations:
         status = reply.status
         if status == "NOTFOUND":
             raise NotFoundError("dataset", dataset_id)
+        if status == "FENCED":
+            raise FencedError(dataset_id, holder, generation, reply.number("current"), rpc)
         if status == "MODE":
             mode = reply["mode"]
             needs = "GetShardsAt" if mode == Mode.DETERMINISTIC.value else "AcquireShard"
@@ -692,20 +735,34 @@ class ShardStore(_Operations):
         request_id: str = "",
         ack: tuple[int, int] | None = None,
         read_step: int | None = None,
+        *,
+        generation: int = 0,
     ) -> AcquireResult:
         """TODO -> DOING for `holder`, after acknowledging `ack` = (epoch, shard) if given;
-        `read_step` is the step that reads the shard (see ReleaseHolder's resume_step)."""
-        return self._drive(self._acquire(dataset_id, holder, request_id, ack, read_step))
+        `read_step` is the step that reads the shard (see ReleaseHolder's resume_step).
+        `generation` (here and below): the caller's placement; 0 is unfenced, one older
+        than the holder's is FencedError and changes nothing."""
+        return self._drive(
+            self._acquire(dataset_id, holder, request_id, ack, read_step, generation=generation)
+        )
 
-    def ack(self, dataset_id: str, holder: str, epoch: int, shard_id: int) -> bool:
+    def ack(
+        self, dataset_id: str, holder: str, epoch: int, shard_id: int, *, generation: int = 0
+    ) -> bool:
         """DOING -> DONE; True when this call did it, False when the holder had acked before."""
-        return self._drive(self._ack(dataset_id, holder, epoch, shard_id))
+        return self._drive(self._ack(dataset_id, holder, epoch, shard_id, generation))
 
     def renew(
-        self, dataset_id: str, holder: str, epoch: int = 0, shard_ids: Sequence[int] = ()
+        self,
+        dataset_id: str,
+        holder: str,
+        epoch: int = 0,
+        shard_ids: Sequence[int] = (),
+        *,
+        generation: int = 0,
     ) -> RenewResult:
         """Extend the listed shards' leases (all of the holder's when none are listed)."""
-        return self._drive(self._renew(dataset_id, holder, epoch, shard_ids))
+        return self._drive(self._renew(dataset_id, holder, epoch, shard_ids, generation))
 
     def release(
         self,
@@ -714,15 +771,26 @@ class ShardStore(_Operations):
         resume_step: int | None = None,
         *,
         keep_provisional: bool = False,
+        generation: int = 0,
     ) -> ReleaseResult:
         """A holder is gone: its DOING shards go back to TODO (or FAILED past the limit),
         and its provisional acks of reads at or after `resume_step` (all, when None) are
-        undone while those before it become final; `keep_provisional` leaves them all."""
-        return self._drive(self._release(dataset_id, holder, resume_step, keep_provisional))
+        undone while those before it become final; `keep_provisional` leaves them all.
+        A `generation` newer than the holder's becomes its generation (the fence)."""
+        return self._drive(
+            self._release(dataset_id, holder, resume_step, keep_provisional, generation)
+        )
 
-    def cover(self, dataset_id: str, holder: str, shards: Sequence[tuple[int, int]]) -> int:
+    def cover(
+        self,
+        dataset_id: str,
+        holder: str,
+        shards: Sequence[tuple[int, int]],
+        *,
+        generation: int = 0,
+    ) -> int:
         """Make the holder's provisional acks of these (epoch, shard) final; how many were."""
-        return self._drive(self._cover(dataset_id, holder, shards))
+        return self._drive(self._cover(dataset_id, holder, shards, generation))
 
     def checkpoint(self, dataset_id: str, checkpoint_id: str) -> DatasetStatus:
         """Snapshot TODO/DOING/DONE, epoch and counters under checkpoint_id (replacing it)."""
@@ -813,16 +881,28 @@ class AsyncShardStore(_Operations):
         request_id: str = "",
         ack: tuple[int, int] | None = None,
         read_step: int | None = None,
+        *,
+        generation: int = 0,
     ) -> AcquireResult:
-        return await self._drive(self._acquire(dataset_id, holder, request_id, ack, read_step))
+        return await self._drive(
+            self._acquire(dataset_id, holder, request_id, ack, read_step, generation=generation)
+        )
 
-    async def ack(self, dataset_id: str, holder: str, epoch: int, shard_id: int) -> bool:
-        return await self._drive(self._ack(dataset_id, holder, epoch, shard_id))
+    async def ack(
+        self, dataset_id: str, holder: str, epoch: int, shard_id: int, *, generation: int = 0
+    ) -> bool:
+        return await self._drive(self._ack(dataset_id, holder, epoch, shard_id, generation))
 
     async def renew(
-        self, dataset_id: str, holder: str, epoch: int = 0, shard_ids: Sequence[int] = ()
+        self,
+        dataset_id: str,
+        holder: str,
+        epoch: int = 0,
+        shard_ids: Sequence[int] = (),
+        *,
+        generation: int = 0,
     ) -> RenewResult:
-        return await self._drive(self._renew(dataset_id, holder, epoch, shard_ids))
+        return await self._drive(self._renew(dataset_id, holder, epoch, shard_ids, generation))
 
     async def release(
         self,
@@ -831,11 +911,21 @@ class AsyncShardStore(_Operations):
         resume_step: int | None = None,
         *,
         keep_provisional: bool = False,
+        generation: int = 0,
     ) -> ReleaseResult:
-        return await self._drive(self._release(dataset_id, holder, resume_step, keep_provisional))
+        return await self._drive(
+            self._release(dataset_id, holder, resume_step, keep_provisional, generation)
+        )
 
-    async def cover(self, dataset_id: str, holder: str, shards: Sequence[tuple[int, int]]) -> int:
-        return await self._drive(self._cover(dataset_id, holder, shards))
+    async def cover(
+        self,
+        dataset_id: str,
+        holder: str,
+        shards: Sequence[tuple[int, int]],
+        *,
+        generation: int = 0,
+    ) -> int:
+        return await self._drive(self._cover(dataset_id, holder, shards, generation))
 
     async def checkpoint(self, dataset_id: str, checkpoint_id: str) -> DatasetStatus:
         return await self._drive(self._checkpoint(dataset_id, checkpoint_id))

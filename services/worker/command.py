@@ -124,6 +124,7 @@ class TaskPlan:
     collocation: common_pb2.Collocation = field(default_factory=common_pb2.Collocation)
     loader_procs: int = 0  # shared loader processes per training process (the resource plan)
     ps_plan: common_pb2.ParameterServerPlan | None = None  # a parameter-server job's plan
+    generation: int = 0  # the placement's generation (fences its shard holders; 0: unfenced)
 
     @property
     def background(self) -> bool:
@@ -196,6 +197,8 @@ class TaskPlan:
             cmd += ["--device", "cuda", "--local-device", str(local), "--backend", self.backend]
         e = self.endpoints
         cmd += ["--job-id", self.job_id, "--task-id", self.task_id]
+        if self.generation > 0:
+            cmd += ["--generation", str(self.generation)]
         cmd += ["--dataset-id", self.dataset_id, "--accelerator-type", self.accelerator_type]
         cmd += ["--report-interval", str(settings.report_interval)]
         if e.brain:
@@ -460,6 +463,11 @@ def plan_task(
         "loader_procs_per_process",
         f"must be 0-{MAX_LOADER_PROCS} (got {request.loader_procs_per_process})",
     )
+    require(
+        request.generation >= 0,
+        "generation",
+        f"must be >= 0 (0: unfenced) (got {request.generation})",
+    )
     dataset_id = request.dataset_id or request.job_id
     check_name(dataset_id, "dataset_id")
     _check_collocation(request.collocation, request.job_id)
@@ -497,4 +505,5 @@ def plan_task(
         plan=request.plan,
         loader_procs=request.loader_procs_per_process,
         ps_plan=ps_plan,
+        generation=request.generation,
     )

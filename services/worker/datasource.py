@@ -31,6 +31,14 @@ epoch, by a step that a checkpoint keeps, and a sample is read twice exactly whe
 the step that read it was rolled back. The holders are per EST, not per process,
 so the accounting follows an EST when a rescale moves it.
 
+The holders are shared by every placement of the job, so each call for one carries
+the placement's generation (`--generation`, from the scheduler's StartTaskRequest):
+a placement that should be gone but still runs (its worker was declared lost) is
+fenced out by the newer one's release at its start, and its next call for a holder
+is refused. The feed then raises StalePlacementError: the process exits at once
+(no retry, no checkpoint), since its covers would make final the reads that the
+newer placement rolled back.
+
 `--index-log-dir` makes the feed append what it does to a file of its own: every
 shard read (step, EST, epoch, shard, sample indices), its release at the start
 (with its placement's name, and each shard it put back with the step that had
@@ -54,6 +62,7 @@ from typing import Any, TextIO
 from gearshift.common import sharding
 from gearshift.common.errors import (
     ConflictError,
+    FencedError,
     GearshiftError,
     PreconditionError,
     ValidationError,
@@ -72,6 +81,22 @@ _COVER_BATCH = 10_000  # CoverShards' most shards per call
 # the shard manager's default of 3 and lose their samples; the scheduler's restart limit
 # bounds a crash loop instead.
 DYNAMIC_MAX_ATTEMPTS = 100
+
+
+class StalePlacementError(RuntimeError):
+    """A newer placement of this job holds one of this process's ESTs: exit, no checkpoint.
+
+    Raised by the dynamic feed on the shard manager's fenced refusal; the training
+    process's entry point turns it into its log line and a failure exit code.
+    """
+
+    def __init__(self, est: int, fenced: FencedError) -> None:
+        super().__init__(
+            f"a newer placement of this job holds EST {est}: generation {fenced.generation} "
+            f"< current {fenced.current}; exiting"
+        )
+        self.est = est
+        self.fenced = fenced
 
 
 @dataclass(frozen=True)
@@ -215,6 +240,10 @@ class DynamicFeed:
     batches from the start step; the process that writes a checkpoint covers every
     process's shards of the steps before it as soon as it is durable, so only the steps
     a crash can roll back stay provisional.
+
+    Every holder call carries `generation`; a fenced one raises StalePlacementError
+    (and so does every later call of the feed, `pending_before` included: a process
+    whose renewals were fenced must not write the checkpoint of its next step either).
     """
 
     def __init__(
@@ -225,11 +254,15 @@ class DynamicFeed:
         *,
         index_log: Path | None = None,
         placement: str = "",
+        generation: int = 0,
     ) -> None:
         """`placement` names the processes started together (the task id up to its worker),
-        in the index log: a checkpoint's covers are logged by the process that wrote it."""
+        in the index log: a checkpoint's covers are logged by the process that wrote it.
+        `generation`: the placement's generation (0: unfenced, as before fences existed)."""
         self.client = client
         self.placement = placement
+        self.generation = generation
+        self._stale: StalePlacementError | None = None
         self.plan = plan
         self.per_est_batch = per_est_batch
         self.size = plan.size
@@ -253,6 +286,29 @@ class DynamicFeed:
     def _holder(self, est: int) -> str:
         return shard_holder_id(self.plan.job_id, est)
 
+    def _fenced(self, est: int, exc: FencedError) -> StalePlacementError:
+        """The error to stop with, said once in the log (the process exits with it)."""
+        if self._stale is None:
+            self._stale = StalePlacementError(est, exc)
+            log.error(
+                str(self._stale),
+                extra={"dataset_id": self.plan.dataset_id, "est": est, "error": exc.message},
+            )
+            if self.log is not None:
+                self.log.write(
+                    "fenced", est=est, generation=exc.generation, current=exc.current,
+                    placement=self.placement,
+                )  # fmt: skip
+        return self._stale
+
+    def _check_fenced(self) -> None:
+        """Raise if any call of the feed, a background renewal's included, was fenced."""
+        if self._stale is not None:
+            raise self._stale
+        for est, consumer in self._consumers.items():
+            if consumer.fenced is not None:
+                raise self._fenced(est, consumer.fenced)
+
     def begin(self, step: int, ests: Sequence[int]) -> None:
         self._start = step
         self._taken = {est: 0 for est in ests}
@@ -261,13 +317,17 @@ class DynamicFeed:
         covered: dict[int, int] = {}
         released: dict[int, list[tuple[int, int, int, bool]]] = {}
         for est in ests:
-            reply = self.client.release_holder(
-                self.plan.dataset_id,
-                self._holder(est),
-                f"a process starts EST {est} at step {step}: what it read since its last "
-                "checkpoint is read again",
-                resume_step=step,
-            )
+            try:
+                reply = self.client.release_holder(
+                    self.plan.dataset_id,
+                    self._holder(est),
+                    f"a process starts EST {est} at step {step}: what it read since its last "
+                    "checkpoint is read again",
+                    resume_step=step,
+                    generation=self.generation,
+                )
+            except FencedError as exc:  # a newer placement started before this one began
+                raise self._fenced(est, exc) from None
             requeued[est] = reply.requeued
             covered[est] = reply.covered
             released[est] = [
@@ -285,17 +345,25 @@ class DynamicFeed:
             )  # fmt: skip
 
     def next_samples(self, est: int, count: int) -> tuple[int, list[int]]:
+        self._check_fenced()
         consumer = self._consumers.get(est)
         if consumer is None:
-            consumer = self.client.consumer(self.plan.dataset_id, self._holder(est))
+            consumer = self.client.consumer(
+                self.plan.dataset_id, self._holder(est), generation=self.generation
+            )
             self._consumers[est] = consumer
         taken = self._taken.get(est, 0)
         step = self._start + taken
-        shard = consumer.acquire(read_step=step)
+        try:
+            shard = consumer.acquire(read_step=step)
+        except FencedError as exc:
+            raise self._fenced(est, exc) from None
         if shard is None:
             raise RuntimeError(f"dataset {self.plan.dataset_id!r} has no samples left")
         try:
             consumer.ack(shard)
+        except FencedError as exc:
+            raise self._fenced(est, exc) from None
         except PreconditionError as exc:  # taken back meanwhile: someone reads it again
             log.warning("shard taken back before its acknowledgement", extra={"error": exc.message})
         self._taken[est] = taken + 1
@@ -309,6 +377,7 @@ class DynamicFeed:
         return shard.epoch, samples
 
     def pending_before(self, step: int) -> PendingReads:
+        self._check_fenced()  # before the checkpoint of `step` is written: none if fenced
         return {
             est: [(epoch, shard) for read_at, epoch, shard in reads if read_at < step]
             for est, reads in self._uncovered.items()
@@ -330,7 +399,11 @@ class DynamicFeed:
         try:
             for first in range(0, len(refs), _COVER_BATCH):
                 chunk = refs[first : first + _COVER_BATCH]
-                covered += self.client.cover(self.plan.dataset_id, self._holder(est), chunk)
+                covered += self.client.cover(
+                    self.plan.dataset_id, self._holder(est), chunk, generation=self.generation
+                )
+        except FencedError as exc:  # the checkpoint is written; no more of this placement
+            raise self._fenced(est, exc) from None
         except GearshiftError as exc:
             log.warning(
                 "shards not covered by the checkpoint; they stay provisional",

@@ -40,6 +40,7 @@ from gearshift.common.facts import (
     CLEAN_EXITS,
     EXIT_BAD_INPUT,
     EXIT_COMPLETED,
+    EXIT_FENCED,
     EXIT_OUT_OF_MEMORY,
     EXIT_STOPPED,
     OUT_OF_MEMORY,
@@ -172,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     svc.add_argument("--job-id", default="", help="the job's id in the scheduler")
     svc.add_argument("--task-id", default="", help="the task this process belongs to")
+    svc.add_argument(
+        "--generation",
+        type=int,
+        default=0,
+        help="the placement's generation (the scheduler's, gN in the task id), sent with every "
+        "dynamic-mode shard call so a newer placement fences this one out (0: unfenced)",
+    )
     svc.add_argument("--brain", default="", help="HOST:PORT: rank 0 reports runtime samples there")
     svc.add_argument("--shard-manager", default="", help="HOST:PORT of the shard manager")
     svc.add_argument("--dataset-id", default="", help="dataset id in the shard manager")
@@ -425,8 +433,14 @@ def run_one(
         background=args.background,
         step_delay=args.step_delay,
     )
+    from gearshift.worker.datasource import StalePlacementError  # noqa: PLC0415
+
     try:
         result = run_process(spec, stop=stop, on_progress=report, source=wiring.source())
+    except StalePlacementError as exc:
+        # Another placement of the job runs: no retry, no checkpoint, a failure code.
+        print(f"rank {rank}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_FENCED
     finally:
         wiring.close()
     if args.stats_dir is not None:

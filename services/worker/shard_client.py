@@ -22,6 +22,11 @@ this client talks to is Gearshift's own, which has always served StreamShards,
 so an AcquireShard fallback would be code no supported server needs (a server
 without the stream fails the first acquire with UnimplementedError). The unary
 AcquireShard RPC stays on the server, for clients that want one call per shard.
+
+Fences: a holder's calls may carry the generation of the caller's placement
+(`generation`, 0: unfenced). Once a newer placement released the holder, the
+shard manager refuses this one's calls with FencedError (a PreconditionError):
+never retried, never taken for a lost shard, so the caller stops at once.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from gearshift.common.auth import AUTH_HEADER, ClientTls
 from gearshift.common.channel import DEFAULT_TIMEOUT_SECONDS, plain_channel
 from gearshift.common.errors import (
     DeadlineExceededError,
+    FencedError,
     GearshiftError,
     NotFoundError,
     PreconditionError,
@@ -223,12 +229,20 @@ class ShardClient:
         reply: shardmanager_pb2.Dataset = self.call("RestoreDataset", request)
         return reply
 
-    def cover(self, dataset_id: str, holder_id: str, shards: Iterable[tuple[int, int]]) -> int:
+    def cover(
+        self,
+        dataset_id: str,
+        holder_id: str,
+        shards: Iterable[tuple[int, int]],
+        *,
+        generation: int = 0,
+    ) -> int:
         """Make a holder's provisional acks of (epoch, shard) final: call it once the
-        checkpoint of the steps that read them is durable. Returns how many became final."""
+        checkpoint of the steps that read them is durable. Returns how many became final.
+        FencedError when a placement newer than `generation` holds the holder."""
         refs = [shardmanager_pb2.ShardRef(epoch=e, shard_id=s) for e, s in shards]
         request = shardmanager_pb2.CoverShardsRequest(
-            dataset_id=dataset_id, holder_id=holder_id, shards=refs
+            dataset_id=dataset_id, holder_id=holder_id, shards=refs, generation=generation
         )
         reply: shardmanager_pb2.CoverShardsResponse = self.call("CoverShards", request)
         return reply.covered
@@ -241,11 +255,14 @@ class ShardClient:
         *,
         resume_step: int | None = None,
         keep_provisional: bool = False,
+        generation: int = 0,
     ) -> shardmanager_pb2.ReleaseHolderResponse:
         """Report a holder lost: its shards go back to TODO now rather than at lease expiry.
 
         Provisional acks: with `resume_step` those of reads before it become final and the
         rest are undone; without it all are undone; `keep_provisional` leaves them alone.
+        `generation` (> 0) fences the holder's older placements out from now on;
+        FencedError when a newer one released it already.
         """
         request = shardmanager_pb2.ReleaseHolderRequest(
             dataset_id=dataset_id,
@@ -253,6 +270,7 @@ class ShardClient:
             reason=reason,
             resume_step=resume_step,
             keep_provisional=keep_provisional,
+            generation=generation,
         )
         reply: shardmanager_pb2.ReleaseHolderResponse = self.call("ReleaseHolder", request)
         return reply
@@ -365,6 +383,8 @@ class ShardConsumer:
     StreamShards stream (opened on the first acquire, closed by close()).
     Shards the server took back (lease expired) land in `lost`: someone else
     reads them again. One thread at a time may acquire; renewals run beside it.
+    Every call carries `generation`; a fenced one raises FencedError, and a fenced
+    renewal stops the renewals and makes the next acquire raise it (`fenced`).
     """
 
     def __init__(
@@ -376,10 +396,13 @@ class ShardConsumer:
         poll_seconds: float = 0.02,
         max_poll_seconds: float = 0.5,
         renew: bool = True,
+        generation: int = 0,
     ) -> None:
         self.client = client
         self.dataset_id = dataset_id
         self.holder_id = holder_id
+        self.generation = generation
+        self.fenced: FencedError | None = None  # set by the first fenced call
         self.poll_seconds = poll_seconds
         self.max_poll_seconds = max_poll_seconds
         self.lost: list[Shard] = []
@@ -406,12 +429,15 @@ class ShardConsumer:
         With `ack`, that shard is acknowledged in the same atomic call; `read_step` (the
         step that reads the shard) is recorded with the grant, for releases at a step.
         """
+        if self.fenced is not None:
+            raise self.fenced
         self._requests += 1
         request = shardmanager_pb2.AcquireShardRequest(
             dataset_id=self.dataset_id,
             holder_id=self.holder_id,
             request_id=f"{self._session}-{self._requests}",
             read_step=read_step,
+            generation=self.generation,
         )
         if ack is not None:
             request.ack.epoch = ack.epoch
@@ -462,6 +488,8 @@ class ShardConsumer:
                     # Refused in-band: the stream stays open for the next request.
                     code = _CODES.get(response.error_code, grpc.StatusCode.UNKNOWN)
                     failure: GearshiftError = error_from_status(code, response.error_message)
+                    if isinstance(failure, FencedError):
+                        self.fenced = failure
                 except grpc.RpcError as exc:
                     failure = error_from_rpc(exc)
                     timed_out = self._stream is not None and self._stream.timed_out
@@ -494,9 +522,13 @@ class ShardConsumer:
             holder_id=self.holder_id,
             epoch=shard.epoch,
             shard_id=shard.shard_id,
+            generation=self.generation,
         )
         try:
             reply: shardmanager_pb2.AckShardResponse = self.client.call("AckShard", request)
+        except FencedError as exc:
+            self.fenced = exc
+            raise
         finally:
             self._forget(shard)
         return reply.acknowledged
@@ -507,7 +539,7 @@ class ShardConsumer:
             try:
                 shard = self.acquire(ack=previous)
             except PreconditionError as exc:
-                if previous is None:
+                if previous is None or isinstance(exc, FencedError):
                     raise
                 # The previous shard was taken back before its acknowledgement
                 # (its lease ran out): it is redelivered to someone else.
@@ -523,7 +555,9 @@ class ShardConsumer:
 
     def release(self, reason: str = "") -> shardmanager_pb2.ReleaseHolderResponse:
         """Give every held shard back to TODO now (this holder stops reading)."""
-        reply = self.client.release_holder(self.dataset_id, self.holder_id, reason)
+        reply = self.client.release_holder(
+            self.dataset_id, self.holder_id, reason, generation=self.generation
+        )
         with self._lock:
             self._held.clear()
         return reply
@@ -531,7 +565,8 @@ class ShardConsumer:
     def close(self, *, release: bool = True) -> None:
         """Stop renewing; with `release`, held shards go back to TODO at once.
 
-        A dataset deleted meanwhile has nothing to give back to: that is not an error.
+        A dataset deleted meanwhile has nothing to give back to, and a fenced consumer
+        nothing of its own (a newer placement holds the holder): neither is an error.
         """
         if self._stop.is_set():
             return
@@ -540,7 +575,7 @@ class ShardConsumer:
         if self._renewer is not None:
             self._renewer.join(timeout=5.0)
         if release and self.held:
-            with contextlib.suppress(NotFoundError):
+            with contextlib.suppress(NotFoundError, FencedError):
                 self.release("consumer closed")
 
     def __enter__(self) -> ShardConsumer:
@@ -564,11 +599,19 @@ class ShardConsumer:
         renewed = 0
         for epoch, ids in by_epoch.items():
             request = shardmanager_pb2.RenewLeasesRequest(
-                dataset_id=self.dataset_id, holder_id=self.holder_id, epoch=epoch, shard_ids=ids
+                dataset_id=self.dataset_id,
+                holder_id=self.holder_id,
+                epoch=epoch,
+                shard_ids=ids,
+                generation=self.generation,
             )
-            reply: shardmanager_pb2.RenewLeasesResponse = self.client.call(
-                "RenewLeases", request, retry_seconds=interval
-            )
+            try:
+                reply: shardmanager_pb2.RenewLeasesResponse = self.client.call(
+                    "RenewLeases", request, retry_seconds=interval
+                )
+            except FencedError as exc:
+                self.fenced = exc
+                raise
             renewed += reply.renewed
             if reply.lost_shard_ids:
                 with self._lock:
@@ -603,5 +646,8 @@ class ShardConsumer:
             try:
                 self.renew_now()
                 self.renewals += 1
+            except FencedError as exc:  # for good: the next acquire raises it
+                log.error("lease renewal fenced; renewals stop", extra={"error": exc.message})
+                return
             except Exception as exc:  # keep renewing; the next try may work
                 log.warning("lease renewal failed", extra={"error": str(exc)})

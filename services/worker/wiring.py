@@ -64,6 +64,7 @@ class Wiring:
     timing_file: Path | None = None  # every rank's compute time per step (stragglers)
     index_log_dir: Path | None = None  # dynamic mode: every shard read, logged (tests)
     placement: str = ""  # the task id up to its worker: the same for the whole placement
+    generation: int = 0  # the placement's generation: fences its shard holders (0: unfenced)
     started_fresh: bool = False  # told to resume, found no checkpoint: starts at step 0
     _feed: DynamicFeed | None = field(default=None, init=False)
     _client: ShardClient | None = field(default=None, init=False)
@@ -79,6 +80,8 @@ class Wiring:
         tls = ClientTls.from_environment(os.environ)
         if args.data_size < 0:
             raise ValidationError("--data-size", f"must be >= 0 (got {args.data_size})")
+        if args.generation < 0:
+            raise ValidationError("--generation", f"must be >= 0 (got {args.generation})")
         wiring = cls(
             rank=args.rank,
             settings=settings,
@@ -91,6 +94,7 @@ class Wiring:
             timing_file=args.timing_file,
             index_log_dir=args.index_log_dir,
             placement=args.task_id.rpartition(".")[0] or args.task_id,
+            generation=args.generation,
         )
         if wiring.progress_file is not None and args.resume:
             wiring.started_fresh = checkpoint.latest(args.checkpoint_dir) is None
@@ -138,6 +142,7 @@ class Wiring:
                 s.per_est_batch,
                 index_log=index_log,
                 placement=self.placement,
+                generation=self.generation,
             )
             self._feed.create()
             return self._feed

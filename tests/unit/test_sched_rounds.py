@@ -520,3 +520,40 @@ def test_the_job_runs_its_plan_and_a_new_plan_is_an_event() -> None:
         assert scheduler.get(job_id).plan == gc_on
     finally:
         scheduler.stop()
+
+
+def test_a_placement_carries_its_generation_and_its_release_names_it() -> None:
+    """StartTaskRequest.generation is the placement's (gN of its task id); the release of
+    the holders of a placement that ended names that placement's generation (the task's;
+    the job's last one when no task is left), so a late release is fenced off the next."""
+    clock = Clock()
+    scheduler, agents = make_scheduler(settings(), clock=clock)
+    released: list[int] = []
+
+    def record(job: object, reason: str, generation: int) -> None:
+        released.append(generation)
+
+    scheduler.state.release_holders = record  # type: ignore[method-assign]
+    try:
+        register(scheduler, "a", {"t4": 1})
+        job, _ = scheduler.submit(job_spec("fenced", 1), "")
+        scheduler.run_round()
+        (first,) = agents.started
+        assert first.generation == 1 and ".g1." in first.task_id
+        failed = C.TaskStatus(task_id=first.task_id, job_id=job.job_id, state=C.TASK_STATE_FAILED)
+        scheduler.task_finished("a", failed)
+        assert released == [1]
+        wait_until(lambda: not scheduler.state.stopping, 10.0, "the task stopped")
+        clock.now += 1.0
+        scheduler.run_round()
+        second = agents.started[-1]
+        assert second.generation == 2 and ".g2." in second.task_id
+        with scheduler.state.lock:  # no task left to name the placement
+            scheduler.state.tasks.clear()
+        for _ in range(7):
+            clock.now += 1.0
+            scheduler.heartbeat("a", [])
+            scheduler.run_round()
+        assert released[:2] == [1, 2]
+    finally:
+        scheduler.stop()

@@ -10,8 +10,12 @@ import argparse
 import math
 from pathlib import Path
 
+import pytest
+
+from gearshift.common.errors import ValidationError
 from gearshift.v1 import common_pb2, worker_pb2
 from gearshift.worker.command import CommandSettings, plan_task
+from gearshift.worker.run import build_parser
 from gearshift.worker.runtime.settings import RunSettings
 from gearshift.worker.wiring import _plan
 
@@ -58,3 +62,40 @@ def test_the_daemons_index_log_dir_reaches_only_dynamic_mode_processes(tmp_path:
         0, CommandSettings(python="python"), tmp_path, tmp_path / "c"
     )
     assert "--index-log-dir" not in plain
+
+
+def test_the_placements_generation_reaches_the_training_process(tmp_path: Path) -> None:
+    """StartTaskRequest.generation (the scheduler's) becomes --generation, which the dynamic
+    feed sends with every holder call (fences); 0 (unset) adds no flag, negative is refused."""
+    request = worker_pb2.StartTaskRequest(
+        task_id="job-1.g7.w",
+        job_id="job-1",
+        spec=common_pb2.JobSpec(
+            name="t",
+            entrypoint=common_pb2.Entrypoint(module="gearshift.examples.mlp"),
+            num_ests=1,
+            global_batch_size=4,
+            total_steps=10,
+            dataset=common_pb2.DatasetSpec(
+                size=64, shard_size=8, mode=common_pb2.DATA_MODE_DYNAMIC
+            ),
+        ),
+        placement=common_pb2.Placement(
+            processes=[common_pb2.ProcessAssignment(rank=0, device_index=0, est_ids=[0])]
+        ),
+        local_ranks=[0],
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        endpoints=worker_pb2.ServiceEndpoints(shard_manager="127.0.0.1:1"),
+        generation=7,
+    )
+    settings = CommandSettings(python="python")
+    argv = plan_task(request, "w", ["cpu"]).command(0, settings, tmp_path, tmp_path / "c")
+    assert argv[argv.index("--generation") + 1] == "7"
+    assert build_parser().parse_args(argv[3:]).generation == 7
+    request.generation = 0
+    argv = plan_task(request, "w", ["cpu"]).command(0, settings, tmp_path, tmp_path / "c")
+    assert "--generation" not in argv
+    assert build_parser().parse_args(argv[3:]).generation == 0
+    request.generation = -1
+    with pytest.raises(ValidationError, match=r"^generation: must be >= 0"):
+        plan_task(request, "w", ["cpu"])

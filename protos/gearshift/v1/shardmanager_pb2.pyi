@@ -492,6 +492,7 @@ class AcquireShardRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     ACK_FIELD_NUMBER: _builtins.int
     READ_STEP_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
     dataset_id: _builtins.str
     """Dataset id."""
     holder_id: _builtins.str
@@ -509,6 +510,14 @@ class AcquireShardRequest(_message.Message):
     that ReleaseHolder with resume_step can tell the reads a checkpoint holds
     (before the step) from those it rolls back.
     """
+    generation: _builtins.int
+    """The generation of the job's placement that calls for the holder (the
+    scheduler's placement counter, > 0; 0 or unset: unfenced, as callers that
+    predate it). A call of a generation older than the holder's, which the
+    newest ReleaseHolder with a generation set, is refused with
+    FAILED_PRECONDITION and changes nothing: a stale placement still running
+    cannot read, acknowledge or cover for the holder of a newer one.
+    """
     @_builtins.property
     def ack(self) -> Global___ShardRef:
         """Acknowledge this shard of the same holder first, in the same atomic
@@ -524,10 +533,11 @@ class AcquireShardRequest(_message.Message):
         request_id: _builtins.str = ...,
         ack: Global___ShardRef | None = ...,
         read_step: _builtins.int | None = ...,
+        generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_read_step", b"_read_step", "ack", b"ack", "read_step", b"read_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_read_step", b"_read_step", "ack", b"ack", "dataset_id", b"dataset_id", "holder_id", b"holder_id", "read_step", b"read_step", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_read_step", b"_read_step", "ack", b"ack", "dataset_id", b"dataset_id", "generation", b"generation", "holder_id", b"holder_id", "read_step", b"read_step", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__read_step: _TypeAlias = _typing.Literal["read_step"]  # noqa: Y015
     _WhichOneofArgType__read_step: _TypeAlias = _typing.Literal["_read_step", b"_read_step"]  # noqa: Y015
@@ -583,7 +593,7 @@ class StreamShardsRequest(_message.Message):
     @_builtins.property
     def acquire(self) -> Global___AcquireShardRequest:
         """The acquisition, as AcquireShard takes it (dataset, holder, request id,
-        acknowledgement of the previous shard). Required.
+        acknowledgement of the previous shard, generation). Required.
         """
 
     def __init__(
@@ -645,6 +655,7 @@ class AckShardRequest(_message.Message):
     HOLDER_ID_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     SHARD_ID_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
     dataset_id: _builtins.str
     """Dataset id."""
     holder_id: _builtins.str
@@ -653,6 +664,14 @@ class AckShardRequest(_message.Message):
     """Epoch of the shard."""
     shard_id: _builtins.int
     """Shard id."""
+    generation: _builtins.int
+    """The generation of the job's placement that calls for the holder (the
+    scheduler's placement counter, > 0; 0 or unset: unfenced, as callers that
+    predate it). A call of a generation older than the holder's, which the
+    newest ReleaseHolder with a generation set, is refused with
+    FAILED_PRECONDITION and changes nothing: a stale placement still running
+    cannot read, acknowledge or cover for the holder of a newer one.
+    """
     def __init__(
         self,
         *,
@@ -660,10 +679,11 @@ class AckShardRequest(_message.Message):
         holder_id: _builtins.str = ...,
         epoch: _builtins.int = ...,
         shard_id: _builtins.int = ...,
+        generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_id", b"dataset_id", "epoch", b"epoch", "holder_id", b"holder_id", "shard_id", b"shard_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_id", b"dataset_id", "epoch", b"epoch", "generation", b"generation", "holder_id", b"holder_id", "shard_id", b"shard_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -702,10 +722,19 @@ class CoverShardsRequest(_message.Message):
     DATASET_ID_FIELD_NUMBER: _builtins.int
     HOLDER_ID_FIELD_NUMBER: _builtins.int
     SHARDS_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
     dataset_id: _builtins.str
     """Dataset id."""
     holder_id: _builtins.str
     """The holder that acknowledged them."""
+    generation: _builtins.int
+    """The generation of the job's placement that calls for the holder (the
+    scheduler's placement counter, > 0; 0 or unset: unfenced, as callers that
+    predate it). A call of a generation older than the holder's, which the
+    newest ReleaseHolder with a generation set, is refused with
+    FAILED_PRECONDITION and changes nothing: a stale placement still running
+    cannot read, acknowledge or cover for the holder of a newer one.
+    """
     @_builtins.property
     def shards(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShardRef]:
         """The shards (at most 10000)."""
@@ -716,10 +745,11 @@ class CoverShardsRequest(_message.Message):
         dataset_id: _builtins.str = ...,
         holder_id: _builtins.str = ...,
         shards: _abc.Iterable[Global___ShardRef] | None = ...,
+        generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_id", b"dataset_id", "holder_id", b"holder_id", "shards", b"shards"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_id", b"dataset_id", "generation", b"generation", "holder_id", b"holder_id", "shards", b"shards"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -757,12 +787,21 @@ class RenewLeasesRequest(_message.Message):
     HOLDER_ID_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     SHARD_IDS_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
     dataset_id: _builtins.str
     """Dataset id."""
     holder_id: _builtins.str
     """The holder."""
     epoch: _builtins.int
     """Epoch of shard_ids."""
+    generation: _builtins.int
+    """The generation of the job's placement that calls for the holder (the
+    scheduler's placement counter, > 0; 0 or unset: unfenced, as callers that
+    predate it). A call of a generation older than the holder's, which the
+    newest ReleaseHolder with a generation set, is refused with
+    FAILED_PRECONDITION and changes nothing: a stale placement still running
+    cannot read, acknowledge or cover for the holder of a newer one.
+    """
     @_builtins.property
     def shard_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """The shards the holder is working on; empty renews every shard the
@@ -777,10 +816,11 @@ class RenewLeasesRequest(_message.Message):
         holder_id: _builtins.str = ...,
         epoch: _builtins.int = ...,
         shard_ids: _abc.Iterable[_builtins.int] | None = ...,
+        generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_id", b"dataset_id", "epoch", b"epoch", "holder_id", b"holder_id", "shard_ids", b"shard_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_id", b"dataset_id", "epoch", b"epoch", "generation", b"generation", "holder_id", b"holder_id", "shard_ids", b"shard_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -831,6 +871,7 @@ class ReleaseHolderRequest(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     RESUME_STEP_FIELD_NUMBER: _builtins.int
     KEEP_PROVISIONAL_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
     dataset_id: _builtins.str
     """Dataset id."""
     holder_id: _builtins.str
@@ -852,6 +893,14 @@ class ReleaseHolderRequest(_message.Message):
     dies: the next process of the holder knows its resume step and releases
     them then). Not allowed with resume_step.
     """
+    generation: _builtins.int
+    """The generation of the job's placement that releases the holder (> 0; 0 or
+    unset: unfenced). Older than the holder's generation: refused with
+    FAILED_PRECONDITION, nothing released (a late release of an ended
+    placement must not take back what a newer one holds). Otherwise the
+    holder's generation becomes this one: every later call of an older
+    generation for the holder is refused.
+    """
     def __init__(
         self,
         *,
@@ -860,10 +909,11 @@ class ReleaseHolderRequest(_message.Message):
         reason: _builtins.str = ...,
         resume_step: _builtins.int | None = ...,
         keep_provisional: _builtins.bool = ...,
+        generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_resume_step", b"_resume_step", "resume_step", b"resume_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_resume_step", b"_resume_step", "dataset_id", b"dataset_id", "holder_id", b"holder_id", "keep_provisional", b"keep_provisional", "reason", b"reason", "resume_step", b"resume_step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_resume_step", b"_resume_step", "dataset_id", b"dataset_id", "generation", b"generation", "holder_id", b"holder_id", "keep_provisional", b"keep_provisional", "reason", b"reason", "resume_step", b"resume_step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__resume_step: _TypeAlias = _typing.Literal["resume_step"]  # noqa: Y015
     _WhichOneofArgType__resume_step: _TypeAlias = _typing.Literal["_resume_step", b"_resume_step"]  # noqa: Y015

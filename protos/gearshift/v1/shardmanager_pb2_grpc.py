@@ -193,7 +193,9 @@ class ShardManagerServicer:
 
     def ReleaseHolder(self, request, context):
         """Dynamic mode: a holder is gone; its DOING shards go back to the head of
-        TODO (or to FAILED past the retry limit).
+        TODO (or to FAILED past the retry limit). With a generation, it also
+        fences the holder: calls for it from older placements of the job are
+        refused from then on (see ReleaseHolderRequest.generation).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -84,7 +84,9 @@ class ShardManagerStub:
     """Dynamic mode: extends the leases of every shard a holder has in DOING."""
     ReleaseHolder: _grpc.UnaryUnaryMultiCallable[_shardmanager_pb2.ReleaseHolderRequest, _shardmanager_pb2.ReleaseHolderResponse]
     """Dynamic mode: a holder is gone; its DOING shards go back to the head of
-    TODO (or to FAILED past the retry limit).
+    TODO (or to FAILED past the retry limit). With a generation, it also
+    fences the holder: calls for it from older placements of the job are
+    refused from then on (see ReleaseHolderRequest.generation).
     """
     GetShardsAt: _grpc.UnaryUnaryMultiCallable[_shardmanager_pb2.GetShardsAtRequest, _shardmanager_pb2.GetShardsAtResponse]
     """Deterministic mode: the shards at positions [position, position+count)
@@ -156,7 +158,9 @@ class ShardManagerAsyncStub(ShardManagerStub):
     """Dynamic mode: extends the leases of every shard a holder has in DOING."""
     ReleaseHolder: _aio.UnaryUnaryMultiCallable[_shardmanager_pb2.ReleaseHolderRequest, _shardmanager_pb2.ReleaseHolderResponse]  # type: ignore[assignment]
     """Dynamic mode: a holder is gone; its DOING shards go back to the head of
-    TODO (or to FAILED past the retry limit).
+    TODO (or to FAILED past the retry limit). With a generation, it also
+    fences the holder: calls for it from older placements of the job are
+    refused from then on (see ReleaseHolderRequest.generation).
     """
     GetShardsAt: _aio.UnaryUnaryMultiCallable[_shardmanager_pb2.GetShardsAtRequest, _shardmanager_pb2.GetShardsAtResponse]  # type: ignore[assignment]
     """Deterministic mode: the shards at positions [position, position+count)
@@ -285,7 +289,9 @@ class ShardManagerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_shardmanager_pb2.ReleaseHolderResponse, _abc.Awaitable[_shardmanager_pb2.ReleaseHolderResponse]]:
         """Dynamic mode: a holder is gone; its DOING shards go back to the head of
-        TODO (or to FAILED past the retry limit).
+        TODO (or to FAILED past the retry limit). With a generation, it also
+        fences the holder: calls for it from older placements of the job are
+        refused from then on (see ReleaseHolderRequest.generation).
         """
 
     @_abc_1.abstractmethod

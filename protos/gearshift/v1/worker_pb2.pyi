@@ -76,6 +76,7 @@ class StartTaskRequest(_message.Message):
     LOADER_PROCS_PER_PROCESS_FIELD_NUMBER: _builtins.int
     PS_PLAN_FIELD_NUMBER: _builtins.int
     PROFILE_RUBICK_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id, unique per scheduler."""
     job_id: _builtins.str
@@ -114,6 +115,12 @@ class StartTaskRequest(_message.Message):
     (the Brain fits Eq. 1 on them); a failure is logged and training goes on.
     Set for a job's first placement under a rubick policy when the Brain has no
     fit of the job's own.
+    """
+    generation: _builtins.int
+    """The placement's generation (the scheduler's per-job placement counter, the
+    gN of the task id; 0: not known, unfenced). A dynamic-mode job's processes
+    send it on every shard-manager call for their ESTs' holders, so that once a
+    newer placement released a holder, this one's calls for it are refused.
     """
     @_builtins.property
     def spec(self) -> _common_pb2.JobSpec:
@@ -176,10 +183,11 @@ class StartTaskRequest(_message.Message):
         loader_procs_per_process: _builtins.int = ...,
         ps_plan: _common_pb2.ParameterServerPlan | None = ...,
         profile_rubick: _builtins.bool = ...,
+        generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "endpoints", b"endpoints", "lease", b"lease", "placement", b"placement", "plan", b"plan", "ps_plan", b"ps_plan", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "collocation", b"collocation", "cpu_cores_per_process", b"cpu_cores_per_process", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "job_id", b"job_id", "job_token", b"job_token", "lease", b"lease", "loader_procs_per_process", b"loader_procs_per_process", "local_ranks", b"local_ranks", "memory_bytes_per_process", b"memory_bytes_per_process", "placement", b"placement", "plan", b"plan", "profile_first", b"profile_first", "profile_rubick", b"profile_rubick", "ps_plan", b"ps_plan", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "collocation", b"collocation", "cpu_cores_per_process", b"cpu_cores_per_process", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "generation", b"generation", "job_id", b"job_id", "job_token", b"job_token", "lease", b"lease", "loader_procs_per_process", b"loader_procs_per_process", "local_ranks", b"local_ranks", "memory_bytes_per_process", b"memory_bytes_per_process", "placement", b"placement", "plan", b"plan", "profile_first", b"profile_first", "profile_rubick", b"profile_rubick", "ps_plan", b"ps_plan", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
