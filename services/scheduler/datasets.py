@@ -77,35 +77,52 @@ class DatasetKeeper:
         acknowledgements stay for the job's next process); how many were requeued.
         `generation`: the ended placement's (0: unfenced); a holder a newer placement
         released already is left alone."""
-        if self._stub is None:
-            return 0
         requeued = 0
         for est in ests:
-            request = shardmanager_pb2.ReleaseHolderRequest(
-                dataset_id=dataset_id,
-                holder_id=shard_holder_id(job_id, est),
-                reason=reason,
-                keep_provisional=True,
-                generation=generation,
-            )
-            try:
-                reply = self._stub.ReleaseHolder(request, timeout=self._timeout)
-            except grpc.RpcError as exc:
-                code = rpc_code(exc)
-                if code == grpc.StatusCode.FAILED_PRECONDITION:
-                    log.info(
-                        "holder not released: a newer placement holds it",
-                        extra={"job_id": job_id, "est": est, "error": rpc_details(exc)},
-                    )
-                elif code != grpc.StatusCode.NOT_FOUND:
-                    log.warning(
-                        "holder not released",
-                        extra={"job_id": job_id, "est": est, "error": rpc_details(exc)},
-                    )
-                continue
-            requeued += reply.requeued
+            requeued += self._release(dataset_id, job_id, est, reason, generation) or 0
         log.info("holders released", extra={"job_id": job_id, "requeued": requeued})
         return requeued
+
+    def fence(self, dataset_id: str, job_id: str, ests: Iterable[int], generation: int) -> bool:
+        """Before a placement of `generation` starts: release its ESTs' holders at that
+        generation, so a process of an older placement still running anywhere (on a worker
+        declared lost that is not dead) is refused from now on, before the new processes
+        read anything. Best effort, and stops at the first failure: the new processes'
+        own releases fence the holders too, a little later. True when every holder is."""
+        return all(
+            self._release(dataset_id, job_id, est, "a newer placement starts", generation)
+            is not None
+            for est in ests
+        )
+
+    def _release(
+        self, dataset_id: str, job_id: str, est: int, reason: str, generation: int
+    ) -> int | None:
+        """One holder's ReleaseHolder (keeping provisional acks): shards requeued, or None."""
+        if self._stub is None:
+            return None
+        request = shardmanager_pb2.ReleaseHolderRequest(
+            dataset_id=dataset_id,
+            holder_id=shard_holder_id(job_id, est),
+            reason=reason,
+            keep_provisional=True,
+            generation=generation,
+        )
+        try:
+            return int(self._stub.ReleaseHolder(request, timeout=self._timeout).requeued)
+        except grpc.RpcError as exc:
+            code = rpc_code(exc)
+            if code == grpc.StatusCode.FAILED_PRECONDITION:
+                log.info(
+                    "holder not released: a newer placement holds it",
+                    extra={"job_id": job_id, "est": est, "error": rpc_details(exc)},
+                )
+            elif code != grpc.StatusCode.NOT_FOUND:
+                log.warning(
+                    "holder not released",
+                    extra={"job_id": job_id, "est": est, "error": rpc_details(exc)},
+                )
+            return 0 if code == grpc.StatusCode.NOT_FOUND else None
 
     def close(self) -> None:
         self._client.close()

@@ -615,6 +615,7 @@ class Rounds:
                     resources=resources,
                     ps_plan=self.ps_plans.plan(job.job_id) if self.ps_plans else None,
                 )
+            state.fence_holders(job, tasks[0].generation)
             failures, unreachable = self.control.start_tasks(requests)
             with state.lock:
                 job = state.jobs.get(change.job_id)

@@ -236,6 +236,13 @@ class SchedulerState:
                 generation,
             )
 
+    def fence_holders(self, job: JobRecord, generation: int) -> None:
+        """Dynamic-mode jobs, before a placement of `generation` is sent out (outside the
+        lock): its holders are fenced at once, not only when its processes first release
+        them, so no process of an older placement can cover a read from then on."""
+        if job.spec.dataset.mode == C.DATA_MODE_DYNAMIC and self.datasets.address:
+            self.datasets.fence(job.job_id, job.job_id, range(job.spec.num_ests), generation)
+
     def types(self) -> list[str]:
         """Accelerator types of the live workers."""
         return sorted(

@@ -68,7 +68,7 @@ from gearshift.common.errors import (
     ValidationError,
 )
 from gearshift.common.facts import shard_holder_id
-from gearshift.worker.runtime.data import PendingReads
+from gearshift.worker.runtime.data import PendingReads, SupersededError
 from gearshift.worker.shard_client import ShardClient, ShardConsumer
 
 log = logging.getLogger("gearshift.worker.datasource")
@@ -83,7 +83,7 @@ _COVER_BATCH = 10_000  # CoverShards' most shards per call
 DYNAMIC_MAX_ATTEMPTS = 100
 
 
-class StalePlacementError(RuntimeError):
+class StalePlacementError(SupersededError):
     """A newer placement of this job holds one of this process's ESTs: exit, no checkpoint.
 
     Raised by the dynamic feed on the shard manager's fenced refusal; the training

@@ -227,6 +227,33 @@ def _late_release(client: ShardClient, keeper: DatasetKeeper) -> None:
     assert keeper.release("ds", "job-1", range(1), "g5's process died", 5) == 1
 
 
+def test_the_scheduler_fences_the_holders_before_a_new_placement_starts(
+    sm: Callable[..., str],  # noqa: F811
+) -> None:
+    """g4 still runs (its worker was declared lost but is alive) when the scheduler sends
+    g5 out: fenced first, g4 can no longer acquire or cover, though g5 has not read yet."""
+    address = sm()
+    client = ShardClient(address)
+    keeper = DatasetKeeper(address)
+    try:
+        client.create_dataset(
+            "ds", job_id="job-1", size=50, shard_size=10, num_epochs=1, provisional_acks=True
+        )
+        old = client.consumer("ds", H, renew=False, generation=4)
+        shard = old.acquire(read_step=7)
+        assert shard is not None
+        assert keeper.fence("ds", "job-1", range(2), 5)
+        with pytest.raises(FencedError):
+            client.consumer("ds", H, renew=False, generation=4).acquire(read_step=8)
+        with pytest.raises(FencedError):
+            client.cover("ds", H, [(shard.epoch, shard.shard_id)], generation=4)
+        progress = client.describe("ds").epochs[0]
+        assert (progress.samples_in_flight, progress.shards_done) == (0, 0)  # taken back
+    finally:
+        keeper.close()
+        client.close()
+
+
 # -- the training process's side -----------------------------------------------------------
 
 

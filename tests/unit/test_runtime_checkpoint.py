@@ -80,3 +80,18 @@ def test_digest_and_differences_compare_bytes_not_values() -> None:
     assert differences({"a": nan}, {"a": nan.clone()}) == []
     assert differences({"a": zero}, {"a": zero.double()}) == ["/a: bytes differ"]
     assert differences({"a": 1.0, "b": [zero]}, {"a": 1.0}) == ["/b/0: only in first"]
+
+
+def test_discard_removes_only_the_file_it_wrote(tmp_path: Path) -> None:
+    """A superseded writer's checkpoint goes; one of the same step written since by the
+    placement that took over (another file) stays."""
+    path = checkpoint.save(tmp_path, 5, payload(5))
+    written = path.stat()
+    assert checkpoint.discard(path, written)
+    assert checkpoint.latest(tmp_path) is None
+    assert not checkpoint.discard(path, written)  # already gone
+    path = checkpoint.save(tmp_path, 5, payload(5))
+    written = path.stat()
+    checkpoint.save(tmp_path, 5, payload(5))  # the newer placement's, at the same step
+    assert not checkpoint.discard(path, written)
+    assert checkpoint.latest(tmp_path) == path

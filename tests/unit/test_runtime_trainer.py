@@ -13,7 +13,7 @@ import torch
 from gearshift.common.errors import ValidationError
 from gearshift.worker.runtime import checkpoint
 from gearshift.worker.runtime.control import Progress
-from gearshift.worker.runtime.data import PendingReads
+from gearshift.worker.runtime.data import PendingReads, SupersededError
 from gearshift.worker.runtime.job import load_job
 from gearshift.worker.runtime.process import seed_globals
 from gearshift.worker.runtime.rng import restore, snapshot
@@ -167,3 +167,29 @@ def test_a_checkpoint_aware_feed_hears_the_start_and_every_durable_checkpoint(
     assert feeds[0].handed == {0: 5, 1: 5}
     assert feeds[1].calls == [("begin", 5, (0, 1)), durable(6, 1), durable(8, 3)]
     assert feeds[1].handed == {0: 3, 1: 3}
+
+
+class SupersededFeed(RecordingFeed):
+    """A feed whose cover of the checkpoint of `at` learns a newer placement took over."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+
+    def checkpoint_durable(self, step: int, pending: Sequence[PendingReads] | None) -> None:
+        super().checkpoint_durable(step, pending)
+        if step == self.at:
+            raise SupersededError("a newer placement of this job holds EST 0")
+
+
+def test_a_checkpoint_written_by_a_superseded_placement_is_discarded(tmp_path: Path) -> None:
+    """A stale placement that wrote a checkpoint before learning it was fenced removes it:
+    a later resume starts from the last checkpoint of a placement that held the data."""
+    settings = replace(SETTINGS, checkpoint_every=3)
+    seed_globals(settings.seed)
+    with pytest.raises(SupersededError):
+        Trainer(
+            load_job("gearshift.examples.mlp", CONFIG), settings, [[0, 1]], 0, tmp_path,
+            job_ref={"module": "gearshift.examples.mlp"}, source=SupersededFeed(at=6),
+        ).run()  # fmt: skip
+    assert [step for step, _ in checkpoint.checkpoints(tmp_path)] == [3]

@@ -557,3 +557,35 @@ def test_a_placement_carries_its_generation_and_its_release_names_it() -> None:
         assert released[:2] == [1, 2]
     finally:
         scheduler.stop()
+
+
+def test_a_placements_holders_are_fenced_before_it_is_sent_out() -> None:
+    """The holders of a dynamic-mode job are released at the new placement's generation
+    before any StartTask, so an older placement still running anywhere cannot cover a
+    read once the new one may read."""
+    clock = Clock()
+    agents = OrderedAgents()
+    scheduler, _ = make_scheduler(settings(), clock=clock, agents=agents)
+
+    def fence(job: object, generation: int) -> None:
+        agents.calls.append(f"fence g{generation}")
+
+    scheduler.state.fence_holders = fence  # type: ignore[method-assign]
+    try:
+        register(scheduler, "a", {"t4": 1})
+        job, _ = scheduler.submit(job_spec("fenced", 1), "")
+        scheduler.run_round()
+        (first,) = scheduler.state.tasks.values()
+        with scheduler.state.lock:
+            scheduler.state.requeue(scheduler.get(job.job_id), S.JOB_EVENT_TYPE_PREEMPTED, "")
+        scheduler.run_round()
+        (second,) = scheduler.state.tasks.values()
+        assert agents.calls == [
+            "fence g1",
+            f"start {first.task_id}",
+            f"stop {first.task_id} checkpoint=False",
+            "fence g2",
+            f"start {second.task_id}",
+        ]
+    finally:
+        scheduler.stop()

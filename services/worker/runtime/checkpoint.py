@@ -89,6 +89,22 @@ def save(directory: Path, step: int, payload: dict[str, Any], keep: int = 2) -> 
     return final
 
 
+def discard(path: Path, written: os.stat_result) -> bool:
+    """Remove a checkpoint this process wrote (`written`: its stat right after `save`) that
+    must never be resumed from: its writer learnt, once it was on disk, that a newer
+    placement of the job had taken over. A file of the same step written since by that
+    placement is another file (another inode) and is left alone. True when removed."""
+    try:
+        now = path.stat()
+    except FileNotFoundError:
+        return False
+    if (now.st_dev, now.st_ino) != (written.st_dev, written.st_ino):
+        return False
+    path.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+    return True
+
+
 def load(path: Path) -> dict[str, Any]:
     """A checkpoint's payload (tensors, numbers, strings only: no code runs on load)."""
     data = torch.load(path, map_location="cpu", weights_only=True)

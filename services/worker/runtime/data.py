@@ -49,6 +49,12 @@ DataSource = ShardSource | BatchFeed
 PendingReads = dict[int, list[tuple[int, int]]]
 
 
+class SupersededError(RuntimeError):
+    """A newer placement of the job has taken over this process's data: the process must
+    stop, and a checkpoint it wrote meanwhile must not be resumed from (it holds reads the
+    data service no longer counts as this placement's)."""
+
+
 @runtime_checkable
 class CheckpointAware(Protocol):
     """A source that must know which steps a durable checkpoint holds.
@@ -61,7 +67,7 @@ class CheckpointAware(Protocol):
     `checkpoint_durable(step, pending)`: the checkpoint of `step` is on disk. The writer
     calls it at once with every process's pending reads (it makes them final before any
     peer can die in the barrier that follows); the others call it after the barrier with
-    None, and forget theirs.
+    None, and forget theirs. Any of them may raise SupersededError.
     """
 
     def begin(self, step: int, ests: Sequence[int]) -> None: ...

@@ -37,7 +37,7 @@ from gearshift.worker.runtime.context import (
     fresh_context,
 )
 from gearshift.worker.runtime.control import ControlExchange, Progress, ProgressCallback
-from gearshift.worker.runtime.data import CheckpointAware, DataSource, LocalShards
+from gearshift.worker.runtime.data import CheckpointAware, DataSource, LocalShards, SupersededError
 from gearshift.worker.runtime.digest import state_digest, training_state
 from gearshift.worker.runtime.gradients import GradLayout, GradTaker
 from gearshift.worker.runtime.job import Job
@@ -276,7 +276,12 @@ class Trainer:
                 self.checkpoint_dir, self.step, payload, self.settings.keep_checkpoints
             )
             if aware is not None:
-                aware.checkpoint_durable(self.step, [reads for _, reads in gathered])
+                written = path.stat()
+                try:
+                    aware.checkpoint_durable(self.step, [reads for _, reads in gathered])
+                except SupersededError:
+                    checkpoint.discard(path, written)  # never to be resumed from
+                    raise
         self.comm.barrier()
         if aware is not None and gathered is None:
             aware.checkpoint_durable(self.step, None)
