@@ -32,27 +32,33 @@ def test_a_dynamic_dataset_has_room_for_restarts() -> None:
     assert plan.num_epochs == 2 * needed + 1
 
 
+def start_request(tmp_path: Path, mode: int, generation: int = 0) -> worker_pb2.StartTaskRequest:
+    """A one-process StartTask of an MLP job with a dataset in `mode`."""
+    return worker_pb2.StartTaskRequest(
+        task_id=f"job-1.g{generation or 1}.w",
+        job_id="job-1",
+        spec=common_pb2.JobSpec(
+            name="t",
+            entrypoint=common_pb2.Entrypoint(module="gearshift.examples.mlp"),
+            num_ests=1,
+            global_batch_size=4,
+            total_steps=10,
+            dataset=common_pb2.DatasetSpec(size=64, shard_size=8, mode=mode),  # type: ignore[arg-type]
+        ),
+        placement=common_pb2.Placement(
+            processes=[common_pb2.ProcessAssignment(rank=0, device_index=0, est_ids=[0])]
+        ),
+        local_ranks=[0],
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        endpoints=worker_pb2.ServiceEndpoints(shard_manager="127.0.0.1:1"),
+        generation=generation,
+    )
+
+
 def test_the_daemons_index_log_dir_reaches_only_dynamic_mode_processes(tmp_path: Path) -> None:
     settings = CommandSettings(python="python", index_log_dir=tmp_path / "idx")
     for mode, flagged in ((common_pb2.DATA_MODE_DYNAMIC, True), (0, False)):
-        request = worker_pb2.StartTaskRequest(
-            task_id="job-1.g1.w",
-            job_id="job-1",
-            spec=common_pb2.JobSpec(
-                name="t",
-                entrypoint=common_pb2.Entrypoint(module="gearshift.examples.mlp"),
-                num_ests=1,
-                global_batch_size=4,
-                total_steps=10,
-                dataset=common_pb2.DatasetSpec(size=64, shard_size=8, mode=mode),  # type: ignore[arg-type]
-            ),
-            placement=common_pb2.Placement(
-                processes=[common_pb2.ProcessAssignment(rank=0, device_index=0, est_ids=[0])]
-            ),
-            local_ranks=[0],
-            checkpoint_dir=str(tmp_path / "ckpt"),
-            endpoints=worker_pb2.ServiceEndpoints(shard_manager="127.0.0.1:1"),
-        )
+        request = start_request(tmp_path, mode)
         argv = plan_task(request, "w", ["cpu"]).command(0, settings, tmp_path, tmp_path / "c")
         assert ("--index-log-dir" in argv) is flagged
         if flagged:
@@ -67,27 +73,7 @@ def test_the_daemons_index_log_dir_reaches_only_dynamic_mode_processes(tmp_path:
 def test_the_placements_generation_reaches_the_training_process(tmp_path: Path) -> None:
     """StartTaskRequest.generation (the scheduler's) becomes --generation, which the dynamic
     feed sends with every holder call (fences); 0 (unset) adds no flag, negative is refused."""
-    request = worker_pb2.StartTaskRequest(
-        task_id="job-1.g7.w",
-        job_id="job-1",
-        spec=common_pb2.JobSpec(
-            name="t",
-            entrypoint=common_pb2.Entrypoint(module="gearshift.examples.mlp"),
-            num_ests=1,
-            global_batch_size=4,
-            total_steps=10,
-            dataset=common_pb2.DatasetSpec(
-                size=64, shard_size=8, mode=common_pb2.DATA_MODE_DYNAMIC
-            ),
-        ),
-        placement=common_pb2.Placement(
-            processes=[common_pb2.ProcessAssignment(rank=0, device_index=0, est_ids=[0])]
-        ),
-        local_ranks=[0],
-        checkpoint_dir=str(tmp_path / "ckpt"),
-        endpoints=worker_pb2.ServiceEndpoints(shard_manager="127.0.0.1:1"),
-        generation=7,
-    )
+    request = start_request(tmp_path, common_pb2.DATA_MODE_DYNAMIC, generation=7)
     settings = CommandSettings(python="python")
     argv = plan_task(request, "w", ["cpu"]).command(0, settings, tmp_path, tmp_path / "c")
     assert argv[argv.index("--generation") + 1] == "7"
