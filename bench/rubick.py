@@ -19,8 +19,8 @@
 
 4. Check (c), `--real` (only that part runs): on this machine, Rubick's profiling run
    (gearshift.worker.profiling.rubick_run, the real runtime loop) over the digits CNN and
-   the tiny LM: per-EST batch 8/16/32 x ESTs per process 1/2/4 x GC off/on at 1 thread (18
-   configurations) and per-EST batch 8/16/32 x ESTs 1/2 x GC at 2 threads (12). Each
+   the tiny LM: per-EST batch 8/16/32 (--batches) x ESTs per process 1/2/4 x GC off/on at 1
+   thread (18 configurations) and x ESTs 1/2 x GC at 2 threads (12) (--threads 1,2). Each
    configuration's iteration time is the median of --steps timed steps after 2 warm-up
    steps, and of --repeat passes over the grid. Per thread count (Eq. 1 has no thread
    term outside ZeRO-Offload: a thread count is another device), fit on 7 configurations
@@ -233,10 +233,15 @@ REAL_JOBS: tuple[tuple[str, str, dict[str, object], int], ...] = (
     ("digits-cnn", "gearshift.examples.digits_cnn", {"lr": 0.05}, 64),
     ("tiny-lm", "gearshift.examples.tiny_lm", {}, 32),
 )
-REAL_GRIDS = (  # (per-EST batches, ESTs per process, threads); GC off and on in each
-    ((8, 16, 32), (1, 2, 4), 1),
-    ((8, 16, 32), (1, 2), 2),
-)
+REAL_BATCHES = (8, 16, 32)  # per-EST batches (--batches)
+
+
+def real_grids(
+    batches: tuple[int, ...], threads: tuple[int, ...]
+) -> list[tuple[tuple[int, ...], tuple[int, ...], int]]:
+    """(per-EST batches, ESTs per process, threads) per thread count; GC off and on in each:
+    ESTs 1/2/4 at 1 thread, 1/2 at more (the grid stays under the profiler's bound)."""
+    return [(batches, (1, 2, 4) if t == 1 else (1, 2), t) for t in threads]
 
 
 def fit_indices(n: int, count: int = FIT_COUNT) -> list[int]:
@@ -272,7 +277,12 @@ def gc_over_forward(profile: RubickProfile, clock: str) -> list[float]:
     ]
 
 
-def real(repeat: int, steps: int) -> None:
+def real(
+    repeat: int,
+    steps: int,
+    batches: tuple[int, ...] = REAL_BATCHES,
+    thread_counts: tuple[int, ...] = (1, 2),
+) -> None:
     """Check (c): see the module docstring."""
     import os
 
@@ -281,7 +291,8 @@ def real(repeat: int, steps: int) -> None:
     print("4. check (c): real profiling runs here, fit on 7, error on the rest")
     print(f"   load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for name, module, config, batch in REAL_JOBS:
-        points = [p for b, k, t in REAL_GRIDS for p in grid(b, k, [False, True], [t])]
+        grids = real_grids(batches, thread_counts)
+        points = [p for b, k, t in grids for p in grid(b, k, [False, True], [t])]
         passes = []
         t0 = time.perf_counter()
         for _ in range(repeat):
@@ -357,9 +368,16 @@ def main() -> None:
     ap.add_argument("--b-inter", type=float, default=Env().b_inter, help="GB/s across nodes")
     ap.add_argument("--real", action="store_true", help="only check (c): profile here")
     ap.add_argument("--steps", type=int, default=15, help="--real: timed steps per config")
+    ap.add_argument("--batches", default="8,16,32", help="--real: per-EST batches, comma-separated")
+    ap.add_argument("--threads", default="1,2", help="--real: thread counts, comma-separated")
     args = ap.parse_args()
     if args.real:
-        real(args.repeat, args.steps)
+        try:
+            batches = tuple(int(b) for b in args.batches.split(","))
+            threads = tuple(int(t) for t in args.threads.split(","))
+        except ValueError:
+            ap.error("--batches and --threads take comma-separated integers, e.g. 8,16,32")
+        real(args.repeat, args.steps, batches, threads)
         return
     if not (args.data / "profile").is_dir():
         sys.exit(f"Rubick data not found at {args.data} (set GEARSHIFT_SHARED_DIR or --data)")

@@ -197,6 +197,7 @@ class JobsApi:
                         "auto", "clears the pinned counts: leave ps, workers and cores unset"
                     )
                 if self.ps_plans.unpin(job_id):
+                    job.ps_pin = ""  # saved with the event
                     state.record(
                         job, S.JOB_EVENT_TYPE_PLAN, f"sized by the Brain's plans again (by {who})"
                     )
@@ -220,13 +221,17 @@ class JobsApi:
             )
             running = job.state == C.JOB_STATE_RUNNING
             restart = self.ps_plans.pin(job_id, plan, running=running)
+            job.ps_pin = ps_jobs.dump(plan)  # a restarted scheduler keeps the pin
             log.info(
                 "PS counts set",
                 extra={"job_id": job_id, "plan": ps_jobs.describe(plan), "restart": restart},
             )
             if not restart:
                 job.resource_plan = ps_jobs.describe(plan)
+                job.ps_plan = job.ps_pin
                 state.record(job, S.JOB_EVENT_TYPE_PLAN, job.resource_plan + " (already running)")
+            else:
+                state.store.save_job(job)
         self.wake()
         return job
 

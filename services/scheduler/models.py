@@ -50,6 +50,9 @@ class Job(Base):
     last_sequence: Mapped[int] = mapped_column(sa.Integer, default=0)
     # The current execution plan (serialized ExecutionPlan; NULL: the default plan).
     plan: Mapped[bytes | None] = mapped_column(sa.LargeBinary, nullable=True, default=b"")
+    # A PS job's process plan as it runs, and one a user pinned (JSON; NULL: none).
+    ps_plan: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    ps_pin: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
 
     __table_args__ = (sa.Index("ix_sched_jobs_newest", "submitted_at", "job_id"),)
 

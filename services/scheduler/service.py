@@ -37,7 +37,7 @@ from pathlib import Path
 from gearshift.common.errors import NotFoundError
 from gearshift.common.facts import TERMINAL_STATES
 from gearshift.common.identity import JobTokens
-from gearshift.scheduler import metrics
+from gearshift.scheduler import metrics, ps_jobs
 from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.collocation import Multiplexing
@@ -207,6 +207,13 @@ class Scheduler:
                 if job.state == C.JOB_STATE_RESCALING:
                     job.state = C.JOB_STATE_RUNNING  # the next round finishes the move
                 state.add(job)
+                if self.rounds.ps_plans is not None and (job.ps_plan or job.ps_pin):
+                    self.rounds.ps_plans.recover(
+                        job.job_id,
+                        ps_jobs.load(job.ps_plan),
+                        ps_jobs.load(job.ps_pin),
+                        running=job.state == C.JOB_STATE_RUNNING,
+                    )
             for worker in state.store.workers():
                 worker.last_heartbeat_at = max(worker.last_heartbeat_at, now)
                 state.workers[worker.worker_id] = worker

@@ -51,6 +51,11 @@ class JobRecord:
     # The execution plan of the job's current (or last) placement; default: all off, one
     # thread. Stored (migration 0008): a restarted scheduler resumes the job on it.
     plan: common_pb2.ExecutionPlan = field(default_factory=common_pb2.ExecutionPlan)
+    # A PS job's process plan as its placement runs it, and one a user pinned until
+    # `gearshift scale --auto` (gearshift.scheduler.ps_jobs.dump's JSON; "": none). Stored
+    # (migration 0009): a restarted scheduler keeps both.
+    ps_plan: str = ""
+    ps_pin: str = ""
     # Not stored: each round decides them again, and heartbeats say whether it is paused.
     collocation: common_pb2.Collocation = field(default_factory=common_pb2.Collocation)
     paused: bool = False
@@ -203,6 +208,8 @@ def _job_from_row(row: models.Job) -> JobRecord:
         final_digest=row.final_digest,
         last_sequence=row.last_sequence,
         plan=plan,
+        ps_plan=row.ps_plan or "",
+        ps_pin=row.ps_pin or "",
     )
 
 
@@ -230,6 +237,8 @@ def _job_values(job: JobRecord) -> dict[str, object]:
         "final_digest": job.final_digest,
         "last_sequence": job.last_sequence,
         "plan": job.plan.SerializeToString(deterministic=True),
+        "ps_plan": job.ps_plan or None,
+        "ps_pin": job.ps_pin or None,
     }
 
 

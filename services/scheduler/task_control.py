@@ -152,6 +152,8 @@ class TaskControl:
                 ps_plan=ps_task,
             )
             requests.append((worker.address, request))
+        if ps_plan is not None and is_ps_job(job.spec):
+            job.ps_plan = ps_jobs.dump(ps_plan)  # a restarted scheduler keeps it
         state.store.save_tasks(tasks)
         state.store.save_job(job)
         return placement, tasks, requests

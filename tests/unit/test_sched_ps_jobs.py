@@ -16,8 +16,10 @@ from gearshift.scheduler.ps_jobs import (
     PsPlan,
     PsPlans,
     describe,
+    dump,
     fallback,
     from_message,
+    load,
     measured,
     next_stage,
     pinned,
@@ -246,3 +248,45 @@ def test_without_a_brain_a_pin_still_applies() -> None:
     again = replace(set_by, source="b")
     assert plans.pin("j", again, running=False)  # not running: announced at its start
     assert plans.started("j") == again
+
+
+def test_a_plan_survives_its_row_and_a_bad_row_is_no_plan() -> None:
+    plan = PsPlan(2, 3, 1.0, 2.0, ps_cores_each=(1.0, 3.0), stage="set", source="a", reason="r")
+    assert load(dump(plan)) == plan
+    assert dump(None) == "" and load("") is None
+    assert load("{not json") is None and load('{"ps": "x", "nope": 1}') is None
+
+
+def test_a_restarted_scheduler_keeps_the_running_plan_and_the_pin() -> None:
+    """Recovered from the job's row: the running plan needs no restart and is not
+    announced again; a pin keeps the Brain unasked, and one the job does not run yet
+    still waits for its next start."""
+    now = [0.0]
+    asked: list[int] = []
+
+    def brain(r: B.PlanResourcesRequest, s: common_pb2.JobSpec, t: float) -> B.ResourcePlan:
+        asked.append(r.stage)
+        return dlrover_brain(r, s, t)
+
+    runs = PsPlan(2, 2, 1.0, 1.0, stage="optimize", source="optimizer")
+    plans = PsPlans(brain, 10.0, lambda: now[0])
+    plans.recover("j", runs, None, running=True)
+    assert plans.plan("j") == runs and not plans.restart_wanted("j")
+    assert plans.started("j") is None  # already announced before the restart
+    plans.refresh([ask(True, metrics(2, 2))])
+    assert asked == []  # asked again an interval later, from the recovered plan
+    now[0] = 11.0
+    plans.refresh([ask(True, metrics(2, 2))])
+    assert asked == [B.PLAN_STAGE_ADJUST]
+
+    pin = pinned(spec(), runs, ps=3, workers=4, ps_cores=0, worker_cores=0, budget=8, who="a")
+    pinned_plans = PsPlans(brain, 10.0, lambda: now[0])
+    pinned_plans.recover("j", runs, pin, running=True)
+    assert pinned_plans.pinned("j") and pinned_plans.restart_wanted("j")
+    assert pinned_plans.started("j") == pin
+    now[0] = 100.0
+    pinned_plans.refresh([ask(True, metrics(3, 4))])
+    assert asked == [B.PLAN_STAGE_ADJUST]  # pinned: the Brain is not asked
+    same = PsPlans(brain, 10.0, lambda: now[0])
+    same.recover("j", pin, pin, running=True)  # the pin already ran
+    assert same.pinned("j") and not same.restart_wanted("j") and same.plan("j") == pin

@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from gearshift.common.errors import ValidationError
+from gearshift.common.jobspec import with_defaults
 from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.pipeline import Snapshot, Target
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
@@ -589,3 +590,50 @@ def test_a_placements_holders_are_fenced_before_it_is_sent_out() -> None:
         ]
     finally:
         scheduler.stop()
+
+
+def test_a_restarted_scheduler_keeps_a_ps_jobs_plan_and_its_pin() -> None:
+    """`gearshift scale` pins a PS job's counts; the scheduler restarts (same store): the
+    job still runs the pinned plan, without a restart, and the pin holds."""
+    clock = Clock()
+    scheduler, agents = make_scheduler(settings(), clock=clock)
+    ps_spec = with_defaults(  # as SubmitJob completes it
+        C.JobSpec(
+            name="wide-deep",
+            total_steps=1000,
+            parameter_server=C.ParameterServerSpec(ps=1, workers=1, max_ps=4, max_workers=4),
+        )
+    )
+    again = None
+    try:
+        register(scheduler, "a", {"t4": 1})
+        job, _ = scheduler.submit(ps_spec, "")
+        scheduler.run_round()
+        assert agents.started[-1].ps_plan.ps == 1
+        scheduler.scale(
+            job.job_id, ps=2, workers=3, ps_cores=0, worker_cores=0, auto=False, who="admin"
+        )
+        clock.now += 1.0
+        scheduler.run_round()  # the pin is a new shape: restarted with it
+        assert (agents.started[-1].ps_plan.ps, agents.started[-1].ps_plan.workers) == (2, 3)
+        starts = len(agents.started)
+        scheduler.stop()
+
+        again, _ = make_scheduler(settings(), clock=clock, store=scheduler.store, agents=agents)
+        again.recover()
+        ps_plans = again.rounds.ps_plans
+        assert ps_plans is not None and ps_plans.pinned(job.job_id)
+        plan = ps_plans.plan(job.job_id)
+        assert plan is not None and (plan.ps, plan.workers) == (2, 3)
+        clock.now += 1.0
+        register(again, "a", {"t4": 1})
+        again.run_round()
+        assert len(agents.started) == starts  # kept running: nothing to restart for
+        assert again.get(job.job_id).state == C.JOB_STATE_RUNNING
+        again.scale(job.job_id, ps=0, workers=0, ps_cores=0, worker_cores=0, auto=True, who="a")
+        stored = again.store.get_job(job.job_id)
+        assert stored is not None and stored.ps_pin == "" and stored.ps_plan != ""
+    finally:
+        scheduler.stop()
+        if again is not None:
+            again.stop()
