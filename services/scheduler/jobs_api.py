@@ -14,7 +14,7 @@ from gearshift.common.errors import (
 )
 from gearshift.common.facts import total_steps
 from gearshift.common.jobspec import is_ps_job
-from gearshift.scheduler import ps_jobs
+from gearshift.scheduler import plan_book, ps_jobs
 from gearshift.scheduler.guarantees import Admission
 from gearshift.scheduler.rubick_policy import RubickAdmission
 from gearshift.scheduler.state import RUNNING_STATES, SchedulerState, new_job_id
@@ -221,7 +221,7 @@ class JobsApi:
             )
             running = job.state == C.JOB_STATE_RUNNING
             restart = self.ps_plans.pin(job_id, plan, running=running)
-            job.ps_pin = ps_jobs.dump(plan)  # a restarted scheduler keeps the pin
+            job.ps_pin = plan_book.dump(plan)  # a restarted scheduler keeps the pin
             log.info(
                 "PS counts set",
                 extra={"job_id": job_id, "plan": ps_jobs.describe(plan), "restart": restart},

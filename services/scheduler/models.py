@@ -50,7 +50,9 @@ class Job(Base):
     last_sequence: Mapped[int] = mapped_column(sa.Integer, default=0)
     # The current execution plan (serialized ExecutionPlan; NULL: the default plan).
     plan: Mapped[bytes | None] = mapped_column(sa.LargeBinary, nullable=True, default=b"")
-    # A PS job's process plan as it runs, and one a user pinned (JSON; NULL: none).
+    # The resource plan its placement runs (data-parallel / PS), and a PS job's pin (JSON;
+    # NULL: none).
+    process_plan: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     ps_plan: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     ps_pin: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
 

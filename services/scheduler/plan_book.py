@@ -3,16 +3,43 @@ start, the last one a PLAN event announced, and when it was last asked.
 
 Shared by the data-parallel resource plans (resource_plans.py) and the parameter-server
 plans (ps_jobs.py): they differ in how they ask and when a change is worth a restart, not
-in this bookkeeping.
+in this bookkeeping. A placement's plan is stored with its job (`dump`, `load`; migration
+0009): a restarted scheduler `restore`s it instead of planning a running job afresh.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+log = logging.getLogger("gearshift.scheduler.plan_book")
 
 P = TypeVar("P")
+D = TypeVar("D")
+
+
+def dump(plan: Any) -> str:
+    """A plan dataclass as its job's stored JSON; "" for none."""
+    return "" if plan is None else json.dumps(dataclasses.asdict(plan), sort_keys=True)
+
+
+def load(kind: type[D], text: str) -> D | None:
+    """A stored plan back (lists become tuples again); None for none, or for a row no plan
+    can be read from (logged: the job is then planned afresh, as before plans were stored)."""
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+        known = {f.name for f in dataclasses.fields(kind)}  # type: ignore[arg-type]
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known}
+        return kind(**values)
+    except (ValueError, TypeError, AttributeError) as exc:
+        log.warning("stored plan unreadable; planned afresh", extra={"error": str(exc)})
+        return None
 
 
 class PlanBook(Generic[P]):
@@ -44,6 +71,15 @@ class PlanBook(Generic[P]):
                 return None
             self._announced[job_id] = plan
             return plan
+
+    def restore(self, job_id: str, plan: P) -> None:
+        """A restarted scheduler's memory of the plan the job's last placement ran (from its
+        row): a running job is not restarted for it nor announced again, and is asked
+        again an interval later, from it."""
+        with self._lock:
+            self._plans[job_id] = plan
+            self._announced[job_id] = plan
+            self._asked_at[job_id] = self.clock()
 
     def forget(self, job_id: str) -> None:
         with self._lock:

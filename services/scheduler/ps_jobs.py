@@ -32,11 +32,10 @@ each), never fails it.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from gearshift.common.errors import ValidationError
@@ -302,26 +301,6 @@ def pinned(
     )
 
 
-def dump(plan: PsPlan | None) -> str:
-    """A plan as the job's stored JSON (JobRecord.ps_plan / ps_pin); "" for none."""
-    return "" if plan is None else json.dumps(asdict(plan), sort_keys=True)
-
-
-def load(text: str) -> PsPlan | None:
-    """A stored plan back; None for none, or for a row no plan can be read from (logged:
-    the job is then planned afresh, as before plans were stored)."""
-    if not text:
-        return None
-    try:
-        data = json.loads(text)
-        known = {f.name for f in fields(PsPlan)}
-        plan = PsPlan(**{k: v for k, v in data.items() if k in known})
-        return replace(plan, ps_cores_each=tuple(plan.ps_cores_each))
-    except (ValueError, TypeError, AttributeError) as exc:
-        log.warning("stored PS plan unreadable; planned afresh", extra={"error": str(exc)})
-        return None
-
-
 def describe(plan: PsPlan) -> str:
     """The PLAN event's and `gearshift job`'s text."""
     each = plan.cores_each
@@ -393,15 +372,11 @@ class PsPlans(PlanBook[PsPlan]):
     def recover(
         self, job_id: str, last: PsPlan | None, pin: PsPlan | None, *, running: bool
     ) -> None:
-        """A restarted scheduler's memory of a job, from its row: the plan its last
-        placement ran (a running job is not restarted for it, no new PLAN event; the Brain
-        is next asked an interval later, from it) and a user's pin (the Brain stays unasked;
-        a pin the job does not run yet waits for its next start, as it did)."""
-        with self._lock:
-            if last is not None:
-                self._plans[job_id] = last
-                self._announced[job_id] = last
-                self._asked_at[job_id] = self.clock()
+        """From the job's row: the plan its last placement ran (PlanBook.restore) and a
+        user's pin (the Brain stays unasked; a pin the job does not run yet waits for its
+        next start, as it did)."""
+        if last is not None:
+            self.restore(job_id, last)
         if pin is not None:
             self.pin(job_id, pin, running=running and last is not None)
 

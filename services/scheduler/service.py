@@ -32,12 +32,13 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from gearshift.common.errors import NotFoundError
 from gearshift.common.facts import TERMINAL_STATES
 from gearshift.common.identity import JobTokens
-from gearshift.scheduler import metrics, ps_jobs
+from gearshift.scheduler import metrics, plan_book
 from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.collocation import Multiplexing
@@ -47,9 +48,9 @@ from gearshift.scheduler.guarantees import Admission, Guarantees
 from gearshift.scheduler.job_logs import LogSources, TaskSource, job_log_lines
 from gearshift.scheduler.jobs_api import JobsApi
 from gearshift.scheduler.pipeline import Allocator, Collocator
-from gearshift.scheduler.ps_jobs import PsPlans
+from gearshift.scheduler.ps_jobs import PsPlan, PsPlans
 from gearshift.scheduler.registry import WorkerRegistry
-from gearshift.scheduler.resource_plans import ResourcePlans
+from gearshift.scheduler.resource_plans import ProcessPlan, ResourcePlans
 from gearshift.scheduler.rounds import RoundReport, Rounds
 from gearshift.scheduler.rubick_live import LIVE_VARIANTS, LiveRubick, make_live_rubick
 from gearshift.scheduler.state import SchedulerSettings, SchedulerState
@@ -207,13 +208,7 @@ class Scheduler:
                 if job.state == C.JOB_STATE_RESCALING:
                     job.state = C.JOB_STATE_RUNNING  # the next round finishes the move
                 state.add(job)
-                if self.rounds.ps_plans is not None and (job.ps_plan or job.ps_pin):
-                    self.rounds.ps_plans.recover(
-                        job.job_id,
-                        ps_jobs.load(job.ps_plan),
-                        ps_jobs.load(job.ps_pin),
-                        running=job.state == C.JOB_STATE_RUNNING,
-                    )
+                self._recover_plans(job)
             for worker in state.store.workers():
                 worker.last_heartbeat_at = max(worker.last_heartbeat_at, now)
                 state.workers[worker.worker_id] = worker
@@ -230,6 +225,22 @@ class Scheduler:
                 "round": self.rounds.round,
             },
         )
+
+    def _recover_plans(self, job: JobRecord) -> None:
+        """The resource plans the job's row keeps (migration 0009), back in memory: its
+        running placement is not planned afresh (nor restarted for it), a pin holds."""
+        running = job.state == C.JOB_STATE_RUNNING
+        plans, ps_plans = self.rounds.plans, self.rounds.ps_plans
+        if plans is not None and (plan := plan_book.load(ProcessPlan, job.process_plan)):
+            # A running job's devices are the allocator's from now on (as after an ADJUST).
+            plans.restore(job.job_id, replace(plan, devices=0) if running else plan)
+        if ps_plans is not None and (job.ps_plan or job.ps_pin):
+            ps_plans.recover(
+                job.job_id,
+                plan_book.load(PsPlan, job.ps_plan),
+                plan_book.load(PsPlan, job.ps_pin),
+                running=running,
+            )
 
     def start(self) -> None:
         """Start the round loop in a background thread."""

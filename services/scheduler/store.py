@@ -51,9 +51,11 @@ class JobRecord:
     # The execution plan of the job's current (or last) placement; default: all off, one
     # thread. Stored (migration 0008): a restarted scheduler resumes the job on it.
     plan: common_pb2.ExecutionPlan = field(default_factory=common_pb2.ExecutionPlan)
-    # A PS job's process plan as its placement runs it, and one a user pinned until
-    # `gearshift scale --auto` (gearshift.scheduler.ps_jobs.dump's JSON; "": none). Stored
-    # (migration 0009): a restarted scheduler keeps both.
+    # The resource plan its placement runs: a data-parallel job's per-process resources,
+    # or a PS job's counts and cores; and a PS job's plan a user pinned until `gearshift
+    # scale --auto` (gearshift.scheduler.plan_book.dump's JSON; "": none). Stored
+    # (migration 0009): a restarted scheduler keeps them.
+    process_plan: str = ""
     ps_plan: str = ""
     ps_pin: str = ""
     # Not stored: each round decides them again, and heartbeats say whether it is paused.
@@ -208,6 +210,7 @@ def _job_from_row(row: models.Job) -> JobRecord:
         final_digest=row.final_digest,
         last_sequence=row.last_sequence,
         plan=plan,
+        process_plan=row.process_plan or "",
         ps_plan=row.ps_plan or "",
         ps_pin=row.ps_pin or "",
     )
@@ -237,6 +240,7 @@ def _job_values(job: JobRecord) -> dict[str, object]:
         "final_digest": job.final_digest,
         "last_sequence": job.last_sequence,
         "plan": job.plan.SerializeToString(deterministic=True),
+        "process_plan": job.process_plan or None,
         "ps_plan": job.ps_plan or None,
         "ps_pin": job.ps_pin or None,
     }

@@ -23,7 +23,7 @@ from gearshift.common.errors import rpc_code, rpc_details
 from gearshift.common.facts import ENDED_TASK_STATES
 from gearshift.common.identity import JobTokens
 from gearshift.common.jobspec import is_ps_job
-from gearshift.scheduler import ps_jobs
+from gearshift.scheduler import plan_book, ps_jobs
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.placement import build_placement, local_ranks, workers_of
 from gearshift.scheduler.process_resources import process_resources
@@ -152,8 +152,9 @@ class TaskControl:
                 ps_plan=ps_task,
             )
             requests.append((worker.address, request))
+        job.process_plan = plan_book.dump(resources)  # a restarted scheduler keeps them
         if ps_plan is not None and is_ps_job(job.spec):
-            job.ps_plan = ps_jobs.dump(ps_plan)  # a restarted scheduler keeps it
+            job.ps_plan = plan_book.dump(ps_plan)
         state.store.save_tasks(tasks)
         state.store.save_job(job)
         return placement, tasks, requests

@@ -157,26 +157,28 @@ def test_a_jobs_execution_plan_is_stored(store: SqlStore) -> None:
     assert [j.plan for j in store.active_jobs()] == [job.plan]
 
 
-def test_a_ps_jobs_plan_and_pin_are_stored(store: SqlStore) -> None:
-    """A restarted scheduler keeps a PS job's running plan and a user's pin (migration
-    0009): both in the row, "" (NULL) for none."""
+def test_a_jobs_resource_plans_and_pin_are_stored(store: SqlStore) -> None:
+    """A restarted scheduler keeps the resource plan a job runs and a user's pin (migration
+    0009): in the row, "" (NULL) for none."""
     store.create_job(_job("ps1", 1.0), _event("ps1", 1))
     job = store.get_job("ps1")
-    assert job is not None and (job.ps_plan, job.ps_pin) == ("", "")
+    assert job is not None and (job.process_plan, job.ps_plan, job.ps_pin) == ("", "", "")
+    job.process_plan = '{"cpu_cores": 2}'
     job.ps_plan = '{"ps": 2, "workers": 2}'
     job.ps_pin = '{"ps": 3, "workers": 4}'
     job.last_sequence = 2
     store.save_job(job, [_event("ps1", 2, S.JOB_EVENT_TYPE_PLAN)])
+    kept = (job.process_plan, job.ps_plan, job.ps_pin)
     again = store.get_job("ps1")
-    assert again is not None and (again.ps_plan, again.ps_pin) == (job.ps_plan, job.ps_pin)
-    assert [(j.ps_plan, j.ps_pin) for j in store.active_jobs()] == [(job.ps_plan, job.ps_pin)]
+    assert again is not None and (again.process_plan, again.ps_plan, again.ps_pin) == kept
+    assert [(j.process_plan, j.ps_plan, j.ps_pin) for j in store.active_jobs()] == [kept]
     job.ps_pin = ""
     store.save_job(job)
     again = store.get_job("ps1")
     assert again is not None and again.ps_pin == ""
 
 
-def test_the_ps_plan_columns_come_and_go_with_their_migration(tmp_path: Path) -> None:
+def test_the_stored_plan_columns_come_and_go_with_their_migration(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'ps.db'}"
     migrate(url)
     store = SqlStore(url)
@@ -186,12 +188,12 @@ def test_the_ps_plan_columns_come_and_go_with_their_migration(tmp_path: Path) ->
     engine = create_engine(url)
     columns = {c["name"] for c in sa.inspect(engine).get_columns("sched_jobs")}
     engine.dispose()
-    assert {"ps_plan", "ps_pin"}.isdisjoint(columns) and "plan" in columns
+    assert {"process_plan", "ps_plan", "ps_pin"}.isdisjoint(columns) and "plan" in columns
     migrate(url)
     store = SqlStore(url)
     old = store.get_job("ps1")  # a row written before the columns: none of either
     store.close()
-    assert old is not None and (old.ps_plan, old.ps_pin) == ("", "")
+    assert old is not None and (old.process_plan, old.ps_plan, old.ps_pin) == ("", "", "")
 
 
 def test_the_plan_column_comes_and_goes_with_its_migration(tmp_path: Path) -> None:

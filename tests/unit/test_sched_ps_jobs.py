@@ -11,15 +11,14 @@ import pytest
 from gearshift.brain import dlrover
 from gearshift.brain.convert import plan_message, plan_request
 from gearshift.common.errors import ValidationError
+from gearshift.scheduler.plan_book import dump, load
 from gearshift.scheduler.ps_jobs import (
     PsAsk,
     PsPlan,
     PsPlans,
     describe,
-    dump,
     fallback,
     from_message,
-    load,
     measured,
     next_stage,
     pinned,
@@ -252,9 +251,9 @@ def test_without_a_brain_a_pin_still_applies() -> None:
 
 def test_a_plan_survives_its_row_and_a_bad_row_is_no_plan() -> None:
     plan = PsPlan(2, 3, 1.0, 2.0, ps_cores_each=(1.0, 3.0), stage="set", source="a", reason="r")
-    assert load(dump(plan)) == plan
-    assert dump(None) == "" and load("") is None
-    assert load("{not json") is None and load('{"ps": "x", "nope": 1}') is None
+    assert load(PsPlan, dump(plan)) == plan
+    assert dump(None) == "" and load(PsPlan, "") is None
+    assert load(PsPlan, "{not json") is None and load(PsPlan, '{"ps": 2, "nope": 1}') is None
 
 
 def test_a_restarted_scheduler_keeps_the_running_plan_and_the_pin() -> None:

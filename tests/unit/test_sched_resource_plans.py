@@ -3,6 +3,7 @@ and the Brain's data-parallel adjust stage (plain functions)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from gearshift.brain import dlrover
 from gearshift.common.errors import ValidationError
 from gearshift.common.ports import free_port
 from gearshift.scheduler.brain import BrainAdvisor
+from gearshift.scheduler.plan_book import load
 from gearshift.scheduler.process_resources import process_resources
 from gearshift.scheduler.resource_plans import (
     PlanAsk,
@@ -397,3 +399,52 @@ def test_a_history_plan_starts_best_effort_jobs_on_its_devices_not_guaranteed_on
         assert len(scheduler.get(owed.job_id).placement.processes) == 2
     finally:
         scheduler.stop()
+
+
+class CountingHistoryBrain(HistoryBrain):
+    """A HistoryBrain that counts what it is asked."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda job, kind, n: float(n))
+        self.plans_asked = 0
+
+    def plan_resources(
+        self, request: brain_pb2.PlanResourcesRequest, spec: common_pb2.JobSpec, at: float
+    ) -> brain_pb2.ResourcePlan | None:
+        self.plans_asked += 1
+        return super().plan_resources(request, spec, at)
+
+
+def test_a_restarted_scheduler_keeps_the_plan_a_running_job_runs() -> None:
+    """The plan is stored with the job (migration 0009): a restarted scheduler does not plan
+    the running job afresh, and drops the history's device bound (the allocator's now)."""
+    settings = SchedulerSettings(
+        policy="max_min_fairness", elastic=True, round_seconds=60.0, plan_interval=0.0
+    )
+    clock, brain = Clock(), CountingHistoryBrain()
+    scheduler, _ = make_scheduler(settings, clock=clock, brain=brain)
+    again = None
+    try:
+        register(scheduler, "w", {"cpu": 8})
+        job, _ = scheduler.submit(job_spec("best", 2), "")
+        scheduler.run_round()
+        assert len(scheduler.get(job.job_id).placement.processes) == 1
+        stored = scheduler.store.get_job(job.job_id)
+        assert stored is not None
+        runs = load(ProcessPlan, stored.process_plan)
+        assert runs is not None and runs.devices == 1 and runs.source == "history"
+        asked = brain.plans_asked
+        scheduler.stop()
+
+        again, _ = make_scheduler(settings, clock=clock, brain=brain, store=scheduler.store)
+        again.recover()
+        assert again.rounds.plans is not None
+        assert again.rounds.plans.plan(job.job_id) == replace(runs, devices=0)
+        register(again, "w", {"cpu": 8})
+        again.run_round()
+        assert brain.plans_asked == asked  # not planned afresh
+        assert len(again.get(job.job_id).placement.processes) == 2  # no longer bounded
+    finally:
+        scheduler.stop()
+        if again is not None:
+            again.stop()
