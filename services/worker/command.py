@@ -247,6 +247,8 @@ class TaskPlan:
         cmd += ["--stats-file", str(task_dir / "stats" / "rank0.json")]
         # No phase deadline: the task runs until its batches are done or it is stopped.
         cmd += ["--timeout", "inf"]
+        if self.spec.checkpoint_every_steps > 0:  # global batches between checkpoints
+            cmd += ["--checkpoint-every", str(self.spec.checkpoint_every_steps)]
         return cmd
 
 

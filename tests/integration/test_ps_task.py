@@ -164,3 +164,43 @@ def test_a_ps_task_stopped_without_checkpoint_takes_its_processes_along(
     assert stopped.state == C.TASK_STATE_FAILED
     wait_until(lambda: not processes_of(root), WAIT, "PS processes outlived their launcher")
     assert ckpt.read_manifest(root) is None  # nothing published: the next start redoes it
+
+
+@pytest.mark.slow
+def test_a_ps_task_checkpoints_every_n_batches_so_a_kill_loses_at_most_n(
+    daemons: DaemonFactory,
+    fake: tuple[FakeScheduler, str],
+    tmp_path: Path,
+    sm: Callable[..., str],  # noqa: F811
+) -> None:
+    """`checkpoint_every_steps` on a PS job: phases of the same counts, each published, so a
+    task killed mid-run (no stop checkpoint) resumes from the last of them, not from 0."""
+    _, address = fake
+    shard_manager = sm()
+    worker = start_worker(daemons, address, tmp_path)
+    root = tmp_path / "ckpt" / "job-ps"
+    every = 300
+    with connect(worker.address) as channel:
+        stub = worker_pb2_grpc.WorkerAgentStub(channel)
+        request = ps_request(tmp_path, "ps.c0", shard_manager, 1, 2)
+        request.spec.checkpoint_every_steps = every
+        stub.StartTask(request)
+
+        def checkpointed() -> ckpt.Manifest | None:
+            found = ckpt.read_manifest(root)
+            return found if found is not None and found.next_batch >= every else None
+
+        published = wait_until(checkpointed, WAIT, "a checkpoint published while the task runs")
+        assert published is not None
+        assert status(worker, "ps.c0").state == C.TASK_STATE_RUNNING
+        assert published.next_batch % every == 0 and published.num_ps == 1
+        stopped = stub.StopTask(worker_pb2.StopTaskRequest(task_id="ps.c0", checkpoint=False))
+        assert stopped.state == C.TASK_STATE_FAILED  # killed: no checkpoint of its own
+        kept = ckpt.read_manifest(root)
+        assert kept is not None and kept.next_batch >= published.next_batch
+        assert kept.next_batch % every == 0 and kept.updates_acked == kept.updates_applied
+        again = ps_request(tmp_path, "ps.c1", shard_manager, 1, 2)
+        stub.StartTask(again)
+        step = wait_until(lambda: status(worker, "ps.c1").progress.step, WAIT, "resumed")
+        assert step >= kept.next_batch  # not from 0
+        stub.StopTask(worker_pb2.StopTaskRequest(task_id="ps.c1", checkpoint=False))

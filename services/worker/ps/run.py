@@ -153,17 +153,27 @@ def run_task(args: argparse.Namespace, data: ClickConfig, model: ModelConfig) ->
     )
     write_progress(first, 0.0, {"ps": args.ps, "workers": args.workers})
     shards = _shards(args, root)
-    res = run_phase(
-        root,
-        Phase(args.ps, args.workers, steps),
-        data,
-        model,
-        timeout_s=args.timeout,
-        shards=shards,
-        cores=cores,
-        on_tick=on_tick,
-        read_ms=args.read_ms,
-    )
+    # Phases of the same counts, each ending in a published checkpoint: a task killed
+    # mid-run loses at most --checkpoint-every batches, not everything since it started.
+    every = args.checkpoint_every or steps
+    at = first
+    while True:
+        length = min(every, args.total_steps - at)
+        res = run_phase(
+            root,
+            Phase(args.ps, args.workers, length),
+            data,
+            model,
+            timeout_s=args.timeout,
+            shards=shards,
+            cores=cores,
+            on_tick=on_tick,
+            read_ms=args.read_ms,
+        )
+        ran_short = res.end_batch < at + length  # stopped, or the data ran out
+        at = res.end_batch
+        if ran_short or at >= args.total_steps or stop.exists():
+            break
     if args.eval_blocks:
         last_auc = evaluate(root, args.eval_blocks)
         pstask.write_json_atomic(root / "last-auc.json", {"auc": last_auc})
@@ -276,9 +286,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="--task: cores of each PS, e.g. 1,2 (default 1 each)",
     )
     ap.add_argument("--worker-cores", type=float, default=1.0, help="--task: cores per worker")
+    ap.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="--task: checkpoint every this many global batches (each a phase of the same "
+        "counts); 0: only when the task stops or ends",
+    )
     args = ap.parse_args(argv)
     if args.task and (args.checkpoint_dir is None or args.total_steps is None):
         ap.error("--task needs --checkpoint-dir and --total-steps")
+    if args.checkpoint_every < 0:
+        ap.error(f"--checkpoint-every must be >= 0, got {args.checkpoint_every}")
     if not (math.isfinite(args.read_ms) and args.read_ms >= 0):
         ap.error(f"--read-ms must be a finite number >= 0, got {args.read_ms}")
     try:
