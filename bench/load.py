@@ -9,9 +9,10 @@ One trial: a fresh database on the Postgres server (created, then dropped), a re
 `gearshift-scheduler` process on it with elastic LAS (--policy las --elastic), short
 rounds and its Prometheus endpoint; --queued EST jobs submitted first; then
 --processes OS processes drive --workers simulated workers with the real workers API
-(RegisterWorker once, Heartbeat every second, register again when told to; no
-WorkerAgent server: each gives an address of its own where nothing listens, so a
-placement on them fails to start and the scheduler declares those workers lost), while
+(RegisterWorker once, Heartbeat every second listing its tasks, register again when
+told to; the WorkerAgent of a process's workers is one server there that accepts
+StartTask and StopTask and trains nothing, so jobs start, are rescaled and preempted
+with real calls, and rounds end as on a cluster), while
 one more process submits --submits-per-second jobs (open loop), runs a few WatchJob
 watchers (time to the first event) and GetClusterState / ListJobs callers, each once a
 second. Every latency is
@@ -21,7 +22,7 @@ max as the histogram's bucket bounds), the queued job count, and what the schedu
 log and counters say it did (starts, workers lost, failed rounds).
 
 With --unplaceable the jobs ask for an accelerator type no simulated worker has: they
-stay queued and the scheduler never calls a worker. --sweep runs one trial per worker
+stay queued and the scheduler never calls a worker (the rounds' own cost alone). --sweep runs one trial per worker
 count and reports the knee: the first count at which some RPC's p99 in the window passes
 100 ms ("RegisterWorker (startup)", every worker registering at once before the window,
 is shown but not counted; "RegisterWorker" is the re-registrations in the window).
@@ -58,7 +59,7 @@ if __package__ in (None, ""):
 import grpc
 
 from gearshift.client.processes import DaemonError, DaemonProcess, start_daemon
-from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 C = common_pb2
 S = scheduler_pb2
@@ -74,13 +75,40 @@ TYPES = ("v100", "p100", "k80")  # what the simulated workers offer, in turn
 DEVICES_PER_WORKER = 4
 
 
-def nowhere(index: int) -> str:
-    """Worker `index`'s address: its own loopback IP, port 9 (discard), where nothing
-    listens, so a start on it is refused at once. One address per worker, as real workers
-    have: the scheduler declares the workers at an unreachable address lost, and a shared
-    address would lose every simulated worker at each failed start (a storm of all of
-    them registering again that no real cluster sees)."""
-    return f"127.{1 + index // 65536}.{(index // 256) % 256}.{index % 256}:9"
+class SimulatedAgents(worker_pb2_grpc.WorkerAgentServicer):
+    """The WorkerAgent of one load process's simulated workers (one server, one address for
+    all of them): StartTask starts nothing but remembers the task under each worker of
+    the placement it names, which that worker's heartbeats then list as running (as a
+    real worker's do); StopTask forgets it. So the scheduler's starts, rescales and
+    preemptions are real calls, and its rounds end as they would on a cluster."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, dict[str, str]] = {}  # worker id -> task id -> job id
+
+    async def StartTask(
+        self, request: worker_pb2.StartTaskRequest, context: Any
+    ) -> common_pb2.TaskStatus:
+        for rank in request.local_ranks:
+            worker_id = request.placement.processes[rank].worker_id
+            self.tasks.setdefault(worker_id, {})[request.task_id] = request.job_id
+        return C.TaskStatus(
+            task_id=request.task_id, job_id=request.job_id, state=C.TASK_STATE_RUNNING
+        )
+
+    async def StopTask(
+        self, request: worker_pb2.StopTaskRequest, context: Any
+    ) -> common_pb2.TaskStatus:
+        job_id = ""
+        for tasks in self.tasks.values():
+            job_id = tasks.pop(request.task_id, job_id)
+        state = C.TASK_STATE_CHECKPOINTED if request.checkpoint else C.TASK_STATE_FAILED
+        return C.TaskStatus(task_id=request.task_id, job_id=job_id, state=state)
+
+    def statuses(self, worker_id: str) -> list[common_pb2.TaskStatus]:
+        return [
+            C.TaskStatus(task_id=task_id, job_id=job_id, state=C.TASK_STATE_RUNNING)
+            for task_id, job_id in self.tasks.get(worker_id, {}).items()
+        ]
 
 
 TENANTS = 4
@@ -173,13 +201,16 @@ def job_spec(index: int, unplaceable: bool) -> common_pb2.JobSpec:
     )
 
 
-def register_request(worker_id: str, index: int) -> scheduler_pb2.RegisterWorkerRequest:
+def register_request(
+    worker_id: str, index: int, address: str, tasks: Sequence[common_pb2.TaskStatus] = ()
+) -> scheduler_pb2.RegisterWorkerRequest:
     kind = TYPES[index % len(TYPES)]
     return S.RegisterWorkerRequest(
         worker_id=worker_id,
-        address=nowhere(index),
+        address=address,
         hostname=f"sim-{index}",
         devices=[C.DeviceGroup(accelerator_type=kind, count=DEVICES_PER_WORKER)],
+        tasks=tasks,
     )
 
 
@@ -234,14 +265,21 @@ async def _until(when: float) -> None:
 
 
 async def _workers(address: str, first: int, count: int, window: Any, ready: Any) -> dict[str, Any]:
-    """Register `count` workers, then heartbeat each every second until the window ends."""
+    """Register `count` workers, then heartbeat each every second until the window ends;
+    their WorkerAgent is one server of this process (SimulatedAgents)."""
     recorder = Recorder(window)
+    agents = SimulatedAgents()
+    server = grpc.aio.server()
+    worker_pb2_grpc.add_WorkerAgentServicer_to_server(agents, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    here = f"127.0.0.1:{port}"
     async with _channel(address) as channel:
         stub = scheduler_pb2_grpc.WorkerRegistryStub(channel)
         gate = asyncio.Semaphore(32)
 
         async def register(index: int) -> bool:
-            request = register_request(f"sim-{index:05d}", index)
+            request = register_request(f"sim-{index:05d}", index, here)
             async with gate:
                 reply = await recorder.call(
                     STARTUP, stub.RegisterWorker(request, timeout=CALL_TIMEOUT), True
@@ -253,7 +291,7 @@ async def _workers(address: str, first: int, count: int, window: Any, ready: Any
             tick = time.time() + random.uniform(0, HEARTBEAT_SECONDS)
             while not recorder.over():
                 await _until(tick)
-                request = S.HeartbeatRequest(worker_id=worker_id)
+                request = S.HeartbeatRequest(worker_id=worker_id, tasks=agents.statuses(worker_id))
                 reply = await recorder.call(
                     "Heartbeat", stub.Heartbeat(request, timeout=CALL_TIMEOUT)
                 )
@@ -262,7 +300,8 @@ async def _workers(address: str, first: int, count: int, window: Any, ready: Any
                     await recorder.call(
                         "RegisterWorker",
                         stub.RegisterWorker(
-                            register_request(worker_id, index), timeout=CALL_TIMEOUT
+                            register_request(worker_id, index, here, agents.statuses(worker_id)),
+                            timeout=CALL_TIMEOUT,
                         ),
                     )
                 now = time.time()
@@ -272,6 +311,7 @@ async def _workers(address: str, first: int, count: int, window: Any, ready: Any
         registered = await asyncio.gather(*(register(i) for i in indexes))
         ready.put(("ready", sum(registered)))
         await asyncio.gather(*(worker(i) for i in indexes))
+    await server.stop(grace=None)
     return recorder.result()
 
 

@@ -1,5 +1,6 @@
 """bench/load.py at a tiny scale on a real scheduler and Postgres: it runs end to end and
-reports latencies for the workers API and submissions, with no failed call."""
+reports latencies for the workers API and submissions, with no failed call, and the jobs
+start on the simulated workers."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ def test_load_bench_tiny(postgres_url: str, tmp_path: Path) -> None:
     assert {name: s["errors"] for name, s in rpcs.items() if s["errors"]} == {}
     assert rpcs["Heartbeat"]["count"] >= 20 * 3  # every worker, about once a second
     assert trial["rounds"]["rounds"] >= 1
+    # The simulated workers' agent accepts starts: jobs run, no worker is lost for them.
+    assert trial["running_jobs"] > 0
+    assert trial["counters"]["workers_lost_total"] == 0
+    assert trial["log_events"]["start failed"] == 0 and trial["log_events"]["worker lost"] == 0
 
 
 def test_unreachable_postgres_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
