@@ -105,6 +105,15 @@ class SimulatedAgents(worker_pb2_grpc.WorkerAgentServicer):
         state = C.TASK_STATE_CHECKPOINTED if request.checkpoint else C.TASK_STATE_FAILED
         return C.TaskStatus(task_id=request.task_id, job_id=job_id, state=state)
 
+    async def GetTaskStatus(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a simulated worker")
+
+    async def StreamTaskLogs(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a simulated worker")
+
+    async def DescribeWorker(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a simulated worker")
+
     def statuses(self, worker_id: str) -> list[common_pb2.TaskStatus]:
         return [
             C.TaskStatus(task_id=task_id, job_id=job_id, state=C.TASK_STATE_RUNNING)
