@@ -49,7 +49,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,12 @@ CALL_TIMEOUT = 10.0
 HEARTBEAT_SECONDS = 1.0
 TYPES = ("v100", "p100", "k80")  # what the simulated workers offer, in turn
 DEVICES_PER_WORKER = 4
+
+
+def host_of(index: int) -> str:
+    """Worker `index`'s host: a loopback address of its own (the scheduler hands out
+    rendezvous ports per host, a hundred of them)."""
+    return f"127.{1 + index // 65536}.{(index // 256) % 256}.{index % 256}"
 
 
 class SimulatedAgents(worker_pb2_grpc.WorkerAgentServicer):
@@ -108,8 +114,9 @@ class SimulatedAgents(worker_pb2_grpc.WorkerAgentServicer):
     async def GetTaskStatus(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a simulated worker")
 
-    async def StreamTaskLogs(self, request: Any, context: Any) -> Any:
+    async def StreamTaskLogs(self, request: Any, context: Any) -> AsyncIterator[C.LogLine]:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a simulated worker")
+        yield C.LogLine()  # never reached: abort raises
 
     async def DescribeWorker(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a simulated worker")
@@ -281,15 +288,16 @@ async def _workers(address: str, first: int, count: int, window: Any, ready: Any
     agents = SimulatedAgents()
     server = grpc.aio.server()
     worker_pb2_grpc.add_WorkerAgentServicer_to_server(agents, server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    # Every loopback address reaches it: each worker registers at its own (`host_of`),
+    # as workers on a real cluster have hosts of their own.
+    port = server.add_insecure_port("0.0.0.0:0")
     await server.start()
-    here = f"127.0.0.1:{port}"
     async with _channel(address) as channel:
         stub = scheduler_pb2_grpc.WorkerRegistryStub(channel)
         gate = asyncio.Semaphore(32)
 
         async def register(index: int) -> bool:
-            request = register_request(f"sim-{index:05d}", index, here)
+            request = register_request(f"sim-{index:05d}", index, f"{host_of(index)}:{port}")
             async with gate:
                 reply = await recorder.call(
                     STARTUP, stub.RegisterWorker(request, timeout=CALL_TIMEOUT), True
@@ -310,7 +318,12 @@ async def _workers(address: str, first: int, count: int, window: Any, ready: Any
                     await recorder.call(
                         "RegisterWorker",
                         stub.RegisterWorker(
-                            register_request(worker_id, index, here, agents.statuses(worker_id)),
+                            register_request(
+                                worker_id,
+                                index,
+                                f"{host_of(index)}:{port}",
+                                agents.statuses(worker_id),
+                            ),
                             timeout=CALL_TIMEOUT,
                         ),
                     )

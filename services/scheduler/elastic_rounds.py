@@ -34,6 +34,7 @@ The ESTs of a chosen configuration are split by EasyScale's planner
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -315,39 +316,63 @@ class ElasticRounds:
                     chosen[job.job_id] = config
                     _take(free, config)
                     break
+        self._grow(snapshot, models, rates, free, chosen)
+        return chosen
+
+    def _grow(
+        self,
+        snapshot: Snapshot,
+        models: Mapping[str, ElasticJob],
+        rates: Mapping[str, Mapping[Config, float]],
+        free: dict[str, int],
+        chosen: dict[str, Config],
+    ) -> None:
+        """Grow the chosen jobs into the free devices, the largest gain per device first,
+        one step at a time (ties: the job chosen first, then its first configuration).
+
+        Candidates wait in a heap, so a round over thousands of jobs and devices costs a
+        sort, not a pass over every job per device handed out: a job's candidates are
+        renewed when it grows (older ones are skipped), and one that no longer fits is
+        dropped for good, since each step only takes devices."""
         by_id = {job.job_id: job for job in snapshot.jobs}
-        while any(n > 0 for n in free.values()):
-            best: tuple[float, str, Config] | None = None
-            for job_id, config in chosen.items():
-                job = by_id[job_id]
-                now_rate = rates[job_id].get(config, 0.0)
-                unit = max(models[job_id].capability.values(), default=1.0) or 1.0
-                for bigger, bigger_rate in rates[job_id].items():
-                    if bigger == config or not _within(config, bigger):
-                        continue
-                    extra = {t: n - dict(config).get(t, 0) for t, n in bigger}
-                    if not fits(tuple(extra.items()), free):
-                        continue
-                    gain = bigger_rate - now_rate
-                    if gain <= 0:
-                        continue
-                    if (
-                        job.current
-                        and job.current == config
-                        and not self._worth(job, now_rate, bigger_rate)
-                    ):
-                        continue
-                    added = sum(extra.values())
-                    score = gain / unit / max(added, 1)
-                    if best is None or score > best[0]:
-                        best = (score, job_id, bigger)
-            if best is None:
-                break
-            _, job_id, bigger = best
+        order = {job_id: i for i, job_id in enumerate(chosen)}
+        heap: list[tuple[float, int, int, int, str, Config, Config]] = []
+        version: dict[str, int] = {}
+
+        def offer(job_id: str) -> None:
+            config = chosen[job_id]
+            version[job_id] = version.get(job_id, 0) + 1
+            job = by_id[job_id]
+            now_rate = rates[job_id].get(config, 0.0)
+            unit = max(models[job_id].capability.values(), default=1.0) or 1.0
+            have = dict(config)
+            for k, (bigger, bigger_rate) in enumerate(rates[job_id].items()):
+                if bigger == config or not _within(config, bigger):
+                    continue
+                gain = bigger_rate - now_rate
+                if gain <= 0:
+                    continue
+                if (
+                    job.current
+                    and job.current == config
+                    and not self._worth(job, now_rate, bigger_rate)
+                ):
+                    continue
+                extra = tuple((t, n - have.get(t, 0)) for t, n in bigger)
+                score = gain / unit / max(sum(n for _, n in extra), 1)
+                entry = (-score, order[job_id], k, version[job_id], job_id, bigger, extra)
+                heapq.heappush(heap, entry)
+
+        for job_id in chosen:
+            offer(job_id)
+        while heap and any(n > 0 for n in free.values()):
+            _, _, _, seen, job_id, bigger, extra = heapq.heappop(heap)
+            if seen != version[job_id] or not fits(extra, free):
+                continue
             _take(free, chosen[job_id], sign=+1)
             chosen[job_id] = bigger
             _take(free, bigger)
-        return chosen
+            offer(job_id)
 
     def _worth(self, job: JobSnapshot, now_rate: float, new_rate: float) -> bool:
         """Whether a running job should restart to go from now_rate to new_rate."""

@@ -26,6 +26,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
 from gearshift.common import execplan
+from gearshift.common.errors import ResourceExhaustedError
 from gearshift.common.jobspec import is_ps_job
 from gearshift.scheduler.estimates import EstimateRequest, Estimates
 from gearshift.scheduler.mechanism import Device
@@ -630,6 +631,9 @@ class Rounds:
             if failures:
                 self.control.kill(tasks, "start failed")
                 self.wake()
+        except ResourceExhaustedError as exc:  # nothing was sent: the job stays queued
+            log.warning("job not started", extra={"job_id": change.job_id, "why": str(exc)})
+            self._abandon(change.job_id)
         except Exception:
             log.exception("starting a job failed", extra={"job_id": change.job_id})
             self._abandon(change.job_id)

@@ -19,7 +19,7 @@ from typing import TypeVar
 import grpc
 
 from gearshift.common import execplan
-from gearshift.common.errors import rpc_code, rpc_details
+from gearshift.common.errors import ResourceExhaustedError, rpc_code, rpc_details
 from gearshift.common.facts import ENDED_TASK_STATES
 from gearshift.common.identity import JobTokens
 from gearshift.common.jobspec import is_ps_job
@@ -83,13 +83,13 @@ class TaskControl:
         execplan.check_allowed(job.spec, plan)
         state = self.state
         settings = state.settings
-        resume = job.generation > 0
-        job.generation += 1
         placement = build_placement(assignments)
-        now = state.clock()
         rank0 = state.workers[placement.processes[0].worker_id]
         host = rank0.address.rpartition(":")[0] or "127.0.0.1"
-        rendezvous = f"{host}:{self._free_port(host)}"
+        rendezvous = f"{host}:{self._free_port(host)}"  # raises before anything changes
+        resume = job.generation > 0
+        job.generation += 1
+        now = state.clock()
         checkpoint_dir = os.path.join(settings.checkpoint_root, job.job_id)
         tasks: list[TaskRecord] = []
         requests: StartRequests = []
@@ -179,7 +179,10 @@ class TaskControl:
             if port not in used:
                 self._last_port[host] = port
                 return port
-        raise RuntimeError(f"no free rendezvous port on {host} in {base}-{base + span - 1}")
+        raise ResourceExhaustedError(
+            f"no free rendezvous port on {host} in {base}-{base + span - 1} "
+            f"({span} jobs with rank 0 on that host already): the job waits for one"
+        )
 
     def start_tasks(self, requests: StartRequests) -> tuple[list[str], set[str]]:
         """Send the StartTask calls: (failures, addresses of workers that could not be

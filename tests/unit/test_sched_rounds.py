@@ -16,6 +16,7 @@ from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.pipeline import Snapshot, Target
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.store import TaskRecord
+from gearshift.scheduler.task_control import RENDEZVOUS_PORTS
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.helpers import wait_until
 from tests.sched_harness import (
@@ -637,3 +638,25 @@ def test_a_restarted_scheduler_keeps_a_ps_jobs_plan_and_its_pin() -> None:
         scheduler.stop()
         if again is not None:
             again.stop()
+
+
+def test_a_host_out_of_rendezvous_ports_leaves_the_job_queued_unchanged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every port of a host's rendezvous range held by a running job's rank 0: the next job
+    is not started (one warning naming the host and the range, no traceback) and waits,
+    its generation unchanged."""
+    clock = Clock()
+    scheduler, agents = make_scheduler(settings("fifo"), clock=clock)
+    try:
+        register(scheduler, "a", {"t4": RENDEZVOUS_PORTS + 1})
+        jobs = [scheduler.submit(job_spec(f"j{i}", 1), "")[0] for i in range(RENDEZVOUS_PORTS + 1)]
+        scheduler.run_round()
+        assert len(agents.started) == RENDEZVOUS_PORTS
+        (waiting,) = [j for j in jobs if scheduler.get(j.job_id).state == C.JOB_STATE_QUEUED]
+        assert scheduler.get(waiting.job_id).generation == 0
+        warned = [r for r in caplog.records if r.getMessage() == "job not started"]
+        assert len(warned) == 1 and not warned[0].exc_info
+        assert "no free rendezvous port on 127.0.0.1" in warned[0].__dict__["why"]
+    finally:
+        scheduler.stop()
