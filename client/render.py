@@ -191,7 +191,8 @@ def event_line(event: scheduler_pb2.JobEvent) -> str:
     progress = event.progress
     if progress.step or progress.total_steps:
         parts.append(f"step {step_text(progress)}")
-        parts.append(f"loss {progress.loss:.4f}")
+        if progress.loss:  # none before a first step, nor for a PS job (asynchronous)
+            parts.append(f"loss {progress.loss:.4f}")
         parts.append(f"{progress.samples_per_second:.1f} samples/s")
     if event.placement.processes:
         parts.append(f"devices {devices_by_type(event.placement)}")

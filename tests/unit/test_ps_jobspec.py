@@ -91,3 +91,18 @@ def test_gearshift_job_says_a_ps_job_is_not_bitwise_reproducible() -> None:
     line = next(x for x in render.job_details(job).splitlines() if x.startswith("ps job"))
     assert "starts 2 PS x 2 workers (at most 8 x 8)" in line
     assert "NOT bitwise reproducible" in line
+
+
+def test_gearshift_watch_shows_no_loss_for_a_ps_job() -> None:
+    """A PS job reports no loss (its workers push asynchronously): `watch` leaves it out
+    instead of printing 0.0000; an EST job's loss is shown."""
+    ps_event = scheduler_pb2.JobEvent(
+        progress=common_pb2.JobProgress(step=40, total_steps=100, samples_per_second=9.5)
+    )
+    assert "loss" not in render.event_line(ps_event) and "step 40/100" in render.event_line(
+        ps_event
+    )
+    est_event = scheduler_pb2.JobEvent(
+        progress=common_pb2.JobProgress(step=40, total_steps=100, loss=0.25)
+    )
+    assert "loss 0.2500" in render.event_line(est_event)
