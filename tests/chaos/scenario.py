@@ -5,6 +5,7 @@ soak runs waves until its time is up."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ from tests.e2e.worker_cluster import SIZE, Reference, digits_spec, step_log
 from tests.helpers import wait_until
 
 EST_JOBS = 4
+LEDGER_INTERVAL = 0.1  # seconds between two reads of the dynamic job's shard ledger
 
 
 @dataclass
@@ -55,8 +57,24 @@ def run_wave(
     wave = Wave(est_jobs, dynamic_job, ShardLedger(cluster, dynamic_job))
     chaos.focus = dynamic_job
 
+    # The ledger is read on its own thread: asking the scheduler for the jobs' states
+    # blocks while it restarts, and the dataset is deleted at the job's end, so a ledger
+    # read between those calls could miss the last redeliveries (seen in a soak: a
+    # restart's 40 redeliveries 2 s before the end, while the scheduler was down).
+    polling = threading.Event()
+    failures: list[BaseException] = []
+
+    def poll() -> None:
+        while not polling.wait(LEDGER_INTERVAL):
+            try:
+                wave.ledger.poll()
+            except BaseException as exc:  # reported by ended()
+                failures.append(exc)
+                return
+
     def ended() -> bool:
-        wave.ledger.poll()
+        if failures:
+            raise AssertionError(f"reading the shard ledger failed: {failures[0]!r}")
         if chaos.error is not None:
             raise AssertionError(f"the chaos driver failed: {chaos.error!r}")
         states = job_states(cluster, wave.jobs)
@@ -64,7 +82,13 @@ def run_wave(
             wave.final.update(states)
         return states is not None and all(j.state in TERMINAL_STATES for j in states.values())
 
-    wait_until(ended, budget, f"every job of {name} ends", interval=0.25)
+    poller = threading.Thread(target=poll, name="ledger", daemon=True)
+    poller.start()
+    try:
+        wait_until(ended, budget, f"every job of {name} ends", interval=0.25)
+    finally:
+        polling.set()
+        poller.join(LEDGER_INTERVAL + 10)
     return wave
 
 
