@@ -55,6 +55,12 @@ def check_non_negative(value: float, field: str) -> None:
     require(math.isfinite(value) and value >= 0, field, f"must be >= 0 (got {value})")
 
 
+def check_generation(value: int, field: str = "generation") -> None:
+    """A placement generation (shard-holder fences): > 0 fences the holder's older placements
+    out, 0 is unfenced. Checked alike by the worker daemon and the shard manager."""
+    require(value >= 0, field, f"must be >= 0 (0: unfenced) (got {value})")
+
+
 def check_enum(value: int, valid: Iterable[int], field: str, *, allow_unspecified: bool) -> None:
     """A proto3 enum field holds a known value (proto3 accepts unknown ones on the wire)."""
     allowed = set(valid)

@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from gearshift.common.errors import GearshiftError
-from gearshift.common.validation import check_name, require
+from gearshift.common.validation import check_generation, check_name, require
 from gearshift.shardmanager import metrics
 from gearshift.shardmanager.model import (
     DEFAULT_LEASE_SECONDS,
@@ -81,11 +81,6 @@ def check_holder(value: str, field: str = "holder_id") -> None:
 
 def _non_negative(value: int, field: str) -> None:
     require(value >= 0, field, f"must be >= 0 (got {value})")
-
-
-def check_generation(value: int, field: str = "generation") -> None:
-    """A placement generation: > 0 fences the holder's older placements out, 0 is unfenced."""
-    require(value >= 0, field, f"must be >= 0 (0: unfenced) (got {value})")
 
 
 def check_acquire(request: shardmanager_pb2.AcquireShardRequest, *, identity: bool = True) -> None:

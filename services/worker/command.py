@@ -65,7 +65,7 @@ from gearshift.common.facts import DETERMINISM_NAMES, total_steps
 from gearshift.common.jobspec import is_ps_job, validate_job_spec, with_defaults
 from gearshift.common.profiles import profile_key
 from gearshift.common.sharding import num_shards
-from gearshift.common.validation import check_name, require
+from gearshift.common.validation import check_generation, check_name, require
 from gearshift.v1 import common_pb2, worker_pb2
 from gearshift.worker.gpus import VISIBLE_VARIABLE, task_gpus
 from gearshift.worker.runtime.backend import choose_backend
@@ -465,11 +465,7 @@ def plan_task(
         "loader_procs_per_process",
         f"must be 0-{MAX_LOADER_PROCS} (got {request.loader_procs_per_process})",
     )
-    require(
-        request.generation >= 0,
-        "generation",
-        f"must be >= 0 (0: unfenced) (got {request.generation})",
-    )
+    check_generation(request.generation)
     dataset_id = request.dataset_id or request.job_id
     check_name(dataset_id, "dataset_id")
     _check_collocation(request.collocation, request.job_id)
