@@ -172,14 +172,21 @@ class Given:
 def given_back(shard_manager_log: str, job_id: str) -> list[Given]:
     """Every shard the shard manager gave back from the job's holders: each release of
     each incarnation (a restart appends to the log) logs `holder released ...
-    holder_id=<job>/est-<i> ... resume_step=R ... released=[...]`, each item
-    epoch:shard:read step:acknowledged."""
+    holder_id=<job>/est-<i> ... resume_step=R ... released=[...] request_id=ID`, each
+    item epoch:shard:read step:acknowledged. A retried release (same request id) is
+    logged again with the first call's answer: counted once (the first call's line is
+    missing when the shard manager was killed between carrying it out and logging it)."""
     pattern = re.compile(
         rf"holder released dataset_id={re.escape(job_id)} holder_id={re.escape(job_id)}"
-        r"/est-(\d+) .*?resume_step=(\S+) .*?released=\[([^\]]*)\]"
+        r"/est-(\d+) .*?resume_step=(\S+) .*?released=\[([^\]]*)\](?: request_id=(\S*))?"
     )
     out = []
-    for est, resume, items in pattern.findall(shard_manager_log):
+    seen: set[tuple[str, str]] = set()
+    for est, resume, items, request_id in pattern.findall(shard_manager_log):
+        if request_id:
+            if (est, request_id) in seen:
+                continue
+            seen.add((est, request_id))
         for raw in items.split(","):
             item = raw.strip().strip("'\"")
             if item:

@@ -19,6 +19,7 @@ loses its lease.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterable
 
 import grpc
@@ -107,6 +108,7 @@ class DatasetKeeper:
             reason=reason,
             keep_provisional=True,
             generation=generation,
+            request_id=uuid.uuid4().hex,  # the channel's retries repeat it: one release
         )
         try:
             return int(self._stub.ReleaseHolder(request, timeout=self._timeout).requeued)

@@ -26,6 +26,7 @@ Keys of one dataset (KEYS, in this order, see `KEY_NAMES`):
   steps     hash   "<epoch>:<shard>" -> the step that reads it (AcquireShard's read_step),
                    set or cleared at every grant, kept while DOING or uncovered
   fences    hash   holder -> the newest placement generation that released it
+  releases  hash   holder -> "request_id|<reply>" of its last release with a request id
 
 Provisional acknowledgements (a dataset created with `provisional_acks`): an
 acknowledged shard is DONE, so an epoch rolls over as soon as it is read (a
@@ -89,6 +90,7 @@ KEY_NAMES = (
     "late",
     "steps",
     "fences",
+    "releases",
 )
 
 # Most expired leases one acquire takes back; the rest go on the next calls.
@@ -115,7 +117,7 @@ local K_META, K_ORDER, K_REQUEUE, K_DOING = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_LEASES, K_ATTEMPTS, K_DONE, K_DONE_PREV = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local K_STATS, K_FAILED, K_LAPSED = KEYS[9], KEYS[10], KEYS[11]
 local K_GRANTS, K_CKPTS, K_UNCOVERED, K_LATE = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
-local K_STEPS, K_FENCES = KEYS[16], KEYS[17]
+local K_STEPS, K_FENCES, K_RELEASES = KEYS[16], KEYS[17], KEYS[18]
 
 -- Integers leave Lua through string.format: tostring would print 1e+15.
 local function I(x) return string.format('%d', x) end
@@ -505,14 +507,27 @@ RELEASE = (
     _PRELUDE
     + """
 -- ARGV: holder, resume step ('' = none: undo every provisional ack), keep ('1': DOING only),
--- generation ('' or 0 = unfenced; otherwise it becomes the holder's, unless older)
+-- generation ('' or 0 = unfenced; otherwise it becomes the holder's, unless older),
+-- request id ('' = none; the same id again replies what the first call did, changing
+-- nothing: a retry after a lost answer learns what the release gave back)
 local holder, resume, keep = ARGV[1], ARGV[2] or '', ARGV[3] == '1'
+local rid = ARGV[5] or ''
 local m = load_meta()
 if not m then return NOTFOUND end
 if m.mode ~= 'dynamic' then return wrong_mode(m) end
 local g = generation_arg(ARGV[4])
 local current, stale = fence(holder, g)
 if stale then return stale end
+if rid ~= '' then
+  local memo = redis.call('HGET', K_RELEASES, holder)
+  if memo then
+    local mrid, e, rq, fl, cv, rl = string.match(memo, '^(.-)|(.-);(.-);(.-);(.-);(.*)$')
+    if mrid == rid then
+      return {'status', 'OK', 'epoch', e, 'requeued', rq, 'failed', fl, 'covered', cv,
+              'released', rl, 'repeat', '1'}
+    end
+  end
+end
 if g > current then redis.call('HSET', K_FENCES, holder, I(g)) end
 local function step_of(key) return redis.call('HGET', K_STEPS, key) or '-1' end
 local all = redis.call('HGETALL', K_DOING)
@@ -559,16 +574,20 @@ if m.provisional == '1' and not keep then
   end
 end
 redis.call('HDEL', K_GRANTS, holder)
-return {'status', 'OK', 'epoch', I(m.epoch), 'requeued', table.concat(requeued, ','),
-        'failed', table.concat(failed, ','), 'covered', I(covered),
-        'released', table.concat(released, ',')}
+local reply = {I(m.epoch), table.concat(requeued, ','), table.concat(failed, ','), I(covered),
+               table.concat(released, ',')}
+if rid ~= '' then
+  redis.call('HSET', K_RELEASES, holder, rid .. '|' .. table.concat(reply, ';'))
+end
+return {'status', 'OK', 'epoch', reply[1], 'requeued', reply[2], 'failed', reply[3],
+        'covered', reply[4], 'released', reply[5], 'repeat', '0'}
 """
 )
 
 RELEASE_REPLIES: Replies = {
     **REFUSALS,
     **FENCE_REFUSAL,
-    "OK": ("epoch", "requeued", "failed", "covered", "released"),
+    "OK": ("epoch", "requeued", "failed", "covered", "released", "repeat"),
 }
 
 COVER = (
@@ -694,7 +713,7 @@ if sm.epoch ~= I(m.epoch) then
 end
 -- K_FENCES stays: placements only go forward, whatever progress the snapshot rewinds to.
 redis.call('DEL', K_REQUEUE, K_DOING, K_LEASES, K_ATTEMPTS, K_DONE, K_DONE_PREV, K_STATS,
-           K_FAILED, K_LAPSED, K_GRANTS, K_UNCOVERED, K_LATE, K_STEPS)
+           K_FAILED, K_LAPSED, K_GRANTS, K_UNCOVERED, K_LATE, K_STEPS, K_RELEASES)
 -- DOING shards go back to TODO first, in the order they were handed out.
 local doing = {}
 for i = 1, #st.doing, 2 do

@@ -162,6 +162,7 @@ class ReleaseResult:
     failed: tuple[int, ...]
     covered: int = 0  # provisional acks made final by the release's resume step
     released: tuple[ReleasedShard, ...] = ()
+    repeat: bool = False  # the answer to an earlier call with the same request id
 
 
 @dataclass(frozen=True)

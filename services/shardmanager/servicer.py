@@ -79,6 +79,20 @@ def check_holder(value: str, field: str = "holder_id") -> None:
     )
 
 
+def check_request_id(value: str) -> None:
+    """A retry's id (empty: none); '|' separates it from what the store keeps with it."""
+    require(
+        len(value) <= MAX_REQUEST_ID_LENGTH,
+        "request_id",
+        f"must be at most {MAX_REQUEST_ID_LENGTH} characters",
+    )
+    require(
+        value.isprintable() and not any(c.isspace() or c == "|" for c in value),
+        "request_id",
+        f"{value!r} must be printable characters without spaces or '|'",
+    )
+
+
 def _non_negative(value: int, field: str) -> None:
     require(value >= 0, field, f"must be >= 0 (got {value})")
 
@@ -88,11 +102,7 @@ def check_acquire(request: shardmanager_pb2.AcquireShardRequest, *, identity: bo
     if identity:
         check_name(request.dataset_id, "dataset_id")
         check_holder(request.holder_id)
-    require(
-        len(request.request_id) <= MAX_REQUEST_ID_LENGTH,
-        "request_id",
-        f"must be at most {MAX_REQUEST_ID_LENGTH} characters",
-    )
+    check_request_id(request.request_id)
     if request.HasField("ack"):
         _non_negative(request.ack.epoch, "ack.epoch")
         _non_negative(request.ack.shard_id, "ack.shard_id")
@@ -106,6 +116,7 @@ def check_release(request: shardmanager_pb2.ReleaseHolderRequest) -> None:
     check_name(request.dataset_id, "dataset_id")
     check_holder(request.holder_id)
     check_generation(request.generation)
+    check_request_id(request.request_id)
     if request.HasField("resume_step"):
         _non_negative(request.resume_step, "resume_step")
         require(
@@ -412,10 +423,15 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
             resume,
             keep_provisional=request.keep_provisional,
             generation=request.generation,
+            request_id=request.request_id,
         )
-        metrics.transition("requeued", len(result.requeued))
-        metrics.transition("failed", len(result.failed))
-        metrics.transition("covered", result.covered)
+        if not result.repeat:  # a retry's answer: counted when it was first carried out
+            metrics.transition("requeued", len(result.requeued))
+            metrics.transition("failed", len(result.failed))
+            metrics.transition("covered", result.covered)
+        # Logged again on a retry (`repeat`): the first call's line is missing when this
+        # daemon was killed after Redis ran the release and before it logged; audits count
+        # a request id once.
         if result.requeued or result.failed or result.covered:
             log.info(
                 "holder released",
@@ -433,6 +449,8 @@ class ShardManagerServicer(shardmanager_pb2_grpc.ShardManagerServicer):
                         f"{r.epoch}:{r.shard_id}:{r.read_step}:{int(r.acknowledged)}"
                         for r in result.released
                     ],
+                    "request_id": request.request_id,
+                    "repeat": result.repeat,
                 },
             )
         return shardmanager_pb2.ReleaseHolderResponse(

@@ -434,10 +434,12 @@ class _Operations:
         holder: str,
         resume_step: int | None,
         keep_provisional: bool,
+        *,
         generation: int = 0,
+        request_id: str = "",
     ) -> Steps[ReleaseResult]:
         resume = "" if resume_step is None else resume_step
-        args = [holder, resume, int(keep_provisional), generation]
+        args = [holder, resume, int(keep_provisional), generation, request_id]
         reply: Reply = yield self._script(_RELEASE, dataset_id, args)
         self._check(reply, dataset_id, "ReleaseHolder", holder, generation)
         released = []
@@ -450,6 +452,7 @@ class _Operations:
             reply.ids("failed"),
             reply.number("covered"),
             tuple(released),
+            reply["repeat"] == "1",
         )
 
     def _cover(
@@ -772,13 +775,22 @@ class ShardStore(_Operations):
         *,
         keep_provisional: bool = False,
         generation: int = 0,
+        request_id: str = "",
     ) -> ReleaseResult:
         """A holder is gone: its DOING shards go back to TODO (or FAILED past the limit),
         and its provisional acks of reads at or after `resume_step` (all, when None) are
         undone while those before it become final; `keep_provisional` leaves them all.
-        A `generation` newer than the holder's becomes its generation (the fence)."""
+        A `generation` newer than the holder's becomes its generation (the fence). The
+        holder's last `request_id` again replies what that release did (`repeat`)."""
         return self._drive(
-            self._release(dataset_id, holder, resume_step, keep_provisional, generation)
+            self._release(
+                dataset_id,
+                holder,
+                resume_step,
+                keep_provisional,
+                generation=generation,
+                request_id=request_id,
+            )
         )
 
     def cover(
@@ -912,9 +924,17 @@ class AsyncShardStore(_Operations):
         *,
         keep_provisional: bool = False,
         generation: int = 0,
+        request_id: str = "",
     ) -> ReleaseResult:
         return await self._drive(
-            self._release(dataset_id, holder, resume_step, keep_provisional, generation)
+            self._release(
+                dataset_id,
+                holder,
+                resume_step,
+                keep_provisional,
+                generation=generation,
+                request_id=request_id,
+            )
         )
 
     async def cover(

@@ -262,7 +262,8 @@ class ShardClient:
         Provisional acks: with `resume_step` those of reads before it become final and the
         rest are undone; without it all are undone; `keep_provisional` leaves them alone.
         `generation` (> 0) fences the holder's older placements out from now on;
-        FencedError when a newer one released it already.
+        FencedError when a newer one released it already. Retries carry one request id,
+        so a retry after a lost answer replies what the release gave back.
         """
         request = shardmanager_pb2.ReleaseHolderRequest(
             dataset_id=dataset_id,
@@ -271,6 +272,7 @@ class ShardClient:
             resume_step=resume_step,
             keep_provisional=keep_provisional,
             generation=generation,
+            request_id=uuid.uuid4().hex,
         )
         reply: shardmanager_pb2.ReleaseHolderResponse = self.call("ReleaseHolder", request)
         return reply

@@ -872,6 +872,7 @@ class ReleaseHolderRequest(_message.Message):
     RESUME_STEP_FIELD_NUMBER: _builtins.int
     KEEP_PROVISIONAL_FIELD_NUMBER: _builtins.int
     GENERATION_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     dataset_id: _builtins.str
     """Dataset id."""
     holder_id: _builtins.str
@@ -901,6 +902,13 @@ class ReleaseHolderRequest(_message.Message):
     holder's generation becomes this one: every later call of an older
     generation for the holder is refused.
     """
+    request_id: _builtins.str
+    """Identifies this release for its retries (at most 128 printable characters,
+    no spaces or '|'; empty: none). The holder's last release with an id is
+    remembered: the same id again replies what that release did and changes
+    nothing, so a caller whose answer was lost (the service restarted after
+    the release was carried out) still learns what was given back.
+    """
     def __init__(
         self,
         *,
@@ -910,10 +918,11 @@ class ReleaseHolderRequest(_message.Message):
         resume_step: _builtins.int | None = ...,
         keep_provisional: _builtins.bool = ...,
         generation: _builtins.int = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_resume_step", b"_resume_step", "resume_step", b"resume_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_resume_step", b"_resume_step", "dataset_id", b"dataset_id", "generation", b"generation", "holder_id", b"holder_id", "keep_provisional", b"keep_provisional", "reason", b"reason", "resume_step", b"resume_step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_resume_step", b"_resume_step", "dataset_id", b"dataset_id", "generation", b"generation", "holder_id", b"holder_id", "keep_provisional", b"keep_provisional", "reason", b"reason", "request_id", b"request_id", "resume_step", b"resume_step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__resume_step: _TypeAlias = _typing.Literal["resume_step"]  # noqa: Y015
     _WhichOneofArgType__resume_step: _TypeAlias = _typing.Literal["_resume_step", b"_resume_step"]  # noqa: Y015

@@ -195,7 +195,8 @@ class ShardManagerServicer:
         """Dynamic mode: a holder is gone; its DOING shards go back to the head of
         TODO (or to FAILED past the retry limit). With a generation, it also
         fences the holder: calls for it from older placements of the job are
-        refused from then on (see ReleaseHolderRequest.generation).
+        refused from then on (see ReleaseHolderRequest.generation). Retried with
+        the same request_id, it replies what it did the first time.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -86,7 +86,8 @@ class ShardManagerStub:
     """Dynamic mode: a holder is gone; its DOING shards go back to the head of
     TODO (or to FAILED past the retry limit). With a generation, it also
     fences the holder: calls for it from older placements of the job are
-    refused from then on (see ReleaseHolderRequest.generation).
+    refused from then on (see ReleaseHolderRequest.generation). Retried with
+    the same request_id, it replies what it did the first time.
     """
     GetShardsAt: _grpc.UnaryUnaryMultiCallable[_shardmanager_pb2.GetShardsAtRequest, _shardmanager_pb2.GetShardsAtResponse]
     """Deterministic mode: the shards at positions [position, position+count)
@@ -160,7 +161,8 @@ class ShardManagerAsyncStub(ShardManagerStub):
     """Dynamic mode: a holder is gone; its DOING shards go back to the head of
     TODO (or to FAILED past the retry limit). With a generation, it also
     fences the holder: calls for it from older placements of the job are
-    refused from then on (see ReleaseHolderRequest.generation).
+    refused from then on (see ReleaseHolderRequest.generation). Retried with
+    the same request_id, it replies what it did the first time.
     """
     GetShardsAt: _aio.UnaryUnaryMultiCallable[_shardmanager_pb2.GetShardsAtRequest, _shardmanager_pb2.GetShardsAtResponse]  # type: ignore[assignment]
     """Deterministic mode: the shards at positions [position, position+count)
@@ -291,7 +293,8 @@ class ShardManagerServicer(metaclass=_abc_1.ABCMeta):
         """Dynamic mode: a holder is gone; its DOING shards go back to the head of
         TODO (or to FAILED past the retry limit). With a generation, it also
         fences the holder: calls for it from older placements of the job are
-        refused from then on (see ReleaseHolderRequest.generation).
+        refused from then on (see ReleaseHolderRequest.generation). Retried with
+        the same request_id, it replies what it did the first time.
         """
 
     @_abc_1.abstractmethod
