@@ -123,6 +123,8 @@ def create_engine(url: str | URL, **kwargs: Any) -> Engine:
         sqlalchemy.event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     options: dict[str, Any] = {"pool_pre_ping": True, "pool_size": 5, "max_overflow": 10}
+    if parsed.get_driver_name() == "psycopg2":  # an UPDATE of many rows: pages, not a row each
+        options["executemany_mode"] = "values_plus_batch"
     options.update(kwargs)
     return sqlalchemy.create_engine(parsed, **options)
 

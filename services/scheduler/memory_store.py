@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from gearshift.common.errors import ConflictError
 from gearshift.common.facts import TERMINAL_STATES
 from gearshift.scheduler.store import EventRecord, JobRecord, TaskRecord, WorkerRecord
+from gearshift.scheduler.write_batch import BatchedWrites
 
 
-class MemoryStore:
+class MemoryStore(BatchedWrites):
     """Store in dictionaries; every call is atomic under one lock."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._lock = threading.Lock()
         self._jobs: dict[str, JobRecord] = {}
         self._events: dict[str, list[EventRecord]] = {}
@@ -55,11 +57,17 @@ class MemoryStore:
             job = self._jobs.get(job_id)
             return copy.deepcopy(job) if job is not None else None
 
-    def save_job(self, job: JobRecord, events: Sequence[EventRecord] = ()) -> None:
+    def _write(
+        self, jobs: Sequence[JobRecord], events: Sequence[EventRecord], tasks: Sequence[TaskRecord]
+    ) -> None:
         with self._lock:
-            if job.job_id in self._jobs:
-                self._jobs[job.job_id] = copy.deepcopy(job)
-            self._events.setdefault(job.job_id, []).extend(copy.deepcopy(list(events)))
+            for job in jobs:
+                if job.job_id in self._jobs:
+                    self._jobs[job.job_id] = copy.deepcopy(job)
+            for event in events:
+                self._events.setdefault(event.job_id, []).append(copy.deepcopy(event))
+            for task in tasks:
+                self._tasks[task.task_id] = copy.deepcopy(task)
 
     def list_jobs(
         self,
@@ -111,11 +119,6 @@ class MemoryStore:
     def workers(self) -> list[WorkerRecord]:
         with self._lock:
             return [copy.deepcopy(self._workers[w]) for w in sorted(self._workers)]
-
-    def save_tasks(self, tasks: Iterable[TaskRecord]) -> None:
-        with self._lock:
-            for task in tasks:
-                self._tasks[task.task_id] = copy.deepcopy(task)
 
     def open_tasks(self) -> list[TaskRecord]:
         with self._lock:

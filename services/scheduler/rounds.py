@@ -24,6 +24,7 @@ import logging
 import threading
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from gearshift.common import execplan
 from gearshift.common.errors import ResourceExhaustedError
@@ -58,11 +59,15 @@ from gearshift.scheduler.state import (
     SchedulerState,
 )
 from gearshift.scheduler.store import JobRecord, TaskRecord
-from gearshift.scheduler.task_control import TaskControl
+from gearshift.scheduler.task_control import StartRequests, TaskControl
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 log = logging.getLogger("gearshift.scheduler")
+T = TypeVar("T")
+R = TypeVar("R")
 C = common_pb2
+# Jobs whose records one hold of the lock writes, in one transaction (Rounds._in_holds).
+RECORDS_PER_HOLD = 32
 S = scheduler_pb2
 ROLES = {
     "shared": C.COLLOCATION_ROLE_SHARED,
@@ -90,6 +95,17 @@ class _Move:
 
     change: Change
     stop: list[TaskRecord]
+
+
+@dataclass(frozen=True)
+class _Start:
+    """A move's new placement, prepared under the lock and sent outside it."""
+
+    move: _Move
+    job: JobRecord
+    placement: common_pb2.Placement
+    tasks: list[TaskRecord]
+    requests: StartRequests
 
 
 @dataclass(frozen=True)
@@ -269,7 +285,7 @@ class Rounds:
                 gathered = self._gather(now)
             snapshot, current = self._snapshot(now, gathered)  # estimates: outside the lock
             targets, desired = plan_round(snapshot, self.allocator, current, self.collocator)
-            with state.lock:
+            with state.lock, state.store.batch():
                 report.desired = desired
                 self._plans = self._new_plans(targets)
                 if rubick is not None:  # which model each job's plans come from, when it changes
@@ -279,9 +295,7 @@ class Rounds:
                 self._cpus = {j: t.cpus_per_device for j, t in targets.items()}
                 state.store.set_state("round", str(self.round))
                 self.last_round_at = now
-            going = [m for m, ok in zip(moves, self._stop_all(moves), strict=True) if ok]
-            for future in [state.pool.submit(self._apply_start, move) for move in going]:
-                future.result()
+            self._start_all(self._stop_all(moves))
             if report.started or report.rescaled or report.preempted:
                 log.info(
                     "round",
@@ -508,6 +522,9 @@ class Rounds:
             for job_id, job in state.jobs.items()
             if job.state in RUNNING_STATES and not job.terminal
         }
+        tasks: dict[str, list[TaskRecord]] = {}  # open tasks by job, grouped once
+        for task in state.tasks.values():
+            tasks.setdefault(task.job_id, []).append(task)
         for found in diff(desired, running):
             job = state.jobs.get(found.job_id)
             if job is None or job.terminal:
@@ -517,12 +534,12 @@ class Rounds:
             change = Change(job.job_id, "rescale", found.assignment) if replan else found
             if change.kind == "renew":
                 report.renewed.append(job.job_id)
-                for task in state.open_tasks(job.job_id):
+                for task in tasks.get(job.job_id, []):
                     task.lease_expires_at = now + state.settings.lease_seconds
                 continue
             # A start's are strays of an earlier placement (a crash between requeuing the
             # job and stopping them): ended before the start, or two placements would run.
-            stop = state.open_tasks(job.job_id)
+            stop = tasks.get(job.job_id, [])
             state.stopping.update(t.task_id for t in stop)
             if stop and change.kind == "start":
                 log.warning(
@@ -546,18 +563,31 @@ class Rounds:
             moves.append(_Move(change, stop))
         return moves
 
-    # Applying changes (outside the lock; one thread per job) -------------------------------
-    def _stop_all(self, moves: list[_Move]) -> list[bool]:
+    # Applying changes: the calls outside the lock, one thread per job; the records of all
+    # the jobs under one hold of the lock, written in one transaction (write_batch.py).
+    def _stop_all(self, moves: list[_Move]) -> list[_Move]:
         """Every stop before any start: a job must not be started on devices that another
-        job's processes still hold (they leave only once they have checkpointed)."""
-        futures = [self.state.pool.submit(self._apply_stop, move) for move in moves]
-        return [f.result() for f in futures]
+        job's processes still hold (they leave only once they have checkpointed). The
+        moves whose start is to follow."""
+        stopped = list(self.state.pool.map(self._stop_tasks, moves))
+        proceed = self._in_holds(
+            list(zip(moves, stopped, strict=True)), lambda x: x[1] and self._after_stop(x[0])
+        )
+        return [move for move, ok in zip(moves, proceed, strict=True) if ok]
 
-    def _apply_stop(self, move: _Move) -> bool:
+    def _in_holds(self, items: list[T], fn: Callable[[T], R]) -> list[R]:
+        """fn over items under the lock, RECORDS_PER_HOLD items per hold, each hold's writes
+        in one transaction: a round of a thousand moves commits tens of times, not
+        thousands, and a heartbeat waits for one hold at most."""
+        out: list[R] = []
+        for first in range(0, len(items), RECORDS_PER_HOLD):
+            with self.state.lock, self.state.store.batch():
+                out.extend(fn(item) for item in items[first : first + RECORDS_PER_HOLD])
+        return out
+
+    def _stop_tasks(self, move: _Move) -> bool:
         """Stop the job's tasks with a checkpoint (a start's strays without one: the job
-        resumes from its last checkpoint, which they must not overwrite); True when a start
-        is to follow."""
-        state = self.state
+        resumes from its last checkpoint, which they must not overwrite)."""
         change = move.change
         strays = change.kind == "start"
         try:
@@ -566,77 +596,109 @@ class Rounds:
                 checkpoint=not strays,
                 reason="an earlier placement's task" if strays else change.kind,
             )
-            with state.lock:
-                job = state.jobs.get(change.job_id)
-                if job is None or job.terminal:
-                    return False
-                if move.stop and not strays:
-                    paths = sorted({t.checkpoint_path for t in move.stop if t.checkpoint_path})
-                    state.record(
-                        job,
-                        S.JOB_EVENT_TYPE_CHECKPOINTED,
-                        f"checkpoint at step {job.progress.step}"
-                        + (f" in {paths[0]}" if paths else ""),
-                    )
-                if change.kind == "preempt":
-                    state.requeue(job, S.JOB_EVENT_TYPE_PREEMPTED, "devices given to other jobs")
-                    return False
             return True
         except Exception:
             log.exception("stopping a job's tasks failed", extra={"job_id": change.job_id})
             self._abandon(change.job_id)
             return False
 
-    def _apply_start(self, move: _Move) -> None:
-        """Start the job's new placement."""
+    def _after_stop(self, move: _Move) -> bool:
+        """Under the lock: the stop's checkpoint event, a preempted job back in the queue;
+        True when a start is to follow."""
+        state = self.state
+        change = move.change
+        job = state.jobs.get(change.job_id)
+        if job is None or job.terminal:
+            return False
+        if move.stop and change.kind != "start":
+            paths = sorted({t.checkpoint_path for t in move.stop if t.checkpoint_path})
+            state.record(
+                job,
+                S.JOB_EVENT_TYPE_CHECKPOINTED,
+                f"checkpoint at step {job.progress.step}" + (f" in {paths[0]}" if paths else ""),
+            )
+        if change.kind == "preempt":
+            state.requeue(job, S.JOB_EVENT_TYPE_PREEMPTED, "devices given to other jobs")
+            return False
+        return True
+
+    def _start_all(self, moves: list[_Move]) -> None:
+        """Start the jobs' new placements: tasks saved (one transaction) before any
+        StartTask is sent, the calls, then every start or failure recorded."""
+        prepared = self._in_holds(moves, self._prepare_start)
+        starts = [s for s in prepared if s is not None]
+        results = list(self.state.pool.map(self._send, starts))
+        reasons = self._in_holds(
+            list(zip(starts, results, strict=True)), lambda x: self._after_start(*x)
+        )
+        for start, reason in zip(starts, reasons, strict=True):
+            if reason:
+                self.control.kill(start.tasks, reason)
+        if "start failed" in reasons:
+            self.wake()
+
+    def _prepare_start(self, move: _Move) -> _Start | None:
+        """Under the lock: the job's tasks and StartTask requests (None: not started)."""
         state = self.state
         change = move.change
         try:
-            with state.lock:
-                job = state.jobs.get(change.job_id)
-                if job is None or job.terminal:
-                    return
-                profile = (  # DeepPool: its rank 0 measures the profile its plans need
-                    state.settings.collocation == "deeppool"
-                    and job.generation == 0
-                    and self.estimates.burst(job.job_id) is None
-                )
-                rubick = self.allocator if isinstance(self.allocator, LiveRubick) else None
-                profile_rubick = (  # Rubick: its rank 0 measures the runs its model needs
-                    rubick is not None and job.generation == 0 and rubick.wants_profile(job.job_id)
-                )
-                resources = self.plans.plan(job.job_id) if self.plans is not None else None
-                placement, tasks, requests = self.control.prepare_start(
-                    job,
-                    change.assignment,
-                    profile_first=profile,
-                    profile_rubick=profile_rubick,
-                    plan=self._plans.get(job.job_id),
-                    cpus_per_device=self._cpus.get(job.job_id, 0),
-                    resources=resources,
-                    ps_plan=self.ps_plans.plan(job.job_id) if self.ps_plans else None,
-                )
-            state.fence_holders(job, tasks[0].generation)
-            failures, unreachable = self.control.start_tasks(requests)
-            with state.lock:
-                job = state.jobs.get(change.job_id)
-                if job is None or job.terminal:
-                    self.control.kill(tasks, "job ended while starting")
-                    return
-                if failures:
-                    self._start_failed(job, tasks, failures, unreachable)
-                else:
-                    plan = requests[0][1].plan
-                    self._started(job, placement, plan, rescaled=change.kind == "rescale")
-            if failures:
-                self.control.kill(tasks, "start failed")
-                self.wake()
+            job = state.jobs.get(change.job_id)
+            if job is None or job.terminal:
+                return None
+            profile = (  # DeepPool: its rank 0 measures the profile its plans need
+                state.settings.collocation == "deeppool"
+                and job.generation == 0
+                and self.estimates.burst(job.job_id) is None
+            )
+            rubick = self.allocator if isinstance(self.allocator, LiveRubick) else None
+            profile_rubick = (  # Rubick: its rank 0 measures the runs its model needs
+                rubick is not None and job.generation == 0 and rubick.wants_profile(job.job_id)
+            )
+            resources = self.plans.plan(job.job_id) if self.plans is not None else None
+            placement, tasks, requests = self.control.prepare_start(
+                job,
+                change.assignment,
+                profile_first=profile,
+                profile_rubick=profile_rubick,
+                plan=self._plans.get(job.job_id),
+                cpus_per_device=self._cpus.get(job.job_id, 0),
+                resources=resources,
+                ps_plan=self.ps_plans.plan(job.job_id) if self.ps_plans else None,
+            )
+            return _Start(move, job, placement, tasks, requests)
         except ResourceExhaustedError as exc:  # nothing was sent: the job stays queued
             log.warning("job not started", extra={"job_id": change.job_id, "why": str(exc)})
-            self._abandon(change.job_id)
         except Exception:
             log.exception("starting a job failed", extra={"job_id": change.job_id})
-            self._abandon(change.job_id)
+        self._abandon(change.job_id)
+        return None
+
+    def _send(self, start: _Start) -> tuple[list[str], set[str]] | None:
+        """Outside the lock: the holders fenced, then StartTask to every worker (the
+        failures and the workers that could not be reached; None: it broke)."""
+        try:
+            self.state.fence_holders(start.job, start.tasks[0].generation)
+            return self.control.start_tasks(start.requests)
+        except Exception:
+            log.exception("starting a job failed", extra={"job_id": start.job.job_id})
+            return None
+
+    def _after_start(self, start: _Start, result: tuple[list[str], set[str]] | None) -> str:
+        """Under the lock: the job runs, or goes back to the queue; why its tasks are to be
+        killed ("" if they are not)."""
+        job = self.state.jobs.get(start.job.job_id)
+        if job is None or job.terminal:
+            return "job ended while starting"
+        if result is None:
+            self._abandon(job.job_id)
+            return ""
+        failures, unreachable = result
+        if failures:
+            self._start_failed(job, start.tasks, failures, unreachable)
+            return "start failed"
+        plan = start.requests[0][1].plan
+        self._started(job, start.placement, plan, rescaled=start.move.change.kind == "rescale")
+        return ""
 
     def _started(
         self,

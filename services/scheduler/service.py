@@ -19,6 +19,7 @@ there). Where each part lives:
 - gearshift.scheduler.estimates  - measured and the Brain's throughputs, restart costs;
 - gearshift.scheduler.task_control - StartTask / StopTask on the workers;
 - gearshift.scheduler.state      - the live records and the bookkeeping they share;
+- gearshift.scheduler.write_batch - the writes of one hold of the lock, in one transaction;
 - gearshift.scheduler.allocators - the policies (the allocate stage's plugins).
 
 Everything a restart needs is in the Store: jobs with their last state,

@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,6 +27,7 @@ from gearshift.common.db import create_engine, outages
 from gearshift.common.errors import ConflictError, UnavailableError
 from gearshift.common.facts import ENDED_TASK_STATES, TERMINAL_STATES
 from gearshift.scheduler import models
+from gearshift.scheduler.write_batch import BatchedWrites
 from gearshift.v1 import common_pb2
 
 
@@ -165,6 +168,10 @@ class Store(Protocol):
 
     def save_tasks(self, tasks: Iterable[TaskRecord]) -> None: ...
 
+    def batch(self) -> AbstractContextManager[None]:
+        """This thread's save_job and save_tasks until the end, in one transaction then
+        (gearshift.scheduler.write_batch)."""
+
     def open_tasks(self) -> list[TaskRecord]:
         """Tasks not yet ended."""
 
@@ -218,6 +225,24 @@ def _job_from_row(row: models.Job) -> JobRecord:
 
 _INSERT_JOB = sa.insert(models.metadata.tables[models.Job.__tablename__])
 _INSERT_EVENT = sa.insert(models.metadata.tables[models.JobEvent.__tablename__])
+_JOBS = models.metadata.tables[models.Job.__tablename__]
+_TASKS = models.metadata.tables[models.Task.__tablename__]
+# Executed with many rows: each names its job as `the_job_id` (a column's name is taken).
+_UPDATE_JOB = sa.update(_JOBS).where(_JOBS.c.job_id == sa.bindparam("the_job_id"))
+
+
+def _task_upsert(dialect: str) -> sa.Executable:
+    """INSERT ... ON CONFLICT (task_id) DO UPDATE, in the database's own dialect."""
+    columns = [c.name for c in _TASKS.columns if c.name != "task_id"]
+    if dialect == "postgresql":
+        pg = pg_insert(_TASKS)
+        return pg.on_conflict_do_update(
+            index_elements=[_TASKS.c.task_id], set_={c: pg.excluded[c] for c in columns}
+        )
+    lite = sqlite_insert(_TASKS)
+    return lite.on_conflict_do_update(
+        index_elements=[_TASKS.c.task_id], set_={c: lite.excluded[c] for c in columns}
+    )
 
 
 def _job_values(job: JobRecord) -> dict[str, object]:
@@ -323,14 +348,16 @@ def _task_from_row(row: models.Task) -> TaskRecord:
     )
 
 
-class SqlStore:
+class SqlStore(BatchedWrites):
     """Store on SQLAlchemy (PostgreSQL or SQLite); the schema must be migrated already."""
 
     def __init__(self, url_or_engine: str | Engine) -> None:
+        super().__init__()
         self.engine = (
             create_engine(url_or_engine) if isinstance(url_or_engine, str) else url_or_engine
         )
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._upsert_tasks = _task_upsert(self.engine.dialect.name)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -374,15 +401,20 @@ class SqlStore:
             row = session.get(models.Job, job_id)
             return _job_from_row(row) if row else None
 
-    def save_job(self, job: JobRecord, events: Sequence[EventRecord] = ()) -> None:
+    def _write(
+        self, jobs: Sequence[JobRecord], events: Sequence[EventRecord], tasks: Sequence[TaskRecord]
+    ) -> None:
+        """Jobs updated (a job not stored is skipped), events appended, tasks upserted, in
+        one transaction, each kind in one executemany."""
         with self._session() as session, session.begin():
-            session.execute(
-                sa.update(models.Job)
-                .where(models.Job.job_id == job.job_id)
-                .values(**_job_values(job))
-            )
+            if jobs:
+                session.execute(
+                    _UPDATE_JOB, [{"the_job_id": j.job_id, **_job_values(j)} for j in jobs]
+                )
             if events:
                 session.execute(_INSERT_EVENT, [_event_values(e) for e in events])
+            if tasks:
+                session.execute(self._upsert_tasks, [_task_row(t) for t in tasks])
 
     def list_jobs(
         self,
@@ -470,11 +502,6 @@ class SqlStore:
                 )
                 for r in session.scalars(sa.select(models.Worker).order_by(models.Worker.worker_id))
             ]
-
-    def save_tasks(self, tasks: Iterable[TaskRecord]) -> None:
-        with self._session() as session, session.begin():
-            for task in tasks:
-                session.merge(models.Task(**_task_row(task)))
 
     def open_tasks(self) -> list[TaskRecord]:
         query = (

@@ -36,6 +36,7 @@ from gearshift.v1 import common_pb2, worker_pb2
 
 log = logging.getLogger("gearshift.scheduler")
 T = TypeVar("T")
+R = TypeVar("R")
 C = common_pb2
 # Rendezvous ports handed out per worker, from --rendezvous-port-base on, in turn.
 RENDEZVOUS_PORTS = 100
@@ -216,15 +217,18 @@ class TaskControl:
         terminates it without a checkpoint (its job may run elsewhere by then). StopTask is
         not retried: a worker that did not answer it would learn no sooner."""
 
-        def call(task: TaskRecord) -> str:
-            status: common_pb2.TaskStatus | None = None
+        def call(task: TaskRecord) -> common_pb2.TaskStatus | None:
             try:
-                status = self._stop_one(task, checkpoint=checkpoint, reason=reason)
-            finally:
-                self._close(task, status, checkpoint=checkpoint)
-            return ""
+                return self._stop_one(task, checkpoint=checkpoint, reason=reason)
+            except Exception:
+                log.exception("StopTask broke; task given up", extra={"task_id": task.task_id})
+                return None
 
-        pool_map(call, list(tasks))
+        tasks = list(tasks)
+        statuses = pool_map(call, tasks)
+        with self.state.lock, self.state.store.batch():  # the records: one transaction
+            for task, status in zip(tasks, statuses, strict=True):
+                self._close(task, status, checkpoint=checkpoint)
 
     def _stop_one(
         self, task: TaskRecord, *, checkpoint: bool, reason: str
@@ -253,22 +257,22 @@ class TaskControl:
     def _close(
         self, task: TaskRecord, status: common_pb2.TaskStatus | None, *, checkpoint: bool
     ) -> None:
-        """The stopped task's record: ended as its worker said, or as the stop asked."""
+        """Under the lock: the stopped task's record, ended as its worker said or as the
+        stop asked."""
         state = self.state
-        with state.lock:
-            task.state = (
-                status.state
-                if status is not None and status.state in ENDED_TASK_STATES
-                else C.TASK_STATE_CHECKPOINTED
-                if checkpoint
-                else C.TASK_STATE_FAILED
-            )
-            if status is not None and status.checkpoint_path:
-                task.checkpoint_path = status.checkpoint_path
-            task.ended_at = state.clock()
-            state.tasks.pop(task.task_id, None)
-            state.stopping.discard(task.task_id)
-            state.store.save_tasks([task])
+        task.state = (
+            status.state
+            if status is not None and status.state in ENDED_TASK_STATES
+            else C.TASK_STATE_CHECKPOINTED
+            if checkpoint
+            else C.TASK_STATE_FAILED
+        )
+        if status is not None and status.checkpoint_path:
+            task.checkpoint_path = status.checkpoint_path
+        task.ended_at = state.clock()
+        state.tasks.pop(task.task_id, None)
+        state.stopping.discard(task.task_id)
+        state.store.save_tasks([task])
 
     def kill(self, tasks: Sequence[TaskRecord], reason: str) -> None:
         """Stop tasks without a checkpoint, in the background."""
@@ -280,7 +284,7 @@ class TaskControl:
             self.state.pool.submit(self.stop_tasks, list(tasks), checkpoint=False, reason=reason)
 
 
-def pool_map(fn: Callable[[T], str], items: Sequence[T]) -> list[str]:
+def pool_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     """fn over items, in parallel when there are several (each a call to another daemon)."""
     if len(items) <= 1:
         return [fn(item) for item in items]

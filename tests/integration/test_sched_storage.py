@@ -308,3 +308,51 @@ def test_a_jobs_tasks_ended_ones_too(any_store: Store) -> None:
     any_store.save_tasks([second, other, first])
     assert [t.task_id for t in any_store.job_tasks("j1")] == ["t1", "t2"]
     assert any_store.job_tasks("nope") == []
+
+
+def test_a_batch_writes_its_jobs_events_and_tasks_together_at_its_end(any_store: Store) -> None:
+    """A round's writes (gearshift.scheduler.write_batch): nothing is visible before the
+    batch ends, everything after; a record saved twice is written as it ends; another
+    thread's writes meanwhile go through at once."""
+    import threading
+
+    any_store.create_job(_job("j1", 1.0), _event("j1", 1))
+    any_store.create_job(_job("j2", 2.0), _event("j2", 1))
+    job = _job("j1", 1.0)
+    task = TaskRecord("t1", "j1", "w1", 1, C.TASK_STATE_STARTING, (0,), "h:1", 9.0, 1.0)
+    with any_store.batch():
+        job.state, job.last_sequence = C.JOB_STATE_RESCALING, 2
+        any_store.save_job(job, [_event("j1", 2, S.JOB_EVENT_TYPE_RESCALING)])
+        any_store.save_tasks([task])
+        with any_store.batch():  # joins the outer one
+            task.state = C.TASK_STATE_RUNNING
+            any_store.save_tasks([task])
+            job.state, job.last_sequence = C.JOB_STATE_RUNNING, 3
+            any_store.save_job(job, [_event("j1", 3, S.JOB_EVENT_TYPE_STARTED)])
+        other = threading.Thread(
+            target=lambda: any_store.save_job(_job("j2", 2.0), [_event("j2", 2)])
+        )
+        other.start()
+        other.join()
+        assert [e.sequence for e in any_store.events_after("j2", 0)] == [1, 2]  # not held
+        assert [e.sequence for e in any_store.events_after("j1", 0)] == [1]
+        assert any_store.job_tasks("j1") == []
+        stored = any_store.get_job("j1")
+        assert stored is not None and stored.state == C.JOB_STATE_QUEUED
+    assert [e.sequence for e in any_store.events_after("j1", 0)] == [1, 2, 3]
+    stored = any_store.get_job("j1")
+    assert stored is not None and stored.state == C.JOB_STATE_RUNNING
+    assert [(t.task_id, t.state) for t in any_store.job_tasks("j1")] == [
+        ("t1", C.TASK_STATE_RUNNING)
+    ]
+
+
+def test_a_batch_broken_by_an_error_still_writes_what_was_saved(any_store: Store) -> None:
+    any_store.create_job(_job("j1", 1.0), _event("j1", 1))
+    task = TaskRecord("t1", "j1", "w1", 1, C.TASK_STATE_RUNNING, (0,), "h:1", 9.0, 1.0)
+    with pytest.raises(RuntimeError, match="half-way"), any_store.batch():
+        any_store.save_tasks([task])
+        raise RuntimeError("half-way")
+    assert [t.task_id for t in any_store.job_tasks("j1")] == ["t1"]
+    any_store.save_tasks([task])  # no batch left open: written at once
+    assert len(any_store.open_tasks()) == 1
