@@ -563,8 +563,8 @@ class Rounds:
             moves.append(_Move(change, stop))
         return moves
 
-    # Applying changes: the calls outside the lock, one thread per job; the records of all
-    # the jobs under one hold of the lock, written in one transaction (write_batch.py).
+    # Applying changes: the calls outside the lock, one thread per job; the records under
+    # the lock, RECORDS_PER_HOLD jobs a hold, each hold one transaction (write_batch.py).
     def _stop_all(self, moves: list[_Move]) -> list[_Move]:
         """Every stop before any start: a job must not be started on devices that another
         job's processes still hold (they leave only once they have checkpointed). The

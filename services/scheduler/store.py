@@ -223,10 +223,10 @@ def _job_from_row(row: models.Job) -> JobRecord:
     )
 
 
-_INSERT_JOB = sa.insert(models.metadata.tables[models.Job.__tablename__])
-_INSERT_EVENT = sa.insert(models.metadata.tables[models.JobEvent.__tablename__])
 _JOBS = models.metadata.tables[models.Job.__tablename__]
 _TASKS = models.metadata.tables[models.Task.__tablename__]
+_INSERT_JOB = sa.insert(_JOBS)
+_INSERT_EVENT = sa.insert(models.metadata.tables[models.JobEvent.__tablename__])
 # Executed with many rows: each names its job as `the_job_id` (a column's name is taken).
 _UPDATE_JOB = sa.update(_JOBS).where(_JOBS.c.job_id == sa.bindparam("the_job_id"))
 
@@ -234,14 +234,9 @@ _UPDATE_JOB = sa.update(_JOBS).where(_JOBS.c.job_id == sa.bindparam("the_job_id"
 def _task_upsert(dialect: str) -> sa.Executable:
     """INSERT ... ON CONFLICT (task_id) DO UPDATE, in the database's own dialect."""
     columns = [c.name for c in _TASKS.columns if c.name != "task_id"]
-    if dialect == "postgresql":
-        pg = pg_insert(_TASKS)
-        return pg.on_conflict_do_update(
-            index_elements=[_TASKS.c.task_id], set_={c: pg.excluded[c] for c in columns}
-        )
-    lite = sqlite_insert(_TASKS)
-    return lite.on_conflict_do_update(
-        index_elements=[_TASKS.c.task_id], set_={c: lite.excluded[c] for c in columns}
+    insert = pg_insert(_TASKS) if dialect == "postgresql" else sqlite_insert(_TASKS)
+    return insert.on_conflict_do_update(
+        index_elements=[_TASKS.c.task_id], set_={c: insert.excluded[c] for c in columns}
     )
 
 
