@@ -584,7 +584,6 @@ def _collect(out: Any, expected: int, deadline: float, what: str) -> list[Any]:
 
 def run_trial(config: Config, log: Callable[[str], None] = print) -> Report:
     """Start Postgres database and scheduler, load it, measure, tear everything down."""
-    ctx = mp.get_context("spawn")  # no fork after grpc is initialised in this process
     with contextlib.ExitStack() as stack:
         if config.run_dir:
             run_dir = Path(config.run_dir) / f"{config.workers}-workers"
@@ -592,59 +591,137 @@ def run_trial(config: Config, log: Callable[[str], None] = print) -> Report:
             run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gs-load-")))
         database = stack.enter_context(fresh_database(config.database_url))
         daemon = start_scheduler(database, config, run_dir)
-        processes: list[Any] = []
+        metrics: list[dict[str, Any]] = []
         try:
-            address = daemon.address
             began = time.monotonic()
-            asyncio.run(_preload(address, config.queued, config.unplaceable))
+            asyncio.run(_preload(daemon.address, config.queued, config.unplaceable))
             preload = time.monotonic() - began
             log(f"  {config.queued} jobs pre-submitted in {preload:.1f}s")
-            window = ctx.Array("d", [0.0, 0.0], lock=False)
-            out = ctx.Queue()
-            parts = max(1, min(config.processes, config.workers))
-            sizes = [config.workers // parts + (i < config.workers % parts) for i in range(parts)]
-            first = 0
-            for size in sizes:
-                processes.append(
-                    ctx.Process(target=_worker_process, args=(address, first, size, window, out))
-                )
-                first += size
-            processes.append(
-                ctx.Process(
-                    target=_client_process, args=(address, config, config.queued, window, out)
-                )
-            )
-            began = time.monotonic()
-            for process in processes:
-                process.start()
-            ready = _collect(
-                out, len(processes), time.monotonic() + 60 + config.workers * 0.2, "ready"
-            )
-            registration = time.monotonic() - began
-            if sum(ready) < config.workers:
-                raise LoadError(f"only {sum(ready)} of {config.workers} workers registered")
-            log(f"  {config.workers} workers registered in {registration:.1f}s")
-            time.sleep(2 * HEARTBEAT_SECONDS)  # every worker heartbeating before measuring
-            log_offset = daemon.log_path.stat().st_size
-            before = scrape(daemon)
-            cpu_before, load_before = cpu_seconds(daemon.process.pid), os.getloadavg()[0]
-            start = time.time()
-            window[0], window[1] = start, start + config.seconds
-            results = _collect(
-                out, len(processes), time.monotonic() + config.seconds + 3 * CALL_TIMEOUT, "result"
-            )
-            after = scrape(daemon)
-            cpu_after, load_after = cpu_seconds(daemon.process.pid), os.getloadavg()[0]
+            log_offset = 0
+
+            def mark() -> None:  # at the window's start and end
+                nonlocal log_offset
+                if not metrics:
+                    log_offset = daemon.log_path.stat().st_size
+                metrics.append(scrape(daemon))
+
+            drive = _drive(daemon.address, daemon.process.pid, config, log, mark)
             if daemon.process.poll() is not None:
                 raise LoadError(f"the scheduler exited:\n{daemon.log_tail()}")
             events = log_events(daemon.log_path, log_offset)
         finally:
-            for process in processes:
-                process.join(timeout=5)
-                if process.is_alive():
-                    process.kill()
-                    process.join()
             daemon.stop(timeout=30)
+    before, after = metrics
+    counters = {
+        key: after.get(key, 0.0) - before.get(key, 0.0)
+        for key in ("job_starts_total", "workers_lost_total", "preemptions_total")
+    }
+    return Report(
+        config=asdict(config),
+        rpcs=drive.rpcs,
+        rounds=round_figures(before, after),
+        queued_jobs=after["jobs"].get("queued", 0),
+        running_jobs=after["jobs"].get("running", 0),
+        counters=counters,
+        log_events=events,
+        reregistrations=drive.reregistrations,
+        preload_seconds=preload,
+        registration_seconds=drive.registration_seconds,
+        scheduler_cpu_seconds=drive.cpu_seconds,
+        load_average=drive.load_average,
+    )
+
+
+def run_baseline(config: Config, log: Callable[[str], None] = print) -> Report:
+    """The same load on bench/bare_server.py (answers at once, does nothing): what Python's
+    gRPC alone costs on this machine, the floor the scheduler is measured against."""
+    from bench.bare_server import serve
+
+    ctx = mp.get_context("spawn")
+    ready, stop = ctx.Queue(), ctx.Event()
+    server = ctx.Process(target=serve, args=(ready, stop))
+    server.start()
+    try:
+        (port,) = _collect(ready, 1, time.monotonic() + 60, "ready")
+        drive = _drive(f"127.0.0.1:{port}", server.pid or 0, config, log, lambda: None)
+    finally:
+        stop.set()
+        server.join(timeout=15)
+        if server.is_alive():
+            server.kill()
+            server.join()
+    return Report(
+        config={**asdict(config), "baseline": True},
+        rpcs=drive.rpcs,
+        rounds={},
+        queued_jobs=0,
+        running_jobs=0,
+        counters={},
+        log_events={},
+        reregistrations=drive.reregistrations,
+        preload_seconds=0.0,
+        registration_seconds=drive.registration_seconds,
+        scheduler_cpu_seconds=drive.cpu_seconds,
+        load_average=drive.load_average,
+    )
+
+
+@dataclass
+class Drive:
+    """What one run of the load processes measured."""
+
+    rpcs: dict[str, RpcStats]
+    reregistrations: int
+    registration_seconds: float
+    cpu_seconds: float  # the server's, in the window
+    load_average: tuple[float, float]
+
+
+def _drive(
+    address: str, pid: int, config: Config, log: Callable[[str], None], mark: Callable[[], None]
+) -> Drive:
+    """The workers' and the clients' processes against `address` (the server's process is
+    `pid`): registered, then measured for the window; `mark` runs at its start and end."""
+    ctx = mp.get_context("spawn")  # no fork after grpc is initialised in this process
+    window = ctx.Array("d", [0.0, 0.0], lock=False)
+    out = ctx.Queue()
+    parts = max(1, min(config.processes, config.workers))
+    sizes = [config.workers // parts + (i < config.workers % parts) for i in range(parts)]
+    processes: list[Any] = []
+    first = 0
+    for size in sizes:
+        processes.append(
+            ctx.Process(target=_worker_process, args=(address, first, size, window, out))
+        )
+        first += size
+    processes.append(
+        ctx.Process(target=_client_process, args=(address, config, config.queued, window, out))
+    )
+    try:
+        began = time.monotonic()
+        for process in processes:
+            process.start()
+        ready = _collect(out, len(processes), time.monotonic() + 60 + config.workers * 0.2, "ready")
+        registration = time.monotonic() - began
+        if sum(ready) < config.workers:
+            raise LoadError(f"only {sum(ready)} of {config.workers} workers registered")
+        log(f"  {config.workers} workers registered in {registration:.1f}s")
+        time.sleep(2 * HEARTBEAT_SECONDS)  # every worker heartbeating before measuring
+        mark()
+        cpu_before, load_before = cpu_seconds(pid), os.getloadavg()[0]
+        start = time.time()
+        window[0], window[1] = start, start + config.seconds
+        results = _collect(
+            out, len(processes), time.monotonic() + config.seconds + 3 * CALL_TIMEOUT, "result"
+        )
+        cpu_after, load_after = cpu_seconds(pid), os.getloadavg()[0]
+        mark()
+    finally:
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+                process.join()
     latencies: dict[str, list[float]] = {}
     errors: dict[str, Counter[str]] = {}
     for result in results:
@@ -652,25 +729,13 @@ def run_trial(config: Config, log: Callable[[str], None] = print) -> Report:
             latencies.setdefault(name, []).extend(values)
         for name, codes in result["errors"].items():
             errors.setdefault(name, Counter()).update(codes)
-    rpcs = {
-        name: _stats(latencies[name], errors.get(name, Counter())) for name in sorted(latencies)
-    }
-    counters = {
-        key: after.get(key, 0.0) - before.get(key, 0.0)
-        for key in ("job_starts_total", "workers_lost_total", "preemptions_total")
-    }
-    return Report(
-        config=asdict(config),
-        rpcs=rpcs,
-        rounds=round_figures(before, after),
-        queued_jobs=after["jobs"].get("queued", 0),
-        running_jobs=after["jobs"].get("running", 0),
-        counters=counters,
-        log_events=events,
+    return Drive(
+        rpcs={
+            name: _stats(latencies[name], errors.get(name, Counter())) for name in sorted(latencies)
+        },
         reregistrations=sum(r["reregistrations"] for r in results),
-        preload_seconds=preload,
         registration_seconds=registration,
-        scheduler_cpu_seconds=cpu_after - cpu_before,
+        cpu_seconds=cpu_after - cpu_before,
         load_average=(load_before, load_after),
     )
 
@@ -696,10 +761,13 @@ def _stats(values: list[float], codes: Counter[str]) -> RpcStats:
 # Output ----------------------------------------------------------------------------------------
 def print_report(report: Report) -> None:
     c = report.config
+    baseline = bool(c.get("baseline"))
     print(
-        f"{c['workers']} workers, {c['submits_per_second']:g} submissions/s, "
-        f"{c['queued']} pre-queued, {c['seconds']:g}s measured"
-        + (" (unplaceable jobs)" if c["unplaceable"] else "")
+        ("baseline (bench/bare_server.py, answers at once): " if baseline else "")
+        + f"{c['workers']} workers, {c['submits_per_second']:g} submissions/s, "
+        + (f"{c['queued']} pre-queued, " if not baseline else "")
+        + f"{c['seconds']:g}s measured"
+        + (" (unplaceable jobs)" if c["unplaceable"] and not baseline else "")
     )
     print(f"  {'RPC':<24}{'count':>8}{'errors':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}")
     for name, s in report.rpcs.items():
@@ -708,6 +776,13 @@ def print_report(report: Report) -> None:
             f"  {name:<24}{s.count:>8}{s.errors:>8}{s.p50_ms:>9.1f}{s.p99_ms:>9.1f}"
             f"{s.max_ms:>9.1f}{flag}" + (f"  {s.error_codes}" if s.error_codes else "")
         )
+    if baseline:
+        print(
+            f"  server CPU in the window: {report.scheduler_cpu_seconds:.1f} s "
+            f"({cpu_per_call(report) * 1000:.2f} ms per RPC); host load average "
+            f"{report.load_average[0]:.2f} -> {report.load_average[1]:.2f} on {os.cpu_count()} CPUs"
+        )
+        return
     r = report.rounds
     print(
         f"  rounds: {r['rounds']:.0f} ended, mean {r['mean_s']:.3f}s, p50 <= {r['p50_le_s']:g}s, "
@@ -720,13 +795,53 @@ def print_report(report: Report) -> None:
         f"{report.reregistrations} re-registrations"
     )
     print(f"  scheduler log in the window: {report.log_events}")
-    calls = sum(s.count for name, s in report.rpcs.items() if name != STARTUP)
-    per_call = 1000 * report.scheduler_cpu_seconds / max(calls, 1)
     print(
         f"  scheduler CPU in the window: {report.scheduler_cpu_seconds:.1f} s "
-        f"({per_call:.2f} ms per RPC, rounds included); host load average "
+        f"({cpu_per_call(report) * 1000:.2f} ms per RPC, rounds included); host load average "
         f"{report.load_average[0]:.2f} -> {report.load_average[1]:.2f} "
         f"on {os.cpu_count()} CPUs"
+    )
+
+
+def cpu_per_call(report: Report) -> float:
+    """The server's CPU seconds per RPC in the window (the startup registrations aside)."""
+    calls = sum(s.count for name, s in report.rpcs.items() if name != STARTUP)
+    return report.scheduler_cpu_seconds / max(calls, 1)
+
+
+def compare(scheduler: Report, baseline: Report) -> dict[str, Any]:
+    """The scheduler against the bare server under the same load: p99 per RPC and CPU per
+    RPC, each as a ratio (a figure that means more than the milliseconds on a shared,
+    noisy machine)."""
+    rpcs = {}
+    for name, s in scheduler.rpcs.items():
+        b = baseline.rpcs.get(name)
+        if name == STARTUP or b is None or not s.count or not b.count:
+            continue
+        rpcs[name] = {
+            "p99_ms": s.p99_ms,
+            "baseline_p99_ms": b.p99_ms,
+            "ratio": s.p99_ms / b.p99_ms if b.p99_ms else float("inf"),
+        }
+    cpu, floor = cpu_per_call(scheduler), cpu_per_call(baseline)
+    return {
+        "rpcs": rpcs,
+        "cpu_ms_per_rpc": cpu * 1000,
+        "baseline_cpu_ms_per_rpc": floor * 1000,
+        "cpu_ratio": cpu / floor if floor else float("inf"),
+    }
+
+
+def print_comparison(comparison: dict[str, Any]) -> None:
+    print("  against the baseline (same load, same run):")
+    for name, r in comparison["rpcs"].items():
+        print(
+            f"    {name:<24} p99 {r['p99_ms']:>8.1f} ms vs {r['baseline_p99_ms']:>7.1f} ms"
+            f"  ({r['ratio']:.1f}x)"
+        )
+    print(
+        f"    CPU per RPC: {comparison['cpu_ms_per_rpc']:.2f} ms vs "
+        f"{comparison['baseline_cpu_ms_per_rpc']:.2f} ms ({comparison['cpu_ratio']:.1f}x)"
     )
 
 
@@ -765,6 +880,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="one trial per worker count (default 100,250,500,1000,2000); reports the knee",
     )
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="first run the same load on a server that answers at once (bench/bare_server.py) "
+        "and report the scheduler's p99 and CPU per RPC as ratios to it",
+    )
     parser.add_argument("--database-url", default=DEFAULT_DATABASE)
     parser.add_argument(
         "--scheduler-flags",
@@ -789,6 +910,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     counts = args.sweep or [args.workers]
     reports: list[Report] = []
+    baselines: list[Report] = []
+    comparisons: list[dict[str, Any]] = []
     try:
         for workers in counts:
             config = Config(
@@ -805,10 +928,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run_dir=args.run_dir,
                 scheduler_flags=tuple(shlex.split(args.scheduler_flags)),
             )
+            say = lambda line: print(line, flush=True)  # noqa: E731
+            if args.baseline:
+                print(f"baseline: {workers} workers ...", flush=True)
+                floor = run_baseline(config, log=say)
+                print_report(floor)
+                baselines.append(floor)
             print(f"trial: {workers} workers ...", flush=True)
-            report = run_trial(config, log=lambda line: print(line, flush=True))
+            report = run_trial(config, log=say)
             print_report(report)
             reports.append(report)
+            if args.baseline:
+                comparisons.append(compare(report, floor))
+                print_comparison(comparisons[-1])
     except LoadError as exc:
         print(f"load: {exc}", file=sys.stderr)
         return 2
@@ -828,6 +960,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 {
                     "targets": {"p99_ms": TARGET_P99 * 1000, "round_s": TARGET_ROUND},
                     "trials": [asdict(r) for r in reports],
+                    "baselines": [asdict(r) for r in baselines],
+                    "comparisons": comparisons,
                     "knee_workers": found,
                 },
                 indent=2,

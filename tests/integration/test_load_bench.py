@@ -19,9 +19,11 @@ def test_load_bench_tiny(postgres_url: str, tmp_path: Path) -> None:
         *("--submits-per-second", "5", "--queued", "10", "--seconds", "5"),
         *("--watchers", "1", "--readers", "1"),
         *("--database-url", postgres_url, "--json", str(out)),
+        "--baseline",
     ]
     assert main(argv) == 0
-    (trial,) = json.loads(out.read_text())["trials"]
+    results = json.loads(out.read_text())
+    (trial,) = results["trials"]
     rpcs = trial["rpcs"]
     for name in ("RegisterWorker (startup)", "Heartbeat", "SubmitJob"):
         assert rpcs[name]["count"] > 0, name
@@ -33,6 +35,15 @@ def test_load_bench_tiny(postgres_url: str, tmp_path: Path) -> None:
     assert trial["running_jobs"] > 0
     assert trial["counters"]["workers_lost_total"] == 0
     assert trial["log_events"]["start failed"] == 0 and trial["log_events"]["worker lost"] == 0
+    # The baseline: the same load on the bare server, and the scheduler as ratios to it.
+    (floor,) = results["baselines"]
+    assert floor["config"]["baseline"] is True
+    assert floor["rpcs"]["Heartbeat"]["count"] >= 20 * 3
+    assert {name: s["errors"] for name, s in floor["rpcs"].items() if s["errors"]} == {}
+    (comparison,) = results["comparisons"]
+    assert {"Heartbeat", "SubmitJob"} <= comparison["rpcs"].keys()
+    assert comparison["rpcs"]["Heartbeat"]["ratio"] > 0
+    assert comparison["baseline_cpu_ms_per_rpc"] > 0 and comparison["cpu_ratio"] > 0
 
 
 def test_unreachable_postgres_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
