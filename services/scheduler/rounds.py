@@ -19,10 +19,12 @@ the next round tries again).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Hashable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -571,42 +573,50 @@ class Rounds:
         moves whose start is to follow."""
         stopped = list(self.state.pool.map(self._stop_tasks, moves))
         proceed = self._in_holds(
-            list(zip(moves, stopped, strict=True)), lambda x: x[1] and self._after_stop(x[0])
+            list(zip(moves, stopped, strict=True)),
+            lambda x: x[1] is not None and self._after_stop(x[0], x[1]),
         )
         return [move for move, ok in zip(moves, proceed, strict=True) if ok]
 
-    def _in_holds(self, items: list[T], fn: Callable[[T], R]) -> list[R]:
+    def _in_holds(
+        self,
+        items: list[T],
+        fn: Callable[[T], R],
+        hold: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+    ) -> list[R]:
         """fn over items under the lock, RECORDS_PER_HOLD items per hold, each hold's writes
         in one transaction: a round of a thousand moves commits tens of times, not
-        thousands, and a heartbeat waits for one hold at most."""
+        thousands, and a heartbeat waits for one hold at most. `hold()` is entered in each
+        hold, under the lock."""
         out: list[R] = []
         for first in range(0, len(items), RECORDS_PER_HOLD):
-            with self.state.lock, self.state.store.batch():
+            with self.state.lock, self.state.store.batch(), hold():
                 out.extend(fn(item) for item in items[first : first + RECORDS_PER_HOLD])
         return out
 
-    def _stop_tasks(self, move: _Move) -> bool:
-        """Stop the job's tasks with a checkpoint (a start's strays without one: the job
-        resumes from its last checkpoint, which they must not overwrite)."""
+    def _stop_tasks(self, move: _Move) -> list[common_pb2.TaskStatus | None] | None:
+        """StopTask the job's tasks with a checkpoint (a start's strays without one: the job
+        resumes from its last checkpoint, which they must not overwrite): their statuses,
+        None when it broke (the job is abandoned)."""
         change = move.change
         strays = change.kind == "start"
         try:
-            self.control.stop_tasks(
+            return self.control.stop_calls(
                 move.stop,
                 checkpoint=not strays,
                 reason="an earlier placement's task" if strays else change.kind,
             )
-            return True
         except Exception:
             log.exception("stopping a job's tasks failed", extra={"job_id": change.job_id})
             self._abandon(change.job_id)
-            return False
+            return None
 
-    def _after_stop(self, move: _Move) -> bool:
-        """Under the lock: the stop's checkpoint event, a preempted job back in the queue;
-        True when a start is to follow."""
+    def _after_stop(self, move: _Move, statuses: list[common_pb2.TaskStatus | None]) -> bool:
+        """Under the lock: the stopped tasks' records, the stop's checkpoint event, a
+        preempted job back in the queue; True when a start is to follow."""
         state = self.state
         change = move.change
+        self.control.close_stopped(move.stop, statuses, checkpoint=change.kind != "start")
         job = state.jobs.get(change.job_id)
         if job is None or job.terminal:
             return False
@@ -625,7 +635,7 @@ class Rounds:
     def _start_all(self, moves: list[_Move]) -> None:
         """Start the jobs' new placements: tasks saved (one transaction) before any
         StartTask is sent, the calls, then every start or failure recorded."""
-        prepared = self._in_holds(moves, self._prepare_start)
+        prepared = self._in_holds(moves, self._prepare_start, self.control.ports_indexed)
         starts = [s for s in prepared if s is not None]
         results = list(self.state.pool.map(self._send, starts))
         reasons = self._in_holds(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -56,6 +56,7 @@ class TaskControl:
         self.agents = agents
         self.job_tokens = job_tokens  # each task's processes call as their job (identity.py)
         self._last_port: dict[str, int] = {}  # host -> last rendezvous port handed out
+        self._ports_in_use: dict[str, set[int]] | None = None  # within ports_indexed()
 
     # Starting ---------------------------------------------------------------------
     def prepare_start(
@@ -160,18 +161,26 @@ class TaskControl:
         state.store.save_job(job)
         return placement, tasks, requests
 
+    @contextlib.contextmanager
+    def ports_indexed(self) -> Iterator[None]:
+        """Under the lock, for a run of starts: the rendezvous ports in use found once, by
+        host, and each port handed out added (a round of a thousand starts scanned every
+        task a thousand times: most of the round's CPU)."""
+        self._ports_in_use = ports_by_host(self.state.tasks.values())
+        try:
+            yield
+        finally:
+            self._ports_in_use = None
+
     def _free_port(self, host: str) -> int:
         """A rendezvous port on the host: not held by an open task's rank 0 there (of any
         worker: several worker daemons may share a host), and not the one handed out last
         (a port some other program holds fails the start; the restart then tries the next
         one instead of failing again)."""
-        used = {
-            int(port)
-            for t in self.state.tasks.values()
-            if t.rendezvous_address and t.local_ranks and 0 in t.local_ranks
-            for there, _, port in [t.rendezvous_address.rpartition(":")]
-            if there == host
-        }
+        index = self._ports_in_use
+        used = (index if index is not None else ports_by_host(self.state.tasks.values())).get(
+            host, set()
+        )
         base = self.state.settings.rendezvous_port_base
         span = RENDEZVOUS_PORTS
         start = self._last_port.get(host, base - 1) + 1 - base
@@ -179,6 +188,8 @@ class TaskControl:
             port = base + (start + offset) % span
             if port not in used:
                 self._last_port[host] = port
+                if index is not None:
+                    index.setdefault(host, set()).add(port)
                 return port
         raise ResourceExhaustedError(
             f"no free rendezvous port on {host} in {base}-{base + span - 1} "
@@ -217,6 +228,18 @@ class TaskControl:
         terminates it without a checkpoint (its job may run elsewhere by then). StopTask is
         not retried: a worker that did not answer it would learn no sooner."""
 
+        tasks = list(tasks)
+        statuses = self.stop_calls(tasks, checkpoint=checkpoint, reason=reason)
+        with self.state.lock, self.state.store.batch():  # the records: one transaction
+            self.close_stopped(tasks, statuses, checkpoint=checkpoint)
+
+    def stop_calls(
+        self, tasks: Sequence[TaskRecord], *, checkpoint: bool, reason: str
+    ) -> list[common_pb2.TaskStatus | None]:
+        """The StopTask calls of stop_tasks, in parallel: each task's final status, or None
+        (lost, no answer, or the call broke). A round makes the calls of all its stops first
+        and records them together (close_stopped), a few transactions for a thousand."""
+
         def call(task: TaskRecord) -> common_pb2.TaskStatus | None:
             try:
                 return self._stop_one(task, checkpoint=checkpoint, reason=reason)
@@ -224,11 +247,19 @@ class TaskControl:
                 log.exception("StopTask broke; task given up", extra={"task_id": task.task_id})
                 return None
 
-        tasks = list(tasks)
-        statuses = pool_map(call, tasks)
-        with self.state.lock, self.state.store.batch():  # the records: one transaction
-            for task, status in zip(tasks, statuses, strict=True):
-                self._close(task, status, checkpoint=checkpoint)
+        return pool_map(call, tasks)
+
+    def close_stopped(
+        self,
+        tasks: Sequence[TaskRecord],
+        statuses: Sequence[common_pb2.TaskStatus | None],
+        *,
+        checkpoint: bool,
+    ) -> None:
+        """Under the lock: the records of tasks stop_calls stopped, ended as their workers
+        said or as the stop asked."""
+        for task, status in zip(tasks, statuses, strict=True):
+            self._close(task, status, checkpoint=checkpoint)
 
     def _stop_one(
         self, task: TaskRecord, *, checkpoint: bool, reason: str
@@ -282,6 +313,16 @@ class TaskControl:
             self.state.stopping.update(t.task_id for t in tasks)
         with contextlib.suppress(RuntimeError):  # the pool is shut down: the process is leaving
             self.state.pool.submit(self.stop_tasks, list(tasks), checkpoint=False, reason=reason)
+
+
+def ports_by_host(tasks: Iterable[TaskRecord]) -> dict[str, set[int]]:
+    """The rendezvous ports the open tasks' rank 0 hold, by host."""
+    out: dict[str, set[int]] = {}
+    for t in tasks:
+        if t.rendezvous_address and t.local_ranks and 0 in t.local_ranks:
+            host, _, port = t.rendezvous_address.rpartition(":")
+            out.setdefault(host, set()).add(int(port))
+    return out
 
 
 def pool_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
