@@ -154,6 +154,7 @@ class Config:
     watchers: int = 4
     readers: int = 2  # GetClusterState callers, and as many ListJobs callers
     round_seconds: float = 5.0
+    warmup_seconds: float = 0.0  # after registering, before measuring: the first fill done
     unplaceable: bool = False
     database_url: str = DEFAULT_DATABASE
     run_dir: str = ""  # where the scheduler's log stays (empty: a temporary folder)
@@ -707,6 +708,9 @@ def _drive(
             raise LoadError(f"only {sum(ready)} of {config.workers} workers registered")
         log(f"  {config.workers} workers registered in {registration:.1f}s")
         time.sleep(2 * HEARTBEAT_SECONDS)  # every worker heartbeating before measuring
+        if config.warmup_seconds:
+            log(f"  warming up for {config.warmup_seconds:g}s (no submissions yet)")
+            time.sleep(config.warmup_seconds)
         mark()
         cpu_before, load_before = cpu_seconds(pid), os.getloadavg()[0]
         start = time.time()
@@ -767,6 +771,7 @@ def print_report(report: Report) -> None:
         + f"{c['workers']} workers, {c['submits_per_second']:g} submissions/s, "
         + (f"{c['queued']} pre-queued, " if not baseline else "")
         + f"{c['seconds']:g}s measured"
+        + (f" after {c['warmup_seconds']:g}s of warm-up" if c.get("warmup_seconds") else "")
         + (" (unplaceable jobs)" if c["unplaceable"] and not baseline else "")
     )
     print(f"  {'RPC':<24}{'count':>8}{'errors':>8}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}")
@@ -870,6 +875,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--readers", type=int, default=2)
     parser.add_argument("--round-seconds", type=float, default=5.0)
     parser.add_argument(
+        "--warmup",
+        type=float,
+        default=0.0,
+        help="seconds between the workers' registration and the window (the pre-queued jobs "
+        "placed first, without submissions): the steady state rather than the first fill",
+    )
+    parser.add_argument(
         "--unplaceable", action="store_true", help="jobs ask for a type no worker has"
     )
     parser.add_argument(
@@ -900,7 +912,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("workers", "processes", "seconds", "round_seconds"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0")
-    for name in ("queued", "submits_per_second", "watchers", "readers"):
+    for name in ("queued", "submits_per_second", "watchers", "readers", "warmup"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0")
     return args
@@ -923,6 +935,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 watchers=args.watchers,
                 readers=args.readers,
                 round_seconds=args.round_seconds,
+                warmup_seconds=args.warmup,
                 unplaceable=args.unplaceable,
                 database_url=args.database_url,
                 run_dir=args.run_dir,

@@ -73,6 +73,20 @@ OPTIONS = [
         float,
     ),
     Option(
+        "preempt_exempt_seconds",
+        "elastic objectives: a job whose placement started less than this many seconds ago "
+        "keeps it (not preempted, resized or moved; Slurm's PreemptExemptTime); 0: off",
+        0.0,
+        float,
+    ),
+    Option(
+        "max_moves_per_round",
+        "elastic objectives: at most this many running jobs preempted, resized or moved a "
+        "round, the oldest placements first (Slurm's sched_max_job_start, for moves); 0: any",
+        0,
+        int,
+    ),
+    Option(
         "prices",
         "dollars per device-hour for the cost policies, TYPE=PRICE,... (default Google "
         "Cloud's on-demand prices Gavel used: v100=2.48,p100=1.46,k80=0.45,t4=0.35)",
@@ -257,6 +271,10 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         raise ValueError("--max-restarts must be >= 0")
     if config.hysteresis < 0:
         raise ValueError("--hysteresis must be >= 0")
+    if config.preempt_exempt_seconds < 0:
+        raise ValueError("--preempt-exempt-seconds must be >= 0")
+    if config.max_moves_per_round < 0:
+        raise ValueError("--max-moves-per-round must be >= 0")
     if config.estimate_refresh_seconds <= 0:
         raise ValueError("--estimate-refresh-seconds must be > 0")
     try:
@@ -311,6 +329,8 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         policy=config.policy,
         elastic=config.elastic,
         hysteresis=config.hysteresis,
+        preempt_exempt_seconds=config.preempt_exempt_seconds,
+        max_moves_per_round=config.max_moves_per_round,
         prices=prices,
         estimate_refresh_seconds=config.estimate_refresh_seconds,
         tenant_weights=weights,

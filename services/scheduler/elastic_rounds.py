@@ -15,6 +15,12 @@ their share, with the same steps:
    (1 + hysteresis) times more: moving costs a checkpoint and a restart.
 3. select   - highest priority first, one configuration per job, while its devices
    are free.
+   A running job placed less than `preempt_exempt_seconds` ago is not scored: it
+   keeps its configuration, and the others are selected on what it leaves (Slurm's
+   PreemptExemptTime; off by default). With `max_moves_per_round` M, when the round
+   would preempt, resize or move more than M running jobs, only the M with the oldest
+   placements are let go (Slurm's sched_max_job_start, for moves), the others are kept
+   where they are, and the round is chosen again.
 4. hold     - hysteresis: a running job is not grown or moved for a gain below
    `hysteresis` (or one its restart would not pay for); it keeps its
    configuration if that is still free. Shrinking to make room for others is not
@@ -99,6 +105,13 @@ class ElasticRounds:
     round_seconds: float
     min_recompute_seconds: float = 0.0
     hysteresis: float = 0.1
+    # Slurm's PreemptExemptTime: a job whose placement started less than this ago keeps it
+    # (not preempted, shrunk, grown or moved). Under a stream of new jobs, which Gavel's
+    # rule puts first, each round would otherwise swap most of the cluster.
+    preempt_exempt_seconds: float = 0.0
+    # Slurm's sched_max_job_start, for moves: at most this many running jobs preempted,
+    # resized or moved a round (0: no bound); the oldest placements go first.
+    max_moves_per_round: int = 0
     prices: Mapping[str, float] = field(default_factory=dict)
     entity_weights: Mapping[str, float] = field(default_factory=dict)
     entity_policies: Mapping[str, EntityPolicy] = field(default_factory=dict)
@@ -131,9 +144,12 @@ class ElasticRounds:
         self._sync(snapshot, signatures)
         if self.stale and self._due(snapshot.now):
             self._recompute(snapshot, models, rows)
-        chosen = self._select(snapshot, rows, capacity)
-        chosen = self._hold(snapshot, rows, capacity, chosen)
-        chosen = self._fill(snapshot, models, rows, capacity, chosen)
+        exempt = self._exempt(snapshot, rows)
+        chosen = self._choose(snapshot, models, rows, exempt)
+        moved = self._moved(snapshot, rows, exempt, chosen)
+        if self.max_moves_per_round and len(moved) > self.max_moves_per_round:
+            held = {j.job_id: j.current for j in moved[self.max_moves_per_round :]}
+            chosen = self._choose(snapshot, models, rows, {**exempt, **held})
         return {
             job_id: Target(job_id, config, split_ests(models[job_id], config))
             for job_id, config in chosen.items()
@@ -237,14 +253,65 @@ class ElasticRounds:
             return rate(model, {kind: model.max_devices}) / model.max_devices
         return model.capability[kind] * model.scaling(1) / model.slowdown
 
+    def _choose(
+        self,
+        snapshot: Snapshot,
+        models: Mapping[str, ElasticJob],
+        rows: Mapping[str, Rows],
+        exempt: Mapping[str, Config],
+    ) -> dict[str, Config]:
+        """Steps 2-5, the exempt jobs kept where they are."""
+        capacity = snapshot.capacity
+        chosen = self._select(snapshot, rows, _left(capacity, exempt), exempt)
+        chosen.update(exempt)
+        chosen = self._hold(snapshot, rows, capacity, chosen)
+        return self._fill(snapshot, models, rows, capacity, chosen, exempt=exempt)
+
+    @staticmethod
+    def _moved(
+        snapshot: Snapshot,
+        rows: Mapping[str, Rows],
+        exempt: Mapping[str, Config],
+        chosen: Mapping[str, Config],
+    ) -> list[JobSnapshot]:
+        """The running jobs the round would preempt, resize or move (each a checkpoint and a
+        restart), the oldest placement first: those are the ones max_moves_per_round lets
+        go, and the newer ones wait for a later round."""
+        moved = [
+            job
+            for job in snapshot.jobs
+            if job.current
+            and job.job_id not in exempt
+            and job.current in dict(rows[job.job_id])
+            and chosen.get(job.job_id) != job.current
+        ]
+        return sorted(moved, key=lambda j: j.placed_at)
+
+    def _exempt(self, snapshot: Snapshot, rows: Mapping[str, Rows]) -> dict[str, Config]:
+        """The running jobs placed less than preempt_exempt_seconds ago, on their devices."""
+        if self.preempt_exempt_seconds <= 0:
+            return {}
+        since = snapshot.now - self.preempt_exempt_seconds
+        return {
+            job.job_id: job.current
+            for job in snapshot.jobs
+            if job.current and job.placed_at > since and job.current in dict(rows[job.job_id])
+        }
+
     # Steps 2-3 -------------------------------------------------------------------
     def _select(
-        self, snapshot: Snapshot, rows: Mapping[str, Rows], capacity: Mapping[str, int]
+        self,
+        snapshot: Snapshot,
+        rows: Mapping[str, Rows],
+        capacity: Mapping[str, int],
+        exempt: Mapping[str, Config],
     ) -> dict[str, Config]:
         elapsed = max(snapshot.now - (self.last_reset or snapshot.now), 0.0)
         half = self.round_seconds / 2.0
         ranked: list[tuple[float, float, float, int, str, Config]] = []
         for order, job in enumerate(snapshot.jobs):
+            if job.job_id in exempt:
+                continue
             allowed = {c for c, _ in rows[job.job_id]}
             got = self.received.get(job.job_id, {})
             for config, share in self.shares.get(job.job_id, {}).items():
@@ -300,6 +367,8 @@ class ElasticRounds:
         rows: Mapping[str, Rows],
         capacity: Mapping[str, int],
         chosen: dict[str, Config],
+        *,
+        exempt: Mapping[str, Config],
     ) -> dict[str, Config]:
         free = _left(capacity, chosen)
         rates = {job_id: dict(r) for job_id, r in rows.items()}
@@ -316,7 +385,7 @@ class ElasticRounds:
                     chosen[job.job_id] = config
                     _take(free, config)
                     break
-        self._grow(snapshot, models, rates, free, chosen)
+        self._grow(snapshot, models, rates, free, chosen, exempt=exempt)
         return chosen
 
     def _grow(
@@ -326,9 +395,12 @@ class ElasticRounds:
         rates: Mapping[str, Mapping[Config, float]],
         free: dict[str, int],
         chosen: dict[str, Config],
+        *,
+        exempt: Mapping[str, Config],
     ) -> None:
-        """Grow the chosen jobs into the free devices, the largest gain per device first,
-        one step at a time (ties: the job chosen first, then its first configuration).
+        """Grow the chosen jobs (not the exempt ones) into the free devices, the largest
+        gain per device first, one step at a time (ties: the job chosen first, then its
+        first configuration).
 
         Candidates wait in a heap, so a round over thousands of jobs and devices costs a
         sort, not a pass over every job per device handed out: a job's candidates are
@@ -364,7 +436,8 @@ class ElasticRounds:
                 heapq.heappush(heap, entry)
 
         for job_id in chosen:
-            offer(job_id)
+            if job_id not in exempt:
+                offer(job_id)
         while heap and any(n > 0 for n in free.values()):
             _, _, _, seen, job_id, bigger, extra = heapq.heappop(heap)
             if seen != version[job_id] or not fits(extra, free):

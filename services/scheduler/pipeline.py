@@ -66,6 +66,7 @@ class JobSnapshot:
     entity: str = "default"
     current: Config = ()  # devices per type it holds now (empty: not running)
     attained_seconds: float = 0.0  # time it has run so far, anywhere
+    placed_at: float = -math.inf  # when its current placement started (-inf: not known)
     restart_seconds: float = 0.0  # what a checkpoint-and-restart costs it
     colocated: Mapping[tuple[str, str], float] = field(default_factory=dict)
     # DeepPool: it may run as a background job (best-effort, one device), and the share of

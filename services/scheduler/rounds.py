@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import threading
 from collections.abc import Callable, Hashable, Mapping
 from contextlib import AbstractContextManager
@@ -189,6 +190,7 @@ class Rounds:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._attained: dict[str, float] = {}
+        self._placed_at: dict[str, float] = {}  # job -> when its current placement started
 
     # The loop -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -385,6 +387,7 @@ class Rounds:
             view.steps_left,
             tuple(view.held),
             self._attained.get(job.job_id, 0.0),
+            self._placed_at.get(job.job_id) if view.held else None,
             self.estimates.version(job.job_id),
             self.estimates.restart_seconds(job.job_id),
             self._plan_devices(job.job_id),
@@ -448,6 +451,7 @@ class Rounds:
             entity=spec.tenant,
             current=config_of(count_by_type(d for d, _ in held)),
             attained_seconds=self._attained.get(job.job_id, 0.0),
+            placed_at=self._placed_at.get(job.job_id, -math.inf) if held else -math.inf,
             restart_seconds=self.estimates.restart_seconds(job.job_id),
             background=most == 1 and spec.service_class != C.SERVICE_CLASS_GUARANTEED,
             guaranteed=spec.service_class == C.SERVICE_CLASS_GUARANTEED,
@@ -719,6 +723,7 @@ class Rounds:
         rescaled: bool,
     ) -> None:
         state = self.state
+        self._placed_at[job.job_id] = state.clock()
         job.placement.CopyFrom(placement)  # published once its tasks run
         new_plan = plan != job.plan
         job.plan.CopyFrom(plan)
@@ -774,6 +779,7 @@ class Rounds:
 
     def forget(self, job_id: str) -> None:
         self._attained.pop(job_id, None)
+        self._placed_at.pop(job_id, None)
         self._snapshots.pop(job_id, None)
         if self.plans is not None:
             self.plans.forget(job_id)

@@ -96,6 +96,8 @@ def allocator_for(
         min_recompute_seconds=settings.min_recompute_seconds,
         seed=settings.seed,
         hysteresis=settings.hysteresis,
+        preempt_exempt_seconds=settings.preempt_exempt_seconds,
+        max_moves_per_round=settings.max_moves_per_round,
         prices=settings.prices,
         entity_weights=settings.tenant_weights,
         entity_policies=settings.tenant_policies,

@@ -3,6 +3,8 @@ hysteresis, and the configurations themselves."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -112,6 +114,51 @@ def test_hysteresis_holds_a_resize_below_its_gain(hysteresis: float, devices_aft
     running = job("a", 6, speeds, current=(("v100", 2),), efficiency=eff)
     target = rounds.allocate(Snapshot(1.0, devices(v100=3), (running,)))["a"]
     assert target.size == devices_after
+
+
+@pytest.mark.parametrize(
+    ("exempt", "placed_ago", "kept"), [(60, 10, True), (0, 10, False), (60, 61, False)]
+)
+def test_a_new_placement_is_exempt_from_preemption_for_a_while(
+    exempt: float, placed_ago: float, kept: bool
+) -> None:
+    """Job a runs on both V100s; b arrives (never ran: first, by Gavel's rule). Without an
+    exemption, or once a's placement is older than it, b runs and a gives up devices;
+    within it, a keeps both and b waits (Slurm's PreemptExemptTime)."""
+    rounds = ElasticRounds(make_policy("las"), round_seconds=360, preempt_exempt_seconds=exempt)
+    now = 1000.0
+    a = replace(job("a", 2, {"v100": 1.0}, current=(("v100", 2),)), placed_at=now - placed_ago)
+    targets = rounds.allocate(Snapshot(now, devices(v100=2), (a, job("b", 2, {"v100": 1.0}))))
+    assert ("a" in targets and targets["a"].size == 2) == kept
+    assert ("b" in targets) != kept
+
+
+@pytest.mark.parametrize(("exempt", "size"), [(60, 1), (0, 2)])
+def test_an_exempt_job_is_not_grown_either(exempt: float, size: int) -> None:
+    """A job alone on one of two V100s would double its rate on both; within its exemption
+    it keeps its placement (a resize is a restart too)."""
+    rounds = ElasticRounds(make_policy("las"), round_seconds=360, preempt_exempt_seconds=exempt)
+    a = replace(job("a", 2, {"v100": 1.0}, current=(("v100", 1),)), placed_at=995.0)
+    assert rounds.allocate(Snapshot(1000.0, devices(v100=2), (a,)))["a"].size == size
+
+
+@pytest.mark.parametrize(("budget", "moved"), [(0, 4), (2, 2), (10, 4)])
+def test_moves_per_round_are_bounded_the_oldest_placements_first(budget: int, moved: int) -> None:
+    """Four jobs run on the four V100s, one each; four new jobs arrive and Gavel's rule puts
+    them first, so the round would preempt all four. With at most 2 moves a round, the two
+    placed earliest (r0, r1) give way and the others keep running."""
+    rounds = ElasticRounds(make_policy("las"), round_seconds=360, max_moves_per_round=budget)
+    running = [
+        replace(job(f"r{i}", 1, {"v100": 1.0}, current=(("v100", 1),)), placed_at=100.0 * i)
+        for i in range(4)
+    ]
+    new = [job(f"n{i}", 1, {"v100": 1.0}) for i in range(4)]
+    targets = rounds.allocate(Snapshot(1000.0, devices(v100=4), (*running, *new)))
+    kept = [j.job_id for j in running if j.job_id in targets]
+    assert len(running) - len(kept) == moved
+    assert sum(j.job_id in targets for j in new) == moved
+    if budget == 2:
+        assert kept == ["r2", "r3"]
 
 
 def test_no_runnable_job_is_an_empty_allocation_not_an_error() -> None:

@@ -37,6 +37,10 @@ def test_defaults_and_flags() -> None:
     assert default.prices["v100"] == 2.48  # Gavel's public cloud prices
     elastic = settings("--policy", "las", "--elastic", "--prices", "v100=3", "--hysteresis", "0.3")
     assert elastic.elastic and elastic.hysteresis == 0.3 and elastic.prices["v100"] == 3.0
+    assert default.preempt_exempt_seconds == 0.0
+    assert settings("--preempt-exempt-seconds", "60").preempt_exempt_seconds == 60.0
+    assert default.max_moves_per_round == 0
+    assert settings("--max-moves-per-round", "100").max_moves_per_round == 100
 
 
 def test_rubick_policies_are_accepted() -> None:
@@ -62,6 +66,8 @@ def test_environment_fallback() -> None:
         (["--policy", "rubick", "--elastic"], "--policy: rubick decides devices itself"),
         (["--prices", "v100=free"], "--prices: 'v100=free' is not TYPE=DOLLARS_PER_HOUR"),
         (["--hysteresis", "-1"], "--hysteresis must be >= 0"),
+        (["--preempt-exempt-seconds", "-1"], "--preempt-exempt-seconds must be >= 0"),
+        (["--max-moves-per-round", "-1"], "--max-moves-per-round must be >= 0"),
         (["--straggler-margin", "0"], "--straggler-margin must be > 0"),
         (["--straggler-reports", "0"], "--straggler-reports must be >= 1"),
         (["--straggler-clear-seconds", "-5"], "--straggler-clear-seconds must be > 0"),

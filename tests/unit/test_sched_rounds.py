@@ -660,3 +660,29 @@ def test_a_host_out_of_rendezvous_ports_leaves_the_job_queued_unchanged(
         assert "no free rendezvous port on 127.0.0.1" in warned[0].__dict__["why"]
     finally:
         scheduler.stop()
+
+
+@pytest.mark.parametrize("exempt", [60.0, 0.0])
+def test_a_new_placement_is_kept_for_the_preempt_exempt_time(exempt: float) -> None:
+    """Elastic LAS puts a new job first: b takes a device of a's at once, unless a's
+    placement is younger than --preempt-exempt-seconds; then b waits until it is not."""
+    clock = Clock()
+    tuning = settings(elastic=True, heartbeat_timeout=1000.0, preempt_exempt_seconds=exempt)
+    scheduler, agents = make_scheduler(tuning, clock=clock)
+    try:
+        register(scheduler, "w", {"t4": 2})
+        a = scheduler.submit(job_spec("a", 2), "")[0].job_id
+        scheduler.run_round()
+        assert len(scheduler.get(a).placement.processes) == 2
+        clock.now += 30.0
+        b = scheduler.submit(job_spec("b", 2), "")[0].job_id
+        scheduler.run_round()
+        ran = {r.job_id for r in agents.started}
+        assert (b in ran) == (exempt == 0.0), ran
+        if exempt:
+            assert len(scheduler.get(a).placement.processes) == 2
+            clock.now += 31.0  # a's placement is 61 s old now
+            scheduler.run_round()
+            assert b in {r.job_id for r in agents.started}
+    finally:
+        scheduler.stop()
