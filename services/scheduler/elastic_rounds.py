@@ -85,6 +85,11 @@ def _left(capacity: Mapping[str, int], chosen: Mapping[str, Config]) -> dict[str
     return free
 
 
+def _placed(job: JobSnapshot, rows: Mapping[str, Rows]) -> bool:
+    """Running, on a configuration it may still have (its devices are all still there)."""
+    return bool(job.current) and any(config == job.current for config, _ in rows[job.job_id])
+
+
 def _within(small: Config, big: Config) -> bool:
     have = dict(big)
     return all(have.get(t, 0) >= n for t, n in small)
@@ -280,9 +285,8 @@ class ElasticRounds:
         moved = [
             job
             for job in snapshot.jobs
-            if job.current
-            and job.job_id not in exempt
-            and job.current in dict(rows[job.job_id])
+            if job.job_id not in exempt
+            and _placed(job, rows)
             and chosen.get(job.job_id) != job.current
         ]
         return sorted(moved, key=lambda j: j.placed_at)
@@ -295,7 +299,7 @@ class ElasticRounds:
         return {
             job.job_id: job.current
             for job in snapshot.jobs
-            if job.current and job.placed_at > since and job.current in dict(rows[job.job_id])
+            if job.placed_at > since and _placed(job, rows)
         }
 
     # Steps 2-3 -------------------------------------------------------------------
