@@ -25,7 +25,6 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Hashable, Mapping
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -586,7 +585,7 @@ class Rounds:
         self,
         items: list[T],
         fn: Callable[[T], R],
-        hold: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+        hold: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> list[R]:
         """fn over items under the lock, RECORDS_PER_HOLD items per hold, each hold's writes
         in one transaction: a round of a thousand moves commits tens of times, not
