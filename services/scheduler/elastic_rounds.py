@@ -150,11 +150,11 @@ class ElasticRounds:
         if self.stale and self._due(snapshot.now):
             self._recompute(snapshot, models, rows)
         exempt = self._exempt(snapshot, rows)
-        chosen = self._choose(snapshot, models, rows, exempt)
+        chosen = self._choose(snapshot, models, rows, capacity, exempt)
         moved = self._moved(snapshot, rows, exempt, chosen)
         if self.max_moves_per_round and len(moved) > self.max_moves_per_round:
             held = {j.job_id: j.current for j in moved[self.max_moves_per_round :]}
-            chosen = self._choose(snapshot, models, rows, {**exempt, **held})
+            chosen = self._choose(snapshot, models, rows, capacity, {**exempt, **held})
         return {
             job_id: Target(job_id, config, split_ests(models[job_id], config))
             for job_id, config in chosen.items()
@@ -263,10 +263,10 @@ class ElasticRounds:
         snapshot: Snapshot,
         models: Mapping[str, ElasticJob],
         rows: Mapping[str, Rows],
+        capacity: Mapping[str, int],
         exempt: Mapping[str, Config],
     ) -> dict[str, Config]:
         """Steps 2-5, the exempt jobs kept where they are."""
-        capacity = snapshot.capacity
         chosen = self._select(snapshot, rows, _left(capacity, exempt), exempt)
         chosen.update(exempt)
         chosen = self._hold(snapshot, rows, capacity, chosen)
