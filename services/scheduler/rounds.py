@@ -98,6 +98,13 @@ class _Move:
     change: Change
     stop: list[TaskRecord]
 
+    @property
+    def checkpoints(self) -> bool:
+        """Whether its tasks stop with a checkpoint: a start's are an earlier placement's
+        strays, stopped without one (the job resumes from its last checkpoint, which they
+        must not overwrite)."""
+        return self.change.kind != "start"
+
 
 @dataclass(frozen=True)
 class _Start:
@@ -598,16 +605,14 @@ class Rounds:
         return out
 
     def _stop_tasks(self, move: _Move) -> list[common_pb2.TaskStatus | None] | None:
-        """StopTask the job's tasks with a checkpoint (a start's strays without one: the job
-        resumes from its last checkpoint, which they must not overwrite): their statuses,
-        None when it broke (the job is abandoned)."""
+        """StopTask the job's tasks (with a checkpoint unless they are strays,
+        _Move.checkpoints): their statuses, None when it broke (the job is abandoned)."""
         change = move.change
-        strays = change.kind == "start"
         try:
             return self.control.stop_calls(
                 move.stop,
-                checkpoint=not strays,
-                reason="an earlier placement's task" if strays else change.kind,
+                checkpoint=move.checkpoints,
+                reason=change.kind if move.checkpoints else "an earlier placement's task",
             )
         except Exception:
             log.exception("stopping a job's tasks failed", extra={"job_id": change.job_id})
@@ -619,11 +624,11 @@ class Rounds:
         preempted job back in the queue; True when a start is to follow."""
         state = self.state
         change = move.change
-        self.control.close_stopped(move.stop, statuses, checkpoint=change.kind != "start")
+        self.control.close_stopped(move.stop, statuses, checkpoint=move.checkpoints)
         job = state.jobs.get(change.job_id)
         if job is None or job.terminal:
             return False
-        if move.stop and change.kind != "start":
+        if move.stop and move.checkpoints:
             paths = sorted({t.checkpoint_path for t in move.stop if t.checkpoint_path})
             state.record(
                 job,
