@@ -902,7 +902,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--scheduler-flags",
         default="",
-        help="more scheduler flags, as one string (e.g. '--event-round-gap 0' for a baseline)",
+        help="more scheduler flags, as one string (e.g. '--event-round-gap 0', to compare "
+        "with a run of the defaults)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument(
