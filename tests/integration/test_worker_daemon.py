@@ -177,9 +177,9 @@ def start_request(tmp_path: Path, task_id: str, job_spec: C.JobSpec) -> worker_p
     )
 
 
-def finished(recorder: FakeScheduler, task_id: str) -> C.TaskStatus:
+def finished(recorder: FakeScheduler, task_id: str, timeout: float = WAIT) -> C.TaskStatus:
     """The TaskFinished status of a task, once it came."""
-    status = wait_until(lambda: recorder.ended(task_id), WAIT, f"TaskFinished of {task_id}")
+    status = wait_until(lambda: recorder.ended(task_id), timeout, f"TaskFinished of {task_id}")
     assert status is not None
     return status
 
