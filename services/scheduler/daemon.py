@@ -33,6 +33,7 @@ from gearshift.scheduler.prices import parse_prices
 from gearshift.scheduler.rubick_live import LIVE_VARIANTS
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.servicer import JobServicer, WorkerRegistryServicer
+from gearshift.scheduler.state import EVENT_ROUNDS
 from gearshift.scheduler.store import SqlStore
 from gearshift.scheduler.stragglers import StragglerPolicy
 from gearshift.scheduler.tenants import load_quotas
@@ -119,6 +120,15 @@ OPTIONS = [
         "a worker joining) asks for: a burst of events is one round, not one each",
         1.0,
         float,
+    ),
+    Option(
+        "event_rounds",
+        "allocators that re-plan on events (elastic ones): 'always', an event asks for an "
+        "early round; 'free-devices', only while a live device is free (a job that arrives "
+        "at a full cluster waits for the round boundary, as in Gavel, instead of every "
+        "arrival moving running jobs)",
+        "always",
+        choices=list(EVENT_ROUNDS),
     ),
     Option("heartbeat_interval", "seconds between a worker's heartbeats", 5.0, float),
     Option(
@@ -340,6 +350,7 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         heartbeat_timeout=config.heartbeat_timeout,
         min_recompute_seconds=config.min_recompute_seconds,
         event_round_gap=config.event_round_gap,
+        event_rounds=config.event_rounds,
         plan_interval=config.plan_interval,
         checkpoint_root=config.checkpoint_root,
         brain_address=config.brain_address,

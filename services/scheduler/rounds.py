@@ -188,6 +188,7 @@ class Rounds:
         self.last_round_at = 0.0
         self.last_round_ended_at = 0.0
         self._checked_at = 0.0  # when the loop last looked for lost workers and tasks
+        self._early_refused_at = 0.0  # when an event last asked for an early round in vain
         self._cpus: dict[str, int] = {}  # job -> the round's cpus_per_device (0: default)
         self._plans: dict[str, common_pb2.ExecutionPlan] = {}  # job -> the round's plan (Rubick)
         self._snapshots: dict[str, tuple[Hashable, JobSnapshot]] = {}  # see _job
@@ -226,9 +227,14 @@ class Rounds:
                 return
             self._wake.clear()
             try:
-                early = early or (woken and self._early_round_allowed())
+                early = early or woken
                 now = self.state.clock()
-                if now >= self._next_round_at(early):
+                due = now >= self._next_round_at(False)
+                if not due and early and now >= self._next_round_at(True):
+                    due = self._early_round_allowed()
+                    early = False  # answered: the next event asks again, a gap later
+                    self._early_refused_at = now if not due else 0.0
+                if due:
                     early = False
                     self.run_round()
                 elif now - self._checked_at >= settings.heartbeat_interval:
@@ -249,15 +255,25 @@ class Rounds:
         boundary = self.last_round_at + self.state.settings.round_seconds
         if not early:
             return boundary
-        return min(boundary, self.last_round_ended_at + self.state.settings.event_round_gap)
+        since = max(self.last_round_ended_at, self._early_refused_at)
+        return min(boundary, since + self.state.settings.event_round_gap)
 
     def _early_round_allowed(self) -> bool:
-        """Allocators that re-plan on events run at once; Gavel's rounds wait for the boundary
-        unless nothing runs (then a new job need not wait for the round to end)."""
-        if self.allocator.replans_on_events:
+        """Allocators that re-plan on events run at once (with --event-rounds free-devices,
+        only while a device is free: at a full cluster every arrival would move running
+        jobs); Gavel's rounds wait for the boundary unless nothing runs (then a new job need
+        not wait for the round to end). Asked at most once an event gap: it walks every
+        job."""
+        state = self.state
+        replans = self.allocator.replans_on_events
+        if replans and state.settings.event_rounds == "always":
             return True
-        with self.state.lock:
-            return not any(j.state in RUNNING_STATES for j in self.state.jobs.values())
+        with state.lock:
+            running = [j for j in state.jobs.values() if j.state in RUNNING_STATES]
+            if not replans:
+                return not running
+            held = {d for j in running for d in placement_devices(j.placement)}
+            return any(d not in held for d in live_devices(state))
 
     # One round ------------------------------------------------------------------------------
     def run_round(self) -> RoundReport:

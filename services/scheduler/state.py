@@ -47,6 +47,11 @@ ONE_TYPE_LEVELS = (
 )
 
 
+# When an event (a submission, a worker joining, a job ending) asks an allocator that re-plans
+# on events for a round before the boundary: always, or only while a live device is free.
+EVENT_ROUNDS = ("always", "free-devices")
+
+
 @dataclass(frozen=True)
 class SchedulerSettings:
     """How the scheduler behaves (daemon flags)."""
@@ -58,6 +63,7 @@ class SchedulerSettings:
     heartbeat_timeout: float = 30.0
     min_recompute_seconds: float = 0.0
     event_round_gap: float = 1.0  # least time between the end of a round and one an event asks
+    event_rounds: str = "always"  # when an event asks for a round early: always or free-devices
     checkpoint_root: str = ".gearshift/checkpoints"
     brain_address: str = ""
     shard_manager_address: str = ""

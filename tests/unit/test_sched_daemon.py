@@ -41,6 +41,10 @@ def test_defaults_and_flags() -> None:
     assert settings("--preempt-exempt-seconds", "60").preempt_exempt_seconds == 60.0
     assert default.max_moves_per_round == 0
     assert settings("--max-moves-per-round", "100").max_moves_per_round == 100
+    assert default.event_rounds == "always"
+    assert settings("--event-rounds", "free-devices").event_rounds == "free-devices"
+    with pytest.raises(SystemExit):  # argparse names the flag and its choices
+        settings("--event-rounds", "sometimes")
 
 
 def test_rubick_policies_are_accepted() -> None:

@@ -211,6 +211,45 @@ def test_a_burst_of_submissions_makes_few_rounds_not_one_each() -> None:
         scheduler.stop()
 
 
+@pytest.mark.parametrize("event_rounds", ["always", "free-devices"])
+def test_free_devices_event_rounds_leave_a_full_cluster_to_the_boundary(event_rounds: str) -> None:
+    """With --event-rounds free-devices an arrival at a full cluster asks for no round (it
+    would move running jobs for every arrival): the new job waits for the boundary, an hour
+    here, or for a device to free up; with 'always' elastic LAS shares at once."""
+    rounds: list[int] = []
+    quick = settings(
+        elastic=True, round_seconds=3600.0, event_round_gap=0.05, event_rounds=event_rounds
+    )
+    scheduler, _ = make_scheduler(quick, clock=Clock())
+    scheduler.state.clock = __import__("time").monotonic  # the loop waits on real time
+    scheduler.rounds.observers.append(lambda report, _seconds: rounds.append(report.round))
+    try:
+        register(scheduler, "box", {"t4": 2})
+        scheduler.start()
+        first, _ = scheduler.submit(job_spec("first", 2), "")
+        wait_until(lambda: len(placement_types(scheduler, first.job_id)) == 2, 10.0, "first on 2")
+        second, _ = scheduler.submit(job_spec("second", 2), "")
+        if event_rounds == "always":
+            wait_until(
+                lambda: scheduler.get(second.job_id).state == C.JOB_STATE_RUNNING,
+                10.0,
+                "the arrival shares the cluster at once",
+            )
+            return
+        wait_until(lambda: scheduler.rounds._early_refused_at > 0, 10.0, "the early round refused")
+        ran = len(rounds)
+        assert scheduler.get(second.job_id).state == C.JOB_STATE_QUEUED
+        scheduler.cancel(first.job_id, "test")  # its devices free up: an event round again
+        wait_until(
+            lambda: scheduler.get(second.job_id).state == C.JOB_STATE_RUNNING,
+            10.0,
+            "the waiting job starts once a device is free",
+        )
+        assert len(rounds) > ran
+    finally:
+        scheduler.stop()
+
+
 @pytest.mark.parametrize(
     ("policy", "elastic"), [("las", False), ("las", True), ("easyscale", False)]
 )
