@@ -46,6 +46,7 @@ import shlex
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -186,6 +187,9 @@ class Report:
     # The scheduler's CPU time (user + system) in the window: what the RPCs and rounds
     # cost it, less sensitive than the latencies to what else runs on the machine.
     scheduler_cpu_seconds: float = 0.0
+    # The load generator's CPU time in the window (its worker and client processes), on the
+    # same machine: what is left of the host's CPUs for the server is the rest.
+    generator_cpu_seconds: float = 0.0
     # The host's 1-minute load average at the window's start and end (latencies measured
     # on a shared machine mean little without it).
     load_average: tuple[float, float] = (0.0, 0.0)
@@ -629,6 +633,7 @@ def run_trial(config: Config, log: Callable[[str], None] = print) -> Report:
         preload_seconds=preload,
         registration_seconds=drive.registration_seconds,
         scheduler_cpu_seconds=drive.cpu_seconds,
+        generator_cpu_seconds=drive.generator_cpu_seconds,
         load_average=drive.load_average,
     )
 
@@ -663,6 +668,7 @@ def run_baseline(config: Config, log: Callable[[str], None] = print) -> Report:
         preload_seconds=0.0,
         registration_seconds=drive.registration_seconds,
         scheduler_cpu_seconds=drive.cpu_seconds,
+        generator_cpu_seconds=drive.generator_cpu_seconds,
         load_average=drive.load_average,
     )
 
@@ -675,6 +681,7 @@ class Drive:
     reregistrations: int
     registration_seconds: float
     cpu_seconds: float  # the server's, in the window
+    generator_cpu_seconds: float  # the worker and client processes', in the window
     load_average: tuple[float, float]
 
 
@@ -712,13 +719,22 @@ def _drive(
             log(f"  warming up for {config.warmup_seconds:g}s (no submissions yet)")
             time.sleep(config.warmup_seconds)
         mark()
+        generators = [p.pid or 0 for p in processes]
         cpu_before, load_before = cpu_seconds(pid), os.getloadavg()[0]
+        generated_before = sum(cpu_seconds(p) for p in generators)
         start = time.time()
         window[0], window[1] = start, start + config.seconds
+        # The generators' CPU at the window's end, before they drain and report.
+        generated: list[float] = []
+        timer = threading.Timer(
+            config.seconds, lambda: generated.append(sum(cpu_seconds(p) for p in generators))
+        )
+        timer.start()
         results = _collect(
             out, len(processes), time.monotonic() + config.seconds + 3 * CALL_TIMEOUT, "result"
         )
         cpu_after, load_after = cpu_seconds(pid), os.getloadavg()[0]
+        timer.join()
         mark()
     finally:
         for process in processes:
@@ -740,6 +756,7 @@ def _drive(
         reregistrations=sum(r["reregistrations"] for r in results),
         registration_seconds=registration,
         cpu_seconds=cpu_after - cpu_before,
+        generator_cpu_seconds=(generated[0] - generated_before) if generated else 0.0,
         load_average=(load_before, load_after),
     )
 
@@ -787,6 +804,7 @@ def print_report(report: Report) -> None:
             f"({cpu_per_call(report) * 1000:.2f} ms per RPC); host load average "
             f"{report.load_average[0]:.2f} -> {report.load_average[1]:.2f} on {os.cpu_count()} CPUs"
         )
+        print(generator_line(report))
         return
     r = report.rounds
     print(
@@ -805,6 +823,17 @@ def print_report(report: Report) -> None:
         f"({cpu_per_call(report) * 1000:.2f} ms per RPC, rounds included); host load average "
         f"{report.load_average[0]:.2f} -> {report.load_average[1]:.2f} "
         f"on {os.cpu_count()} CPUs"
+    )
+    print(generator_line(report))
+
+
+def generator_line(report: Report) -> str:
+    """What the load generator took of the machine the server shares with it."""
+    seconds = report.config["seconds"]
+    share = report.generator_cpu_seconds / seconds if seconds else 0.0
+    return (
+        f"  load generator CPU in the window: {report.generator_cpu_seconds:.1f} s "
+        f"({share:.2f} of {os.cpu_count()} CPUs)"
     )
 
 
