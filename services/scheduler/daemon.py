@@ -28,6 +28,7 @@ from gearshift.scheduler import metrics
 from gearshift.scheduler.allocators import allocator_names, make_allocator
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.datasets import DatasetKeeper
+from gearshift.scheduler.decider import check_decision_process
 from gearshift.scheduler.policies.base import EntityPolicy
 from gearshift.scheduler.prices import parse_prices
 from gearshift.scheduler.rubick_live import LIVE_VARIANTS
@@ -129,6 +130,14 @@ OPTIONS = [
         "arrival moving running jobs)",
         "always",
         choices=list(EVENT_ROUNDS),
+    ),
+    Option(
+        "decision_process",
+        "decide each round (allocate, collocate, place) in a child process of its own, so "
+        "that the decision over thousands of jobs does not hold up the RPCs (not with the "
+        "rubick policies or --tenants-file)",
+        False,
+        parse_bool,
     ),
     Option("heartbeat_interval", "seconds between a worker's heartbeats", 5.0, float),
     Option(
@@ -335,7 +344,7 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         if value not in ("fairness", "fifo"):
             raise ValueError(f"--tenant-policies: {value!r} is not fairness or fifo")
         policies[tenant] = "fifo" if value == "fifo" else "fairness"
-    return SchedulerSettings(
+    settings = SchedulerSettings(
         policy=config.policy,
         elastic=config.elastic,
         hysteresis=config.hysteresis,
@@ -351,6 +360,7 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         min_recompute_seconds=config.min_recompute_seconds,
         event_round_gap=config.event_round_gap,
         event_rounds=config.event_rounds,
+        decision_process=config.decision_process,
         plan_interval=config.plan_interval,
         checkpoint_root=config.checkpoint_root,
         brain_address=config.brain_address,
@@ -367,6 +377,9 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         tenants_file=config.tenants_file,
         stragglers=stragglers,
     )
+    if settings.decision_process:
+        check_decision_process(settings)
+    return settings
 
 
 def build(config: argparse.Namespace) -> Daemon:

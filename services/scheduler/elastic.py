@@ -190,8 +190,11 @@ def _configurations(job: ElasticJob, capacity: Mapping[str, int]) -> list[tuple[
                 for counts in itertools.product(*ranges):
                     if low <= sum(counts) <= high:
                         candidates.add(config_of(dict(zip(kinds, counts, strict=True))))
+    # Ties broken by the configuration itself: a set's order changes with the process's
+    # string hashing, and the decision must not (decider.py decides in another process).
     rated = sorted(
-        ((c, rate(job, dict(c))) for c in candidates), key=lambda item: (_size(item[0]), -item[1])
+        ((c, rate(job, dict(c))) for c in candidates),
+        key=lambda item: (_size(item[0]), -item[1], item[0]),
     )
     kept: list[tuple[Config, float]] = []
     for config, value in rated:

@@ -31,6 +31,7 @@ from typing import TypeVar
 from gearshift.common import execplan
 from gearshift.common.errors import ResourceExhaustedError
 from gearshift.common.jobspec import is_ps_job
+from gearshift.scheduler.decider import Decider, InProcess
 from gearshift.scheduler.estimates import EstimateRequest, Estimates
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.pipeline import (
@@ -40,7 +41,6 @@ from gearshift.scheduler.pipeline import (
     Ran,
     Snapshot,
     Target,
-    plan_round,
 )
 from gearshift.scheduler.placement import (
     Assignment,
@@ -174,6 +174,7 @@ class Rounds:
         collocator: Collocator | None = None,
         plans: ResourcePlans | None = None,
         ps_plans: PsPlans | None = None,
+        decider: Decider | None = None,
     ) -> None:
         self.state = state
         self.plans = plans
@@ -183,6 +184,8 @@ class Rounds:
         self.registry = registry
         self.estimates = estimates
         self.allocator = allocator
+        # plan_round here or in a process of its own (--decision-process)
+        self.decider = decider or InProcess(allocator, collocator)
         self.observers = list(observers or [])
         self.round = 0
         self.last_round_at = 0.0
@@ -209,6 +212,7 @@ class Rounds:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self.decider.close()
 
     def wake(self) -> None:
         """Ask for a round soon (an arrival, completion or worker change)."""
@@ -310,7 +314,7 @@ class Rounds:
             with state.lock:
                 gathered = self._gather(now)
             snapshot, current = self._snapshot(now, gathered)  # estimates: outside the lock
-            targets, desired = plan_round(snapshot, self.allocator, current, self.collocator)
+            targets, desired = self.decider.decide(snapshot, current)
             with state.lock, state.store.batch():
                 report.desired = desired
                 self._plans = self._new_plans(targets)

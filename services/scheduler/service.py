@@ -40,20 +40,20 @@ from gearshift.common.errors import NotFoundError
 from gearshift.common.facts import TERMINAL_STATES
 from gearshift.common.identity import JobTokens
 from gearshift.scheduler import metrics, plan_book
-from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.brain import BrainAdvisor
-from gearshift.scheduler.collocation import Multiplexing
 from gearshift.scheduler.datasets import DatasetKeeper
+from gearshift.scheduler.decider import DecisionProcess
 from gearshift.scheduler.estimates import Estimates
 from gearshift.scheduler.guarantees import Admission, Guarantees
 from gearshift.scheduler.job_logs import LogSources, TaskSource, job_log_lines
 from gearshift.scheduler.jobs_api import JobsApi
-from gearshift.scheduler.pipeline import Allocator, Collocator
+from gearshift.scheduler.pipeline import Allocator
 from gearshift.scheduler.ps_jobs import PsPlan, PsPlans
 from gearshift.scheduler.registry import WorkerRegistry
 from gearshift.scheduler.resource_plans import ProcessPlan, ResourcePlans
 from gearshift.scheduler.rounds import RoundReport, Rounds
-from gearshift.scheduler.rubick_live import LIVE_VARIANTS, LiveRubick, make_live_rubick
+from gearshift.scheduler.rubick_live import LiveRubick
+from gearshift.scheduler.stages import allocator_for, collocator_for
 from gearshift.scheduler.state import SchedulerSettings, SchedulerState
 from gearshift.scheduler.store import EventRecord, JobRecord, Store, WorkerRecord
 from gearshift.scheduler.task_control import TaskControl
@@ -65,46 +65,6 @@ log = logging.getLogger("gearshift.scheduler")
 C = common_pb2
 
 __all__ = ["RoundReport", "Scheduler", "SchedulerSettings"]
-
-
-def collocator_for(settings: SchedulerSettings) -> Collocator | None:
-    """The collocate stage the settings name (--collocation and its knobs)."""
-    if settings.collocation == "deeppool":
-        return Multiplexing(settings.min_idle, settings.max_foreground_slowdown)
-    return None
-
-
-def allocator_for(
-    settings: SchedulerSettings,
-    tenants: TenantsFile | None = None,
-    brain: BrainAdvisor | None = None,
-) -> Allocator:
-    """The allocate stage the settings name (--policy, --elastic and their knobs), with
-    guaranteed jobs admitted first when there are tenants' quotas. Rubick's policies
-    (gearshift.scheduler.rubick_live) admit guaranteed jobs themselves, against the quotas
-    (devices summed over types), and ask the Brain for fitted models."""
-    if settings.policy in LIVE_VARIANTS:
-        return make_live_rubick(
-            settings.policy,
-            brain or BrainAdvisor(),
-            (lambda: tenants.quotas) if tenants is not None else None,
-        )
-    policy = make_allocator(
-        settings.policy,
-        elastic=settings.elastic,
-        round_seconds=settings.round_seconds,
-        min_recompute_seconds=settings.min_recompute_seconds,
-        seed=settings.seed,
-        hysteresis=settings.hysteresis,
-        preempt_exempt_seconds=settings.preempt_exempt_seconds,
-        max_moves_per_round=settings.max_moves_per_round,
-        prices=settings.prices,
-        entity_weights=settings.tenant_weights,
-        entity_policies=settings.tenant_policies,
-    )
-    if tenants is None:
-        return policy
-    return Guarantees(policy, lambda: tenants.quotas)
 
 
 class Scheduler:
@@ -146,6 +106,7 @@ class Scheduler:
             allocator or allocator_for(settings, self.tenants, self.brain),
             observers=[metrics.round_finished],
             collocator=collocator_for(settings),
+            decider=DecisionProcess(settings) if settings.decision_process else None,
             plans=ResourcePlans(
                 self.brain.plan_resources, settings.plan_interval, clock, self._pool
             )

@@ -64,6 +64,7 @@ class SchedulerSettings:
     min_recompute_seconds: float = 0.0
     event_round_gap: float = 1.0  # least time between the end of a round and one an event asks
     event_rounds: str = "always"  # when an event asks for a round early: always or free-devices
+    decision_process: bool = False  # the round's decision in a child process (decider.py)
     checkpoint_root: str = ".gearshift/checkpoints"
     brain_address: str = ""
     shard_manager_address: str = ""

@@ -1,0 +1,153 @@
+"""Where a round's decision (allocate -> collocate -> place, `plan_round`) runs.
+
+In the scheduler's process by default. With `--decision-process` it runs in a child process
+of its own: the decision is pure Python over every job and held the GIL for most of a
+round, so every RPC waited for it (bench/load.py --sweep: at 100-1,000 workers each RPC's
+p99 was about a round's length, with the CPU far from busy). The child keeps the allocator
+and what it worked out between rounds; each round it gets only the job snapshots that
+changed (the rounds hand over the same object for a job while nothing it is made of
+changed), so that what the allocator keeps per job stays valid there too. A child that
+dies is started again with a fresh allocator and the whole snapshot: its state is a cache
+of the snapshots (Gavel's time ledger starts afresh, as after a recomputation)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gearshift.scheduler.mechanism import Device
+from gearshift.scheduler.pipeline import Allocator, Collocator, JobSnapshot, Snapshot, plan_round
+from gearshift.scheduler.rubick_live import LIVE_VARIANTS
+from gearshift.scheduler.stages import allocator_for, collocator_for
+
+if TYPE_CHECKING:
+    from gearshift.scheduler.state import SchedulerSettings
+
+log = logging.getLogger("gearshift.scheduler")
+
+Current = Mapping[str, Sequence[tuple[Device, int]]]
+Decision = tuple[dict[str, Any], dict[str, list[tuple[Device, int]]]]
+
+
+class Decider(Protocol):
+    def decide(self, snapshot: Snapshot, current: Current) -> Decision: ...
+
+    def close(self) -> None: ...
+
+
+class InProcess:
+    """plan_round here, with the rounds' own allocator."""
+
+    def __init__(self, allocator: Allocator, collocator: Collocator | None) -> None:
+        self.allocator = allocator
+        self.collocator = collocator
+
+    def decide(self, snapshot: Snapshot, current: Current) -> Decision:
+        return plan_round(snapshot, self.allocator, current, self.collocator)
+
+    def close(self) -> None:
+        return None
+
+
+def check_decision_process(settings: SchedulerSettings) -> None:
+    """The allocators a child can run alone: not Rubick's (they ask the Brain) nor one that
+    reads tenants' quotas (reloaded on SIGHUP in this process)."""
+    if settings.policy in LIVE_VARIANTS:
+        raise ValueError(f"--decision-process: --policy {settings.policy} asks the Brain")
+    if settings.tenants_file:
+        raise ValueError("--decision-process: not with --tenants-file (quotas reload here)")
+
+
+class DecisionProcess:
+    """plan_round in a child process; see the module docstring."""
+
+    def __init__(self, settings: SchedulerSettings) -> None:
+        check_decision_process(settings)
+        self.settings = settings
+        self._ctx = mp.get_context("spawn")  # grpc threads run here: no fork
+        self._conn: Connection | None = None
+        self._process: Any = None
+        self._sent: dict[str, JobSnapshot] = {}  # what the child holds, by job
+        self.restarts = 0
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        self._process = self._ctx.Process(
+            target=_serve, args=(child, self.settings), name="gearshift-decisions", daemon=True
+        )
+        self._process.start()
+        child.close()
+        self._conn = parent
+        self._sent = {}
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def decide(self, snapshot: Snapshot, current: Current) -> Decision:
+        try:
+            return self._ask(snapshot, current)
+        except (EOFError, OSError) as exc:  # the child died: a fresh one, everything sent
+            log.warning("decision process lost; starting another", extra={"error": repr(exc)})
+            self.restarts += 1
+            self._stop_child()
+            return self._ask(snapshot, current)
+
+    def _ask(self, snapshot: Snapshot, current: Current) -> Decision:
+        if self._conn is None:
+            self._start()
+        assert self._conn is not None
+        changed = [job for job in snapshot.jobs if self._sent.get(job.job_id) is not job]
+        ids = [job.job_id for job in snapshot.jobs]
+        self._conn.send((replace(snapshot, jobs=()), ids, changed, dict(current)))
+        answer = self._conn.recv()  # waits without the GIL: the RPCs run meanwhile
+        self._sent = {job.job_id: job for job in snapshot.jobs}
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer  # type: ignore[no-any-return]
+
+    def _stop_child(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._process is not None:
+            self._process.kill()
+            self._process.join(timeout=10)
+            self._process = None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.send(None)
+        if self._process is not None:
+            self._process.join(timeout=10)
+        self._stop_child()
+
+
+def _serve(conn: Connection, settings: SchedulerSettings) -> None:
+    """The child: one decision per message, the allocator kept between them."""
+    allocator = allocator_for(settings)
+    collocator = collocator_for(settings)
+    jobs: dict[str, JobSnapshot] = {}
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the scheduler is gone
+            return
+        if message is None:
+            return
+        bare, ids, changed, current = message
+        for job in changed:
+            jobs[job.job_id] = job
+        jobs = {job_id: jobs[job_id] for job_id in ids}
+        snapshot = replace(bare, jobs=tuple(jobs.values()))
+        try:
+            answer: Any = plan_round(snapshot, allocator, current, collocator)
+        except Exception as exc:  # the round fails in the scheduler, as in-process
+            answer = exc
+        conn.send(answer)

@@ -1,0 +1,121 @@
+"""--decision-process: the round's decision in a child process gives the answers the
+scheduler's own process gives, round after round, with only the changed job snapshots
+sent; a killed child is replaced; the scheduler stops it with itself."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import pytest
+
+from gearshift.scheduler.decider import DecisionProcess, InProcess
+from gearshift.scheduler.pipeline import Snapshot
+from gearshift.scheduler.service import Scheduler, SchedulerSettings
+from gearshift.scheduler.stages import allocator_for, collocator_for
+from gearshift.v1 import common_pb2
+from tests.helpers import wait_until
+from tests.sched_harness import Clock, job_spec, make_scheduler, register
+
+C = common_pb2
+
+
+def settings(**fields: Any) -> SchedulerSettings:
+    base: dict[str, Any] = {
+        "policy": "las",
+        "elastic": True,
+        "round_seconds": 60.0,
+        "heartbeat_interval": 1.0,
+        "heartbeat_timeout": 1e9,
+        "preempt_exempt_seconds": 30.0,
+        "max_moves_per_round": 3,
+    }
+    return SchedulerSettings(**{**base, **fields})
+
+
+def snapshot_of(scheduler: Scheduler, now: float) -> tuple[Snapshot, Any]:
+    rounds = scheduler.rounds
+    with scheduler.state.lock:
+        gathered = rounds._gather(now)
+    return rounds._snapshot(now, gathered)
+
+
+def test_the_child_decides_as_the_scheduler_would_round_after_round() -> None:
+    clock = Clock()
+    config = settings()
+    scheduler, _ = make_scheduler(config, clock=clock)
+    here = InProcess(allocator_for(config), collocator_for(config))
+    child = DecisionProcess(config)
+    try:
+        for i in range(6):
+            register(scheduler, f"w{i}", {("v100", "k80")[i % 2]: 2})
+        for i in range(10):
+            scheduler.submit(job_spec(f"j{i}", 1 + i % 4), "")
+        for step in range(5):
+            clock.now += 20.0
+            scheduler.submit(job_spec(f"late{step}", 2), "")
+            snapshot, current = snapshot_of(scheduler, clock.now)
+            expected = here.decide(snapshot, current)
+            assert child.decide(snapshot, current) == expected, f"round {step}"
+            assert expected[1], "a round that places nothing proves little"
+            scheduler.run_round()  # the jobs move on: the next snapshot differs
+        assert child.restarts == 0
+    finally:
+        child.close()
+        scheduler.stop()
+
+
+def test_a_killed_child_is_replaced_and_given_the_whole_snapshot() -> None:
+    clock = Clock()
+    config = settings()
+    scheduler, _ = make_scheduler(config, clock=clock)
+    child = DecisionProcess(config)
+    try:
+        register(scheduler, "w", {"v100": 4})
+        for i in range(3):
+            scheduler.submit(job_spec(f"j{i}", 2), "")
+        snapshot, current = snapshot_of(scheduler, clock.now)
+        child.decide(snapshot, current)
+        pid = child.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not child._process.is_alive(), 10.0, "the child dies")
+        fresh = InProcess(allocator_for(config), collocator_for(config))
+        assert child.decide(snapshot, current) == fresh.decide(snapshot, current)
+        assert child.restarts == 1 and child.pid != pid
+    finally:
+        child.close()
+        scheduler.stop()
+
+
+def test_a_scheduler_with_a_decision_process_starts_jobs_and_stops_it() -> None:
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings(decision_process=True), clock=clock)
+    decider = scheduler.rounds.decider
+    assert isinstance(decider, DecisionProcess)
+    try:
+        register(scheduler, "w", {"t4": 2})
+        job, _ = scheduler.submit(job_spec("j", 2), "")
+        report = scheduler.run_round()
+        assert report.started == [job.job_id]
+        assert scheduler.get(job.job_id).state == C.JOB_STATE_RUNNING
+        process = decider._process
+        assert process is not None and process.is_alive()
+    finally:
+        scheduler.stop()
+    assert not process.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"policy": "rubick", "elastic": False}, "--policy rubick asks the Brain"),
+        ({"tenants_file": "tenants.yaml"}, "not with --tenants-file"),
+    ],
+)
+def test_allocators_that_need_this_process_are_refused(
+    fields: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        DecisionProcess(settings(**fields))
