@@ -17,21 +17,15 @@ from gearshift.scheduler.stages import allocator_for, collocator_for
 from gearshift.v1 import common_pb2
 from tests.helpers import wait_until
 from tests.sched_harness import Clock, job_spec, make_scheduler, register
+from tests.unit.test_sched_scale import settings as elastic_las
 
 C = common_pb2
 
 
 def settings(**fields: Any) -> SchedulerSettings:
-    base: dict[str, Any] = {
-        "policy": "las",
-        "elastic": True,
-        "round_seconds": 60.0,
-        "heartbeat_interval": 1.0,
-        "heartbeat_timeout": 1e9,
-        "preempt_exempt_seconds": 30.0,
-        "max_moves_per_round": 3,
-    }
-    return SchedulerSettings(**{**base, **fields})
+    """Elastic LAS with both move bounds on, so that the child keeps what they need."""
+    bounds = {"heartbeat_timeout": 1e9, "preempt_exempt_seconds": 30.0, "max_moves_per_round": 3}
+    return elastic_las(**{**bounds, **fields})
 
 
 def snapshot_of(scheduler: Scheduler, now: float) -> tuple[Snapshot, Any]:
