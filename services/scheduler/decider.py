@@ -21,7 +21,15 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.pipeline import Allocator, Collocator, JobSnapshot, Snapshot, plan_round
+from gearshift.scheduler.pipeline import (
+    Allocator,
+    Collocator,
+    JobSnapshot,
+    Snapshot,
+    Target,
+    plan_round,
+)
+from gearshift.scheduler.placement import Assignment
 from gearshift.scheduler.rubick_live import LIVE_VARIANTS
 from gearshift.scheduler.stages import allocator_for, collocator_for
 
@@ -31,7 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gearshift.scheduler")
 
 Current = Mapping[str, Sequence[tuple[Device, int]]]
-Decision = tuple[dict[str, Any], dict[str, list[tuple[Device, int]]]]
+Decision = tuple[dict[str, Target], dict[str, Assignment]]  # what plan_round returns
 
 
 class Decider(Protocol):

@@ -235,9 +235,10 @@ class Rounds:
                 now = self.state.clock()
                 due = now >= self._next_round_at(False)
                 if not due and early and now >= self._next_round_at(True):
-                    due = self._early_round_allowed()
                     early = False  # answered: the next event asks again, a gap later
-                    self._early_refused_at = now if not due else 0.0
+                    due = self._early_round_allowed()
+                    if not due:
+                        self._early_refused_at = now
                 if due:
                     early = False
                     self.run_round()
