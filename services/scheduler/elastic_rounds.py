@@ -96,10 +96,21 @@ def _within(small: Config, big: Config) -> bool:
 
 
 def split_ests(job: ElasticJob, config: Config) -> dict[str, tuple[int, ...]]:
-    """ESTs per device of each type for `config`, by EasyScale's planner."""
-    capability = {t: job.capability.get(t, 0.0) or 1.0 for t, _ in config}
-    plan = plan_on(job.num_ests, dict(config), capability)
-    return {p.accelerator_type: p.ests_per_device for p in plan.placements}
+    """ESTs per device of each type for `config`, by EasyScale's planner. Memoized on
+    what decides it (the job's kind, `ElasticJob.key`): a round splits every chosen job."""
+    key = (job.key, config)
+    split = _SPLITS.get(key)
+    if split is None:
+        if len(_SPLITS) >= _SPLITS_SIZE:
+            _SPLITS.clear()
+        capability = {t: job.capability.get(t, 0.0) or 1.0 for t, _ in config}
+        plan = plan_on(job.num_ests, dict(config), capability)
+        split = _SPLITS[key] = {p.accelerator_type: p.ests_per_device for p in plan.placements}
+    return dict(split)
+
+
+_SPLITS_SIZE = 1 << 14
+_SPLITS: dict[Hashable, dict[str, tuple[int, ...]]] = {}
 
 
 @dataclass
@@ -132,6 +143,12 @@ class ElasticRounds:
     # Per job, what step 1 made of its snapshot last round: reused while the round hands in
     # the same snapshot object and capacity (the daemon's rounds do for unchanged jobs).
     _worked: dict[str, tuple[JobSnapshot, Hashable, ElasticJob, Rows, Hashable]] = field(
+        default_factory=dict
+    )
+    # (ElasticJob.key, capacity) -> the configurations and their signature: what a job's
+    # kind decides, shared by the thousands of jobs of a few kinds, and by a running job's
+    # new snapshot each round (its attained service changed, not its kind).
+    _rows: dict[Hashable, tuple[Rows, tuple[tuple[Config, float], ...]]] = field(
         default_factory=dict
     )
 
@@ -174,13 +191,25 @@ class ElasticRounds:
             entry = self._worked.get(job.job_id)
             if entry is None or entry[0] is not job or entry[1] != where:
                 model = self._model(job)
-                job_rows = configurations(model, capacity)
-                key = (_signature(job_rows), job.priority_weight, job.entity)
+                job_rows, signature = self._rows_of(model, capacity, where)
+                key = (signature, job.priority_weight, job.entity)
                 entry = (job, where, model, job_rows, key)
             worked[job.job_id] = entry
             models[job.job_id], rows[job.job_id], signatures[job.job_id] = entry[2:]
         self._worked = worked
         return models, rows, signatures
+
+    def _rows_of(
+        self, model: ElasticJob, capacity: Mapping[str, int], where: Hashable
+    ) -> tuple[Rows, tuple[tuple[Config, float], ...]]:
+        kind = (model.key, where)
+        found = self._rows.get(kind)
+        if found is None:
+            if len(self._rows) >= _SPLITS_SIZE:
+                self._rows.clear()
+            rows = configurations(model, capacity)
+            found = self._rows[kind] = (rows, _signature(rows))
+        return found
 
     def _model(self, job: JobSnapshot) -> ElasticJob:
         model = job.elastic_job()
@@ -332,10 +361,14 @@ class ElasticRounds:
         ranked.sort(key=lambda c: c[:4], reverse=True)
         free = dict(capacity)
         chosen: dict[str, Config] = {}
+        left = sum(free.values())
         for *_, job_id, config in ranked:
+            if not left:
+                break  # nothing fits any more
             if job_id not in chosen and fits(config, free):
                 chosen[job_id] = config
                 _take(free, config)
+                left -= sum(n for _, n in config)
         return chosen
 
     # Step 4 ----------------------------------------------------------------------
@@ -381,13 +414,17 @@ class ElasticRounds:
             if kept and fits(job.current, free):
                 chosen[job.job_id] = job.current
                 _take(free, job.current)
+        left = sum(free.values())
         for job in snapshot.jobs:  # start waiting jobs small
+            if not left:
+                break  # a full cluster: nothing fits
             if job.job_id in chosen or not rows[job.job_id]:
                 continue
             for config, _ in rows[job.job_id]:  # smallest first
                 if fits(config, free):
                     chosen[job.job_id] = config
                     _take(free, config)
+                    left -= sum(n for _, n in config)
                     break
         self._grow(snapshot, models, rates, free, chosen, exempt=exempt)
         return chosen
@@ -439,6 +476,8 @@ class ElasticRounds:
                 entry = (-score, order[job_id], k, version[job_id], job_id, bigger, extra)
                 heapq.heappush(heap, entry)
 
+        if not any(n > 0 for n in free.values()):
+            return  # a full cluster: nothing to grow into
         for job_id in chosen:
             if job_id not in exempt:
                 offer(job_id)

@@ -134,11 +134,13 @@ def test_a_waiting_jobs_snapshot_is_kept_until_what_it_is_made_of_changes() -> N
         scheduler.stop()
 
 
-def test_the_elastic_allocator_reuses_its_work_only_on_the_same_snapshot(
+def test_the_elastic_allocator_works_out_configurations_once_per_kind_of_job(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Configurations are worked out again for a new snapshot object or a new capacity, and
-    the allocation is the same as from scratch."""
+    """Configurations are worked out once per kind of job (ElasticJob.key) and capacity: the
+    two jobs here are of one kind, a new snapshot object of a job (a running job's, each
+    round: its attained service changed) reuses them, a new capacity works them out again;
+    and the allocation is the same as from scratch."""
     calls: list[str] = []
     real = configurations
 
@@ -165,14 +167,16 @@ def test_the_elastic_allocator_reuses_its_work_only_on_the_same_snapshot(
     fresh = make_allocator("las", elastic=True)
     assert isinstance(cached, ElasticRounds)
     worked_out = []
-    for step in (snapshot, again, bigger, again):
+    renewed = replace(again, jobs=tuple(replace(j, attained_seconds=5.0) for j in again.jobs))
+    for step in (snapshot, again, bigger, again, renewed):
         before = len(calls)
         got = cached.allocate(step)
         worked_out.append(len(calls) - before)
         copied = replace(step, jobs=tuple(replace(j) for j in step.jobs))
         assert got == fresh.allocate(copied)  # the same as from scratch
-    # first round: both jobs; same objects: nothing; new capacity: both; back: both again
-    assert worked_out == [2, 0, 2, 2]
+    # first round: one kind; same objects: nothing; new capacity: once; the old capacity
+    # and new snapshot objects of the same kind: nothing
+    assert worked_out == [1, 0, 1, 0, 0]
 
 
 def test_a_ready_daemon_keeps_full_collections_rare() -> None:
