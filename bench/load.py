@@ -528,10 +528,12 @@ def scrape(daemon: DaemonProcess) -> dict[str, Any]:
 
     with _LOCAL.open(daemon.metrics_url, timeout=30) as reply:
         text = reply.read().decode()
-    out: dict[str, Any] = {"buckets": {}, "jobs": {}}
+    out: dict[str, Any] = {"buckets": {}, "jobs": {}, "phases": {}}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "gearshift_scheduler_round_duration_seconds_bucket":
+            if sample.name == "gearshift_scheduler_round_phase_seconds_sum":
+                out["phases"][sample.labels["phase"]] = sample.value
+            elif sample.name == "gearshift_scheduler_round_duration_seconds_bucket":
                 out["buckets"][float(sample.labels["le"])] = sample.value
             elif sample.name.startswith("gearshift_scheduler_round_duration_seconds_"):
                 out[sample.name.rsplit("_", 1)[1]] = sample.value
@@ -552,6 +554,9 @@ def round_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, fl
     count = after.get("count", 0.0) - before.get("count", 0.0)
     total = after.get("sum", 0.0) - before.get("sum", 0.0)
     out = {"rounds": count, "mean_s": total / count if count else 0.0}
+    for phase, seconds in after.get("phases", {}).items():  # each phase's mean
+        spent = seconds - before.get("phases", {}).get(phase, 0.0)
+        out[f"{phase}_mean_s"] = spent / count if count else 0.0
     deltas = sorted((le, n - before["buckets"].get(le, 0.0)) for le, n in after["buckets"].items())
     for key, share in (("p50_le_s", 0.5), ("max_le_s", 1.0)):
         out[key] = next((le for le, n in deltas if count and n >= share * count), float("nan"))
@@ -811,6 +816,10 @@ def print_report(report: Report) -> None:
         f"  rounds: {r['rounds']:.0f} ended, mean {r['mean_s']:.3f}s, p50 <= {r['p50_le_s']:g}s, "
         f"max <= {r['max_le_s']:g}s (histogram buckets)"
     )
+    phases = [(k.removesuffix("_mean_s"), v) for k, v in r.items() if k.endswith("_mean_s")]
+    phases = [(k, v) for k, v in phases if k != "mean"]
+    if phases:
+        print("  round phases, mean s: " + ", ".join(f"{k} {v:.3f}" for k, v in phases))
     print(
         f"  jobs: {report.queued_jobs} queued, {report.running_jobs} running at the end; "
         f"in the window: {report.counters['job_starts_total']:.0f} starts, "

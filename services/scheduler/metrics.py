@@ -17,10 +17,18 @@ from prometheus_client.registry import Collector
 
 from gearshift.v1 import common_pb2, scheduler_pb2
 
+ROUND_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ROUND_SECONDS = prometheus_client.Histogram(
     "gearshift_scheduler_round_duration_seconds",
     "Seconds a scheduling round took: deciding placements, then stopping and starting tasks",
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+    buckets=ROUND_BUCKETS,
+)
+ROUND_PHASE_SECONDS = prometheus_client.Histogram(
+    "gearshift_scheduler_round_phase_seconds",
+    "Seconds each phase of a round took (gearshift.scheduler.rounds: asks, estimates, "
+    "gather, snapshot, decide, reconcile, stop, start)",
+    ["phase"],
+    buckets=ROUND_BUCKETS,
 )
 RESCALES = prometheus_client.Counter(
     "gearshift_scheduler_rescales",
@@ -48,11 +56,15 @@ class RoundOutcome(Protocol):
     def preempted(self) -> list[str]: ...
     @property
     def lost_workers(self) -> list[str]: ...
+    @property
+    def phases(self) -> dict[str, float]: ...
 
 
 def round_finished(report: RoundOutcome, seconds: float) -> None:
     """Called once at the end of every round."""
     ROUND_SECONDS.observe(max(seconds, 0.0))
+    for phase, took in report.phases.items():
+        ROUND_PHASE_SECONDS.labels(phase).observe(max(took, 0.0))
     RESCALES.inc(len(report.rescaled))
     STARTS.inc(len(report.started))
     PREEMPTIONS.inc(len(report.preempted))

@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -71,6 +72,8 @@ C = common_pb2
 # Jobs whose records one hold of the lock writes, in one transaction (Rounds._in_holds).
 RECORDS_PER_HOLD = 32
 S = scheduler_pb2
+# A round's phases, in order (RoundReport.phases; the round phase histogram's `phase` label)
+ROUND_PHASES = ("asks", "estimates", "gather", "snapshot", "decide", "reconcile", "stop", "start")
 ROLES = {
     "shared": C.COLLOCATION_ROLE_SHARED,
     "foreground": C.COLLOCATION_ROLE_FOREGROUND,
@@ -89,6 +92,13 @@ class RoundReport:
     renewed: list[str] = field(default_factory=list)
     lost_workers: list[str] = field(default_factory=list)
     desired: dict[str, Assignment] = field(default_factory=dict)
+    # seconds each of ROUND_PHASES took (the metrics' round phase histogram)
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def lap(self, phase: str, since: float, now: float) -> float:
+        """`phase` took from `since` to `now`; returns `now` (the next phase's start)."""
+        self.phases[phase] = now - since
+        return now
 
 
 @dataclass
@@ -285,7 +295,7 @@ class Rounds:
         """Lost workers, snapshot, pipeline, reconcile, apply; see the module docstring."""
         state = self.state
         with self._round_lock:
-            started = state.clock()
+            started, lap = state.clock(), time.perf_counter()
             with state.lock:
                 now = state.clock()
                 self.round += 1
@@ -305,6 +315,7 @@ class Rounds:
                 rubick = self.allocator if isinstance(self.allocator, LiveRubick) else None
                 facts = [JobFacts.of(j) for j in jobs] if rubick else []
                 workers = list(state.workers.values()) if rubick else []
+            lap = report.lap("asks", lap, time.perf_counter())
             self.estimates.refresh(self.estimates.due(asks, types, now), types, now)
             if self.plans is not None:
                 self.plans.refresh(plan_asks)
@@ -312,10 +323,14 @@ class Rounds:
                 self.ps_plans.refresh(ps_asks)
             if rubick is not None:  # the Brain's fitted models, outside the lock
                 rubick.refresh(facts, workers, now)
+            lap = report.lap("estimates", lap, time.perf_counter())
             with state.lock:
                 gathered = self._gather(now)
+            lap = report.lap("gather", lap, time.perf_counter())
             snapshot, current = self._snapshot(now, gathered)  # estimates: outside the lock
+            lap = report.lap("snapshot", lap, time.perf_counter())
             targets, desired = self.decider.decide(snapshot, current)
+            lap = report.lap("decide", lap, time.perf_counter())
             with state.lock, state.store.batch():
                 report.desired = desired
                 self._plans = self._new_plans(targets)
@@ -326,7 +341,11 @@ class Rounds:
                 self._cpus = {j: t.cpus_per_device for j, t in targets.items()}
                 state.store.set_state("round", str(self.round))
                 self.last_round_at = now
-            self._start_all(self._stop_all(moves))
+            lap = report.lap("reconcile", lap, time.perf_counter())
+            proceed = self._stop_all(moves)
+            lap = report.lap("stop", lap, time.perf_counter())
+            self._start_all(proceed)
+            report.lap("start", lap, time.perf_counter())
             if report.started or report.rescaled or report.preempted:
                 log.info(
                     "round",
