@@ -193,6 +193,10 @@ class Report:
     # The host's 1-minute load average at the window's start and end (latencies measured
     # on a shared machine mean little without it).
     load_average: tuple[float, float] = (0.0, 0.0)
+    # CPU seconds in the window of the server's helpers: its decision process (the
+    # scheduler's children) and PostgreSQL; and the share of the host's CPU time busy.
+    helper_cpu_seconds: dict[str, float] = field(default_factory=dict)
+    host_busy: float = 0.0
 
     def worst_p99_ms(self) -> float:
         """The highest p99 in the window (the startup registration burst aside)."""
@@ -522,6 +526,44 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def host_busy() -> tuple[float, float]:
+    """The host's busy and total CPU time so far, from /proc/stat ((0, 0) where there is
+    none): their change over the window is how busy the machine was."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return float(sum(fields) - idle), float(sum(fields))
+
+
+def helper_pids(server: int) -> dict[str, list[int]]:
+    """The processes that work for the server beside it: its children (the scheduler's
+    decision process) and PostgreSQL's."""
+    children: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{server}/task"):
+            text = Path(f"/proc/{server}/task/{task}/children").read_text()
+            children.extend(int(p) for p in text.split())
+    postgres: list[int] = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{entry}/comm").read_text().strip() == "postgres":
+                    postgres.append(int(entry))
+    return {"decision": children, "postgres": postgres}
+
+
+def helper_cpu(server: int) -> dict[str, dict[int, float]]:
+    return {k: {p: cpu_seconds(p) for p in pids} for k, pids in helper_pids(server).items()}
+
+
+def cpu_spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds that processes spent between two readings (one that started meanwhile
+    counts whole; one that ended is missed)."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+
+
 def scrape(daemon: DaemonProcess) -> dict[str, Any]:
     """The scheduler's metrics that matter here, from its Prometheus endpoint."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -639,6 +681,8 @@ def run_trial(config: Config, log: Callable[[str], None] = print) -> Report:
         registration_seconds=drive.registration_seconds,
         scheduler_cpu_seconds=drive.cpu_seconds,
         generator_cpu_seconds=drive.generator_cpu_seconds,
+        helper_cpu_seconds=drive.helper_cpu_seconds,
+        host_busy=drive.host_busy,
         load_average=drive.load_average,
     )
 
@@ -674,6 +718,8 @@ def run_baseline(config: Config, log: Callable[[str], None] = print) -> Report:
         registration_seconds=drive.registration_seconds,
         scheduler_cpu_seconds=drive.cpu_seconds,
         generator_cpu_seconds=drive.generator_cpu_seconds,
+        helper_cpu_seconds=drive.helper_cpu_seconds,
+        host_busy=drive.host_busy,
         load_average=drive.load_average,
     )
 
@@ -688,6 +734,8 @@ class Drive:
     cpu_seconds: float  # the server's, in the window
     generator_cpu_seconds: float  # the worker and client processes', in the window
     load_average: tuple[float, float]
+    helper_cpu_seconds: dict[str, float] = field(default_factory=dict)  # decision, postgres
+    host_busy: float = 0.0  # share of the host's CPU time busy in the window
 
 
 def _drive(
@@ -726,14 +774,21 @@ def _drive(
         mark()
         generators = [p.pid or 0 for p in processes]
         cpu_before, load_before = cpu_seconds(pid), os.getloadavg()[0]
+        helpers_before, busy_before = helper_cpu(pid), host_busy()
         generated_before = sum(cpu_seconds(p) for p in generators)
         start = time.time()
         window[0], window[1] = start, start + config.seconds
-        # The generators' CPU at the window's end, before they drain and report.
+        # The generators' and the helpers' CPU at the window's end, before they drain.
         generated: list[float] = []
-        timer = threading.Timer(
-            config.seconds, lambda: generated.append(sum(cpu_seconds(p) for p in generators))
-        )
+        helpers_after: list[dict[str, dict[int, float]]] = []
+        busy_after: list[tuple[float, float]] = []
+
+        def at_end() -> None:
+            generated.append(sum(cpu_seconds(p) for p in generators))
+            helpers_after.append(helper_cpu(pid))
+            busy_after.append(host_busy())
+
+        timer = threading.Timer(config.seconds, at_end)
         timer.start()
         results = _collect(
             out, len(processes), time.monotonic() + config.seconds + 3 * CALL_TIMEOUT, "result"
@@ -763,7 +818,17 @@ def _drive(
         cpu_seconds=cpu_after - cpu_before,
         generator_cpu_seconds=(generated[0] - generated_before) if generated else 0.0,
         load_average=(load_before, load_after),
+        helper_cpu_seconds={
+            kind: cpu_spent(helpers_before[kind], helpers_after[0][kind]) if helpers_after else 0.0
+            for kind in helpers_before
+        },
+        host_busy=_busy_share(busy_before, busy_after[0]) if busy_after else 0.0,
     )
+
+
+def _busy_share(before: tuple[float, float], after: tuple[float, float]) -> float:
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else 0.0
 
 
 def _stats(values: list[float], codes: Counter[str]) -> RpcStats:
@@ -837,13 +902,20 @@ def print_report(report: Report) -> None:
 
 
 def generator_line(report: Report) -> str:
-    """What the load generator took of the machine the server shares with it."""
+    """What the load generator, the server's helpers and the host took of the machine."""
     seconds = report.config["seconds"]
     share = report.generator_cpu_seconds / seconds if seconds else 0.0
+    helpers = "".join(
+        f", {HELPERS[k]} {v:.1f} s" for k, v in report.helper_cpu_seconds.items() if k in HELPERS
+    )
     return (
         f"  load generator CPU in the window: {report.generator_cpu_seconds:.1f} s "
-        f"({share:.2f} of {os.cpu_count()} CPUs)"
+        f"({share:.2f} of {os.cpu_count()} CPUs){helpers}; "
+        f"host CPU busy {report.host_busy:.0%}"
     )
+
+
+HELPERS = {"decision": "decision process", "postgres": "PostgreSQL"}
 
 
 def cpu_per_call(report: Report) -> float:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.load import main
+from gearshift.scheduler.rounds import ROUND_PHASES
 
 
 def test_load_bench_tiny(postgres_url: str, tmp_path: Path) -> None:
@@ -31,6 +32,10 @@ def test_load_bench_tiny(postgres_url: str, tmp_path: Path) -> None:
     assert {name: s["errors"] for name, s in rpcs.items() if s["errors"]} == {}
     assert rpcs["Heartbeat"]["count"] >= 20 * 3  # every worker, about once a second
     assert trial["rounds"]["rounds"] >= 1
+    assert {f"{phase}_mean_s" for phase in ROUND_PHASES} <= trial["rounds"].keys()
+    # What else took the machine: the host's busy share, the decision process and PostgreSQL.
+    assert 0 < trial["host_busy"] <= 1
+    assert set(trial["helper_cpu_seconds"]) == {"decision", "postgres"}
     # The simulated workers' agent accepts starts: jobs run, no worker is lost for them.
     assert trial["running_jobs"] > 0
     assert trial["counters"]["workers_lost_total"] == 0
