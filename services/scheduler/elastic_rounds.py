@@ -72,6 +72,12 @@ def fits(config: Config, free: Mapping[str, int]) -> bool:
     return all(free.get(t, 0) >= n for t, n in config)
 
 
+def _room(free: Mapping[str, int]) -> bool:
+    """Whether some configuration may still fit: a device of some type is free. (Not the
+    sum: jobs sharing devices, DeepPool's, can leave a type below zero.)"""
+    return any(n > 0 for n in free.values())
+
+
 def _take(free: dict[str, int], config: Config, sign: int = -1) -> None:
     for t, n in config:
         free[t] = free.get(t, 0) + sign * n
@@ -361,14 +367,14 @@ class ElasticRounds:
         ranked.sort(key=lambda c: c[:4], reverse=True)
         free = dict(capacity)
         chosen: dict[str, Config] = {}
-        left = sum(free.values())
+        room = _room(free)
         for *_, job_id, config in ranked:
-            if not left:
+            if not room:
                 break  # nothing fits any more
             if job_id not in chosen and fits(config, free):
                 chosen[job_id] = config
                 _take(free, config)
-                left -= sum(n for _, n in config)
+                room = _room(free)
         return chosen
 
     # Step 4 ----------------------------------------------------------------------
@@ -414,9 +420,9 @@ class ElasticRounds:
             if kept and fits(job.current, free):
                 chosen[job.job_id] = job.current
                 _take(free, job.current)
-        left = sum(free.values())
+        room = _room(free)
         for job in snapshot.jobs:  # start waiting jobs small
-            if not left:
+            if not room:
                 break  # a full cluster: nothing fits
             if job.job_id in chosen or not rows[job.job_id]:
                 continue
@@ -424,7 +430,7 @@ class ElasticRounds:
                 if fits(config, free):
                     chosen[job.job_id] = config
                     _take(free, config)
-                    left -= sum(n for _, n in config)
+                    room = _room(free)
                     break
         self._grow(snapshot, models, rates, free, chosen, exempt=exempt)
         return chosen
@@ -476,7 +482,7 @@ class ElasticRounds:
                 entry = (-score, order[job_id], k, version[job_id], job_id, bigger, extra)
                 heapq.heappush(heap, entry)
 
-        if not any(n > 0 for n in free.values()):
+        if not _room(free):
             return  # a full cluster: nothing to grow into
         for job_id in chosen:
             if job_id not in exempt:
