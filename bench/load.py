@@ -882,7 +882,6 @@ def print_report(report: Report) -> None:
         f"max <= {r['max_le_s']:g}s (histogram buckets)"
     )
     phases = [(k.removesuffix("_mean_s"), v) for k, v in r.items() if k.endswith("_mean_s")]
-    phases = [(k, v) for k, v in phases if k != "mean"]
     if phases:
         print("  round phases, mean s: " + ", ".join(f"{k} {v:.3f}" for k, v in phases))
     print(

@@ -107,7 +107,7 @@ def split_ests(job: ElasticJob, config: Config) -> dict[str, tuple[int, ...]]:
     key = (job.key, config)
     split = _SPLITS.get(key)
     if split is None:
-        if len(_SPLITS) >= _SPLITS_SIZE:
+        if len(_SPLITS) >= _MEMO_SIZE:
             _SPLITS.clear()
         capability = {t: job.capability.get(t, 0.0) or 1.0 for t, _ in config}
         plan = plan_on(job.num_ests, dict(config), capability)
@@ -115,7 +115,8 @@ def split_ests(job: ElasticJob, config: Config) -> dict[str, tuple[int, ...]]:
     return dict(split)
 
 
-_SPLITS_SIZE = 1 << 14
+# Entries a memo (the splits, ElasticRounds._rows) keeps before it starts afresh.
+_MEMO_SIZE = 1 << 14
 _SPLITS: dict[Hashable, dict[str, tuple[int, ...]]] = {}
 
 
@@ -211,7 +212,7 @@ class ElasticRounds:
         kind = (model.key, where)
         found = self._rows.get(kind)
         if found is None:
-            if len(self._rows) >= _SPLITS_SIZE:
+            if len(self._rows) >= _MEMO_SIZE:
                 self._rows.clear()
             rows = configurations(model, capacity)
             found = self._rows[kind] = (rows, _signature(rows))
