@@ -171,7 +171,12 @@ def test_history_sets_a_new_jobs_plan_and_idle_cpu_is_shrunk(cluster: DevCluster
     with client_of(cluster) as client:  # `gearshift job JOB` shows it
         details = render.job_details(client.get(fourth))
     assert f"resources   {events[0]}" in details.splitlines()
-    assert len(os.sched_getaffinity(pid)) == 1
+    # The process pins itself once its imports are done: its pid file comes before that.
+    wait_until(
+        lambda: len(os.sched_getaffinity(pid)) == 1,
+        60.0,
+        f"the fourth job's process {pid} never pinned itself to 1 core",
+    )
     with client_of(cluster) as client:  # training: its loader pool would be up by now
         wait_until(lambda: client.get(fourth).progress.step > 5, WAIT, "the fourth job is stuck")
     assert children(pid) == 0
