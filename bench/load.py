@@ -193,8 +193,9 @@ class Report:
     # The host's 1-minute load average at the window's start and end (latencies measured
     # on a shared machine mean little without it).
     load_average: tuple[float, float] = (0.0, 0.0)
-    # CPU seconds in the window of the server's helpers: its decision process (the
-    # scheduler's children) and PostgreSQL; and the share of the host's CPU time busy.
+    # CPU seconds in the window of the server's helpers: its decision process and its
+    # heartbeat relays (the scheduler's children) and PostgreSQL; and the share of the
+    # host's CPU time busy.
     helper_cpu_seconds: dict[str, float] = field(default_factory=dict)
     host_busy: float = 0.0
 
@@ -304,6 +305,17 @@ async def _workers(address: str, first: int, count: int, window: Any, ready: Any
     async with _channel(address) as channel:
         stub = scheduler_pb2_grpc.WorkerRegistryStub(channel)
         gate = asyncio.Semaphore(32)
+        # Where each worker heartbeats: the scheduler, or the relay it named (heartbeat_port).
+        heartbeats: dict[str, Any] = {}
+        relays: dict[int, grpc.aio.Channel] = {}
+
+        def heartbeat_at(worker_id: str, reply: Any) -> None:
+            relay = reply.heartbeat_port if reply is not None else 0
+            if relay and relay not in relays:
+                relays[relay] = _channel(f"{address.rpartition(':')[0]}:{relay}")
+            heartbeats[worker_id] = (
+                scheduler_pb2_grpc.WorkerRegistryStub(relays[relay]) if relay else stub
+            )
 
         async def register(index: int) -> bool:
             request = register_request(f"sim-{index:05d}", index, f"{host_of(index)}:{port}")
@@ -311,6 +323,7 @@ async def _workers(address: str, first: int, count: int, window: Any, ready: Any
                 reply = await recorder.call(
                     STARTUP, stub.RegisterWorker(request, timeout=CALL_TIMEOUT), True
                 )
+            heartbeat_at(request.worker_id, reply)
             return reply is not None
 
         async def worker(index: int) -> None:
@@ -319,12 +332,16 @@ async def _workers(address: str, first: int, count: int, window: Any, ready: Any
             while not recorder.over():
                 await _until(tick)
                 request = S.HeartbeatRequest(worker_id=worker_id, tasks=agents.statuses(worker_id))
+                at = heartbeats[worker_id]
                 reply = await recorder.call(
-                    "Heartbeat", stub.Heartbeat(request, timeout=CALL_TIMEOUT)
+                    "Heartbeat", at.Heartbeat(request, timeout=CALL_TIMEOUT)
                 )
-                if reply is not None and reply.reregister:
+                lost_relay = (
+                    reply is None and at is not stub
+                )  # it registers again, at the scheduler
+                if lost_relay or (reply is not None and reply.reregister):
                     recorder.reregistrations += 1
-                    await recorder.call(
+                    again = await recorder.call(
                         "RegisterWorker",
                         stub.RegisterWorker(
                             register_request(
@@ -336,6 +353,7 @@ async def _workers(address: str, first: int, count: int, window: Any, ready: Any
                             timeout=CALL_TIMEOUT,
                         ),
                     )
+                    heartbeat_at(worker_id, again)
                 now = time.time()
                 tick += HEARTBEAT_SECONDS * max(1, int((now - tick) // HEARTBEAT_SECONDS) + 1)
 
@@ -343,6 +361,8 @@ async def _workers(address: str, first: int, count: int, window: Any, ready: Any
         registered = await asyncio.gather(*(register(i) for i in indexes))
         ready.put(("ready", sum(registered)))
         await asyncio.gather(*(worker(i) for i in indexes))
+        for relay in relays.values():
+            await relay.close(None)
     await server.stop(grace=None)
     return recorder.result()
 
@@ -539,19 +559,25 @@ def host_busy() -> tuple[float, float]:
 
 def helper_pids(server: int) -> dict[str, list[int]]:
     """The processes that work for the server beside it: its children (the scheduler's
-    decision process) and PostgreSQL's."""
+    decision process and heartbeat relays) and PostgreSQL's."""
     children: list[int] = []
     with contextlib.suppress(OSError):
         for task in os.listdir(f"/proc/{server}/task"):
             text = Path(f"/proc/{server}/task/{task}/children").read_text()
             children.extend(int(p) for p in text.split())
+    relays: list[int] = []
+    for pid in list(children):
+        with contextlib.suppress(OSError):
+            if b"heartbeat_relay" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                children.remove(pid)
+                relays.append(pid)
     postgres: list[int] = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError):
                 if Path(f"/proc/{entry}/comm").read_text().strip() == "postgres":
                     postgres.append(int(entry))
-    return {"decision": children, "postgres": postgres}
+    return {"decision": children, "relays": relays, "postgres": postgres}
 
 
 def helper_cpu(server: int) -> dict[str, dict[int, float]]:
@@ -734,7 +760,7 @@ class Drive:
     cpu_seconds: float  # the server's, in the window
     generator_cpu_seconds: float  # the worker and client processes', in the window
     load_average: tuple[float, float]
-    helper_cpu_seconds: dict[str, float] = field(default_factory=dict)  # decision, postgres
+    helper_cpu_seconds: dict[str, float] = field(default_factory=dict)  # by HELPERS' keys
     host_busy: float = 0.0  # share of the host's CPU time busy in the window
 
 
@@ -914,7 +940,7 @@ def generator_line(report: Report) -> str:
     )
 
 
-HELPERS = {"decision": "decision process", "postgres": "PostgreSQL"}
+HELPERS = {"decision": "decision process", "relays": "heartbeat relays", "postgres": "PostgreSQL"}
 
 
 def cpu_per_call(report: Report) -> float:

@@ -29,8 +29,10 @@ from gearshift.scheduler.allocators import allocator_names, make_allocator
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.datasets import DatasetKeeper
 from gearshift.scheduler.decider import check_decision_process
+from gearshift.scheduler.heartbeat_relay import main as relay_main
 from gearshift.scheduler.policies.base import EntityPolicy
 from gearshift.scheduler.prices import parse_prices
+from gearshift.scheduler.relays import HeartbeatRelays
 from gearshift.scheduler.rubick_live import LIVE_VARIANTS
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.servicer import JobServicer, WorkerRegistryServicer
@@ -147,6 +149,22 @@ OPTIONS = [
         float,
     ),
     Option(
+        "heartbeat_relays",
+        "processes beside the scheduler that take the workers' heartbeats and hand them on in "
+        "batches (a worker learns its relay's port when it registers): the gRPC work of a "
+        "thousand heartbeats a second then leaves the scheduler's interpreter (0: the "
+        "scheduler takes every heartbeat itself)",
+        0,
+        int,
+    ),
+    Option(
+        "heartbeat_relay_port",
+        "the first relay's port, the others on the ports after it (0: picked by the system; "
+        "set it where the ports must be published, as in a container)",
+        0,
+        int,
+    ),
+    Option(
         "stop_timeout",
         "seconds a task gets to checkpoint and exit when stopped before it is killed",
         60.0,
@@ -257,7 +275,8 @@ OPTIONS = [
 ]
 DESCRIPTION = (
     "Gearshift scheduler: jobs API, worker registry and round-based scheduling over gRPC. "
-    f"Subcommand: '{PROG} migrate [--database-url URL]' upgrades the schema and exits."
+    f"Subcommands: '{PROG} migrate [--database-url URL]' upgrades the schema and exits; "
+    f"'{PROG} relay' is a heartbeat relay (--heartbeat-relays starts them)."
 )
 
 
@@ -282,6 +301,10 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         raise ValueError("--event-round-gap must be >= 0")
     if config.plan_interval < 0:
         raise ValueError("--plan-interval must be >= 0 (0: only the initial plan)")
+    if not 0 <= config.heartbeat_relays <= MAX_RELAYS:
+        raise ValueError(f"--heartbeat-relays must be 0 to {MAX_RELAYS}")
+    if not 0 <= config.heartbeat_relay_port <= 65535 - config.heartbeat_relays:
+        raise ValueError("--heartbeat-relay-port must leave a port for each relay (0 to 65535)")
     if config.heartbeat_timeout <= config.heartbeat_interval:
         raise ValueError("--heartbeat-timeout must exceed --heartbeat-interval")
     if config.max_queued_jobs <= 0:
@@ -409,6 +432,7 @@ def build(config: argparse.Namespace) -> Daemon:
     scheduler.recover()
     metrics.watch(scheduler.cluster_state, store.job_counts)
 
+    relays = relays_of(config)
     services = scheduler_pb2.DESCRIPTOR.services_by_name
     return Daemon(
         [
@@ -419,15 +443,48 @@ def build(config: argparse.Namespace) -> Daemon:
             ),
             register(
                 scheduler_pb2_grpc.add_WorkerRegistryServicer_to_server,
-                WorkerRegistryServicer(scheduler),
+                WorkerRegistryServicer(scheduler, relays.port_for if relays else _no_relay),
                 services["WorkerRegistry"].full_name,
             ),
         ],
-        on_start=lambda _server: scheduler.start(),
-        on_stop=[scheduler.stop, store.close],
-        on_reload=[lambda: _reload_tenants(scheduler)],
+        on_start=lambda server: _start(scheduler, relays, server.address),
+        on_stop=[relays.stop, scheduler.stop, store.close]
+        if relays
+        else [scheduler.stop, store.close],
+        on_reload=[lambda: _reload_tenants(scheduler), *([relays.reload] if relays else [])],
         scopes=lambda: scheduler,
     )
+
+
+def _no_relay(_worker_id: str) -> int:
+    return 0
+
+
+# What a relay shares with the scheduler: how calls are checked and how it calls back.
+RELAY_SETTINGS = (
+    "token", "tokens_file", "job_key_file", "tls_cert", "tls_key", "tls_client_ca", "tls_ca",
+    "max_message_mb", "log_level", "log_format",
+)  # fmt: skip
+MAX_RELAYS = 64
+
+
+def relays_of(config: argparse.Namespace) -> HeartbeatRelays | None:
+    if not config.heartbeat_relays:
+        return None
+    if config.tls_cert and not config.tls_ca:
+        raise ValueError(
+            "--heartbeat-relays with TLS needs --tls-ca: the relays call the scheduler over TLS"
+        )
+    options = {o.dest: o for o in OPTIONS}
+    env = {options[name].env: str(getattr(config, name)) for name in RELAY_SETTINGS}
+    host = config.listen.rpartition(":")[0]
+    return HeartbeatRelays(config.heartbeat_relays, host, env, config.heartbeat_relay_port)
+
+
+def _start(scheduler: Scheduler, relays: HeartbeatRelays | None, address: str) -> None:
+    scheduler.start()
+    if relays is not None:
+        relays.start(address)
 
 
 def _reload_tenants(scheduler: Scheduler) -> None:
@@ -444,4 +501,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["migrate"]:
         return migrate_main(PROG, DESCRIPTION, args[1:], DEFAULT_DATABASE)
+    if args[:1] == ["relay"]:
+        return relay_main(args[1:])
     return run_daemon(PROG, DESCRIPTION, OPTIONS, build, args)

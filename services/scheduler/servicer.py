@@ -7,7 +7,7 @@ codes, with messages that name the field.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 
@@ -28,6 +28,7 @@ from gearshift.common.validation import (
 )
 from gearshift.scheduler.service import Scheduler
 from gearshift.scheduler.store import EventRecord, JobRecord
+from gearshift.scheduler.worker_reports import check_batch, check_heartbeat, check_task_status
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 
@@ -79,21 +80,6 @@ def check_devices(groups: Sequence[common_pb2.DeviceGroup], field: str = "device
         check_accelerator_type(group.accelerator_type, f"{where}.accelerator_type")
         require(group.count >= 1, f"{where}.count", f"must be >= 1 (got {group.count})")
         require(group.memory_bytes >= 0, f"{where}.memory_bytes", "must be >= 0")
-
-
-def check_task_status(status: common_pb2.TaskStatus, field: str) -> None:
-    require(bool(status.task_id), f"{field}.task_id", "is required")
-    check_enum(
-        status.state, common_pb2.TaskState.values(), f"{field}.state", allow_unspecified=False
-    )
-    check_progress(status.progress, f"{field}.progress")  # it feeds the job and the estimates
-
-
-def check_progress(progress: common_pb2.JobProgress, field: str) -> None:
-    require(progress.step >= 0, f"{field}.step", f"must be >= 0 (got {progress.step})")
-    require(progress.total_steps >= 0, f"{field}.total_steps", "must be >= 0")
-    require(progress.epoch >= 0, f"{field}.epoch", "must be >= 0")
-    require(progress.samples_per_second >= 0, f"{field}.samples_per_second", "must be >= 0")
 
 
 class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
@@ -223,8 +209,11 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
 class WorkerRegistryServicer(scheduler_pb2_grpc.WorkerRegistryServicer):
     """Workers API over a Scheduler."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(
+        self, scheduler: Scheduler, relay_port: Callable[[str], int] = lambda _worker: 0
+    ) -> None:
         self.scheduler = scheduler
+        self.relay_port = relay_port  # the heartbeat relay that serves a worker (0: none)
 
     def RegisterWorker(
         self, request: scheduler_pb2.RegisterWorkerRequest, context: grpc.ServicerContext
@@ -255,16 +244,27 @@ class WorkerRegistryServicer(scheduler_pb2_grpc.WorkerRegistryServicer):
             worker_id=worker.worker_id,
             heartbeat_interval_seconds=settings.heartbeat_interval,
             heartbeat_timeout_seconds=settings.heartbeat_timeout,
+            heartbeat_port=self.relay_port(worker.worker_id),
         )
 
     def Heartbeat(
         self, request: scheduler_pb2.HeartbeatRequest, context: grpc.ServicerContext
     ) -> scheduler_pb2.HeartbeatResponse:
-        check_name(request.worker_id, "worker_id")
-        for i, task in enumerate(request.tasks):
-            check_task_status(task, f"tasks[{i}]")
+        check_heartbeat(request)
         reregister = self.scheduler.heartbeat(request.worker_id, request.tasks)
         return scheduler_pb2.HeartbeatResponse(reregister=reregister)
+
+    def HeartbeatBatch(
+        self, request: scheduler_pb2.HeartbeatBatchRequest, context: grpc.ServicerContext
+    ) -> scheduler_pb2.HeartbeatBatchResponse:
+        check_batch(request)
+        heartbeat = self.scheduler.heartbeat
+        return scheduler_pb2.HeartbeatBatchResponse(
+            replies=[
+                scheduler_pb2.HeartbeatResponse(reregister=heartbeat(h.worker_id, h.tasks))
+                for h in request.heartbeats
+            ]
+        )
 
     def RenewLease(
         self, request: scheduler_pb2.RenewLeaseRequest, context: grpc.ServicerContext

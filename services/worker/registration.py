@@ -8,7 +8,8 @@ returned at registration; at once when a task ends):
    the tasks still known here;
 2. heartbeat with every task not yet acknowledged: active ones, and ended ones
    whose TaskFinished did not get through (the scheduler applies an end seen in
-   a heartbeat as it would the TaskFinished);
+   a heartbeat as it would the TaskFinished); at the heartbeat relay the
+   registration named, if any (a heartbeat that fails there: register again);
 3. TaskFinished for every ended task not yet acknowledged, retried until it is;
 4. RenewLease for every running task, at most every lease third. The lease is
    a fence: an answer of `renewed = false` means the scheduler no longer holds
@@ -72,8 +73,13 @@ class SchedulerLink:
         self.registered = False
         self.registrations = 0
         self.interval = FIRST_INTERVAL_S
+        self.tls = tls
         self._channel = connect(scheduler, token=token, tls=tls, timeout=CALL_TIMEOUT_S)
         self._stub = scheduler_pb2_grpc.WorkerRegistryStub(self._channel)
+        # The scheduler's heartbeat relay for this worker, when it names one at registration.
+        self.relay = ""
+        self._relay_channel: grpc.Channel | None = None
+        self._heartbeats = self._stub
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -103,6 +109,7 @@ class SchedulerLink:
         deadline = time.monotonic() + flush_timeout
         while time.monotonic() < deadline and self._report_ends():
             time.sleep(0.1)
+        self._use_relay(0)
         self._channel.close()
 
     def _task_ended(self, task: Task) -> None:
@@ -157,6 +164,7 @@ class SchedulerLink:
         self.registrations += 1
         if reply.heartbeat_interval_seconds > 0:
             self.interval = reply.heartbeat_interval_seconds
+        self._use_relay(reply.heartbeat_port)
         if reply.worker_id and reply.worker_id != self.agent.worker_id:
             log.warning(
                 "the scheduler renamed this worker",
@@ -173,14 +181,35 @@ class SchedulerLink:
         )
         return True
 
+    def _use_relay(self, port: int) -> None:
+        """Heartbeat at this port of the scheduler's host from now on (0: the scheduler)."""
+        relay = f"{self.scheduler.rpartition(':')[0]}:{port}" if port else ""
+        if relay == self.relay:
+            return
+        if self._relay_channel is not None:
+            self._relay_channel.close()
+            self._relay_channel = None
+        self.relay, self._heartbeats = relay, self._stub
+        if relay:
+            self._relay_channel = connect(
+                relay, token=self.token, tls=self.tls, timeout=CALL_TIMEOUT_S
+            )
+            self._heartbeats = scheduler_pb2_grpc.WorkerRegistryStub(self._relay_channel)
+
     def _heartbeat(self) -> bool:
         request = scheduler_pb2.HeartbeatRequest(
             worker_id=self.agent.worker_id, tasks=self.agent.unreported()
         )
         try:
-            reply = self._stub.Heartbeat(request, timeout=CALL_TIMEOUT_S)
+            reply = self._heartbeats.Heartbeat(request, timeout=CALL_TIMEOUT_S)
         except grpc.RpcError as exc:
             self._failed("heartbeat", exc)
+            if self.relay:  # the scheduler names a relay that serves, or none
+                log.warning(
+                    "heartbeat relay failed; registering again", extra={"relay": self.relay}
+                )
+                self._use_relay(0)
+                self.registered = False
             return False
         self._failures = 0
         if reply.reregister:

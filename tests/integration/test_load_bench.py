@@ -1,6 +1,6 @@
-"""bench/load.py at a tiny scale on a real scheduler and Postgres: it runs end to end and
-reports latencies for the workers API and submissions, with no failed call, and the jobs
-start on the simulated workers."""
+"""bench/load.py at a tiny scale on a real scheduler (with a heartbeat relay) and Postgres:
+it runs end to end and reports latencies for the workers API and submissions, with no
+failed call, and the jobs start on the simulated workers."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ def test_load_bench_tiny(postgres_url: str, tmp_path: Path) -> None:
         *("--submits-per-second", "5", "--queued", "10", "--seconds", "5"),
         *("--watchers", "1", "--readers", "1"),
         *("--database-url", postgres_url, "--json", str(out)),
+        "--scheduler-flags=--heartbeat-relays 1",  # the workers heartbeat a relay
         "--baseline",
     ]
     assert main(argv) == 0
@@ -35,7 +36,8 @@ def test_load_bench_tiny(postgres_url: str, tmp_path: Path) -> None:
     assert {f"{phase}_mean_s" for phase in ROUND_PHASES} <= trial["rounds"].keys()
     # What else took the machine: the host's busy share, the decision process and PostgreSQL.
     assert 0 < trial["host_busy"] <= 1
-    assert set(trial["helper_cpu_seconds"]) == {"decision", "postgres"}
+    assert set(trial["helper_cpu_seconds"]) == {"decision", "relays", "postgres"}
+    assert trial["helper_cpu_seconds"]["relays"] > 0  # the heartbeats went through it
     # The simulated workers' agent accepts starts: jobs run, no worker is lost for them.
     assert trial["running_jobs"] > 0
     assert trial["counters"]["workers_lost_total"] == 0

@@ -51,13 +51,17 @@ class FakeScheduler(scheduler_pb2_grpc.WorkerRegistryServicer):
     reregister: threading.Event = field(default_factory=threading.Event)
     code: dict[str, bytes] = field(default_factory=dict)  # FetchCode serves these
     leases: str = "renew"
+    relay_port: int = 0  # RegisterWorker names this heartbeat relay (0: none)
 
     def RegisterWorker(
         self, request: S.RegisterWorkerRequest, context: grpc.ServicerContext
     ) -> S.RegisterWorkerResponse:
         self.registrations.append(request)
         return S.RegisterWorkerResponse(
-            worker_id=request.worker_id, heartbeat_interval_seconds=0.2, heartbeat_timeout_seconds=2
+            worker_id=request.worker_id,
+            heartbeat_interval_seconds=0.2,
+            heartbeat_timeout_seconds=2,
+            heartbeat_port=self.relay_port,
         )
 
     def Heartbeat(
@@ -93,6 +97,11 @@ class FakeScheduler(scheduler_pb2_grpc.WorkerRegistryServicer):
         if data is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"code package {request.sha256!r} not found")
         yield from codepkg.chunks(request.sha256, data)
+
+    def HeartbeatBatch(
+        self, request: S.HeartbeatBatchRequest, context: grpc.ServicerContext
+    ) -> S.HeartbeatBatchResponse:
+        raise NotImplementedError  # a worker never calls it
 
     def ended(self, task_id: str) -> C.TaskStatus | None:
         return next((s for s in self.finished if s.task_id == task_id), None)
@@ -247,6 +256,25 @@ def test_registers_heartbeats_and_registers_again_when_told(
             worker_pb2.DescribeWorkerRequest()
         )
     assert description.worker_id == "wA" and list(description.devices) == list(first.devices)
+
+
+def test_heartbeats_go_to_the_named_relay_and_back_to_the_scheduler_when_it_fails(
+    daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
+) -> None:
+    recorder, address = fake
+    relay, relay_server, relay_address = serve_fake()  # a relay takes Heartbeat like this
+    recorder.relay_port = int(relay_address.rpartition(":")[2])
+    try:
+        start_worker(daemons, address, tmp_path)
+        wait_until(lambda: len(relay.heartbeats) >= 3, WAIT, "heartbeats at the relay")
+        assert recorder.heartbeats == [] and len(recorder.registrations) == 1
+        assert all(h.worker_id == "wA" for h in relay.heartbeats)
+    finally:
+        relay_server.stop(0)
+    # The relay is gone: the worker registers again at the scheduler, which names none now.
+    recorder.relay_port = 0
+    wait_until(lambda: len(recorder.registrations) >= 2, WAIT, "registration after the relay")
+    wait_until(lambda: recorder.heartbeats, WAIT, "heartbeats at the scheduler itself")
 
 
 def test_a_task_completes_with_the_digest_of_a_local_run(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gearshift.common.config import parse_config
-from gearshift.scheduler.daemon import OPTIONS, PROG, settings_from
+from gearshift.scheduler.daemon import OPTIONS, PROG, relays_of, settings_from
 from gearshift.scheduler.service import SchedulerSettings
 
 
@@ -76,6 +76,8 @@ def test_environment_fallback() -> None:
         (["--straggler-margin", "0"], "--straggler-margin must be > 0"),
         (["--straggler-reports", "0"], "--straggler-reports must be >= 1"),
         (["--straggler-clear-seconds", "-5"], "--straggler-clear-seconds must be > 0"),
+        (["--heartbeat-relays", "-1"], "--heartbeat-relays must be 0 to 64"),
+        (["--heartbeat-relays", "2", "--heartbeat-relay-port", "65535"], "must leave a port"),
     ],
 )
 def test_bad_settings_name_the_flag(argv: list[str], message: str) -> None:
@@ -86,3 +88,15 @@ def test_bad_settings_name_the_flag(argv: list[str], message: str) -> None:
 def test_unknown_policy_is_refused_by_the_parser() -> None:
     with pytest.raises(SystemExit):
         settings("--policy", "nope")
+
+
+def test_relays_under_tls_need_the_ca_that_they_call_the_scheduler_with() -> None:
+    config = parse_config(
+        PROG, "", OPTIONS, ["--heartbeat-relays", "1", "--tls-cert", "c", "--tls-key", "k"], {}
+    )
+    with pytest.raises(ValueError, match="--heartbeat-relays with TLS needs --tls-ca"):
+        relays_of(config)
+    config = parse_config(PROG, "", OPTIONS, ["--heartbeat-relays", "2", "--token", "t"], {})
+    relays = relays_of(config)
+    assert relays is not None and relays.count == 2 and relays.env["GEARSHIFT_TOKEN"] == "t"
+    relays.stop()  # never started: nothing to stop

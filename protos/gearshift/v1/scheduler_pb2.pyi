@@ -929,22 +929,30 @@ class RegisterWorkerResponse(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
     HEARTBEAT_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_PORT_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The worker's id."""
     heartbeat_interval_seconds: _builtins.float
     """How often to heartbeat, in seconds."""
     heartbeat_timeout_seconds: _builtins.float
     """Heartbeats missed for this long make the worker lost, in seconds."""
+    heartbeat_port: _builtins.int
+    """Where to send heartbeats: 0 for this address; else this port on the
+    scheduler's host, a heartbeat relay that batches many workers' heartbeats
+    into one HeartbeatBatch. When a heartbeat there fails, the worker
+    registers again here (and is told the relay that serves it now).
+    """
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         heartbeat_interval_seconds: _builtins.float = ...,
         heartbeat_timeout_seconds: _builtins.float = ...,
+        heartbeat_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_seconds", b"heartbeat_interval_seconds", "heartbeat_timeout_seconds", b"heartbeat_timeout_seconds", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_seconds", b"heartbeat_interval_seconds", "heartbeat_port", b"heartbeat_port", "heartbeat_timeout_seconds", b"heartbeat_timeout_seconds", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1003,6 +1011,54 @@ class HeartbeatResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HeartbeatResponse: _TypeAlias = HeartbeatResponse  # noqa: Y015
+
+@_typing.final
+class HeartbeatBatchRequest(_message.Message):
+    """A relay's heartbeats (at most 10,000)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEARTBEATS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def heartbeats(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeartbeatRequest]:
+        """The heartbeats, as the workers sent them."""
+
+    def __init__(
+        self,
+        *,
+        heartbeats: _abc.Iterable[Global___HeartbeatRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeats", b"heartbeats"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeartbeatBatchRequest: _TypeAlias = HeartbeatBatchRequest  # noqa: Y015
+
+@_typing.final
+class HeartbeatBatchResponse(_message.Message):
+    """Result of HeartbeatBatch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def replies(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeartbeatResponse]:
+        """One reply per heartbeat, in the request's order."""
+
+    def __init__(
+        self,
+        *,
+        replies: _abc.Iterable[Global___HeartbeatResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["replies", b"replies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeartbeatBatchResponse: _TypeAlias = HeartbeatBatchResponse  # noqa: Y015
 
 @_typing.final
 class RenewLeaseRequest(_message.Message):

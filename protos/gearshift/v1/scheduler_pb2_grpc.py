@@ -553,6 +553,11 @@ class WorkerRegistryStub:
                 request_serializer=gearshift_dot_v1_dot_scheduler__pb2.FetchCodeRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_common__pb2.CodeChunk.FromString,
                 _registered_method=True)
+        self.HeartbeatBatch = channel.unary_unary(
+                '/gearshift.v1.WorkerRegistry/HeartbeatBatch',
+                request_serializer=gearshift_dot_v1_dot_scheduler__pb2.HeartbeatBatchRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_scheduler__pb2.HeartbeatBatchResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerRegistryServicer:
@@ -609,6 +614,16 @@ class WorkerRegistryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HeartbeatBatch(self, request, context):
+        """Many workers' heartbeats in one call, from one of the scheduler's own
+        heartbeat relays (RegisterWorkerResponse.heartbeat_port): each is applied
+        as a Heartbeat would be, and the replies come back in the same order. A
+        batch with one invalid heartbeat is refused whole.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerRegistryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -636,6 +651,11 @@ def add_WorkerRegistryServicer_to_server(servicer, server):
                     servicer.FetchCode,
                     request_deserializer=gearshift_dot_v1_dot_scheduler__pb2.FetchCodeRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_common__pb2.CodeChunk.SerializeToString,
+            ),
+            'HeartbeatBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.HeartbeatBatch,
+                    request_deserializer=gearshift_dot_v1_dot_scheduler__pb2.HeartbeatBatchRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_scheduler__pb2.HeartbeatBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -783,6 +803,33 @@ class WorkerRegistry:
             '/gearshift.v1.WorkerRegistry/FetchCode',
             gearshift_dot_v1_dot_scheduler__pb2.FetchCodeRequest.SerializeToString,
             gearshift_dot_v1_dot_common__pb2.CodeChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HeartbeatBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.WorkerRegistry/HeartbeatBatch',
+            gearshift_dot_v1_dot_scheduler__pb2.HeartbeatBatchRequest.SerializeToString,
+            gearshift_dot_v1_dot_scheduler__pb2.HeartbeatBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

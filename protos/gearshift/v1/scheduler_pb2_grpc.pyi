@@ -259,6 +259,12 @@ class WorkerRegistryStub:
     """Streams a code package to a worker that is about to run a job of it
     (NOT_FOUND when the scheduler does not hold it).
     """
+    HeartbeatBatch: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.HeartbeatBatchRequest, _scheduler_pb2.HeartbeatBatchResponse]
+    """Many workers' heartbeats in one call, from one of the scheduler's own
+    heartbeat relays (RegisterWorkerResponse.heartbeat_port): each is applied
+    as a Heartbeat would be, and the replies come back in the same order. A
+    batch with one invalid heartbeat is refused whole.
+    """
 
 @_typing.type_check_only
 class WorkerRegistryAsyncStub(WorkerRegistryStub):
@@ -294,6 +300,12 @@ class WorkerRegistryAsyncStub(WorkerRegistryStub):
     FetchCode: _aio.UnaryStreamMultiCallable[_scheduler_pb2.FetchCodeRequest, _common_pb2.CodeChunk]  # type: ignore[assignment]
     """Streams a code package to a worker that is about to run a job of it
     (NOT_FOUND when the scheduler does not hold it).
+    """
+    HeartbeatBatch: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.HeartbeatBatchRequest, _scheduler_pb2.HeartbeatBatchResponse]  # type: ignore[assignment]
+    """Many workers' heartbeats in one call, from one of the scheduler's own
+    heartbeat relays (RegisterWorkerResponse.heartbeat_port): each is applied
+    as a Heartbeat would be, and the replies come back in the same order. A
+    batch with one invalid heartbeat is refused whole.
     """
 
 class WorkerRegistryServicer(metaclass=_abc_1.ABCMeta):
@@ -357,6 +369,18 @@ class WorkerRegistryServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_common_pb2.CodeChunk], _abc.AsyncIterator[_common_pb2.CodeChunk]]:
         """Streams a code package to a worker that is about to run a job of it
         (NOT_FOUND when the scheduler does not hold it).
+        """
+
+    @_abc_1.abstractmethod
+    def HeartbeatBatch(
+        self,
+        request: _scheduler_pb2.HeartbeatBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.HeartbeatBatchResponse, _abc.Awaitable[_scheduler_pb2.HeartbeatBatchResponse]]:
+        """Many workers' heartbeats in one call, from one of the scheduler's own
+        heartbeat relays (RegisterWorkerResponse.heartbeat_port): each is applied
+        as a Heartbeat would be, and the replies come back in the same order. A
+        batch with one invalid heartbeat is refused whole.
         """
 
 def add_WorkerRegistryServicer_to_server(servicer: WorkerRegistryServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

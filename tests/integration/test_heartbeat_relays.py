@@ -1,0 +1,189 @@
+"""The scheduler's heartbeat relays as real processes (--heartbeat-relays): workers learn
+their relay when they register and heartbeat it; the relays hand the heartbeats on in
+batches and keep the workers alive; a killed relay is started again and its workers find
+it by registering again; the relays go when the scheduler does; a bad heartbeat or batch
+is refused whole; and the relays check identities as the scheduler does."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gearshift.client.processes import DaemonProcess
+from gearshift.common.channel import connect
+from gearshift.common.identity import create_job_key, create_token
+from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from tests.conftest import DaemonFactory
+from tests.helpers import wait_until
+
+C = common_pb2
+S = scheduler_pb2
+WAIT = 30.0
+TIMEOUT = 2.0  # --heartbeat-timeout
+
+
+def start(daemons: DaemonFactory, database: str, *extra: str) -> DaemonProcess:
+    return daemons(
+        "scheduler",
+        ["--database-url", database, "--heartbeat-relays", "2", "--round-seconds", "60",
+         "--heartbeat-interval", "0.3", "--heartbeat-timeout", str(TIMEOUT), *extra],
+    )  # fmt: skip
+
+
+def relays(scheduler: DaemonProcess) -> list[int]:
+    """Pids of the scheduler's relay processes."""
+    pid = scheduler.process.pid
+    children = [
+        int(c)
+        for task in os.listdir(f"/proc/{pid}/task")
+        for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+    ]
+    out = []
+    for child in children:
+        try:
+            if b"heartbeat_relay" in Path(f"/proc/{child}/cmdline").read_bytes():
+                out.append(child)
+        except OSError:  # it ended meanwhile
+            continue
+    return out
+
+
+def registration(worker_id: str) -> S.RegisterWorkerRequest:
+    return S.RegisterWorkerRequest(
+        worker_id=worker_id,
+        address="127.0.0.1:9",
+        devices=[C.DeviceGroup(accelerator_type="cpu", count=1)],
+    )
+
+
+def at(port: int, token: str | None = None) -> scheduler_pb2_grpc.WorkerRegistryStub:
+    return scheduler_pb2_grpc.WorkerRegistryStub(connect(f"127.0.0.1:{port}", token=token))
+
+
+def code_of(call: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value.code(), info.value.details() or ""
+
+
+def alive(jobs: scheduler_pb2_grpc.JobServiceStub) -> dict[str, bool]:
+    state = jobs.GetClusterState(S.GetClusterStateRequest())
+    return {w.worker_id: w.alive for w in state.workers}
+
+
+def test_workers_heartbeat_through_relays_that_come_back_and_go_with_the_scheduler(
+    daemons: DaemonFactory, postgres_db: str
+) -> None:
+    scheduler = start(daemons, postgres_db)
+    channel = connect(scheduler.address)
+    registry = scheduler_pb2_grpc.WorkerRegistryStub(channel)
+    jobs = scheduler_pb2_grpc.JobServiceStub(channel)
+    names = [f"w{i}" for i in range(8)]
+    ports = {name: registry.RegisterWorker(registration(name)).heartbeat_port for name in names}
+    own_port = int(scheduler.address.rpartition(":")[2])
+    assert len(set(ports.values())) == 2 and own_port not in ports.values(), ports
+    registry.RegisterWorker(registration("silent"))  # heartbeats nowhere: it is lost
+
+    # A bad batch changes nothing: "silent"'s heartbeat in it is not applied.
+    bad = S.HeartbeatBatchRequest(
+        heartbeats=[S.HeartbeatRequest(worker_id="silent"), S.HeartbeatRequest(worker_id="a b")]
+    )
+    code, details = code_of(lambda: registry.HeartbeatBatch(bad))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "heartbeats[1].worker_id" in details
+
+    # Heartbeats through the relays alone keep the workers alive past the timeout.
+    def beat() -> bool:
+        for name in names:
+            assert not at(ports[name]).Heartbeat(S.HeartbeatRequest(worker_id=name)).reregister
+        return alive(jobs).get("silent") is False
+
+    wait_until(beat, WAIT, "the silent worker was never declared lost")
+    assert all(alive(jobs)[name] for name in names)
+    # The relay answers as the scheduler does: an unknown worker registers again.
+    assert at(ports["w0"]).Heartbeat(S.HeartbeatRequest(worker_id="nobody")).reregister
+    code, details = code_of(lambda: at(ports["w0"]).Heartbeat(S.HeartbeatRequest(worker_id="")))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "worker_id" in details
+    code, details = code_of(
+        lambda: at(ports["w0"]).RenewLease(S.RenewLeaseRequest(worker_id="w0", task_id="t"))
+    )
+    assert code == grpc.StatusCode.UNIMPLEMENTED and "call the scheduler itself" in details
+
+    # A killed relay: heartbeats there fail, it is started again on a new port, and a
+    # worker that registers again is sent there.
+    pids: list[int] = wait_until(
+        lambda: relays(scheduler)[1:] and relays(scheduler), WAIT, "relays"
+    )
+    os.kill(pids[0], signal.SIGKILL)
+
+    def dead_port() -> int:
+        for port in set(ports.values()):
+            try:
+                at(port).Heartbeat(S.HeartbeatRequest(worker_id="w0"), timeout=2)
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc.details()
+                return port
+        return 0
+
+    dead = wait_until(dead_port, WAIT, "every relay still answers after one was killed")
+    wait_until(
+        lambda: pids[0] not in relays(scheduler) and len(relays(scheduler)) == 2,
+        WAIT,
+        "the killed relay was not started again",
+    )
+    orphan = next(name for name, port in ports.items() if port == dead)
+
+    def moved() -> int:
+        port = registry.RegisterWorker(registration(orphan)).heartbeat_port
+        return port if port and port not in ports.values() else 0
+
+    new_port = wait_until(moved, WAIT, f"{orphan} was never sent to the new relay")
+    assert not at(new_port).Heartbeat(S.HeartbeatRequest(worker_id=orphan)).reregister
+
+    # The scheduler killed: its relays stop too.
+    left = relays(scheduler)
+    scheduler.kill()
+    wait_until(lambda: not live_pids_of(left), WAIT, f"relays {left} outlived the scheduler")
+
+
+def live_pids_of(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+        except OSError:
+            continue
+        if state != "Z":
+            out.append(pid)
+    return out
+
+
+def test_relays_check_identities_as_the_scheduler_does(
+    daemons: DaemonFactory, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens"
+    w1, tenant = create_token(tokens, "worker:w1"), create_token(tokens, "tenant:a")
+    key = tmp_path / "job.key"
+    create_job_key(key)
+    scheduler = start(
+        daemons, f"sqlite:///{tmp_path / 's.db'}", "--tokens-file", str(tokens),
+        "--job-key-file", str(key), "--token", "internal-service-token",
+    )  # fmt: skip
+    registry = scheduler_pb2_grpc.WorkerRegistryStub(connect(scheduler.address, token=w1))
+    port = registry.RegisterWorker(registration("w1")).heartbeat_port
+    assert port
+    assert not at(port, w1).Heartbeat(S.HeartbeatRequest(worker_id="w1")).reregister
+    code, details = code_of(lambda: at(port, w1).Heartbeat(S.HeartbeatRequest(worker_id="w2")))
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "w2" in details
+    code, _ = code_of(lambda: at(port, "wrong").Heartbeat(S.HeartbeatRequest(worker_id="w1")))
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    # Only a service (the relays, with the scheduler's own token) hands on batches.
+    batch = S.HeartbeatBatchRequest(heartbeats=[S.HeartbeatRequest(worker_id="w1")])
+    for token in (w1, tenant):
+        stub = scheduler_pb2_grpc.WorkerRegistryStub(connect(scheduler.address, token=token))
+        code, _ = code_of(lambda stub=stub: stub.HeartbeatBatch(batch))  # type: ignore[misc]
+        assert code == grpc.StatusCode.PERMISSION_DENIED
