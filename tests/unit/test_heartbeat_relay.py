@@ -52,6 +52,32 @@ def test_heartbeats_that_arrive_during_a_batch_go_together_in_the_next() -> None
     assert batcher.batches == 2
 
 
+def test_a_batch_waits_its_linger_for_others_unless_it_is_full() -> None:
+    batches: list[int] = []
+
+    def answer(heartbeats: Sequence[S.HeartbeatRequest]) -> list[S.HeartbeatResponse]:
+        batches.append(len(heartbeats))
+        return [S.HeartbeatResponse() for _ in heartbeats]
+
+    lingering = HeartbeatBatcher(answer, linger=0.5)
+    lingering.start()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        replies = [
+            pool.submit(lingering.relay, S.HeartbeatRequest(worker_id=f"w{i}")) for i in range(3)
+        ]
+        assert all(r.result(10) == S.HeartbeatResponse() for r in replies)
+    lingering.close()
+    assert batches == [3]  # the upstream answers at once, yet one call for the three
+    batches.clear()
+    full = HeartbeatBatcher(answer, max_batch=2, linger=60.0)  # full batches never linger
+    full.start()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        replies = [pool.submit(full.relay, S.HeartbeatRequest(worker_id=f"w{i}")) for i in range(2)]
+        assert all(r.result(10) == S.HeartbeatResponse() for r in replies)
+    full.close()
+    assert batches == [2]
+
+
 def test_a_failed_batch_fails_each_of_its_heartbeats_and_a_closed_relay_takes_none() -> None:
     def down(heartbeats: Sequence[S.HeartbeatRequest]) -> list[S.HeartbeatResponse]:
         raise UnavailableError("the scheduler is restarting")
