@@ -26,7 +26,11 @@ stay queued and the scheduler never calls a worker (the rounds' own cost alone).
 --sweep runs one trial per worker count and reports the knee: the first count at which
 some RPC's p99 in the window passes 100 ms ("RegisterWorker (startup)", every worker
 registering at once before the window, is shown but not counted; "RegisterWorker" is
-the re-registrations in the window).
+the re-registrations in the window). The `(generator loop lag)` row is how late the
+load generator's own event loops woke from 10 ms sleeps: the part of every latency that
+is the generator's, not the server's (shown, not counted either). With the scheduler's
+`--heartbeat-relays`, the simulated workers heartbeat the relay their registration
+names, as worker daemons do.
 Targets (issue 16): 1,000 workers + 100 submissions/s + 2,000 queued jobs with every
 p99 < 100 ms and a round under 1 s. Load generator and scheduler share the machine's
 CPUs: figures are what one run measured there.
