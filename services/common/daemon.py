@@ -249,7 +249,15 @@ def run_daemon(
         return 1
     if daemon.on_start is not None:
         assert isinstance(server, GrpcServer)
-        daemon.on_start(server)
+        try:
+            daemon.on_start(server)
+        except (OSError, RuntimeError, ValueError) as exc:  # e.g. a helper process that failed
+            log.error("cannot start", extra={"service": prog, "error": str(exc)})
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            for hook in daemon.on_stop:
+                hook()
+            server.stop()
+            return 1
     metrics = endpoint.address if endpoint is not None else ""
     quiet_collector()  # before "ready": a launcher may signal the daemon from then on
     if config.ready_file:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
 
-from gearshift.client.processes import DaemonProcess
+from gearshift.client.processes import DaemonProcess, start_daemon
 from gearshift.common.channel import connect
 from gearshift.common.identity import create_job_key, create_token
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -187,3 +188,24 @@ def test_relays_check_identities_as_the_scheduler_does(
         stub = scheduler_pb2_grpc.WorkerRegistryStub(connect(scheduler.address, token=token))
         code, _ = code_of(lambda stub=stub: stub.HeartbeatBatch(batch))  # type: ignore[misc]
         assert code == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_relay_that_cannot_serve_stops_the_scheduler_saying_why(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        daemon = start_daemon(
+            "scheduler",
+            ["--database-url", f"sqlite:///{tmp_path / 's.db'}", "--heartbeat-relays", "1",
+             "--heartbeat-relay-port", str(port)],
+            run_dir=tmp_path / "run",
+        )  # fmt: skip
+        try:
+            assert daemon.process.wait(60) == 1
+        finally:
+            daemon.kill()
+    log = daemon.log_path.read_text()
+    assert "heartbeat relay 0 exited with code 1 before it served" in log, log[-2000:]
+    assert f"127.0.0.1:{port}" in log  # the relay's own error names the address it wanted
+    assert "Traceback" not in log  # an error line, not a crash
