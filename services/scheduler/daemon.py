@@ -451,7 +451,11 @@ def build(config: argparse.Namespace) -> Daemon:
         on_stop=[relays.stop, scheduler.stop, store.close]
         if relays
         else [scheduler.stop, store.close],
-        on_reload=[lambda: _reload_tenants(scheduler), *([relays.reload] if relays else [])],
+        # The relays re-read the tokens file with it (without one, SIGHUP would end them).
+        on_reload=[
+            lambda: _reload_tenants(scheduler),
+            *([relays.reload] if relays and config.tokens_file else []),
+        ],
         scopes=lambda: scheduler,
     )
 

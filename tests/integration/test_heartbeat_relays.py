@@ -2,7 +2,9 @@
 their relay when they register and heartbeat it; the relays hand the heartbeats on in
 batches and keep the workers alive; a killed relay is started again and its workers find
 it by registering again; the relays go when the scheduler does; a bad heartbeat or batch
-is refused whole; and the relays check identities as the scheduler does."""
+is refused whole; the relays check identities as the scheduler does and re-read the
+tokens file on its SIGHUP (which, without one, leaves them be); and a relay that cannot
+serve stops the scheduler, saying why."""
 
 from __future__ import annotations
 
@@ -209,3 +211,46 @@ def test_a_relay_that_cannot_serve_stops_the_scheduler_saying_why(tmp_path: Path
     assert "heartbeat relay 0 exited with code 1 before it served" in log, log[-2000:]
     assert f"127.0.0.1:{port}" in log  # the relay's own error names the address it wanted
     assert "Traceback" not in log  # an error line, not a crash
+
+
+def test_sighup_reaches_the_relays_with_the_tokens_file_and_spares_them_without(
+    daemons: DaemonFactory, tmp_path: Path
+) -> None:
+    plain = start(daemons, f"sqlite:///{tmp_path / 'plain.db'}")
+    before = wait_until(lambda: relays(plain)[1:] and relays(plain), WAIT, "relays")
+    plain.process.send_signal(signal.SIGHUP)  # a tenants-file reload: the relays stay
+    registry = scheduler_pb2_grpc.WorkerRegistryStub(connect(plain.address))
+    port = registry.RegisterWorker(registration("w1")).heartbeat_port
+    assert not at(port).Heartbeat(S.HeartbeatRequest(worker_id="w1")).reregister
+    assert sorted(relays(plain)) == sorted(before)
+
+    tokens = tmp_path / "tokens"
+    create_token(tokens, "admin")
+    key = tmp_path / "job.key"
+    create_job_key(key)
+    guarded = start(
+        daemons, f"sqlite:///{tmp_path / 's.db'}", "--tokens-file", str(tokens),
+        "--job-key-file", str(key), "--token", "internal-service-token",
+    )  # fmt: skip
+    w2 = create_token(tokens, "worker:w2")  # after the start: unknown until a reload
+    registry = scheduler_pb2_grpc.WorkerRegistryStub(connect(guarded.address, token=w2))
+    code, _ = code_of(lambda: registry.RegisterWorker(registration("w2")))
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    guarded.process.send_signal(signal.SIGHUP)
+    port = wait_until(lambda: _registered(registry, "w2"), WAIT, "the reloaded token never worked")
+
+    def relay_knows_it() -> bool:
+        try:
+            return not at(port, w2).Heartbeat(S.HeartbeatRequest(worker_id="w2")).reregister
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAUTHENTICATED, exc.details()
+            return False
+
+    wait_until(relay_knows_it, WAIT, "the relay never reloaded the tokens file")
+
+
+def _registered(registry: scheduler_pb2_grpc.WorkerRegistryStub, worker_id: str) -> int:
+    try:
+        return registry.RegisterWorker(registration(worker_id)).heartbeat_port
+    except grpc.RpcError:
+        return 0
