@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from gearshift.common.codepkg import assemble
@@ -278,38 +279,60 @@ class JobsApi:
                     degraded=bool(worker.degraded_reason),
                     degraded_reason=worker.degraded_reason,
                 )
-            for job in sorted(state.jobs.values(), key=lambda j: j.submitted_at):
-                if job.state in RUNNING_STATES and job.placement.processes:
-                    out.allocations.add(
-                        job_id=job.job_id, job_name=job.spec.name, placement=job.placement
-                    )
+            running = [
+                j
+                for j in state.jobs.values()
+                if j.state in RUNNING_STATES and j.placement.processes
+            ]
+            running.sort(key=lambda j: j.submitted_at)
+            add = out.allocations.add
+            for job in running:
+                add(job_id=job.job_id, job_name=job.spec.name, placement=job.placement)
             self._tenants(out)
             return out
 
     def _tenants(self, out: S.ClusterState) -> None:
-        """Each tenant's quota and use (under the lock)."""
+        """Each tenant's quota and use (under the lock). Counted in plain dicts, a message
+        per tenant at the end: a message per job cost GetClusterState most of its time
+        under the lock (bench/load.py, 5,000 jobs)."""
         quotas, admitted = self.tenancy()
         rows: dict[str, S.TenantState] = {
             name: S.TenantState(tenant=name, quota=quota)
             for name, quota in quotas.by_tenant.items()
         }
+        jobs: Counter[tuple[str, bool]] = Counter()  # (tenant, running) -> jobs
+        devices: Counter[tuple[str, str]] = Counter()  # (tenant, type) -> running processes
         for job in self.state.jobs.values():
             if job.terminal:
                 continue
-            row = rows.setdefault(job.spec.tenant, S.TenantState(tenant=job.spec.tenant))
-            if job.state in RUNNING_STATES and job.placement.processes:
-                row.running_jobs += 1
-                for process in job.placement.processes:
-                    row.devices[process.accelerator_type] += 1
-            else:
-                row.queued_jobs += 1
+            tenant = job.spec.tenant
+            processes = job.placement.processes
+            running = job.state in RUNNING_STATES and len(processes) > 0
+            jobs[tenant, running] += 1
+            for process in processes if running else ():
+                devices[tenant, process.accelerator_type] += 1
             if job.job_id in admitted:
+                row = _row(rows, tenant)
                 a = admitted[job.job_id]
                 row.guaranteed_jobs += 1
                 row.guaranteed_devices[a.accelerator_type] += a.devices
                 if a.rubick is not None:
                     row.rubick_admissions.append(rubick_admission(a.rubick))
+        for (tenant, running), count in jobs.items():
+            row = _row(rows, tenant)
+            if running:
+                row.running_jobs = count
+            else:
+                row.queued_jobs = count
+        for (tenant, kind), count in devices.items():
+            rows[tenant].devices[kind] = count
         out.tenants.extend(rows[name] for name in sorted(rows))
+
+
+def _row(rows: dict[str, S.TenantState], tenant: str) -> S.TenantState:
+    if tenant not in rows:
+        rows[tenant] = S.TenantState(tenant=tenant)
+    return rows[tenant]
 
 
 def rubick_admission(a: RubickAdmission) -> S.RubickAdmission:
