@@ -110,14 +110,17 @@ class DecisionProcess:
         if self._conn is None:
             self._start()
         assert self._conn is not None
+        conn = self._conn
         changed = [job for job in snapshot.jobs if self._sent.get(job.job_id) is not job]
-        ids = [job.job_id for job in snapshot.jobs]
-        self._conn.send((replace(snapshot, jobs=()), ids, changed, dict(current)))
-        answer = self._conn.recv()  # waits without the GIL: the RPCs run meanwhile
+        conn.send(replace(snapshot, jobs=(), devices=(), ran=()))
+        for items in (snapshot.devices, snapshot.ran, [j.job_id for j in snapshot.jobs], changed):
+            send_chunks(conn, items)
+        send_chunks(conn, list(current.items()))
+        failed = conn.recv()  # waits without the GIL: the RPCs run meanwhile
         self._sent = {job.job_id: job for job in snapshot.jobs}
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer  # type: ignore[no-any-return]
+        if failed is not None:
+            raise failed
+        return dict(recv_chunks(conn)), dict(recv_chunks(conn))
 
     def _stop_child(self) -> None:
         if self._conn is not None:
@@ -145,17 +148,43 @@ def _serve(conn: Connection, settings: SchedulerSettings) -> None:
     while True:
         try:
             message = conn.recv()
+            if message is None:
+                return
+            devices, ran, ids, changed, current = (recv_chunks(conn) for _ in range(5))
         except EOFError:  # the scheduler is gone
             return
-        if message is None:
-            return
-        bare, ids, changed, current = message
         for job in changed:
             jobs[job.job_id] = job
         jobs = {job_id: jobs[job_id] for job_id in ids}
-        snapshot = replace(bare, jobs=tuple(jobs.values()))
+        snapshot = replace(
+            message, devices=tuple(devices), ran=tuple(ran), jobs=tuple(jobs.values())
+        )
         try:
-            answer: Any = plan_round(snapshot, allocator, current, collocator)
+            targets, desired = plan_round(snapshot, allocator, dict(current), collocator)
         except Exception as exc:  # the round fails in the scheduler, as in-process
-            answer = exc
-        conn.send(answer)
+            conn.send(exc)
+            continue
+        conn.send(None)
+        send_chunks(conn, list(targets.items()))
+        send_chunks(conn, list(desired.items()))
+
+
+# A round's messages go in pieces of at most this many items: pickling runs in C and holds
+# the GIL throughout, and one message of a whole round (5,000 jobs) stalled every RPC of the
+# scheduler's for 30-100 ms once a round (bench/load.py, a 5 ms probe thread).
+CHUNK = 200
+
+
+def send_chunks(conn: Connection, items: Sequence[Any]) -> None:
+    """`items` as a count of messages, then the messages of CHUNK items each."""
+    pieces = [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
+    conn.send(len(pieces))
+    for piece in pieces:
+        conn.send(piece)
+
+
+def recv_chunks(conn: Connection) -> list[Any]:
+    out: list[Any] = []
+    for _ in range(conn.recv()):
+        out.extend(conn.recv())
+    return out

@@ -4,13 +4,15 @@ sent; a killed child is replaced; the scheduler stops it with itself."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import signal
 from typing import Any
 
 import pytest
 
-from gearshift.scheduler.decider import DecisionProcess, InProcess
+from gearshift.scheduler import decider
+from gearshift.scheduler.decider import DecisionProcess, InProcess, recv_chunks, send_chunks
 from gearshift.scheduler.pipeline import Snapshot
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.stages import allocator_for, collocator_for
@@ -35,7 +37,11 @@ def snapshot_of(scheduler: Scheduler, now: float) -> tuple[Snapshot, Any]:
     return rounds._snapshot(now, gathered)
 
 
-def test_the_child_decides_as_the_scheduler_would_round_after_round() -> None:
+@pytest.mark.parametrize("chunk", [decider.CHUNK, 3])  # 3: every message in pieces
+def test_the_child_decides_as_the_scheduler_would_round_after_round(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(decider, "CHUNK", chunk)
     clock = Clock()
     config = settings()
     scheduler, _ = make_scheduler(config, clock=clock)
@@ -113,3 +119,13 @@ def test_allocators_that_need_this_process_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         DecisionProcess(settings(**fields))
+
+
+@pytest.mark.parametrize("count", [0, 1, decider.CHUNK, 2 * decider.CHUNK + 1])
+def test_items_cross_the_pipe_in_pieces_whole_and_in_order(count: int) -> None:
+    here, there = mp.Pipe()
+    items = [(f"job-{i}", i) for i in range(count)]
+    send_chunks(here, items)
+    assert recv_chunks(there) == items
+    here.close()
+    there.close()
