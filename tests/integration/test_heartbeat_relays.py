@@ -38,6 +38,16 @@ def start(daemons: DaemonFactory, database: str, *extra: str) -> DaemonProcess:
     )  # fmt: skip
 
 
+def start_guarded(daemons: DaemonFactory, tmp_path: Path, tokens: Path) -> DaemonProcess:
+    """A scheduler (with relays) that checks identities against `tokens`."""
+    key = tmp_path / "job.key"
+    create_job_key(key)
+    return start(
+        daemons, f"sqlite:///{tmp_path / 's.db'}", "--tokens-file", str(tokens),
+        "--job-key-file", str(key), "--token", "internal-service-token",
+    )  # fmt: skip
+
+
 def relays(scheduler: DaemonProcess) -> list[int]:
     """Pids of the scheduler's relay processes."""
     pid = scheduler.process.pid
@@ -170,12 +180,7 @@ def test_relays_check_identities_as_the_scheduler_does(
 ) -> None:
     tokens = tmp_path / "tokens"
     w1, tenant = create_token(tokens, "worker:w1"), create_token(tokens, "tenant:a")
-    key = tmp_path / "job.key"
-    create_job_key(key)
-    scheduler = start(
-        daemons, f"sqlite:///{tmp_path / 's.db'}", "--tokens-file", str(tokens),
-        "--job-key-file", str(key), "--token", "internal-service-token",
-    )  # fmt: skip
+    scheduler = start_guarded(daemons, tmp_path, tokens)
     registry = scheduler_pb2_grpc.WorkerRegistryStub(connect(scheduler.address, token=w1))
     port = registry.RegisterWorker(registration("w1")).heartbeat_port
     assert port
@@ -226,12 +231,7 @@ def test_sighup_reaches_the_relays_with_the_tokens_file_and_spares_them_without(
 
     tokens = tmp_path / "tokens"
     create_token(tokens, "admin")
-    key = tmp_path / "job.key"
-    create_job_key(key)
-    guarded = start(
-        daemons, f"sqlite:///{tmp_path / 's.db'}", "--tokens-file", str(tokens),
-        "--job-key-file", str(key), "--token", "internal-service-token",
-    )  # fmt: skip
+    guarded = start_guarded(daemons, tmp_path, tokens)
     w2 = create_token(tokens, "worker:w2")  # after the start: unknown until a reload
     registry = scheduler_pb2_grpc.WorkerRegistryStub(connect(guarded.address, token=w2))
     code, _ = code_of(lambda: registry.RegisterWorker(registration("w2")))
