@@ -355,9 +355,8 @@ async def _workers(address: str, first: int, count: int, window: Any, ready: Any
                 reply = await recorder.call(
                     "Heartbeat", at.Heartbeat(request, timeout=CALL_TIMEOUT)
                 )
-                lost_relay = (
-                    reply is None and at is not stub
-                )  # it registers again, at the scheduler
+                # A relay that failed: the worker registers again, at the scheduler.
+                lost_relay = reply is None and at is not stub
                 if lost_relay or (reply is not None and reply.reregister):
                     recorder.reregistrations += 1
                     again = await recorder.call(

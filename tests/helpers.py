@@ -35,7 +35,6 @@ def live_pids(pid_files: Iterable[Path], commands: Iterable[bytes] = ()) -> list
     for path in pid_files:
         try:
             pid = int(path.read_text())
-            stat = Path(f"/proc/{pid}/stat").read_text()
             if wanted:
                 argv = set(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
                 here = Path(os.readlink(f"/proc/{pid}/cwd")) == path.parent.resolve()
@@ -43,6 +42,15 @@ def live_pids(pid_files: Iterable[Path], commands: Iterable[bytes] = ()) -> list
                     continue
         except (OSError, ValueError):  # gone, or its file is being written
             continue
-        if stat.rpartition(")")[2].split()[0] != "Z":
+        if running(pid):
             found.append(pid)
     return found
+
+
+def running(pid: int) -> bool:
+    """Whether the process still runs (a zombie has exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"

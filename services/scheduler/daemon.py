@@ -443,25 +443,19 @@ def build(config: argparse.Namespace) -> Daemon:
             ),
             register(
                 scheduler_pb2_grpc.add_WorkerRegistryServicer_to_server,
-                WorkerRegistryServicer(scheduler, relays.port_for if relays else _no_relay),
+                WorkerRegistryServicer(scheduler, relays.port_for),
                 services["WorkerRegistry"].full_name,
             ),
         ],
         on_start=lambda server: _start(scheduler, relays, server.address),
-        on_stop=[relays.stop, scheduler.stop, store.close]
-        if relays
-        else [scheduler.stop, store.close],
+        on_stop=[relays.stop, scheduler.stop, store.close],
         # The relays re-read the tokens file with it (without one, SIGHUP would end them).
         on_reload=[
             lambda: _reload_tenants(scheduler),
-            *([relays.reload] if relays and config.tokens_file else []),
+            *([relays.reload] if config.tokens_file else []),
         ],
         scopes=lambda: scheduler,
     )
-
-
-def _no_relay(_worker_id: str) -> int:
-    return 0
 
 
 # What a relay shares with the scheduler: how calls are checked and how it calls back.
@@ -472,10 +466,9 @@ RELAY_SETTINGS = (
 MAX_RELAYS = 64
 
 
-def relays_of(config: argparse.Namespace) -> HeartbeatRelays | None:
-    if not config.heartbeat_relays:
-        return None
-    if config.tls_cert and not config.tls_ca:
+def relays_of(config: argparse.Namespace) -> HeartbeatRelays:
+    """The --heartbeat-relays (none by default: the scheduler takes every heartbeat)."""
+    if config.heartbeat_relays and config.tls_cert and not config.tls_ca:
         raise ValueError(
             "--heartbeat-relays with TLS needs --tls-ca: the relays call the scheduler over TLS"
         )
@@ -485,10 +478,9 @@ def relays_of(config: argparse.Namespace) -> HeartbeatRelays | None:
     return HeartbeatRelays(config.heartbeat_relays, host, env, config.heartbeat_relay_port)
 
 
-def _start(scheduler: Scheduler, relays: HeartbeatRelays | None, address: str) -> None:
+def _start(scheduler: Scheduler, relays: HeartbeatRelays, address: str) -> None:
     scheduler.start()
-    if relays is not None:
-        relays.start(address)
+    relays.start(address)
 
 
 def _reload_tenants(scheduler: Scheduler) -> None:

@@ -26,6 +26,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -119,10 +120,8 @@ class HeartbeatBatcher:
             if self._closed:
                 raise UnavailableError("the heartbeat relay is stopping: heartbeat the scheduler")
             self._pending.append(waiting)
-            if len(self._pending) in (
-                1,
-                self._max,
-            ):  # the first starts the wait, a full one ends it
+            # The first heartbeat starts the batch's linger, a full batch ends it.
+            if len(self._pending) in (1, self._max):
                 self._ready.notify()
         if not waiting.done.wait(timeout):
             raise UnavailableError(f"the scheduler did not answer within {timeout:.0f} s")
@@ -229,9 +228,9 @@ def watch_parent(pid: int) -> None:
 def build(config: argparse.Namespace) -> Daemon:
     if not config.upstream:
         raise ValueError("--upstream is required: the scheduler's address")
-    channel = connect(config.upstream, token=config.token or None, tls=outgoing_tls(config))
     if not 0 <= config.linger_ms <= 1000:
         raise ValueError("--linger-ms must be 0 to 1000")
+    channel = connect(config.upstream, token=config.token or None, tls=outgoing_tls(config))
     send = sender(scheduler_pb2_grpc.WorkerRegistryStub(channel))
     batcher = HeartbeatBatcher(send, linger=config.linger_ms / 1000)
     batcher.start()
@@ -256,6 +255,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main())

@@ -69,7 +69,10 @@ class HeartbeatRelays:
         return relay_of(worker_id, self._ports)
 
     def start(self, upstream: str) -> None:
-        """Start every relay and wait until each serves; RuntimeError names one that cannot."""
+        """Start every relay and wait until each serves; RuntimeError names one that cannot.
+        With none (count 0) nothing starts, and every worker heartbeats the scheduler."""
+        if not self.count:
+            return
         self.upstream = wildcard_to_local(upstream)
         self._dir = Path(tempfile.mkdtemp(prefix="gearshift-relays-"))
         for slot in range(self.count):

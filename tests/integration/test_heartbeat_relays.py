@@ -17,12 +17,13 @@ from pathlib import Path
 import grpc
 import pytest
 
+from bench.load import helper_pids
 from gearshift.client.processes import DaemonProcess, start_daemon
 from gearshift.common.channel import connect
 from gearshift.common.identity import create_job_key, create_token
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from tests.conftest import DaemonFactory
-from tests.helpers import wait_until
+from tests.helpers import running, wait_until
 
 C = common_pb2
 S = scheduler_pb2
@@ -50,20 +51,7 @@ def start_guarded(daemons: DaemonFactory, tmp_path: Path, tokens: Path) -> Daemo
 
 def relays(scheduler: DaemonProcess) -> list[int]:
     """Pids of the scheduler's relay processes."""
-    pid = scheduler.process.pid
-    children = [
-        int(c)
-        for task in os.listdir(f"/proc/{pid}/task")
-        for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()
-    ]
-    out = []
-    for child in children:
-        try:
-            if b"heartbeat_relay" in Path(f"/proc/{child}/cmdline").read_bytes():
-                out.append(child)
-        except OSError:  # it ended meanwhile
-            continue
-    return out
+    return helper_pids(scheduler.process.pid)["relays"]
 
 
 def registration(worker_id: str) -> S.RegisterWorkerRequest:
@@ -160,19 +148,7 @@ def test_workers_heartbeat_through_relays_that_come_back_and_go_with_the_schedul
     # The scheduler killed: its relays stop too.
     left = relays(scheduler)
     scheduler.kill()
-    wait_until(lambda: not live_pids_of(left), WAIT, f"relays {left} outlived the scheduler")
-
-
-def live_pids_of(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-        except OSError:
-            continue
-        if state != "Z":
-            out.append(pid)
-    return out
+    wait_until(lambda: not any(map(running, left)), WAIT, f"relays {left} outlived the scheduler")
 
 
 def test_relays_check_identities_as_the_scheduler_does(

@@ -98,5 +98,5 @@ def test_relays_under_tls_need_the_ca_that_they_call_the_scheduler_with() -> Non
         relays_of(config)
     config = parse_config(PROG, "", OPTIONS, ["--heartbeat-relays", "2", "--token", "t"], {})
     relays = relays_of(config)
-    assert relays is not None and relays.count == 2 and relays.env["GEARSHIFT_TOKEN"] == "t"
+    assert relays.count == 2 and relays.env["GEARSHIFT_TOKEN"] == "t"
     relays.stop()  # never started: nothing to stop
