@@ -57,7 +57,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -306,6 +306,41 @@ def _channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=[("grpc.enable_retries", 0)])
 
 
+class _HeartbeatPath:
+    """Where one simulated worker heartbeats: Heartbeat calls at the scheduler, or the
+    HeartbeatStream of the relay the scheduler named (opened at the first heartbeat), as
+    the worker daemon does."""
+
+    def __init__(self, stub: Any, relay: bool) -> None:  # a stub on a grpc.aio channel
+        self.stub = stub
+        self.relay = relay
+        self.stream: Any = None
+
+    async def beat(self, request: S.HeartbeatRequest) -> S.HeartbeatResponse:
+        if not self.relay:
+            reply = await self.stub.Heartbeat(request, timeout=CALL_TIMEOUT)
+            return cast("S.HeartbeatResponse", reply)
+        if self.stream is None:
+            self.stream = self.stub.HeartbeatStream()
+        try:
+            async with asyncio.timeout(CALL_TIMEOUT):
+                await self.stream.write(request)
+                reply = await self.stream.read()
+        except TimeoutError:
+            raise _stream_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no reply in time") from None
+        if not isinstance(reply, S.HeartbeatResponse):  # grpc.aio.EOF: the stream ended
+            raise _stream_error(grpc.StatusCode.UNAVAILABLE, "the relay ended the stream")
+        return reply
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.cancel()
+
+
+def _stream_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, "")
+
+
 async def _until(when: float) -> None:
     await asyncio.sleep(max(0.0, when - time.time()))
 
@@ -325,15 +360,18 @@ async def _workers(address: str, first: int, count: int, window: Any, ready: Any
         stub = scheduler_pb2_grpc.WorkerRegistryStub(channel)
         gate = asyncio.Semaphore(32)
         # Where each worker heartbeats: the scheduler, or the relay it named (heartbeat_port).
-        heartbeats: dict[str, Any] = {}
+        heartbeats: dict[str, _HeartbeatPath] = {}
         relays: dict[int, grpc.aio.Channel] = {}
 
         def heartbeat_at(worker_id: str, reply: Any) -> None:
             relay = reply.heartbeat_port if reply is not None else 0
             if relay and relay not in relays:
                 relays[relay] = _channel(f"{address.rpartition(':')[0]}:{relay}")
-            heartbeats[worker_id] = (
-                scheduler_pb2_grpc.WorkerRegistryStub(relays[relay]) if relay else stub
+            if worker_id in heartbeats:
+                heartbeats[worker_id].close()
+            heartbeats[worker_id] = _HeartbeatPath(
+                scheduler_pb2_grpc.WorkerRegistryStub(relays[relay]) if relay else stub,
+                relay=bool(relay),
             )
 
         async def register(index: int) -> bool:
@@ -352,11 +390,9 @@ async def _workers(address: str, first: int, count: int, window: Any, ready: Any
                 await _until(tick)
                 request = S.HeartbeatRequest(worker_id=worker_id, tasks=agents.statuses(worker_id))
                 at = heartbeats[worker_id]
-                reply = await recorder.call(
-                    "Heartbeat", at.Heartbeat(request, timeout=CALL_TIMEOUT)
-                )
+                reply = await recorder.call("Heartbeat", at.beat(request))
                 # A relay that failed: the worker registers again, at the scheduler.
-                lost_relay = reply is None and at is not stub
+                lost_relay = reply is None and at.relay
                 if lost_relay or (reply is not None and reply.reregister):
                     recorder.reregistrations += 1
                     again = await recorder.call(
@@ -379,6 +415,8 @@ async def _workers(address: str, first: int, count: int, window: Any, ready: Any
         registered = await asyncio.gather(*(register(i) for i in indexes))
         ready.put(("ready", sum(registered)))
         await asyncio.gather(_loop_lag(recorder), *(worker(i) for i in indexes))
+        for path in heartbeats.values():
+            path.close()
         for relay in relays.values():
             await relay.close(None)
     await server.stop(grace=None)

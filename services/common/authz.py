@@ -26,7 +26,6 @@ from gearshift.common.identity import Identity, TokenTable
 from gearshift.common.rpc_roles import (
     Rule,
     Scopes,
-    check_job,
     check_request,
     filter_response,
     rule_for,
@@ -131,20 +130,33 @@ class AuthorizationInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg
     ) -> grpc.RpcMethodHandler[Any, Any]:
         request_streaming = bool(handler.request_streaming)
 
-        def admit(request: Any, context: grpc.ServicerContext) -> None:
+        def refuse(exc: GearshiftError, context: grpc.ServicerContext) -> None:
+            _audit(identity, method, exc.code.name)
+            context.abort(exc.code, exc.message)
+
+        def each_checked(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+            for message in requests:
+                try:
+                    check_request(identity, method, rule, message, self.scopes())
+                except GearshiftError as exc:
+                    refuse(exc, context)
+                yield message
+
+        def admit(request: Any, context: grpc.ServicerContext) -> Any:
+            """The request, checked (a client stream: each message as it comes)."""
             try:
                 if request_streaming:
                     if identity.job:  # no request stream of a thread-pool server names a job
                         raise PermissionDeniedError(f"{identity} may not call {method}")
-                    return  # a client stream's rule has no scope (checked in RULES' test)
+                    return each_checked(request, context) if rule.scope else request
                 check_request(identity, method, rule, request, self.scopes())
             except GearshiftError as exc:
-                _audit(identity, method, exc.code.name)
-                context.abort(exc.code, exc.message)
+                refuse(exc, context)
+            return request
 
         def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
             def call(request: Any, context: grpc.ServicerContext) -> Any:
-                admit(request, context)
+                request = admit(request, context)
                 reset = _CALLER.set(identity)
                 try:
                     reply = behavior(request, context)
@@ -160,8 +172,7 @@ class AuthorizationInterceptor(grpc.ServerInterceptor):  # type: ignore[type-arg
 
         def streaming(behavior: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
             def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                admit(request, context)
-                yield from behavior(request, context)
+                yield from behavior(admit(request, context), context)
 
             return call
 
@@ -183,8 +194,9 @@ def _audit_outcome(
 
 
 class AioAuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Identity and role checks on grpc.aio (the shard manager, whose rules have no tenant or
-    worker scope); a job's token is checked on each request and each message of a stream."""
+    """Identity and role checks on grpc.aio (the shard manager, the heartbeat relays): a job's
+    token and a scoped rule (a worker's own id) are checked on each request and each message
+    of a stream. No tenant-owned object is served on grpc.aio (no Scopes here)."""
 
     def __init__(self, tokens: TokenTable) -> None:
         self.tokens = tokens
@@ -202,13 +214,14 @@ class AioAuthorizationInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[t
         decided = decide(self.tokens, handler_call_details)
         if not isinstance(decided, Admitted):
             return decided
-        if not decided.identity.job:
+        if not (decided.identity.job or decided.rule.scope):
             return handler
-        return _job_scoped(handler, decided.identity, handler_call_details.method, decided.rule)
+        return _scoped(handler, decided.identity, handler_call_details.method, decided.rule)
 
 
-def _job_scoped(handler: Handler, identity: Identity, method: str, rule: Rule) -> Handler:
-    """An aio handler that refuses what a job's token asks about another job."""
+def _scoped(handler: Handler, identity: Identity, method: str, rule: Rule) -> Handler:
+    """An aio handler that refuses what a caller asks about another's object (a job's token
+    about another job, a worker about another worker)."""
     kwargs = {
         "request_deserializer": handler.request_deserializer,
         "response_serializer": handler.response_serializer,
@@ -216,7 +229,7 @@ def _job_scoped(handler: Handler, identity: Identity, method: str, rule: Rule) -
 
     def check(message: Any) -> None:
         try:
-            check_job(identity, rule, message)
+            check_request(identity, method, rule, message, None)
         except GearshiftError as exc:
             _audit(identity, method, exc.code.name)
             raise

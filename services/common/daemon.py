@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gearshift.common.auth import ClientTls, ServerTls
@@ -117,9 +117,6 @@ class Daemon:
     # Config files re-read on SIGHUP (beside the tokens file); each logs its own outcome.
     on_reload: list[Callable[[], None]] = field(default_factory=list)
     aio: bool = False
-    # Calls served at once (ServerSettings.max_workers) where the default does not fit: a
-    # heartbeat relay's calls mostly wait for their batch.
-    max_workers: int | None = None
 
 
 def job_tokens(config: argparse.Namespace) -> JobTokens | None:
@@ -229,8 +226,6 @@ def run_daemon(
     try:
         settings = server_settings(config)
         daemon = build(config)
-        if daemon.max_workers is not None:
-            settings = replace(settings, max_workers=daemon.max_workers)
         server: GrpcServer | AioGrpcServer
         if daemon.aio:
             if daemon.on_start is not None:

@@ -76,6 +76,7 @@ RULES: Mapping[str, Rule] = {
     _REGISTRY + "TaskFinished": _rule(WORKER, SERVICE, scope="worker", mutates=True),
     _REGISTRY + "FetchCode": _rule(WORKER, SERVICE),
     _REGISTRY + "HeartbeatBatch": _rule(SERVICE),  # the scheduler's relays
+    _REGISTRY + "HeartbeatStream": _rule(WORKER, SERVICE, scope="worker"),  # at relays
     _AGENT + "StartTask": _rule(SERVICE, mutates=True),
     _AGENT + "StopTask": _rule(SERVICE, mutates=True),
     _AGENT + "GetTaskStatus": _rule(SERVICE),

@@ -11,7 +11,11 @@ go in the next: a batch handed on as soon as it was ready held one or two heartb
 (the scheduler answers one in a fraction of a millisecond), and the scheduler took
 nearly as many calls as before (bench/load.py).
 
-Each heartbeat is checked here as the scheduler would (identity, fields), waits for its
+Workers heartbeat here on one open stream each (HeartbeatStream; unary Heartbeat is
+served too): a stream's message costs about half of a unary call's CPU on grpc.aio, and
+the relay serves its calls on one event loop, with no thread per waiting heartbeat (a
+thread pool's hand-offs cost more than the calls themselves, bench/load.py). Each
+heartbeat is checked here as the scheduler would (identity, fields), waits for its
 batch and gets the scheduler's own reply; when the scheduler cannot be reached the worker
 gets the error and registers again at the scheduler, which names the relay that serves it
 then. The scheduler starts its relays (`--heartbeat-relays`) and a relay exits when that
@@ -23,13 +27,15 @@ parent does:
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,10 +60,6 @@ PROG = "gearshift-scheduler relay"
 DESCRIPTION = "Relay workers' heartbeats to the scheduler in batches (started by the scheduler)."
 CALL_TIMEOUT_S = 5.0  # a batch's call to the scheduler, and a heartbeat's wait for it
 LINGER_MS = 20.0
-# Heartbeats served at once, each waiting for its batch: a thousand a second lingering
-# 20 ms and answered in as many more need about 40, and 32 (the servers' default) made
-# them queue for a thread (heartbeat p50 153 ms at 1,000 workers, bench/load.py).
-MAX_WAITING = 512
 PARENT_CHECK_S = 1.0
 OPTIONS = [
     *server_options(0),
@@ -78,11 +80,21 @@ Send = Callable[
 
 @dataclass
 class _Waiting:
+    """A heartbeat in a batch, and who waits for its answer: a thread (`event`) or a
+    coroutine (`future`, on its event loop)."""
+
     request: scheduler_pb2.HeartbeatRequest
+    event: threading.Event | None = None
+    future: asyncio.Future[None] | None = None
     arrived: float = field(default_factory=time.monotonic)
-    done: threading.Event = field(default_factory=threading.Event)
     reply: scheduler_pb2.HeartbeatResponse | None = None
     error: GearshiftError | None = None
+
+    def result(self) -> scheduler_pb2.HeartbeatResponse:
+        if self.error is not None:
+            raise self.error
+        assert self.reply is not None
+        return self.reply
 
 
 class HeartbeatBatcher:
@@ -114,8 +126,30 @@ class HeartbeatBatcher:
     def relay(
         self, request: scheduler_pb2.HeartbeatRequest, timeout: float = CALL_TIMEOUT_S
     ) -> scheduler_pb2.HeartbeatResponse:
-        """The scheduler's reply to this heartbeat, once its batch is answered."""
-        waiting = _Waiting(request)
+        """The scheduler's reply to this heartbeat, once its batch is answered (a thread's
+        call: it waits)."""
+        waiting = self._add(_Waiting(request, event=threading.Event()))
+        assert waiting.event is not None
+        if not waiting.event.wait(timeout):
+            raise _timed_out(timeout)
+        return waiting.result()
+
+    async def relay_async(
+        self, request: scheduler_pb2.HeartbeatRequest, timeout: float = CALL_TIMEOUT_S
+    ) -> scheduler_pb2.HeartbeatResponse:
+        """`relay` for a coroutine on an event loop: it awaits the batch's answer (a timer,
+        not wait_for: that makes a task per heartbeat)."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        waiting = self._add(_Waiting(request, future=done))
+        timer = loop.call_later(timeout, _finish, [done], _timed_out(timeout))
+        try:
+            await done
+        finally:
+            timer.cancel()
+        return waiting.result()
+
+    def _add(self, waiting: _Waiting) -> _Waiting:
         with self._ready:
             if self._closed:
                 raise UnavailableError("the heartbeat relay is stopping: heartbeat the scheduler")
@@ -123,12 +157,7 @@ class HeartbeatBatcher:
             # The first heartbeat starts the batch's linger, a full batch ends it.
             if len(self._pending) in (1, self._max):
                 self._ready.notify()
-        if not waiting.done.wait(timeout):
-            raise UnavailableError(f"the scheduler did not answer within {timeout:.0f} s")
-        if waiting.error is not None:
-            raise waiting.error
-        assert waiting.reply is not None
-        return waiting.reply
+        return waiting
 
     def _run(self) -> None:
         while True:
@@ -157,38 +186,77 @@ class HeartbeatBatcher:
         except GearshiftError as exc:
             for waiting in batch:
                 waiting.error = exc
-                waiting.done.set()
+            _wake(batch)
             return
         for waiting, reply in zip(batch, replies, strict=True):
             waiting.reply = reply
-            waiting.done.set()
+        _wake(batch)
+
+
+def _wake(batch: list[_Waiting]) -> None:
+    """Tell a batch's waiters their answers are in: threads at once, coroutines with one
+    call into their loop for the whole batch."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+    for waiting in batch:
+        if waiting.event is not None:
+            waiting.event.set()
+        if waiting.future is not None:
+            by_loop.setdefault(waiting.future.get_loop(), []).append(waiting.future)
+    for loop, futures in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # its loop is closed: no one waits any more
+            loop.call_soon_threadsafe(_finish, futures)
+
+
+def _finish(futures: list[asyncio.Future[None]], error: BaseException | None = None) -> None:
+    for done in futures:
+        if done.done():  # answered, timed out or cancelled meanwhile
+            continue
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
+
+
+def _timed_out(timeout: float) -> UnavailableError:
+    return UnavailableError(f"the scheduler did not answer within {timeout:.0f} s")
+
+
+Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class RelayServicer(scheduler_pb2_grpc.WorkerRegistryServicer):
-    """Heartbeat only: the other calls of the Workers API go to the scheduler itself."""
+    """Heartbeats only (a stream or single calls), served on grpc.aio: the other calls of
+    the Workers API go to the scheduler itself."""
 
     def __init__(self, batcher: HeartbeatBatcher) -> None:
         self.batcher = batcher
 
-    def Heartbeat(
-        self, request: scheduler_pb2.HeartbeatRequest, context: grpc.ServicerContext
+    async def Heartbeat(
+        self, request: scheduler_pb2.HeartbeatRequest, context: Context
     ) -> scheduler_pb2.HeartbeatResponse:
         check_heartbeat(request)
-        return self.batcher.relay(request)
+        return await self.batcher.relay_async(request)
 
-    def RegisterWorker(self, request: Any, context: grpc.ServicerContext) -> Any:
+    async def HeartbeatStream(
+        self, request_iterator: AsyncIterator[scheduler_pb2.HeartbeatRequest], context: Context
+    ) -> AsyncIterator[scheduler_pb2.HeartbeatResponse]:
+        async for request in request_iterator:
+            check_heartbeat(request)
+            yield await self.batcher.relay_async(request)
+
+    async def RegisterWorker(self, request: Any, context: Context) -> Any:
         raise _elsewhere("RegisterWorker")
 
-    def RenewLease(self, request: Any, context: grpc.ServicerContext) -> Any:
+    async def RenewLease(self, request: Any, context: Context) -> Any:
         raise _elsewhere("RenewLease")
 
-    def TaskFinished(self, request: Any, context: grpc.ServicerContext) -> Any:
+    async def TaskFinished(self, request: Any, context: Context) -> Any:
         raise _elsewhere("TaskFinished")
 
-    def FetchCode(self, request: Any, context: grpc.ServicerContext) -> Any:
+    async def FetchCode(self, request: Any, context: Context) -> Any:  # type: ignore[override]
         raise _elsewhere("FetchCode")
 
-    def HeartbeatBatch(self, request: Any, context: grpc.ServicerContext) -> Any:
+    async def HeartbeatBatch(self, request: Any, context: Context) -> Any:
         raise _elsewhere("HeartbeatBatch")
 
 
@@ -246,7 +314,7 @@ def build(config: argparse.Namespace) -> Daemon:
             )
         ],
         on_stop=[batcher.close, channel.close],
-        max_workers=MAX_WAITING,
+        aio=True,
     )
 
 

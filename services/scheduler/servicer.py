@@ -14,6 +14,7 @@ import grpc
 from gearshift.common.authz import current_identity
 from gearshift.common.codepkg import check_sha256, chunks
 from gearshift.common.config import host_port
+from gearshift.common.errors import UnimplementedError
 from gearshift.common.facts import ENDED_TASK_STATES
 from gearshift.common.jobspec import validate_job_spec, with_defaults
 from gearshift.common.validation import (
@@ -264,6 +265,16 @@ class WorkerRegistryServicer(scheduler_pb2_grpc.WorkerRegistryServicer):
                 scheduler_pb2.HeartbeatResponse(reregister=heartbeat(h.worker_id, h.tasks))
                 for h in request.heartbeats
             ]
+        )
+
+    def HeartbeatStream(
+        self,
+        request_iterator: Iterator[scheduler_pb2.HeartbeatRequest],
+        context: grpc.ServicerContext,
+    ) -> Iterator[scheduler_pb2.HeartbeatResponse]:
+        raise UnimplementedError(
+            "HeartbeatStream is served by the heartbeat relays (RegisterWorkerResponse."
+            "heartbeat_port, --heartbeat-relays); heartbeat the scheduler with Heartbeat"
         )
 
     def RenewLease(

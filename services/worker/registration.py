@@ -9,7 +9,8 @@ returned at registration; at once when a task ends):
 2. heartbeat with every task not yet acknowledged: active ones, and ended ones
    whose TaskFinished did not get through (the scheduler applies an end seen in
    a heartbeat as it would the TaskFinished); at the heartbeat relay the
-   registration named, if any (a heartbeat that fails there: register again);
+   registration named, if any, on one open HeartbeatStream (a heartbeat that
+   fails there: register again);
 3. TaskFinished for every ended task not yet acknowledged, retried until it is;
 4. RenewLease for every running task, at most every lease third. The lease is
    a fence: an answer of `renewed = false` means the scheduler no longer holds
@@ -26,10 +27,12 @@ task: a lease that runs out stops nothing, a refusal does.
 from __future__ import annotations
 
 import logging
+import queue
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
 
@@ -79,7 +82,7 @@ class SchedulerLink:
         # The scheduler's heartbeat relay for this worker, when it names one at registration.
         self.relay = ""
         self._relay_channel: grpc.Channel | None = None
-        self._heartbeats = self._stub
+        self._relay_stream: HeartbeatStream | None = None
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -186,22 +189,29 @@ class SchedulerLink:
         relay = f"{self.scheduler.rpartition(':')[0]}:{port}" if port else ""
         if relay == self.relay:
             return
+        if self._relay_stream is not None:
+            self._relay_stream.close()
+            self._relay_stream = None
         if self._relay_channel is not None:
             self._relay_channel.close()
             self._relay_channel = None
-        self.relay, self._heartbeats = relay, self._stub
+        self.relay = relay
         if relay:
             self._relay_channel = connect(
                 relay, token=self.token, tls=self.tls, timeout=CALL_TIMEOUT_S
             )
-            self._heartbeats = scheduler_pb2_grpc.WorkerRegistryStub(self._relay_channel)
+            stub = scheduler_pb2_grpc.WorkerRegistryStub(self._relay_channel)
+            self._relay_stream = HeartbeatStream(stub)
 
     def _heartbeat(self) -> bool:
         request = scheduler_pb2.HeartbeatRequest(
             worker_id=self.agent.worker_id, tasks=self.agent.unreported()
         )
         try:
-            reply = self._heartbeats.Heartbeat(request, timeout=CALL_TIMEOUT_S)
+            if self._relay_stream is not None:
+                reply = self._relay_stream.beat(request)
+            else:
+                reply = self._stub.Heartbeat(request, timeout=CALL_TIMEOUT_S)
         except grpc.RpcError as exc:
             self._failed("heartbeat", exc)
             if self.relay:  # the scheduler names a relay that serves, or none
@@ -273,6 +283,48 @@ class SchedulerLink:
             kwargs={"checkpoint": False, "reason": "unknown to the scheduler"},
             daemon=True,
         ).start()
+
+
+class HeartbeatStream:
+    """Heartbeats on one open HeartbeatStream call (at a relay): each request written and
+    its reply read back within the timeout. Any failure ends the call for good; the link
+    then registers again and opens another."""
+
+    def __init__(
+        self, stub: scheduler_pb2_grpc.WorkerRegistryStub, timeout: float = CALL_TIMEOUT_S
+    ) -> None:
+        self._requests: queue.SimpleQueue[scheduler_pb2.HeartbeatRequest | None] = (
+            queue.SimpleQueue()
+        )
+        # A grpc call that is also an iterator of the replies (grpc's stubs type it loosely).
+        self._replies: Any = stub.HeartbeatStream(iter(self._requests.get, None))
+        self._timeout = timeout
+
+    def beat(self, request: scheduler_pb2.HeartbeatRequest) -> scheduler_pb2.HeartbeatResponse:
+        self._requests.put(request)
+        timer = threading.Timer(self._timeout, self._replies.cancel)  # bounds the read
+        timer.start()
+        try:
+            reply: scheduler_pb2.HeartbeatResponse = next(self._replies)
+        except StopIteration:
+            raise StreamEnded() from None
+        finally:
+            timer.cancel()
+        return reply
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self._replies.cancel()
+
+
+class StreamEnded(grpc.RpcError):
+    """The relay ended the heartbeat stream without a status (as a stopping server may)."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "the heartbeat relay ended the stream"
 
 
 def default_worker_id(hostname: str, port: int) -> str:

@@ -1,10 +1,11 @@
 """The scheduler's heartbeat relays as real processes (--heartbeat-relays): workers learn
-their relay when they register and heartbeat it; the relays hand the heartbeats on in
-batches and keep the workers alive; a killed relay is started again and its workers find
-it by registering again; the relays go when the scheduler does; a bad heartbeat or batch
-is refused whole; the relays check identities as the scheduler does and re-read the
-tokens file on its SIGHUP (which, without one, leaves them be); and a relay that cannot
-serve stops the scheduler, saying why."""
+their relay when they register and heartbeat it (on a stream, as the worker daemon does);
+the relays hand the heartbeats on in batches and keep the workers alive; a killed relay is
+started again and its workers find it by registering again; the relays go when the
+scheduler does; a bad heartbeat or batch is refused whole; the relays check identities as
+the scheduler does (each message of a stream) and re-read the tokens file on its SIGHUP
+(which, without one, leaves them be); and a relay that cannot serve stops the scheduler,
+saying why."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from gearshift.client.processes import DaemonProcess, start_daemon
 from gearshift.common.channel import connect
 from gearshift.common.identity import create_job_key, create_token
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from gearshift.worker.registration import HeartbeatStream
 from tests.conftest import DaemonFactory
 from tests.helpers import running, wait_until
 
@@ -97,14 +99,27 @@ def test_workers_heartbeat_through_relays_that_come_back_and_go_with_the_schedul
     code, details = code_of(lambda: registry.HeartbeatBatch(bad))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "heartbeats[1].worker_id" in details
 
-    # Heartbeats through the relays alone keep the workers alive past the timeout.
+    # Heartbeats through the relays alone, each worker's on one open stream, keep the
+    # workers alive past the timeout.
+    streams = {name: HeartbeatStream(at(ports[name])) for name in names}
+
     def beat() -> bool:
         for name in names:
-            assert not at(ports[name]).Heartbeat(S.HeartbeatRequest(worker_id=name)).reregister
+            assert not streams[name].beat(S.HeartbeatRequest(worker_id=name)).reregister
         return alive(jobs).get("silent") is False
 
     wait_until(beat, WAIT, "the silent worker was never declared lost")
     assert all(alive(jobs)[name] for name in names)
+    # A bad message ends its stream with the status naming the field; the scheduler
+    # itself serves no streams.
+    with pytest.raises(grpc.RpcError) as info:
+        streams["w0"].beat(S.HeartbeatRequest(worker_id=""))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert "worker_id" in (info.value.details() or "")
+    code, details = code_of(lambda: HeartbeatStream(registry).beat(S.HeartbeatRequest()))
+    assert code == grpc.StatusCode.UNIMPLEMENTED and "relays" in details
+    for stream in streams.values():
+        stream.close()
     # The relay answers as the scheduler does: an unknown worker registers again.
     assert at(ports["w0"]).Heartbeat(S.HeartbeatRequest(worker_id="nobody")).reregister
     code, details = code_of(lambda: at(ports["w0"]).Heartbeat(S.HeartbeatRequest(worker_id="")))
@@ -162,6 +177,11 @@ def test_relays_check_identities_as_the_scheduler_does(
     assert port
     assert not at(port, w1).Heartbeat(S.HeartbeatRequest(worker_id="w1")).reregister
     code, details = code_of(lambda: at(port, w1).Heartbeat(S.HeartbeatRequest(worker_id="w2")))
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "w2" in details
+    # On a stream each message is checked: its own id passes, another's ends the stream.
+    stream = HeartbeatStream(at(port, w1))
+    assert not stream.beat(S.HeartbeatRequest(worker_id="w1")).reregister
+    code, details = code_of(lambda: stream.beat(S.HeartbeatRequest(worker_id="w2")))
     assert code == grpc.StatusCode.PERMISSION_DENIED and "w2" in details
     code, _ = code_of(lambda: at(port, "wrong").Heartbeat(S.HeartbeatRequest(worker_id="w1")))
     assert code == grpc.StatusCode.UNAUTHENTICATED

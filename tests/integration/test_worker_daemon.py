@@ -52,6 +52,7 @@ class FakeScheduler(scheduler_pb2_grpc.WorkerRegistryServicer):
     code: dict[str, bytes] = field(default_factory=dict)  # FetchCode serves these
     leases: str = "renew"
     relay_port: int = 0  # RegisterWorker names this heartbeat relay (0: none)
+    streams: int = 0  # HeartbeatStream calls opened
 
     def RegisterWorker(
         self, request: S.RegisterWorkerRequest, context: grpc.ServicerContext
@@ -71,6 +72,13 @@ class FakeScheduler(scheduler_pb2_grpc.WorkerRegistryServicer):
         again = self.reregister.is_set()
         self.reregister.clear()
         return S.HeartbeatResponse(reregister=again)
+
+    def HeartbeatStream(
+        self, request_iterator: Iterator[S.HeartbeatRequest], context: grpc.ServicerContext
+    ) -> Iterator[S.HeartbeatResponse]:
+        self.streams += 1
+        for request in request_iterator:
+            yield self.Heartbeat(request, context)
 
     def RenewLease(
         self, request: S.RenewLeaseRequest, context: grpc.ServicerContext
@@ -262,13 +270,14 @@ def test_heartbeats_go_to_the_named_relay_and_back_to_the_scheduler_when_it_fail
     daemons: DaemonFactory, fake: tuple[FakeScheduler, str], tmp_path: Path
 ) -> None:
     recorder, address = fake
-    relay, relay_server, relay_address = serve_fake()  # a relay takes Heartbeat like this
+    relay, relay_server, relay_address = serve_fake()  # a relay takes heartbeats like this
     recorder.relay_port = int(relay_address.rpartition(":")[2])
     try:
         start_worker(daemons, address, tmp_path)
         wait_until(lambda: len(relay.heartbeats) >= 3, WAIT, "heartbeats at the relay")
         assert recorder.heartbeats == [] and len(recorder.registrations) == 1
         assert all(h.worker_id == "wA" for h in relay.heartbeats)
+        assert relay.streams == 1  # every heartbeat on one open stream
     finally:
         relay_server.stop(0)
     # The relay is gone: the worker registers again at the scheduler, which names none now.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -112,6 +113,42 @@ def test_a_heartbeat_whose_batch_never_returns_times_out() -> None:
         batcher.relay(S.HeartbeatRequest(worker_id="a"), timeout=0.2)
     stuck.set()
     batcher.close()
+
+
+def test_coroutines_share_a_batch_get_their_own_replies_errors_and_time_outs() -> None:
+    """The relay's path: heartbeats awaited on an event loop, answered from the batch thread."""
+    batches: list[int] = []
+
+    def answer(heartbeats: Sequence[S.HeartbeatRequest]) -> list[S.HeartbeatResponse]:
+        batches.append(len(heartbeats))
+        if any(h.worker_id == "down" for h in heartbeats):
+            raise UnavailableError("the scheduler is restarting")
+        return [S.HeartbeatResponse(reregister=h.worker_id.startswith("x")) for h in heartbeats]
+
+    async def together(batcher: HeartbeatBatcher, *names: str) -> list[S.HeartbeatResponse]:
+        calls = (batcher.relay_async(S.HeartbeatRequest(worker_id=n)) for n in names)
+        return list(await asyncio.gather(*calls))
+
+    batcher = HeartbeatBatcher(answer, linger=0.3)
+    batcher.start()
+    replies = asyncio.run(together(batcher, "a", "x1", "b"))
+    assert [r.reregister for r in replies] == [False, True, False] and batches == [3]
+    with pytest.raises(UnavailableError, match="restarting"):
+        asyncio.run(together(batcher, "down"))
+    batcher.close()
+
+    stuck = threading.Event()
+
+    def hangs(heartbeats: Sequence[S.HeartbeatRequest]) -> list[S.HeartbeatResponse]:
+        stuck.wait(10)
+        return [S.HeartbeatResponse() for _ in heartbeats]
+
+    hanging = HeartbeatBatcher(hangs)
+    hanging.start()
+    with pytest.raises(UnavailableError, match="did not answer within"):
+        asyncio.run(hanging.relay_async(S.HeartbeatRequest(worker_id="a"), timeout=0.2))
+    stuck.set()
+    hanging.close()
 
 
 def test_a_worker_keeps_its_relay_and_the_relays_share_the_workers() -> None:

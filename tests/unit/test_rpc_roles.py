@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
+from gearshift.common.channel import connect
 from gearshift.common.errors import NotFoundError, PermissionDeniedError, ValidationError
 from gearshift.common.identity import (
     Identity,
@@ -17,10 +20,12 @@ from gearshift.common.identity import (
     parse_tokens,
 )
 from gearshift.common.rpc_roles import RULES, check_request, filter_response, rule_for
+from gearshift.common.server import GrpcServer, ServerSettings, register
 from gearshift.v1 import (
     brain_pb2,
     common_pb2,
     scheduler_pb2,
+    scheduler_pb2_grpc,
     shardmanager_pb2,
     worker_pb2,
 )
@@ -46,8 +51,10 @@ def test_every_rpc_declares_its_roles_and_nothing_else_is_declared() -> None:
     for method, streaming in rpcs.items():
         rule = RULES[method]
         assert "admin" in rule.roles, method
-        if streaming or "ShardManager" in method:  # no request to check / an aio server
-            assert not rule.scope, f"{method}: a scope needs a unary request on a sync server"
+        if streaming or "ShardManager" in method:
+            # Each message of a client stream is checked, and an aio server (the shard
+            # manager, the relays) has no owners to look up: only a worker's own id.
+            assert rule.scope in ("", "worker"), f"{method}: a scope that needs no owners"
 
 
 def test_roles_and_scopes() -> None:
@@ -246,3 +253,40 @@ def test_rubick_rpcs_scope_named_jobs_only() -> None:
     ):
         with pytest.raises(PermissionDeniedError, match="its token is for job job-a"):
             check_request(token, store, rule, other, None)
+
+
+def test_a_sync_server_checks_each_message_of_a_scoped_client_stream(tmp_path: Path) -> None:
+    """A client stream whose rule has a scope (HeartbeatStream: a worker's own id) is checked
+    message by message on a thread-pool server too: its own id passes, another's ends the
+    stream PERMISSION_DENIED naming it, before the servicer sees that message."""
+    seen: list[str] = []
+
+    class Echo(scheduler_pb2_grpc.WorkerRegistryServicer):
+        def HeartbeatStream(
+            self, request_iterator: Iterator[S.HeartbeatRequest], context: grpc.ServicerContext
+        ) -> Iterator[S.HeartbeatResponse]:
+            for request in request_iterator:
+                seen.append(request.worker_id)
+                yield S.HeartbeatResponse()
+
+    echo = Echo()  # type: ignore[abstract]  # the one method this test calls
+    path = tmp_path / "tokens"
+    token = create_token(path, "worker:w1")
+    service = scheduler_pb2.DESCRIPTOR.services_by_name["WorkerRegistry"].full_name
+    server = GrpcServer(
+        [register(scheduler_pb2_grpc.add_WorkerRegistryServicer_to_server, echo, service)],
+        ServerSettings(tokens=TokenTable(path)),
+    )
+    server.start()
+    try:
+        with connect(server.address, token=token) as channel:
+            replies = scheduler_pb2_grpc.WorkerRegistryStub(channel).HeartbeatStream(
+                iter([S.HeartbeatRequest(worker_id="w1"), S.HeartbeatRequest(worker_id="w2")])
+            )
+            with pytest.raises(grpc.RpcError) as info:
+                list(replies)
+    finally:
+        server.stop(0)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "w2" in (info.value.details() or "")
+    assert seen == ["w1"]

@@ -558,6 +558,11 @@ class WorkerRegistryStub:
                 request_serializer=gearshift_dot_v1_dot_scheduler__pb2.HeartbeatBatchRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_scheduler__pb2.HeartbeatBatchResponse.FromString,
                 _registered_method=True)
+        self.HeartbeatStream = channel.stream_stream(
+                '/gearshift.v1.WorkerRegistry/HeartbeatStream',
+                request_serializer=gearshift_dot_v1_dot_scheduler__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_scheduler__pb2.HeartbeatResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerRegistryServicer:
@@ -624,6 +629,17 @@ class WorkerRegistryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HeartbeatStream(self, request_iterator, context):
+        """Heartbeats on one open stream: a worker sends a HeartbeatRequest each
+        interval and reads its reply, in order. Served by the heartbeat relays
+        (RegisterWorkerResponse.heartbeat_port), where a message costs about half
+        of a unary call's CPU; the scheduler itself answers UNIMPLEMENTED (use
+        Heartbeat there). A refused message ends the stream with its status.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerRegistryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -656,6 +672,11 @@ def add_WorkerRegistryServicer_to_server(servicer, server):
                     servicer.HeartbeatBatch,
                     request_deserializer=gearshift_dot_v1_dot_scheduler__pb2.HeartbeatBatchRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_scheduler__pb2.HeartbeatBatchResponse.SerializeToString,
+            ),
+            'HeartbeatStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.HeartbeatStream,
+                    request_deserializer=gearshift_dot_v1_dot_scheduler__pb2.HeartbeatRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_scheduler__pb2.HeartbeatResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -830,6 +851,33 @@ class WorkerRegistry:
             '/gearshift.v1.WorkerRegistry/HeartbeatBatch',
             gearshift_dot_v1_dot_scheduler__pb2.HeartbeatBatchRequest.SerializeToString,
             gearshift_dot_v1_dot_scheduler__pb2.HeartbeatBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HeartbeatStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/gearshift.v1.WorkerRegistry/HeartbeatStream',
+            gearshift_dot_v1_dot_scheduler__pb2.HeartbeatRequest.SerializeToString,
+            gearshift_dot_v1_dot_scheduler__pb2.HeartbeatResponse.FromString,
             options,
             channel_credentials,
             insecure,

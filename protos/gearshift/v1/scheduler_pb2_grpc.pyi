@@ -265,6 +265,13 @@ class WorkerRegistryStub:
     as a Heartbeat would be, and the replies come back in the same order. A
     batch with one invalid heartbeat is refused whole.
     """
+    HeartbeatStream: _grpc.StreamStreamMultiCallable[_scheduler_pb2.HeartbeatRequest, _scheduler_pb2.HeartbeatResponse]
+    """Heartbeats on one open stream: a worker sends a HeartbeatRequest each
+    interval and reads its reply, in order. Served by the heartbeat relays
+    (RegisterWorkerResponse.heartbeat_port), where a message costs about half
+    of a unary call's CPU; the scheduler itself answers UNIMPLEMENTED (use
+    Heartbeat there). A refused message ends the stream with its status.
+    """
 
 @_typing.type_check_only
 class WorkerRegistryAsyncStub(WorkerRegistryStub):
@@ -306,6 +313,13 @@ class WorkerRegistryAsyncStub(WorkerRegistryStub):
     heartbeat relays (RegisterWorkerResponse.heartbeat_port): each is applied
     as a Heartbeat would be, and the replies come back in the same order. A
     batch with one invalid heartbeat is refused whole.
+    """
+    HeartbeatStream: _aio.StreamStreamMultiCallable[_scheduler_pb2.HeartbeatRequest, _scheduler_pb2.HeartbeatResponse]  # type: ignore[assignment]
+    """Heartbeats on one open stream: a worker sends a HeartbeatRequest each
+    interval and reads its reply, in order. Served by the heartbeat relays
+    (RegisterWorkerResponse.heartbeat_port), where a message costs about half
+    of a unary call's CPU; the scheduler itself answers UNIMPLEMENTED (use
+    Heartbeat there). A refused message ends the stream with its status.
     """
 
 class WorkerRegistryServicer(metaclass=_abc_1.ABCMeta):
@@ -381,6 +395,19 @@ class WorkerRegistryServicer(metaclass=_abc_1.ABCMeta):
         heartbeat relays (RegisterWorkerResponse.heartbeat_port): each is applied
         as a Heartbeat would be, and the replies come back in the same order. A
         batch with one invalid heartbeat is refused whole.
+        """
+
+    @_abc_1.abstractmethod
+    def HeartbeatStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_scheduler_pb2.HeartbeatRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_scheduler_pb2.HeartbeatResponse], _abc.AsyncIterator[_scheduler_pb2.HeartbeatResponse]]:
+        """Heartbeats on one open stream: a worker sends a HeartbeatRequest each
+        interval and reads its reply, in order. Served by the heartbeat relays
+        (RegisterWorkerResponse.heartbeat_port), where a message costs about half
+        of a unary call's CPU; the scheduler itself answers UNIMPLEMENTED (use
+        Heartbeat there). A refused message ends the stream with its status.
         """
 
 def add_WorkerRegistryServicer_to_server(servicer: WorkerRegistryServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
