@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -59,7 +58,6 @@ class HeartbeatRelays:
         self._ports = [0] * count
         self._processes: list[subprocess.Popen[bytes] | None] = [None] * count
         self._stopping = threading.Event()
-        self._dir: Path | None = None  # the relays' ready files, while they run
         self._threads: list[threading.Thread] = []
 
     def ports(self) -> list[int]:
@@ -74,7 +72,6 @@ class HeartbeatRelays:
         if not self.count:
             return
         self.upstream = wildcard_to_local(upstream)
-        self._dir = Path(tempfile.mkdtemp(prefix="gearshift-relays-"))
         for slot in range(self.count):
             self._ports[slot] = self._spawn(slot)
         for slot in range(self.count):
@@ -105,8 +102,6 @@ class HeartbeatRelays:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
 
     def _terminate(self, slot: int) -> None:
         process = self._processes[slot]
@@ -140,9 +135,12 @@ class HeartbeatRelays:
                 self._terminate(slot)
 
     def _spawn(self, slot: int) -> int:
-        assert self._dir is not None
-        ready = self._dir / f"relay-{slot}.ready"
-        ready.unlink(missing_ok=True)
+        """Start the slot's relay and return its port once it serves. Its ready file lives
+        in a folder of its own for just that long: a scheduler killed later leaves none."""
+        with tempfile.TemporaryDirectory(prefix="gearshift-relay-") as folder:
+            return self._spawn_in(slot, Path(folder) / "ready.json")
+
+    def _spawn_in(self, slot: int, ready: Path) -> int:
         port = self.first_port + slot if self.first_port else 0
         command = [
             sys.executable,

@@ -56,6 +56,12 @@ def relays(scheduler: DaemonProcess) -> list[int]:
     return helper_pids(scheduler.process.pid)["relays"]
 
 
+def ready_file_of(pid: int) -> str:
+    """The --ready-file a relay process was started with."""
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    return args[args.index("--ready-file") + 1]
+
+
 def registration(worker_id: str) -> S.RegisterWorkerRequest:
     return S.RegisterWorkerRequest(
         worker_id=worker_id,
@@ -134,6 +140,9 @@ def test_workers_heartbeat_through_relays_that_come_back_and_go_with_the_schedul
     pids: list[int] = wait_until(
         lambda: relays(scheduler)[1:] and relays(scheduler), WAIT, "relays"
     )
+    for pid in pids:  # their ready files are gone once they serve: a killed scheduler leaves none
+        ready = Path(ready_file_of(pid))
+        assert not ready.parent.exists(), ready
     os.kill(pids[0], signal.SIGKILL)
 
     def dead_port() -> int:
