@@ -142,7 +142,7 @@ class HeartbeatBatcher:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         waiting = self._add(_Waiting(request, future=done))
-        timer = loop.call_later(timeout, _finish, [done], _timed_out(timeout))
+        timer = loop.call_later(timeout, _expire, done, timeout)
         try:
             await done
         finally:
@@ -215,6 +215,11 @@ def _finish(futures: list[asyncio.Future[None]], error: BaseException | None = N
             done.set_result(None)
         else:
             done.set_exception(error)
+
+
+def _expire(done: asyncio.Future[None], timeout: float) -> None:
+    """A coroutine's wait ran out (its error built only then, off the hot path)."""
+    _finish([done], _timed_out(timeout))
 
 
 def _timed_out(timeout: float) -> UnavailableError:
