@@ -97,10 +97,15 @@ def running_process(cluster: DevCluster, job_id: str) -> tuple[int, str]:
 
 
 def children(pid: int) -> int:
-    return sum(
-        len(Path(f"/proc/{pid}/task/{t}/children").read_text().split())
-        for t in os.listdir(f"/proc/{pid}/task")
-    )
+    """Child processes of every thread of `pid` (a thread that ends while it is read counts
+    none)."""
+    count = 0
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        try:
+            count += len(Path(f"/proc/{pid}/task/{thread}/children").read_text().split())
+        except FileNotFoundError:
+            continue
+    return count
 
 
 def adjusted(cluster: DevCluster, job_id: str) -> list[str]:
