@@ -91,6 +91,9 @@ def parse_tokens(text: str, source: str) -> dict[str, Identity]:
 
 
 JOB_TOKEN_PREFIX = "gsjob."
+# A random urlsafe token starts with "-" one time in 64, and `--token -x...` is then an
+# argparse usage error; a fixed prefix also lets secret scanners recognise a token.
+TOKEN_PREFIX = "gstok."
 JOB_KEY_BYTES = 32
 
 
@@ -183,7 +186,7 @@ class TokenTable:
 def create_token(path: Path, role: str) -> str:
     """A new random token for `role`, its hash appended to the file (created 0600)."""
     identity = parse_role(role, "--role")
-    token = secrets.token_urlsafe(32)
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "a") as f:
         f.write(f"{hash_token(token)} {identity}\n")

@@ -125,6 +125,8 @@ def test_tokens_file_parsing_creation_and_reload(tmp_path: Path) -> None:
     alice = create_token(path, "tenant:alice")
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     assert alice not in path.read_text()  # only its hash is kept
+    made = [create_token(tmp_path / "many", "admin") for _ in range(300)]
+    assert not [t for t in made if t.startswith("-")]  # each is a valid `--token` value
     table = TokenTable(path)
     assert table.identify(alice) == Identity("tenant", "alice")
     assert table.identify("guess") is None
