@@ -24,16 +24,18 @@ environment variables torch reads when it loads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
+import multiprocessing.connection
 import os
 import signal
-import subprocess
 import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gearshift.common.errors import ValidationError
 from gearshift.common.facts import (
@@ -64,7 +66,7 @@ from gearshift.worker.runtime.settings import (
     parse_mapping,
 )
 from gearshift.worker.runtime.stop import EXIT_CODES, STOP_SIGNALS, StopFlag
-from gearshift.worker.spawner import die_with_parent
+from gearshift.worker.spawner import PARENT_VARIABLE, PRELOAD, RUN_MODULE, die_with_parent
 
 if TYPE_CHECKING:
     from gearshift.worker.wiring import Wiring
@@ -311,61 +313,82 @@ def resolve(args: argparse.Namespace) -> tuple[RunSettings, tuple[int, ...], lis
 def launch(
     argv: Sequence[str], settings: RunSettings, mapping: tuple[int, ...], threads: list[int]
 ) -> int:
-    """Start the P processes of the job here and wait for them; signals are passed on."""
+    """Start the P processes of the job here and wait for them; signals are passed on.
+
+    They are forked by a fork server that imported torch and the runtime once (PRELOAD),
+    not each started from a fresh interpreter: every fresh one spent about 5 s of CPU on
+    imports. The server starts with the determinism level's variables set, so torch
+    reads them when it loads, as a fresh process would."""
     procs = len(mapping)
     address = f"127.0.0.1:{free_port()}"
-    env = os.environ | environment(settings.determinism)
-    children: dict[int, subprocess.Popen[bytes]] = {}
+    os.environ.update(environment(settings.determinism))
+    context = multiprocessing.get_context("forkserver")
+    # Not this module: each child runs it again as its main module (multiprocessing's
+    # rule for a parent started with -m), which finding it imported warns about.
+    context.set_forkserver_preload([name for name in PRELOAD if name != RUN_MODULE[1]])
+    children: dict[int, multiprocessing.process.BaseProcess] = {}
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         for child in children.values():
-            if child.returncode is None:
-                child.send_signal(signum)
+            if child.exitcode is None and child.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signum)
 
     for sig in (*STOP_SIGNALS, signal.SIGINT):
         signal.signal(sig, forward)
-    # Children start with stop signals blocked and unblock them once they can handle them.
+    # Children (and the fork server, started by the first) start with stop signals blocked
+    # and unblock them once they can handle them.
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         for rank in range(procs):
-            cmd = [sys.executable, "-m", "gearshift.worker.run", *argv]
-            cmd += ["--mapping", ",".join(map(str, mapping)), "--threads", str(threads[rank])]
-            cmd += ["--rank", str(rank), "--world-size", str(procs), "--master-addr", address]
-            children[rank] = subprocess.Popen(cmd, env=env)
+            rank_argv = [*argv, "--mapping", ",".join(map(str, mapping))]
+            rank_argv += ["--threads", str(threads[rank]), "--rank", str(rank)]
+            rank_argv += ["--world-size", str(procs), "--master-addr", address]
+            child = context.Process(target=_be_rank, args=(rank_argv,), name=f"rank-{rank}")
+            child.start()
+            children[rank] = child
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
     codes: dict[int, int] = {}
-    by_pid = {child.pid: rank for rank, child in children.items()}
     while len(codes) < procs:
-        pid, status = os.wait()
-        if pid not in by_pid:
-            continue
-        done = by_pid[pid]
-        code = os.waitstatus_to_exitcode(status)
-        children[done].returncode = code
-        codes[done] = code
-        if code not in CLEAN_EXITS:
-            print(
-                f"rank {done} failed with exit status {code}; stopping the others", file=sys.stderr
-            )
-            _stop_rest(children, codes)
+        running = {child.sentinel: rank for rank, child in children.items() if rank not in codes}
+        for sentinel in multiprocessing.connection.wait(list(running)):
+            done = running[cast(int, sentinel)]
+            children[done].join()
+            code = children[done].exitcode
+            codes[done] = code = 1 if code is None else code
+            if code not in CLEAN_EXITS:
+                print(
+                    f"rank {done} failed with exit status {code}; stopping the others",
+                    file=sys.stderr,
+                )
+                _stop_rest(children, codes)
     failed = [code for code in codes.values() if code not in CLEAN_EXITS]
     if failed:
         return failed[0] if failed[0] > 0 else 1
     return EXIT_STOPPED if EXIT_STOPPED in codes.values() else EXIT_COMPLETED
 
 
-def _stop_rest(children: dict[int, subprocess.Popen[bytes]], codes: dict[int, int]) -> None:
+def _be_rank(argv: list[str]) -> None:
+    """In a forked child: be one rank, as `python -m gearshift.worker.run ARGV` would."""
+    os.environ.pop(PARENT_VARIABLE, None)  # its parent is the fork server, not a daemon
+    sys.argv = ["gearshift.worker.run", *argv]
+    sys.exit(main(argv))
+
+
+def _stop_rest(
+    children: dict[int, multiprocessing.process.BaseProcess], codes: dict[int, int]
+) -> None:
     """Terminate the processes still running (peers blocked on a dead one), then kill."""
     rest = {rank: child for rank, child in children.items() if rank not in codes}
     for child in rest.values():
         child.terminate()
     for rank, child in rest.items():
-        try:
-            codes[rank] = child.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
+        child.join(STOP_GRACE_S)
+        if child.exitcode is None:
             child.kill()
-            codes[rank] = child.wait()
+            child.join()
+        codes[rank] = child.exitcode if child.exitcode is not None else 1
 
 
 def run_one(

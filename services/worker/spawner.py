@@ -48,6 +48,19 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 PARENT_VARIABLE = "GEARSHIFT_PARENT_PID"
 RUN_MODULE = ("-m", "gearshift.worker.run")
 FORK_TIMEOUT_S = 120.0  # includes the zygote's own start (imports) for the first request
+# What every training process imports, loaded once by a process that forks them (the
+# zygote, the launcher's fork server); none starts a thread, a device or a channel.
+# torch._dynamo is what an optimizer's constructor imports on first use (about 1.5 s);
+# gearshift.worker.wiring brings gRPC (imported, never called, before a fork).
+PRELOAD = (
+    "numpy",
+    "torch",
+    "torch._dynamo",
+    "gearshift.worker.run",
+    "gearshift.worker.runtime.process",
+    "gearshift.worker.runtime.trainer",
+    "gearshift.worker.wiring",
+)
 
 
 class Child(Protocol):

@@ -23,6 +23,7 @@ those processes from a fresh interpreter.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import select
@@ -31,23 +32,13 @@ import sys
 import traceback
 from typing import Any
 
-from gearshift.worker.spawner import PARENT_VARIABLE, STOP_SIGNALS, die_with_parent
+from gearshift.worker.spawner import PARENT_VARIABLE, PRELOAD, STOP_SIGNALS, die_with_parent
 
 
 def _preload() -> None:
-    """Import what every training process needs; no thread, device or channel starts.
-
-    torch._dynamo is what an optimizer's constructor imports on first use (about 1.5 s);
-    gearshift.worker.wiring brings gRPC (imported, never called, before a fork).
-    """
-    import numpy  # noqa: F401, PLC0415
-    import torch  # noqa: PLC0415
-    import torch._dynamo  # noqa: F401, PLC0415
-
-    import gearshift.worker.run  # noqa: PLC0415
-    import gearshift.worker.runtime.process  # noqa: PLC0415
-    import gearshift.worker.runtime.trainer  # noqa: PLC0415
-    import gearshift.worker.wiring  # noqa: F401, PLC0415
+    """Import what every training process needs (PRELOAD)."""
+    for name in PRELOAD:
+        importlib.import_module(name)
 
 
 def _child(request: dict[str, Any], zygote: int, close: list[int]) -> None:
