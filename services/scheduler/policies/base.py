@@ -21,12 +21,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-import cvxpy as cp
 import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
 from gearshift.scheduler.policies.configs import Configurations, ElasticAllocation
+from gearshift.scheduler.policies.cvx import cp
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.intp]

@@ -29,10 +29,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import cvxpy as cp
 import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
+
+from gearshift.scheduler.policies.cvx import cp
 
 Config = tuple[tuple[str, int], ...]
 IntArray = npt.NDArray[np.intp]

@@ -23,7 +23,6 @@ import random
 from collections.abc import Mapping
 from typing import ClassVar
 
-import cvxpy as cp
 import numpy as np
 
 from gearshift.scheduler.policies import solvers
@@ -37,6 +36,7 @@ from gearshift.scheduler.policies.base import (
     validity_constraints,
 )
 from gearshift.scheduler.policies.configs import ConfigProblem, ElasticAllocation
+from gearshift.scheduler.policies.cvx import cp
 
 
 class Fifo(Policy):

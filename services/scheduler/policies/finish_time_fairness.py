@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import cvxpy as cp
 import numpy as np
 
 from gearshift.scheduler.policies import solvers
@@ -42,6 +41,7 @@ from gearshift.scheduler.policies.base import (
     validity_constraints,
 )
 from gearshift.scheduler.policies.configs import ConfigProblem, ElasticAllocation
+from gearshift.scheduler.policies.cvx import cp
 from gearshift.scheduler.policies.isolated import isolated_share
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import cvxpy as cp
 import numpy as np
 
 from gearshift.scheduler.policies import solvers
@@ -27,6 +26,7 @@ from gearshift.scheduler.policies.base import (
     validity_constraints,
 )
 from gearshift.scheduler.policies.configs import ConfigProblem, ElasticAllocation
+from gearshift.scheduler.policies.cvx import cp
 
 
 class Makespan(Policy):

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import cvxpy as cp
 import numpy as np
 
 from gearshift.scheduler.policies import solvers
@@ -52,6 +51,7 @@ from gearshift.scheduler.policies.configs import (
     ElasticAllocation,
     row_signatures,
 )
+from gearshift.scheduler.policies.cvx import cp
 
 
 def fairness_factors(inp: PolicyInput, speeds: FloatArray, weights: FloatArray) -> FloatArray:

@@ -28,7 +28,6 @@ import math
 from collections.abc import Callable
 from typing import ClassVar, TypeVar
 
-import cvxpy as cp
 import numpy as np
 
 from gearshift.scheduler.policies import solvers
@@ -41,6 +40,7 @@ from gearshift.scheduler.policies.base import (
     scaled_throughputs,
 )
 from gearshift.scheduler.policies.configs import ConfigProblem, ElasticAllocation
+from gearshift.scheduler.policies.cvx import cp
 
 log = logging.getLogger("gearshift.scheduler.policies")
 T = TypeVar("T")

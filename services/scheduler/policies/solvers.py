@@ -23,9 +23,8 @@ import warnings
 from functools import cache
 from typing import Any
 
-import cvxpy as cp
-
 from gearshift.scheduler.policies.base import PolicyError, ProblemClass
+from gearshift.scheduler.policies.cvx import cp
 
 log = logging.getLogger("gearshift.scheduler.policies")
 
@@ -36,7 +35,7 @@ ORDER: dict[ProblemClass, tuple[str, ...]] = {
     "milp": ("HIGHS", "SCIPY"),
     "greedy": (),
 }
-_OK = {cp.OPTIMAL, cp.OPTIMAL_INACCURATE}
+_OK = {"optimal", "optimal_inaccurate"}  # cp.OPTIMAL, cp.OPTIMAL_INACCURATE
 
 
 @cache

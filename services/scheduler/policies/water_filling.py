@@ -39,7 +39,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-import cvxpy as cp
 import numpy as np
 
 from gearshift.scheduler.policies import solvers
@@ -52,6 +51,7 @@ from gearshift.scheduler.policies.base import (
     job_speed_matrix,
 )
 from gearshift.scheduler.policies.configs import ConfigProblem, ElasticAllocation, row_signatures
+from gearshift.scheduler.policies.cvx import cp
 
 IMPROVEMENT = 1e-3  # delta: a job "can improve" when it can gain 0.1% more
 TOLERANCE = 1e-5  # relative slack on levels carried between solvers
