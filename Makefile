@@ -25,6 +25,9 @@ demo: $(STAMP)
 	$(PY) -m gearshift.client.demo --run-dir .gearshift/demo
 
 test: $(STAMP)
+	# Bytecode written once here: the suite starts hundreds of daemons and training
+	# processes, and where PYTHONDONTWRITEBYTECODE is set each would compile the package anew.
+	$(PY) -m compileall -q -j 0 protos services client >/dev/null
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 lint: $(STAMP)
