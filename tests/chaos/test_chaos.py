@@ -24,8 +24,8 @@ from tests.e2e.worker_cluster import reference
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 SEED = int(os.environ.get("GEARSHIFT_CHAOS_SEED", "20261125"))
-STEPS = 300
-DYNAMIC_STEPS = 600  # 4 shards a step, 128 an epoch: epochs 0-18
+STEPS = 200
+DYNAMIC_STEPS = 400  # 4 shards a step, 128 an epoch: epochs 0-12
 BUDGET = 240.0  # seconds for every job to end
 
 
