@@ -16,9 +16,6 @@ shard of every finished epoch was consumed, and no acknowledged update was lost.
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -164,36 +161,8 @@ def test_a_ps_job_starts_on_its_plan_is_optimized_while_running_and_succeeds(
     finished = [e for e in last.epochs if e.epoch < last.epoch]
     assert finished and all(e.shards_done >= TRAIN_BLOCKS for e in finished), last
 
-    # Its held-out AUC against a fixed small plan (1 PS x 1 worker) given the same wall time.
-    started_at = min(e.time for e in events if e.type == S.JOB_EVENT_TYPE_STARTED)
-    ended_at = max(e.time for e in events if e.type == S.JOB_EVENT_TYPE_SUCCEEDED)
+    # Its held-out AUC (the comparison with a fixed plan in the same wall time is
+    # tests/integration/test_ps_auc.py's, where read-bound workers make it hold run to run).
     elastic = ckpt.evaluate(checkpoint, EVAL_BLOCKS)
-    fixed_root = checkpoint.parent / "fixed-1x1"
-    fixed_batches = fixed_run(fixed_root, ended_at - started_at)
-    fixed = ckpt.evaluate(fixed_root, EVAL_BLOCKS)
-    print(
-        f"held-out AUC in {ended_at - started_at:.1f} s: elastic {elastic:.4f} "
-        f"({TOTAL} batches), fixed 1x1 {fixed:.4f} ({fixed_batches} batches)"
-    )
-    assert elastic > 0.5 and fixed > 0.5
-
-
-def fixed_run(root: Path, seconds: float) -> int:
-    """The job's data and model on a fixed 1 PS x 1 worker for `seconds` (then stopped and
-    checkpointed); the global batches it trained."""
-    ps = ps_spec().parameter_server
-    argv = [
-        sys.executable, "-m", "gearshift.worker.ps.run", "--task", "--ps", "1", "--workers", "1",
-        "--total-steps", str(10**9), "--checkpoint-dir", str(root), "--seed", str(ps.seed),
-        "--fields", str(ps.fields), "--vocab", str(ps.vocab), "--batch", str(ps.batch),
-        "--train-blocks", str(ps.train_blocks), "--eval-blocks", "0",
-    ]  # fmt: skip
-    with subprocess.Popen(argv, stdout=subprocess.DEVNULL) as proc:
-        try:
-            proc.wait(seconds)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGUSR1)
-        assert proc.wait(WAIT) == 75  # stopped and checkpointed
-    manifest = ckpt.read_manifest(root)
-    assert manifest is not None
-    return manifest.next_batch
+    print(f"held-out AUC: {elastic:.4f} ({TOTAL} batches)")
+    assert elastic > 0.5
