@@ -10,15 +10,21 @@ import cvxpy
 from gearshift.scheduler.policies import solvers
 
 
-def test_a_scheduler_starts_without_loading_cvxpy() -> None:
+def test_a_scheduler_starts_without_loading_cvxpy_and_an_lp_policy_loads_it() -> None:
     probe = (
-        "import sys, gearshift.scheduler.daemon as d, gearshift.scheduler.policies as p;"
-        "print(sorted(m for m in sys.modules if m.startswith('cvxpy.')))"
+        "import sys, gearshift.scheduler.daemon;"
+        "from gearshift.scheduler.allocators import make_allocator;"
+        "from gearshift.scheduler.policies import make_policy;"
+        "loaded = lambda: sorted(m for m in sys.modules if m.startswith('cvxpy.'));"
+        "make_allocator('easyscale'); make_allocator('fifo'); print(loaded());"
+        "make_policy('las'); print(len(loaded()) > 0)"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
     )
-    assert out.stdout.strip() == "[]", f"imported at a scheduler's start: {out.stdout[:300]}"
+    greedy, lp = out.stdout.splitlines()
+    assert greedy == "[]", f"loaded by a greedy policy's scheduler: {greedy[:300]}"
+    assert lp == "True"  # in the thread that makes the policy, not on a first use elsewhere
 
 
 def test_the_solved_statuses_are_cvxpy_s() -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from gearshift.common.errors import ValidationError
 from gearshift.scheduler.policies.base import Allocation, Policy, PolicyError, PolicyInput
+from gearshift.scheduler.policies.cvx import load_cvxpy
 from gearshift.scheduler.policies.fifo import Fifo, QueueFifo
 from gearshift.scheduler.policies.finish_time_fairness import FinishTimeFairness
 from gearshift.scheduler.policies.isolated import Isolated
@@ -128,4 +129,8 @@ def make_policy(name: str, *, seed: int = 0, field: str = "policy") -> Policy:
         raise ValidationError(field, f"unknown policy {name!r}; one of: {known}")
     policy = entry[0](seed)
     policy.name = name
+    if policy.problem_class != "greedy":
+        # cvxpy is a lazy module (policies.cvx): load it here, in the thread that makes the
+        # policy, since a lazy module's first load is not thread-safe before Python 3.12.3.
+        load_cvxpy()
     return policy

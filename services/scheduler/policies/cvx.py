@@ -11,7 +11,7 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-__all__ = ["cp"]
+__all__ = ["cp", "load_cvxpy"]
 
 
 def lazy_module(name: str) -> ModuleType:
@@ -26,6 +26,11 @@ def lazy_module(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_cvxpy() -> None:
+    """Run cvxpy's code now if it has not run yet (any attribute read does)."""
+    _ = cp.__version__
 
 
 if TYPE_CHECKING:
