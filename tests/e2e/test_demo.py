@@ -15,7 +15,7 @@ import pytest
 def test_demo_ends_with_identical_digests(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "gearshift.client.demo", "--run-dir", str(tmp_path / "demo"),
-         "--steps", "800", "--timeout", "300"],
+         "--steps", "600", "--timeout", "300"],
         capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
