@@ -46,7 +46,6 @@ from gearshift.scheduler.pipeline import (
 from gearshift.scheduler.placement import (
     Assignment,
     count_by_type,
-    placement_devices,
     workers_of,
 )
 from gearshift.scheduler.policies.configs import config_of
@@ -60,9 +59,11 @@ from gearshift.scheduler.state import (
     ONE_TYPE_LEVELS,
     RUNNING_STATES,
     SchedulerState,
+    copy_message,
 )
 from gearshift.scheduler.store import JobRecord, TaskRecord
 from gearshift.scheduler.task_control import StartRequests, TaskControl
+from gearshift.scheduler.views import HeldAssignments, LiveDevices
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 log = logging.getLogger("gearshift.scheduler")
@@ -129,7 +130,7 @@ class _Start:
 
 @dataclass(frozen=True)
 class _JobView:
-    """A job as the round saw it under the lock: its mutable fields copied."""
+    """A job as the round read it: its mutable fields copied."""
 
     job: JobRecord  # its spec, id and arrival do not change
     locked_type: str
@@ -144,29 +145,6 @@ class _Gathered:
     ran: tuple[Ran, ...]
     current: dict[str, Assignment]
     avoid: frozenset[str] = frozenset()  # degraded workers
-
-
-def live_devices(state: SchedulerState) -> list[Device]:
-    """Every device of every live worker; indexes count across a worker's groups."""
-    out: list[Device] = []
-    for worker in sorted(state.workers.values(), key=lambda w: w.worker_id):
-        if not worker.alive:
-            continue
-        index = 0
-        for group in worker.devices:
-            for _ in range(group.count):
-                out.append(Device(worker.worker_id, index, group.accelerator_type))
-                index += 1
-    return out
-
-
-def current_assignment(job: JobRecord) -> Assignment:
-    """Where a running job's processes are, in rank order, with their EST counts."""
-    processes = sorted(job.placement.processes, key=lambda p: p.rank)
-    return [
-        (d, len(p.est_ids))
-        for d, p in zip(placement_devices(job.placement), processes, strict=True)
-    ]
 
 
 class Rounds:
@@ -211,6 +189,8 @@ class Rounds:
         self._thread: threading.Thread | None = None
         self._attained: dict[str, float] = {}
         self._placed_at: dict[str, float] = {}  # job -> when its current placement started
+        self._devices = LiveDevices()
+        self._held = HeldAssignments()
 
     # The loop -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -283,19 +263,14 @@ class Rounds:
         replans = self.allocator.replans_on_events
         if replans and state.settings.event_rounds == "always":
             return True
-        with state.lock:  # (worker, index) pairs, not Devices: ~2.5 ms at 5,000 jobs, was 13
-            running = [j.placement for j in state.jobs.values() if j.state in RUNNING_STATES]
-            if not replans:
-                return not running
-            held = {
-                (p.worker_id, p.device_index) for placement in running for p in placement.processes
-            }
-            live = [(w.worker_id, w.devices) for w in state.workers.values() if w.alive]
-        return any(
-            (worker_id, index) not in held
-            for worker_id, groups in live
-            for index in range(sum(g.count for g in groups))
-        )
+        with state.lock:  # references; read outside (placements are replaced, not changed)
+            jobs = list(state.jobs.values())
+            devices = self._devices.of(state.workers.values())
+        running = [j.placement for j in jobs if j.state in RUNNING_STATES]
+        if not replans:
+            return not running
+        held = {(p.worker_id, p.device_index) for placement in running for p in placement.processes}
+        return any((d.worker_id, d.index) not in held for d in devices)
 
     # One round ------------------------------------------------------------------------------
     def run_round(self) -> RoundReport:
@@ -331,8 +306,7 @@ class Rounds:
             if rubick is not None:  # the Brain's fitted models, outside the lock
                 rubick.refresh(facts, workers, now)
             lap = report.lap("estimates", lap, time.perf_counter())
-            with state.lock:
-                gathered = self._gather(now)
+            gathered = self.gather(now)
             lap = report.lap("gather", lap, time.perf_counter())
             snapshot, current = self._snapshot(now, gathered)  # estimates: outside the lock
             lap = report.lap("snapshot", lap, time.perf_counter())
@@ -394,31 +368,54 @@ class Rounds:
             for job in jobs
         ]
 
-    def _gather(self, now: float) -> _Gathered:
-        """What the snapshot needs of the jobs and devices, copied under the lock (cheap);
-        the per-job work (estimates, configurations) is done outside it, so that a round
-        over thousands of queued jobs does not hold up heartbeats and submissions."""
+    def gather(self, now: float) -> _Gathered:
+        """What the snapshot needs of the jobs and devices. Under the lock only the records
+        are taken, and what the round keeps of them is updated (_after_gather)."""
         state = self.state
-        devices = live_devices(state)
+        with state.lock:  # references: what _gather reads of them needs no lock
+            jobs = list(state.jobs.values())
+            devices = self._devices.of(state.workers.values())
+            avoid = self.registry.degraded_workers(now)
+        gathered = self._gather(now, jobs, devices, avoid)
+        with state.lock:
+            self._after_gather(gathered)
+        return gathered
+
+    def _gather(
+        self, now: float, jobs: list[JobRecord], devices: tuple[Device, ...], avoid: frozenset[str]
+    ) -> _Gathered:
+        """What the snapshot needs of the jobs, read outside the lock: each field read is
+        whole (a placement is replaced, never changed: store.JobRecord.placement), and a
+        job that ends or is requeued meanwhile is one that did so just after the round
+        looked, as it could before. Held assignments are kept per placement (views.py)."""
         alive = set(devices)
-        elapsed = min(now - self.last_round_at, state.settings.round_seconds)
+        elapsed = min(now - self.last_round_at, self.state.settings.round_seconds)
         ran: list[Ran] = []
-        jobs: list[_JobView] = []
+        views: list[_JobView] = []
         current: dict[str, Assignment] = {}
-        for job in sorted(state.jobs.values(), key=lambda j: (j.submitted_at, j.job_id)):
+        for job in sorted(jobs, key=lambda j: (j.submitted_at, j.job_id)):
             if job.terminal:
                 continue
-            held = current_assignment(job) if job.state in RUNNING_STATES else []
+            held = self._held.of(job) if job.state in RUNNING_STATES else []
             if held and all(d in alive for d, _ in held):
                 current[job.job_id] = held
                 config = config_of(count_by_type(d for d, _ in held))
                 if self.last_round_at > 0 and elapsed > 0:
                     ran.append(Ran(job.job_id, config, elapsed))
-                    self._attained[job.job_id] = self._attained.get(job.job_id, 0.0) + elapsed
             left = max(job.progress.total_steps - job.progress.step, 1)
-            jobs.append(_JobView(job, job.locked_type, left, current.get(job.job_id, [])))
-        avoid = self.registry.degraded_workers(now)
-        return _Gathered(tuple(devices), jobs, tuple(ran), current, avoid)
+            views.append(_JobView(job, job.locked_type, left, current.get(job.job_id, [])))
+        return _Gathered(devices, views, tuple(ran), current, avoid)
+
+    def _after_gather(self, gathered: _Gathered) -> None:
+        """Under the lock: the service the jobs that ran attained, and nothing kept of a
+        job that ended while _gather read it (`forget` has dropped it already)."""
+        jobs = self.state.jobs
+        for r in gathered.ran:
+            if r.job_id in jobs:
+                self._attained[r.job_id] = self._attained.get(r.job_id, 0.0) + r.seconds
+        for view in gathered.jobs:
+            if view.job.job_id not in jobs:
+                self._held.forget(view.job.job_id)
 
     def _snapshot(self, now: float, gathered: _Gathered) -> tuple[Snapshot, dict[str, Assignment]]:
         """What the allocator sees."""
@@ -775,7 +772,7 @@ class Rounds:
     ) -> None:
         state = self.state
         self._placed_at[job.job_id] = state.clock()
-        job.placement.CopyFrom(placement)  # published once its tasks run
+        job.placement = copy_message(placement)  # published once its tasks run; replaced
         new_plan = plan != job.plan
         job.plan.CopyFrom(plan)
         job.state = C.JOB_STATE_RUNNING
@@ -831,6 +828,7 @@ class Rounds:
     def forget(self, job_id: str) -> None:
         self._attained.pop(job_id, None)
         self._placed_at.pop(job_id, None)
+        self._held.forget(job_id)
         self._snapshots.pop(job_id, None)
         if self.plans is not None:
             self.plans.forget(job_id)

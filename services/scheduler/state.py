@@ -207,7 +207,7 @@ class SchedulerState:
         """The job ended: its last event, it leaves memory, its datasets are dropped."""
         job.state = state
         job.finished_at = self.clock()
-        job.placement.Clear()
+        job.placement = C.Placement()  # replaced, not cleared (store.JobRecord.placement)
         self.record(job, kind, message)
         self.jobs.pop(job.job_id, None)
         self.last_progress_event.pop(job.job_id, None)
@@ -223,7 +223,7 @@ class SchedulerState:
     def requeue(self, job: JobRecord, kind: int, message: str) -> None:
         """Back to the queue (its processes are gone or going): no placement."""
         job.state = C.JOB_STATE_QUEUED
-        job.placement.Clear()
+        job.placement = C.Placement()
         self.record(job, kind, message)
 
     def release_holders(self, job: JobRecord, reason: str, generation: int) -> None:

@@ -43,6 +43,8 @@ class JobRecord:
     started_at: float = 0.0
     finished_at: float = 0.0
     progress: common_pb2.JobProgress = field(default_factory=common_pb2.JobProgress)
+    # Replaced, never changed in place: readers outside the scheduler's lock (a round's
+    # gather, GetClusterState) take the reference and read a placement that stays whole.
     placement: common_pb2.Placement = field(default_factory=common_pb2.Placement)
     generation: int = 0
     rescale_count: int = 0

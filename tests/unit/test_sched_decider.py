@@ -32,9 +32,7 @@ def settings(**fields: Any) -> SchedulerSettings:
 
 def snapshot_of(scheduler: Scheduler, now: float) -> tuple[Snapshot, Any]:
     rounds = scheduler.rounds
-    with scheduler.state.lock:
-        gathered = rounds._gather(now)
-    return rounds._snapshot(now, gathered)
+    return rounds._snapshot(now, rounds.gather(now))
 
 
 @pytest.mark.parametrize("chunk", [decider.CHUNK, 3])  # 3: every message in pieces

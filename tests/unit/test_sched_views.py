@@ -1,0 +1,91 @@
+"""What a round derives from workers and placements is kept per object (views.py), which
+holds only because those objects are replaced, never changed in place: a reader outside
+the scheduler's lock (a round's gather, GetClusterState) then always reads a whole one."""
+
+from __future__ import annotations
+
+from gearshift.scheduler.mechanism import Device
+from gearshift.scheduler.service import SchedulerSettings
+from gearshift.scheduler.store import JobRecord, WorkerRecord
+from gearshift.scheduler.views import HeldAssignments, LiveDevices, assignment_of
+from gearshift.v1 import common_pb2, scheduler_pb2
+from tests.sched_harness import Clock, job_spec, make_scheduler, register
+
+C = common_pb2
+S = scheduler_pb2
+
+
+def worker(worker_id: str, count: int, *, alive: bool = True) -> WorkerRecord:
+    return WorkerRecord(
+        worker_id=worker_id,
+        address="10.0.0.1:1",
+        hostname="h",
+        devices=[C.DeviceGroup(accelerator_type="k80", count=count)],
+        alive=alive,
+        registered_at=0.0,
+        last_heartbeat_at=0.0,
+    )
+
+
+def placement(*ranks: tuple[str, int, int]) -> C.Placement:
+    out = C.Placement()
+    for rank, (worker_id, index, ests) in enumerate(ranks):
+        out.processes.add(
+            rank=rank,
+            worker_id=worker_id,
+            device_index=index,
+            accelerator_type="k80",
+            est_ids=list(range(ests)),
+        )
+    return out
+
+
+def test_live_devices_are_rebuilt_when_a_worker_is_replaced_or_lost_and_kept_otherwise() -> None:
+    devices = LiveDevices()
+    workers = {"b": worker("b", 1), "a": worker("a", 2)}
+    first = devices.of(workers.values())
+    assert first == (Device("a", 0, "k80"), Device("a", 1, "k80"), Device("b", 0, "k80"))
+    assert devices.of(workers.values()) is first  # nothing changed: the same tuple
+    workers["a"] = worker("a", 1)  # registered again with fewer devices
+    assert devices.of(workers.values()) == (Device("a", 0, "k80"), Device("b", 0, "k80"))
+    workers["b"].alive = False  # lost: its record stays, changed
+    assert devices.of(workers.values()) == (Device("a", 0, "k80"),)
+
+
+def test_a_held_assignment_is_kept_per_placement_object() -> None:
+    held = HeldAssignments()
+    job = JobRecord(job_id="j", spec=C.JobSpec(), state=C.JOB_STATE_RUNNING, submitted_at=0.0)
+    job.placement = placement(("w", 1, 2), ("v", 0, 2))
+    first = held.of(job)
+    assert first == [(Device("w", 1, "k80"), 2), (Device("v", 0, "k80"), 2)]
+    assert held.of(job) is first
+    job.placement = placement(("w", 0, 4))  # a new placement: worked out again
+    assert held.of(job) == [(Device("w", 0, "k80"), 4)] == assignment_of(job.placement)
+    held.forget("j")
+    assert held.of(job) is not first
+
+
+def test_placements_are_replaced_never_changed_through_start_requeue_and_end() -> None:
+    """Fails if a placement is changed in place again (a reader outside the lock would see
+    half of one, and views.py would keep an assignment for a placement that moved)."""
+    clock = Clock()
+    settings = SchedulerSettings(policy="las", round_seconds=60.0, heartbeat_timeout=1e9)
+    scheduler, _ = make_scheduler(settings, clock=clock)
+    try:
+        register(scheduler, "w1", {"k80": 2})
+        job, _ = scheduler.submit(job_spec("a", 2), "")
+        scheduler.run_round()
+        started = job.placement
+        kept = started.SerializeToString()
+        assert len(started.processes) == 2 and job.state == C.JOB_STATE_RUNNING
+        with scheduler.state.lock:
+            scheduler.state.requeue(job, S.JOB_EVENT_TYPE_PREEMPTED, "test")
+        assert job.placement is not started and not job.placement.processes
+        assert started.SerializeToString() == kept  # the old one is as it was
+        scheduler.run_round()
+        again = job.placement
+        assert again is not started and len(again.processes) == 2
+        scheduler.cancel(job.job_id, "test")
+        assert started.SerializeToString() == kept and len(again.processes) == 2
+    finally:
+        scheduler.stop()
