@@ -17,6 +17,8 @@ from gearshift.common.facts import TERMINAL_STATES
 from gearshift.scheduler.store import EventRecord, JobRecord, TaskRecord, WorkerRecord
 from gearshift.scheduler.write_batch import BatchedWrites
 
+_Rows = tuple[list[JobRecord], list[EventRecord], list[TaskRecord]]
+
 
 class MemoryStore(BatchedWrites):
     """Store in dictionaries; every call is atomic under one lock."""
@@ -57,17 +59,21 @@ class MemoryStore(BatchedWrites):
             job = self._jobs.get(job_id)
             return copy.deepcopy(job) if job is not None else None
 
-    def _write(
+    def _rows(
         self, jobs: Sequence[JobRecord], events: Sequence[EventRecord], tasks: Sequence[TaskRecord]
-    ) -> None:
+    ) -> _Rows:
+        return copy.deepcopy((list(jobs), list(events), list(tasks)))  # as they are now
+
+    def _commit(self, rows: _Rows) -> None:
+        jobs, events, tasks = rows
         with self._lock:
             for job in jobs:
                 if job.job_id in self._jobs:
-                    self._jobs[job.job_id] = copy.deepcopy(job)
+                    self._jobs[job.job_id] = job
             for event in events:
-                self._events.setdefault(event.job_id, []).append(copy.deepcopy(event))
+                self._events.setdefault(event.job_id, []).append(event)
             for task in tasks:
-                self._tasks[task.task_id] = copy.deepcopy(task)
+                self._tasks[task.task_id] = task
 
     def list_jobs(
         self,

@@ -356,7 +356,7 @@ class WorkerRegistry:
         state = self.state
         kill: list[TaskRecord] = []
         ended = False
-        with state.lock, state.store.batch():  # what one heartbeat changes: one transaction
+        with state.store.locked_batch(state.lock):  # what one heartbeat changes: one transaction
             now = state.clock()
             for status in statuses:
                 task = state.tasks.get(status.task_id)

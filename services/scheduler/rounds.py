@@ -312,7 +312,7 @@ class Rounds:
             lap = report.lap("snapshot", lap, time.perf_counter())
             targets, desired = self.decider.decide(snapshot, current)
             lap = report.lap("decide", lap, time.perf_counter())
-            with state.lock, state.store.batch():
+            with state.store.locked_batch(state.lock):
                 report.desired = desired
                 self._plans = self._new_plans(targets)
                 if rubick is not None:  # which model each job's plans come from, when it changes
@@ -320,8 +320,8 @@ class Rounds:
                 moves = self._reconcile(desired, current, report)
                 self._collocations(targets, desired)
                 self._cpus = {j: t.cpus_per_device for j, t in targets.items()}
-                state.store.set_state("round", str(self.round))
                 self.last_round_at = now
+            state.store.set_state("round", str(self.round))  # its own commit: not under the lock
             lap = report.lap("reconcile", lap, time.perf_counter())
             proceed = self._stop_all(moves)
             lap = report.lap("stop", lap, time.perf_counter())
@@ -644,7 +644,7 @@ class Rounds:
         hold, under the lock."""
         out: list[R] = []
         for first in range(0, len(items), RECORDS_PER_HOLD):
-            with self.state.lock, self.state.store.batch(), hold():
+            with self.state.store.locked_batch(self.state.lock), hold():
                 out.extend(fn(item) for item in items[first : first + RECORDS_PER_HOLD])
         return out
 

@@ -174,6 +174,10 @@ class Store(Protocol):
         """This thread's save_job and save_tasks until the end, in one transaction then
         (gearshift.scheduler.write_batch)."""
 
+    def locked_batch(self, lock: AbstractContextManager[Any]) -> AbstractContextManager[None]:
+        """`batch()` under `lock`, committed once the lock is let go, in the order of the
+        holds (gearshift.scheduler.write_batch)."""
+
     def open_tasks(self) -> list[TaskRecord]:
         """Tasks not yet ended."""
 
@@ -345,6 +349,10 @@ def _task_from_row(row: models.Task) -> TaskRecord:
     )
 
 
+# A batch's rows, made under the lock: jobs, events, tasks (SqlStore._rows).
+_Rows = tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]
+
+
 class SqlStore(BatchedWrites):
     """Store on SQLAlchemy (PostgreSQL or SQLite); the schema must be migrated already."""
 
@@ -406,20 +414,26 @@ class SqlStore(BatchedWrites):
             row = session.get(models.Job, job_id)
             return _job_from_row(row) if row else None
 
-    def _write(
+    def _rows(
         self, jobs: Sequence[JobRecord], events: Sequence[EventRecord], tasks: Sequence[TaskRecord]
-    ) -> None:
+    ) -> _Rows:
+        return (
+            [{"the_job_id": j.job_id, **_job_values(j)} for j in jobs],
+            [_event_values(e) for e in events],
+            [_task_row(t) for t in tasks],
+        )
+
+    def _commit(self, rows: _Rows) -> None:
         """Jobs updated (a job not stored is skipped), events appended, tasks upserted, in
         one transaction, each kind in one executemany."""
+        jobs, events, tasks = rows
         with self._transaction() as connection:
             if jobs:
-                connection.execute(
-                    _UPDATE_JOB, [{"the_job_id": j.job_id, **_job_values(j)} for j in jobs]
-                )
+                connection.execute(_UPDATE_JOB, jobs)
             if events:
-                connection.execute(_INSERT_EVENT, [_event_values(e) for e in events])
+                connection.execute(_INSERT_EVENT, events)
             if tasks:
-                connection.execute(self._upsert_tasks, [_task_row(t) for t in tasks])
+                connection.execute(self._upsert_tasks, tasks)
 
     def list_jobs(
         self,

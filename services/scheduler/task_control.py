@@ -230,7 +230,7 @@ class TaskControl:
 
         tasks = list(tasks)
         statuses = self.stop_calls(tasks, checkpoint=checkpoint, reason=reason)
-        with self.state.lock, self.state.store.batch():  # the records: one transaction
+        with self.state.store.locked_batch(self.state.lock):  # the records: one transaction
             self.close_stopped(tasks, statuses, checkpoint=checkpoint)
 
     def stop_calls(

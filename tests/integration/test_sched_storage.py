@@ -356,3 +356,79 @@ def test_a_batch_broken_by_an_error_still_writes_what_was_saved(any_store: Store
     assert [t.task_id for t in any_store.job_tasks("j1")] == ["t1"]
     any_store.save_tasks([task])  # no batch left open: written at once
     assert len(any_store.open_tasks()) == 1
+
+
+def test_a_locked_batch_commits_after_the_lock_is_let_go_in_the_order_of_the_holds(
+    any_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a hold's commit waits (a slow disk), the lock is free for others; a later
+    hold's commit of the same job waits for it, so the database ends with the newer state."""
+    import threading
+
+    from tests.helpers import wait_until
+
+    any_store.create_job(_job("j1", 1.0), _event("j1", 1))
+    lock = threading.RLock()
+    disk = threading.Event()
+    commits: list[int] = []
+    commit = any_store._commit  # type: ignore[attr-defined]
+
+    def slow_commit(rows: object) -> None:
+        if not commits:
+            assert disk.wait(30), "the test never let the first commit through"
+        commits.append(len(commits))
+        commit(rows)
+
+    monkeypatch.setattr(any_store, "_commit", slow_commit)
+    job = _job("j1", 1.0)
+
+    def hold(state: int, sequence: int) -> None:
+        with any_store.locked_batch(lock):
+            job.state, job.last_sequence = state, sequence
+            any_store.save_job(job, [_event("j1", sequence)])
+
+    first = threading.Thread(target=hold, args=(C.JOB_STATE_RESCALING, 2))
+    first.start()
+    order = any_store._order  # type: ignore[attr-defined]
+    wait_until(lambda: order._taken == 1, 10, "the first hold took no ticket")
+    assert lock.acquire(timeout=10), "the lock is held while the first hold commits"
+    lock.release()
+    second = threading.Thread(target=hold, args=(C.JOB_STATE_RUNNING, 3))
+    second.start()
+    wait_until(lambda: order._taken == 2, 10, "the second hold took no ticket")
+    assert commits == [] and second.is_alive()  # its commit waits for the first one's
+    disk.set()
+    first.join(30)
+    second.join(30)
+    assert commits == [0, 1]
+    stored = any_store.get_job("j1")
+    assert stored is not None and stored.state == C.JOB_STATE_RUNNING
+    assert [e.sequence for e in any_store.events_after("j1", 0)] == [1, 2, 3]
+
+
+def test_a_locked_batch_that_fails_to_commit_says_so_and_the_next_one_commits(
+    any_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    any_store.create_job(_job("j1", 1.0), _event("j1", 1))
+    lock = threading.Lock()
+    commit = any_store._commit  # type: ignore[attr-defined]
+    broken = [True]
+
+    def flaky_commit(rows: object) -> None:
+        if broken.pop() if broken else False:
+            raise ConnectionError("the database went away")
+        commit(rows)
+
+    monkeypatch.setattr(any_store, "_commit", flaky_commit)
+    job = _job("j1", 1.0)
+    with pytest.raises(ConnectionError, match="went away"), any_store.locked_batch(lock):
+        job.last_sequence = 2
+        any_store.save_job(job, [_event("j1", 2)])
+    assert not lock.locked()
+    with pytest.raises(RuntimeError, match="half-way"), any_store.locked_batch(lock):
+        job.last_sequence = 3
+        any_store.save_job(job, [_event("j1", 3)])
+        raise RuntimeError("half-way")  # what was saved is still written
+    assert [e.sequence for e in any_store.events_after("j1", 0)] == [1, 3]
