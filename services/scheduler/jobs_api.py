@@ -127,10 +127,16 @@ class JobsApi:
             job = self.state.jobs.get(job_id)
             if job is not None:
                 return job
-        stored = self.state.store.get_job(job_id)
+        stored = self._stored(job_id)
         if stored is None:
             raise NotFoundError("job", job_id)
         return stored
+
+    def _stored(self, job_id: str) -> JobRecord | None:
+        """A job no longer in memory, as the database has it once the commits of the holds
+        let go are in (the hold that ended it may still be committing: locked_batch)."""
+        self.state.store.settle()
+        return self.state.store.get_job(job_id)
 
     def list_jobs(
         self,
@@ -150,7 +156,7 @@ class JobsApi:
         with state.lock:
             job = state.jobs.get(job_id)
             if job is None:
-                stored = state.store.get_job(job_id)
+                stored = self._stored(job_id)
                 if stored is None:
                     raise NotFoundError("job", job_id)
                 raise PreconditionError(
@@ -181,7 +187,7 @@ class JobsApi:
         with state.lock:
             job = state.jobs.get(job_id)
             if job is None:
-                stored = state.store.get_job(job_id)
+                stored = self._stored(job_id)
                 if stored is None:
                     raise NotFoundError("job", job_id)
                 raise PreconditionError(
@@ -250,13 +256,17 @@ class JobsApi:
                 continue
             with state.changed:
                 job = state.jobs.get(job_id)
-                if job is None:  # ended: everything was committed before it left memory
-                    final = state.store.get_job(job_id)
-                    if final is None or final.last_sequence <= sequence:
-                        return
-                    continue
-                if job.last_sequence <= sequence:
+                if job is not None and job.last_sequence <= sequence:
                     state.changed.wait(timeout=1.0)
+                    continue
+            # Memory is ahead of what the database gave: the hold that recorded the events
+            # (or ended the job) commits after letting the lock go (Store.locked_batch).
+            if job is None:
+                final = self._stored(job_id)
+                if final is None or final.last_sequence <= sequence:
+                    return
+            else:
+                state.store.settle()
 
     def cluster_state(self) -> S.ClusterState:
         """Built outside the lock from the records taken under it: a record's fields are

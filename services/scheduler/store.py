@@ -178,6 +178,9 @@ class Store(Protocol):
         """`batch()` under `lock`, committed once the lock is let go, in the order of the
         holds (gearshift.scheduler.write_batch)."""
 
+    def settle(self) -> None:
+        """Wait until the writes of the holds already let go are committed."""
+
     def open_tasks(self) -> list[TaskRecord]:
         """Tasks not yet ended."""
 

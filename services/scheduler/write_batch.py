@@ -63,6 +63,13 @@ class CommitOrder:
             self._taken += 1
             return self._taken
 
+    def settle(self) -> None:
+        """Wait for the commits of every ticket taken so far."""
+        with self._turn:
+            target = self._taken
+            while self._done < target:
+                self._turn.wait()
+
     def run(self, ticket: int, commit: Callable[[], None]) -> None:
         """`commit` once every earlier ticket's has run (failed or not)."""
         with self._turn:
@@ -101,6 +108,11 @@ class BatchedWrites:
         """Now, in this thread (after the writes whose tickets came first)."""
         rows = self._rows(jobs, events, tasks)
         self._order.run(self._order.take(), lambda: self._commit(rows))
+
+    def settle(self) -> None:
+        """Return once the writes of the holds already let go are committed: what a reader
+        of the database that looked at the scheduler's memory first must wait for."""
+        self._order.settle()
 
     def _pending(self) -> PendingWrites | None:
         pending: PendingWrites | None = getattr(self._batches, "pending", None)

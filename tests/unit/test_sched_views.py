@@ -89,3 +89,54 @@ def test_placements_are_replaced_never_changed_through_start_requeue_and_end() -
         assert started.SerializeToString() == kept and len(again.processes) == 2
     finally:
         scheduler.stop()
+
+
+def test_a_job_that_ended_while_its_commit_waits_is_read_as_ended() -> None:
+    """The hold that ends a job commits after letting the lock go (Store.locked_batch): a
+    GetJob or WatchJob that finds the job gone from memory waits for that commit instead
+    of answering from the database's older row (RUNNING) or stopping before the last event."""
+    import threading
+
+    from tests.helpers import wait_until
+
+    clock = Clock()
+    settings = SchedulerSettings(policy="las", round_seconds=60.0, heartbeat_timeout=1e9)
+    scheduler, _ = make_scheduler(settings, clock=clock)
+    store = scheduler.state.store
+    try:
+        register(scheduler, "w1", {"k80": 1})
+        job, _ = scheduler.submit(job_spec("a", 1), "")
+        scheduler.run_round()
+        seen = scheduler.get(job.job_id).last_sequence
+        task = next(iter(scheduler.state.tasks.values()))
+        disk = threading.Event()
+        commit = store._commit  # type: ignore[attr-defined]
+
+        def slow_commit(rows: object) -> None:
+            assert disk.wait(30), "the test never let the commit through"
+            commit(rows)
+
+        store._commit = slow_commit  # type: ignore[attr-defined]
+        done = C.TaskStatus(
+            task_id=task.task_id, job_id=job.job_id, state=C.TASK_STATE_COMPLETED, exit_code=0
+        )
+        ender = threading.Thread(target=scheduler.task_finished, args=(task.worker_id, done))
+        ender.start()
+        wait_until(lambda: job.job_id not in scheduler.state.jobs, 10, "the job never ended")
+        got: list[int] = []
+        watched: list[int] = []
+        getter = threading.Thread(target=lambda: got.append(scheduler.get(job.job_id).state))
+        watcher = threading.Thread(
+            target=lambda: watched.extend(
+                e.type for e in scheduler.watch(job.job_id, seen, lambda: True)
+            )
+        )
+        getter.start()
+        watcher.start()
+        disk.set()
+        for thread in (ender, getter, watcher):
+            thread.join(30)
+        assert got == [C.JOB_STATE_SUCCEEDED]
+        assert watched and watched[-1] == S.JOB_EVENT_TYPE_SUCCEEDED
+    finally:
+        scheduler.stop()
