@@ -6,9 +6,9 @@ it starts and records their starts. Committed one by one under the scheduler's l
 those writes were most of a round's time once jobs could start (bench/load.py: rounds of
 16 s and RPC p99 of 4 s while a thousand jobs started, the lock held for one commit after
 another). Inside `batch()` the writes of the calling thread wait and are committed in one
-transaction when it ends, before the lock is let go: the same rows, in the same state,
-written together; a crash loses the batch whole (as it lost a write not yet committed)
-and never half of a job's change.
+transaction when it ends: the same rows, in the same state, written together; a crash
+loses the batch whole (as it lost a write not yet committed) and never half of a job's
+change.
 
 Only `save_job` and `save_tasks` wait; reads and other writes go through as before. A
 record saved twice in a batch is written once, as it is when the batch ends (the later
@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -134,25 +134,10 @@ class BatchedWrites:
             return
         pending.tasks.update((t.task_id, t) for t in tasks)
 
-    @contextmanager
-    def batch(self) -> Iterator[None]:
+    def batch(self) -> AbstractContextManager[None]:
         """This thread's job and task writes until the end, in one transaction then (a batch
         inside a batch joins it). What was saved before an error is still written."""
-        if self._pending() is not None:
-            yield
-            return
-        pending = self._batches.pending = PendingWrites()
-        try:
-            yield
-        except BaseException:
-            self._batches.pending = None
-            try:
-                self._flush(pending)
-            except Exception:
-                log.exception("a batch's writes were lost after an error")
-            raise
-        self._batches.pending = None
-        self._flush(pending)
+        return self.locked_batch(nullcontext())
 
     @contextmanager
     def locked_batch(self, lock: AbstractContextManager[Any]) -> Iterator[None]:
@@ -197,7 +182,3 @@ class BatchedWrites:
                 list(pending.jobs.values()), pending.events, list(pending.tasks.values())
             )
         return None
-
-    def _flush(self, pending: PendingWrites) -> None:
-        if pending.jobs or pending.events or pending.tasks:
-            self._write(list(pending.jobs.values()), pending.events, list(pending.tasks.values()))
