@@ -341,6 +341,11 @@ class Scheduler:
     def heartbeat(self, worker_id: str, tasks: Sequence[common_pb2.TaskStatus]) -> bool:
         return self.registry.heartbeat(worker_id, tasks)
 
+    def heartbeats(
+        self, beats: Sequence[tuple[str, Sequence[common_pb2.TaskStatus]]]
+    ) -> list[bool]:
+        return self.registry.heartbeats(beats)
+
     def renew_lease(self, worker_id: str, task_id: str) -> tuple[bool, common_pb2.Lease]:
         return self.registry.renew_lease(worker_id, task_id)
 

@@ -259,12 +259,9 @@ class WorkerRegistryServicer(scheduler_pb2_grpc.WorkerRegistryServicer):
         self, request: scheduler_pb2.HeartbeatBatchRequest, context: grpc.ServicerContext
     ) -> scheduler_pb2.HeartbeatBatchResponse:
         check_batch(request)
-        heartbeat = self.scheduler.heartbeat
+        reregister = self.scheduler.heartbeats([(h.worker_id, h.tasks) for h in request.heartbeats])
         return scheduler_pb2.HeartbeatBatchResponse(
-            replies=[
-                scheduler_pb2.HeartbeatResponse(reregister=heartbeat(h.worker_id, h.tasks))
-                for h in request.heartbeats
-            ]
+            replies=[scheduler_pb2.HeartbeatResponse(reregister=r) for r in reregister]
         )
 
     def HeartbeatStream(

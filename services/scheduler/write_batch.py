@@ -161,20 +161,17 @@ class BatchedWrites:
                     raise
                 finally:
                     self._batches.pending = None
-                    ticket = self._order.take()
                     rows = self._rows_of(pending)
+                    if rows is not None:  # a hold that wrote nothing waits for no commit
+                        ticket = self._order.take()
         finally:
             if ticket:
                 try:
-                    self._order.run(ticket, lambda: self._commit_some(rows))
+                    self._order.run(ticket, lambda: self._commit(rows))
                 except Exception:
                     if not failed:
                         raise
                     log.exception("a batch's writes were lost after an error")
-
-    def _commit_some(self, rows: Any) -> None:
-        if rows is not None:
-            self._commit(rows)
 
     def _rows_of(self, pending: PendingWrites) -> Any:
         if pending.jobs or pending.events or pending.tasks:

@@ -393,6 +393,11 @@ def test_a_locked_batch_commits_after_the_lock_is_let_go_in_the_order_of_the_hol
     wait_until(lambda: order._taken == 1, 10, "the first hold took no ticket")
     assert lock.acquire(timeout=10), "the lock is held while the first hold commits"
     lock.release()
+    wrote_nothing = threading.Thread(target=_hold_writing_nothing, args=(any_store, lock))
+    wrote_nothing.start()  # a heartbeat that changed nothing durable: waits for no commit
+    wrote_nothing.join(10)
+    assert not wrote_nothing.is_alive(), "a hold that wrote nothing waited for a commit"
+    assert order._taken == 1
     second = threading.Thread(target=hold, args=(C.JOB_STATE_RUNNING, 3))
     second.start()
     wait_until(lambda: order._taken == 2, 10, "the second hold took no ticket")
@@ -404,6 +409,11 @@ def test_a_locked_batch_commits_after_the_lock_is_let_go_in_the_order_of_the_hol
     stored = any_store.get_job("j1")
     assert stored is not None and stored.state == C.JOB_STATE_RUNNING
     assert [e.sequence for e in any_store.events_after("j1", 0)] == [1, 2, 3]
+
+
+def _hold_writing_nothing(store: Store, lock: object) -> None:
+    with store.locked_batch(lock):  # type: ignore[arg-type]
+        pass
 
 
 def test_a_locked_batch_that_fails_to_commit_says_so_and_the_next_one_commits(

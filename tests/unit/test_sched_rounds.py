@@ -374,6 +374,44 @@ def count_events(scheduler: Scheduler, job_id: str, kind: int) -> int:
     return sum(e.type == kind for e in scheduler.state.store.events_after(job_id, 0))
 
 
+def test_a_relays_batch_of_heartbeats_is_applied_in_one_hold_with_one_commit() -> None:
+    """HeartbeatBatch: each worker's liveness and task reports as its own heartbeat would
+    apply them, an unknown worker told to register again, in one hold of the lock and one
+    commit (a heartbeat that changed nothing durable commits nothing)."""
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings("easyscale"), clock=clock)
+    try:
+        register(scheduler, "a", {"t4": 1})
+        register(scheduler, "b", {"t4": 1})
+        one, _ = scheduler.submit(job_spec("one", 1), "")
+        two, _ = scheduler.submit(job_spec("two", 1), "")
+        scheduler.run_round()
+        by_job = {t.job_id: t for t in scheduler.state.tasks.values()}
+        order = scheduler.state.store._order  # type: ignore[attr-defined]
+        taken = order._taken
+        clock.now += 5.0
+        running = C.TaskStatus(
+            task_id=by_job[one.job_id].task_id, job_id=one.job_id, state=C.TASK_STATE_RUNNING
+        )
+        assert scheduler.heartbeats([("a", []), ("b", [])]) == [False, False]
+        assert order._taken == taken  # nothing durable changed: no commit
+        done = C.TaskStatus(
+            task_id=by_job[two.job_id].task_id, job_id=two.job_id, state=C.TASK_STATE_COMPLETED
+        )
+        beats = [
+            (by_job[one.job_id].worker_id, [running]),
+            ("nobody", []),
+            (by_job[two.job_id].worker_id, [done]),
+        ]
+        assert scheduler.heartbeats(beats) == [False, True, False]
+        assert order._taken == taken + 1  # the ended task and its job: one commit
+        assert all(w.last_heartbeat_at == clock.now for w in scheduler.state.workers.values())
+        assert scheduler.get(two.job_id).state == C.JOB_STATE_SUCCEEDED
+        assert scheduler.get(one.job_id).state == C.JOB_STATE_RUNNING
+    finally:
+        scheduler.stop()
+
+
 def test_the_heartbeat_carries_rank_0s_progress_to_the_job_and_the_estimates() -> None:
     """Progress takes one path, the workers' heartbeats. Rank 0's task's progress that
     advances the job updates it, feeds the measured throughput and is recorded as a PROGRESS
