@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing as mp
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from multiprocessing.connection import Connection
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
     from gearshift.scheduler.state import SchedulerSettings
 
 log = logging.getLogger("gearshift.scheduler")
+
+# The child yields the CPU to the RPCs: a decision is a burst of CPU once a round, and
+# on a busy host it took a core from the heartbeats' and submissions' processes.
+DECISION_NICENESS = 10
 
 Current = Mapping[str, Sequence[tuple[Device, int]]]
 Decision = tuple[dict[str, Target], dict[str, Assignment]]  # what plan_round returns
@@ -142,6 +147,7 @@ class DecisionProcess:
 
 def _serve(conn: Connection, settings: SchedulerSettings) -> None:
     """The child: one decision per message, the allocator kept between them."""
+    os.nice(DECISION_NICENESS)
     allocator = allocator_for(settings)
     collocator = collocator_for(settings)
     jobs: dict[str, JobSnapshot] = {}

@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 
 from gearshift.scheduler import decider
-from gearshift.scheduler.decider import DecisionProcess, InProcess, recv_chunks, send_chunks
+from gearshift.scheduler.decider import (
+    DECISION_NICENESS,
+    DecisionProcess,
+    InProcess,
+    recv_chunks,
+    send_chunks,
+)
 from gearshift.scheduler.pipeline import Snapshot
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.stages import allocator_for, collocator_for
@@ -77,6 +83,9 @@ def test_a_killed_child_is_replaced_and_given_the_whole_snapshot() -> None:
         child.decide(snapshot, current)
         pid = child.pid
         assert pid is not None
+        # the child yields the CPU to the RPCs (its decision is a burst once a round)
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(ours + DECISION_NICENESS, 19) > ours
         os.kill(pid, signal.SIGKILL)
         wait_until(lambda: not child._process.is_alive(), 10.0, "the child dies")
         fresh = InProcess(allocator_for(config), collocator_for(config))
