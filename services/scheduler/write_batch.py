@@ -15,8 +15,9 @@ record saved twice in a batch is written once, as it is when the batch ends (the
 call saw the later state; the rows are made from the records themselves).
 
 `locked_batch(lock)` takes the lock for the batch and commits after letting it go: a
-commit waits for the disk (a WAL flush took 100-400 ms on this machine's busy disk), and
-under the lock every heartbeat and submission waited with it (bench/load.py at 250
+commit's round trips to the database took 100-400 ms under the load (waiting for a
+busy host's CPU; the disk's own flushes stayed under 1.3 ms), and under the lock every
+heartbeat and submission waited with it (bench/load.py at 250
 workers: every p99 45-71 ms with commits that did not wait for the flush, 117-403 ms
 with ones that did). The rows are made under the lock, and every write of the store
 takes its turn in one order (CommitOrder) fixed under the lock: a batch that commits
@@ -142,10 +143,12 @@ class BatchedWrites:
     @contextmanager
     def locked_batch(self, lock: AbstractContextManager[Any]) -> Iterator[None]:
         """`with lock, batch()`, but the transaction commits after the lock is let go (in
-        the order of the holds, CommitOrder): a slow commit (a WAL flush of hundreds of ms
-        on a busy disk) then holds up its own caller, not every heartbeat and submission
+        the order of the holds, CommitOrder): a slow commit (hundreds of ms on a busy
+        host) then holds up its own caller, not every heartbeat and submission
         waiting for the lock (bench/load.py). The rows are made under the lock, from the
-        records as the hold leaves them; the caller goes on once they are committed."""
+        records as the hold leaves them; the caller goes on once they are committed. A hold
+        that wrote nothing takes no turn and waits for no one's commit: most heartbeats,
+        which waited for each round's records before (bench/load.py)."""
         if self._pending() is not None:  # inside a batch: joins it, its end commits
             with lock:
                 yield
