@@ -92,10 +92,31 @@ def _event(job_id: str, sequence: int, kind: int = S.JOB_EVENT_TYPE_SUBMITTED) -
     return EventRecord(job_id, sequence, 1.0, kind, C.JOB_STATE_QUEUED, "m")
 
 
+def test_a_submission_is_one_statement_on_postgresql(store: SqlStore) -> None:
+    """The job and its first event in one statement on a connection already in autocommit:
+    one round trip after the pool's ping (each waited for a busy host's CPU, bench/load.py;
+    it was BEGIN, two inserts and COMMIT)."""
+    statements: list[str] = []
+
+    def executed(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    engines = [store.engine, *([store._submissions] if store._submissions else [])]
+    for engine in engines:
+        sa.event.listen(engine, "before_cursor_execute", executed)
+    store.create_job(_job("j1", 1.0), _event("j1", 1))
+    for engine in engines:
+        sa.event.remove(engine, "before_cursor_execute", executed)
+    one = store.engine.dialect.name == "postgresql"
+    assert len(statements) == (1 if one else 2), statements
+    assert [e.sequence for e in store.events_after("j1", 0)] == [1]
+
+
 def test_jobs_events_and_keys(store: SqlStore) -> None:
     store.create_job(_job("j1", 1.0, key="k"), _event("j1", 1))
     with pytest.raises(ConflictError):
         store.create_job(_job("j2", 2.0, key="k"), _event("j2", 1))
+    assert store.get_job("j2") is None and store.events_after("j2", 0) == []  # neither
     found = store.find_job_by_key("k")
     assert found is not None and found.job_id == "j1"
     job = store.get_job("j1")
