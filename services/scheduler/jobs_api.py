@@ -123,10 +123,15 @@ class JobsApi:
         return data
 
     def get(self, job_id: str) -> JobRecord:
+        """The job as memory has it, once what memory says of it is committed: the holds
+        that changed it commit after letting the lock go (locked_batch), and a state a
+        client was shown must not be taken back by a crash (a job shown RUNNING, then a
+        kill: it came back QUEUED and its task's failure no longer counted)."""
         with self.state.lock:
             job = self.state.jobs.get(job_id)
-            if job is not None:
-                return job
+        if job is not None:
+            self.state.store.settle()
+            return job
         stored = self._stored(job_id)
         if stored is None:
             raise NotFoundError("job", job_id)

@@ -9,6 +9,7 @@ from gearshift.scheduler.service import SchedulerSettings
 from gearshift.scheduler.store import JobRecord, WorkerRecord
 from gearshift.scheduler.views import HeldAssignments, LiveDevices, assignment_of
 from gearshift.v1 import common_pb2, scheduler_pb2
+from tests.helpers import wait_until
 from tests.sched_harness import Clock, job_spec, make_scheduler, register
 
 C = common_pb2
@@ -97,8 +98,6 @@ def test_a_job_that_ended_while_its_commit_waits_is_read_as_ended() -> None:
     of answering from the database's older row (RUNNING) or stopping before the last event."""
     import threading
 
-    from tests.helpers import wait_until
-
     clock = Clock()
     settings = SchedulerSettings(policy="las", round_seconds=60.0, heartbeat_timeout=1e9)
     scheduler, _ = make_scheduler(settings, clock=clock)
@@ -138,5 +137,51 @@ def test_a_job_that_ended_while_its_commit_waits_is_read_as_ended() -> None:
             thread.join(30)
         assert got == [C.JOB_STATE_SUCCEEDED]
         assert watched and watched[-1] == S.JOB_EVENT_TYPE_SUCCEEDED
+    finally:
+        scheduler.stop()
+
+
+def test_get_job_answers_only_what_is_committed() -> None:
+    """A hold's writes commit after it lets the lock go: GetJob, which reads memory, waits
+    for them, so no state a client was shown can be taken back by a crash (a job shown
+    RUNNING, the scheduler killed before the commit: it came back QUEUED, and its task's
+    failure was no longer counted against --max-restarts)."""
+    import threading
+
+    clock = Clock()
+    settings = SchedulerSettings(policy="las", round_seconds=60.0, heartbeat_timeout=1e9)
+    scheduler, _ = make_scheduler(settings, clock=clock)
+    store = scheduler.state.store
+    try:
+        register(scheduler, "w1", {"k80": 1})
+        job, _ = scheduler.submit(job_spec("a", 1), "")
+        scheduler.run_round()
+        task = next(iter(scheduler.state.tasks.values()))
+        disk = threading.Event()
+        commit = store._commit  # type: ignore[attr-defined]
+
+        def slow_commit(rows: object) -> None:
+            assert disk.wait(30), "the test never let the commit through"
+            commit(rows)
+
+        store._commit = slow_commit  # type: ignore[attr-defined]
+        failed = C.TaskStatus(task_id=task.task_id, job_id=job.job_id, state=C.TASK_STATE_FAILED)
+        failer = threading.Thread(target=scheduler.task_finished, args=(task.worker_id, failed))
+        failer.start()
+        wait_until(lambda: job.state == C.JOB_STATE_QUEUED, 10, "the job was never requeued")
+        seen: list[tuple[int, int]] = []
+
+        def get() -> None:
+            shown = scheduler.get(job.job_id).state
+            stored = store.get_job(job.job_id)
+            seen.append((shown, stored.state if stored else -1))
+
+        getter = threading.Thread(target=get)
+        getter.start()
+        getter.join(1.0)  # without the wait it answers now, while the commit is held
+        disk.set()
+        for thread in (failer, getter):
+            thread.join(30)
+        assert seen == [(C.JOB_STATE_QUEUED, C.JOB_STATE_QUEUED)]
     finally:
         scheduler.stop()
