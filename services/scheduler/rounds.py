@@ -436,15 +436,21 @@ class Rounds:
             view.locked_type,
             view.steps_left,
             tuple(view.held),
-            self._attained.get(job.job_id, 0.0),
             self._placed_at.get(job.job_id) if view.held else None,
             self.estimates.version(job.job_id),
             self.estimates.restart_seconds(job.job_id),
             self._plan_devices(job.job_id),
         )
+        attained = self._attained.get(job.job_id, 0.0)
         cached = self._snapshots.get(job.job_id)
         if cached is not None and cached[0] == key:
-            return cached[1]
+            snapshot = cached[1]
+            if snapshot.attained_seconds != attained:
+                # A running job's service moved on, nothing else: a copy with it, not a
+                # rebuild (every running job's, each round: most of the snapshot's time)
+                snapshot = dataclasses.replace(snapshot, attained_seconds=attained)
+                self._snapshots[job.job_id] = (key, snapshot)
+            return snapshot
         snapshot = self._build_job(view, types)
         self._snapshots[job.job_id] = (key, snapshot)
         return snapshot
@@ -518,8 +524,9 @@ class Rounds:
         for job in self.state.jobs.values():
             target = targets.get(job.job_id)
             if job.terminal or target is None or not target.role or job.job_id not in desired:
-                job.collocation.Clear()
-                job.paused = False
+                if job.collocation.role or job.paused:  # most jobs: nothing to clear
+                    job.collocation.Clear()
+                    job.paused = False
                 continue
             job.collocation.CopyFrom(
                 C.Collocation(

@@ -96,6 +96,48 @@ class Recording:
         return {}
 
 
+def test_a_running_jobs_snapshot_is_copied_with_its_attained_service_not_rebuilt() -> None:
+    """Each round a running job's attained service moves on and nothing else: its snapshot
+    is the last one with that field replaced (a rebuild was most of the snapshot's time at
+    5,000 jobs), and equals what a rebuild makes."""
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings(heartbeat_timeout=1e9), clock=clock)
+    rounds = scheduler.rounds
+    try:
+        register(scheduler, "a", {"v100": 2})
+        job, _ = scheduler.submit(job_spec("runs", 2), "")
+        scheduler.run_round()
+        clock.now += 10.0
+        scheduler.run_round()
+        before = rounds._snapshots[job.job_id][1]
+        built: list[str] = []
+        build = rounds._build_job
+
+        def counted(view: Any, types: list[str]) -> Any:
+            built.append(view.job.job_id)
+            return build(view, types)
+
+        rounds._build_job = counted  # type: ignore[method-assign]
+        clock.now += 10.0
+        scheduler.run_round()
+        after = rounds._snapshots[job.job_id][1]
+        assert built == [] and after.attained_seconds > before.attained_seconds
+        assert after == replace(before, attained_seconds=after.attained_seconds)
+        rounds._snapshots.clear()  # what a rebuild makes of the same job now
+        state = scheduler.state
+        gathered = rounds._gather(
+            clock.now,
+            list(state.jobs.values()),
+            rounds._devices.of(state.workers.values()),
+            frozenset(),
+        )
+        (view,) = [v for v in gathered.jobs if v.job.job_id == job.job_id]
+        types = sorted({d.worker_type for d in gathered.devices})
+        assert build(view, types) == after
+    finally:
+        scheduler.stop()
+
+
 def test_a_waiting_jobs_snapshot_is_kept_until_what_it_is_made_of_changes() -> None:
     """Round after round a queued job is handed over as the same object (the allocator keeps
     its work on it); a new Brain estimate or a new type makes a new one, with new rates."""
