@@ -240,10 +240,28 @@ _INSERT_EVENT = sa.insert(models.metadata.tables[models.JobEvent.__tablename__])
 _UPDATE_JOB = sa.update(_JOBS).where(_JOBS.c.job_id == sa.bindparam("the_job_id"))
 
 
-def _job_with_event(job: dict[str, Any], event: dict[str, Any]) -> sa.Executable:
+def _job_with_event_statement() -> sa.Executable:
     """INSERT the job in a CTE and its first event after it: one atomic statement
-    (PostgreSQL's data-modifying WITH; the event's foreign key is checked at its end)."""
-    return _INSERT_EVENT.values(event).add_cte(_INSERT_JOB.values(job).cte("new_job"))
+    (PostgreSQL's data-modifying WITH; the event's foreign key is checked at its end). Its
+    parameters are the job's columns prefixed `job_`, the event's `event_` (built once:
+    building it per call cost a submission 0.2 ms of the interpreter)."""
+    events = _INSERT_EVENT.table
+    job = _INSERT_JOB.values({c.name: sa.bindparam(f"job_{c.name}") for c in _JOBS.columns})
+    event_columns = [c for c in events.columns if not c.primary_key]  # its id: a sequence's
+    return _INSERT_EVENT.values(
+        {c.name: sa.bindparam(f"event_{c.name}") for c in event_columns}
+    ).add_cte(job.cte("new_job"))
+
+
+_JOB_WITH_EVENT = _job_with_event_statement()
+
+
+def _job_with_event(job: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
+    """_JOB_WITH_EVENT's parameters."""
+    return {
+        **{f"job_{k}": v for k, v in job.items()},
+        **{f"event_{k}": v for k, v in event.items()},
+    }
 
 
 def _task_upsert(dialect: str) -> sa.Executable:
@@ -419,7 +437,9 @@ class SqlStore(BatchedWrites):
         try:
             if self._submissions is not None:
                 with outages(), self._submissions.connect() as connection:
-                    connection.execute(_job_with_event(values, _event_values(event)))
+                    connection.execute(
+                        _JOB_WITH_EVENT, _job_with_event(values, _event_values(event))
+                    )
             else:
                 with self._transaction() as connection:
                     connection.execute(_INSERT_JOB, values)
