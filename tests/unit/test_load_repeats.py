@@ -1,0 +1,61 @@
+"""bench/load.py --repeat: repeated trials of one configuration summed up by their median
+(the same code's runs differ 2-3x on a shared host), and the knee read from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.load import Report, RpcStats, knee, main, median_report, print_spread, spread
+
+
+def report(workers: int, heartbeat_p99: float, submit_p99: float, starts: float) -> Report:
+    def stats(p99: float) -> RpcStats:
+        return RpcStats(count=10, errors=0, p50_ms=p99 / 4, p99_ms=p99, max_ms=p99 * 2)
+
+    return Report(
+        config={"workers": workers},
+        rpcs={
+            "RegisterWorker (startup)": stats(900.0),  # shown, never held to the target
+            "Heartbeat": stats(heartbeat_p99),
+            "SubmitJob": stats(submit_p99),
+        },
+        rounds={"mean_s": 0.8},
+        queued_jobs=0,
+        running_jobs=0,
+        counters={"job_starts_total": starts},
+        log_events={},
+        reregistrations=0,
+        preload_seconds=0.0,
+        registration_seconds=0.0,
+        host_busy=0.6,
+    )
+
+
+def test_repeated_trials_give_each_rpcs_median_p99_and_its_range(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    trials = [report(1000, 120, 300, 480), report(1000, 90, 80, 150), report(1000, 500, 60, 600)]
+    assert spread(trials) == {
+        "RegisterWorker (startup)": (900.0, 900.0, 900.0),
+        "Heartbeat": (120.0, 90.0, 500.0),
+        "SubmitJob": (80.0, 60.0, 300.0),
+    }
+    assert median_report(trials) is trials[0]  # worst p99s 300, 90, 500: the middle one
+    print_spread(trials)
+    out = capsys.readouterr().out
+    assert "Heartbeat" in out and "120.0  (90.0-500.0)  > 100 ms" in out
+    assert "starts in the window: 480, 150, 600" in out
+    assert "(900.0-900.0)\n" in out  # the startup burst is not flagged
+
+
+def test_the_knee_is_read_from_each_counts_median_trial() -> None:
+    at_250 = [report(250, 300, 50, 0), report(250, 60, 50, 0), report(250, 70, 50, 0)]
+    at_500 = [report(500, 150, 50, 0), report(500, 90, 50, 0), report(500, 120, 50, 0)]
+    assert knee([median_report(at_250), median_report(at_500)]) == 500
+    assert knee(at_250) == 250  # one bad trial alone would have put it at 250
+
+
+def test_repeat_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--repeat", "0"])
+    assert "--repeat must be > 0" in capsys.readouterr().err
