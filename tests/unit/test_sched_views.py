@@ -4,9 +4,11 @@ the scheduler's lock (a round's gather, GetClusterState) then always reads a who
 
 from __future__ import annotations
 
+import threading
+
 from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.service import SchedulerSettings
-from gearshift.scheduler.store import JobRecord, WorkerRecord
+from gearshift.scheduler.service import Scheduler, SchedulerSettings
+from gearshift.scheduler.store import JobRecord, TaskRecord, WorkerRecord
 from gearshift.scheduler.views import HeldAssignments, LiveDevices, assignment_of
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.helpers import wait_until
@@ -92,30 +94,39 @@ def test_placements_are_replaced_never_changed_through_start_requeue_and_end() -
         scheduler.stop()
 
 
+def one_running_job() -> tuple[Scheduler, JobRecord, TaskRecord]:
+    """A scheduler (in-memory store) running one job of one task."""
+    settings = SchedulerSettings(policy="las", round_seconds=60.0, heartbeat_timeout=1e9)
+    scheduler, _ = make_scheduler(settings, clock=Clock())
+    register(scheduler, "w1", {"k80": 1})
+    job, _ = scheduler.submit(job_spec("a", 1), "")
+    scheduler.run_round()
+    return scheduler, job, next(iter(scheduler.state.tasks.values()))
+
+
+def hold_commits(scheduler: Scheduler) -> threading.Event:
+    """From now on every commit of the scheduler's store waits until the event is set (a
+    slow disk, or a commit still in flight when the scheduler is killed)."""
+    store = scheduler.state.store
+    disk = threading.Event()
+    commit = store._commit  # type: ignore[attr-defined]
+
+    def slow_commit(rows: object) -> None:
+        assert disk.wait(30), "the test never let the commit through"
+        commit(rows)
+
+    store._commit = slow_commit  # type: ignore[attr-defined]
+    return disk
+
+
 def test_a_job_that_ended_while_its_commit_waits_is_read_as_ended() -> None:
     """The hold that ends a job commits after letting the lock go (Store.locked_batch): a
     GetJob or WatchJob that finds the job gone from memory waits for that commit instead
     of answering from the database's older row (RUNNING) or stopping before the last event."""
-    import threading
-
-    clock = Clock()
-    settings = SchedulerSettings(policy="las", round_seconds=60.0, heartbeat_timeout=1e9)
-    scheduler, _ = make_scheduler(settings, clock=clock)
-    store = scheduler.state.store
+    scheduler, job, task = one_running_job()
     try:
-        register(scheduler, "w1", {"k80": 1})
-        job, _ = scheduler.submit(job_spec("a", 1), "")
-        scheduler.run_round()
         seen = scheduler.get(job.job_id).last_sequence
-        task = next(iter(scheduler.state.tasks.values()))
-        disk = threading.Event()
-        commit = store._commit  # type: ignore[attr-defined]
-
-        def slow_commit(rows: object) -> None:
-            assert disk.wait(30), "the test never let the commit through"
-            commit(rows)
-
-        store._commit = slow_commit  # type: ignore[attr-defined]
+        disk = hold_commits(scheduler)
         done = C.TaskStatus(
             task_id=task.task_id, job_id=job.job_id, state=C.TASK_STATE_COMPLETED, exit_code=0
         )
@@ -146,25 +157,10 @@ def test_get_job_answers_only_what_is_committed() -> None:
     for them, so no state a client was shown can be taken back by a crash (a job shown
     RUNNING, the scheduler killed before the commit: it came back QUEUED, and its task's
     failure was no longer counted against --max-restarts)."""
-    import threading
-
-    clock = Clock()
-    settings = SchedulerSettings(policy="las", round_seconds=60.0, heartbeat_timeout=1e9)
-    scheduler, _ = make_scheduler(settings, clock=clock)
+    scheduler, job, task = one_running_job()
     store = scheduler.state.store
     try:
-        register(scheduler, "w1", {"k80": 1})
-        job, _ = scheduler.submit(job_spec("a", 1), "")
-        scheduler.run_round()
-        task = next(iter(scheduler.state.tasks.values()))
-        disk = threading.Event()
-        commit = store._commit  # type: ignore[attr-defined]
-
-        def slow_commit(rows: object) -> None:
-            assert disk.wait(30), "the test never let the commit through"
-            commit(rows)
-
-        store._commit = slow_commit  # type: ignore[attr-defined]
+        disk = hold_commits(scheduler)
         failed = C.TaskStatus(task_id=task.task_id, job_id=job.job_id, state=C.TASK_STATE_FAILED)
         failer = threading.Thread(target=scheduler.task_finished, args=(task.worker_id, failed))
         failer.start()
