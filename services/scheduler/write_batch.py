@@ -107,8 +107,9 @@ class BatchedWrites:
         self, jobs: Sequence[JobRecord], events: Sequence[EventRecord], tasks: Sequence[TaskRecord]
     ) -> None:
         """Now, in this thread (after the writes whose tickets came first)."""
-        rows = self._rows(jobs, events, tasks)
-        self._order.run(self._order.take(), lambda: self._commit(rows))
+        rows = self._rows_of(jobs, events, tasks)
+        if rows is not None:
+            self._order.run(self._order.take(), lambda: self._commit(rows))
 
     def settle(self) -> None:
         """Return once the writes of the holds already let go are committed: what a reader
@@ -164,8 +165,10 @@ class BatchedWrites:
                     raise
                 finally:
                     self._batches.pending = None
-                    rows = self._rows_of(pending)
-                    if rows is not None:  # a hold that wrote nothing waits for no commit
+                    rows = self._rows_of(
+                        list(pending.jobs.values()), pending.events, list(pending.tasks.values())
+                    )
+                    if rows is not None:
                         ticket = self._order.take()
         finally:
             if ticket:
@@ -176,9 +179,9 @@ class BatchedWrites:
                         raise
                     log.exception("a batch's writes were lost after an error")
 
-    def _rows_of(self, pending: PendingWrites) -> Any:
-        if pending.jobs or pending.events or pending.tasks:
-            return self._rows(
-                list(pending.jobs.values()), pending.events, list(pending.tasks.values())
-            )
-        return None
+    def _rows_of(
+        self, jobs: Sequence[JobRecord], events: Sequence[EventRecord], tasks: Sequence[TaskRecord]
+    ) -> Any:
+        """The rows to commit, or None when nothing was written: then no commit and no turn
+        in the order, so the writer waits for no one's commit (most heartbeats' holds)."""
+        return self._rows(jobs, events, tasks) if jobs or events or tasks else None
