@@ -256,7 +256,7 @@ def _job_with_event_statement() -> sa.Executable:
 _JOB_WITH_EVENT = _job_with_event_statement()
 
 
-def _job_with_event(job: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
+def _job_with_event_params(job: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
     """_JOB_WITH_EVENT's parameters."""
     return {
         **{f"job_{k}": v for k, v in job.items()},
@@ -438,7 +438,7 @@ class SqlStore(BatchedWrites):
             if self._submissions is not None:
                 with outages(), self._submissions.connect() as connection:
                     connection.execute(
-                        _JOB_WITH_EVENT, _job_with_event(values, _event_values(event))
+                        _JOB_WITH_EVENT, _job_with_event_params(values, _event_values(event))
                     )
             else:
                 with self._transaction() as connection:
