@@ -3,7 +3,8 @@ daemons and a manual clock (for tests of the round that need no gRPC)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.memory_store import MemoryStore
@@ -22,6 +23,23 @@ class SimulatedAgents(WorkerAgents):
         self.started: list[worker_pb2.StartTaskRequest] = []
         self.stopped: list[tuple[str, bool]] = []  # (task id, checkpoint)
 
+    def start_all(
+        self, calls: Sequence[tuple[str, worker_pb2.StartTaskRequest]]
+    ) -> list[common_pb2.TaskStatus | Exception]:
+        """Each call in turn, through `start` (which tests override)."""
+        return [_answer(self.start, address, request) for address, request in calls]
+
+    def stop_all(
+        self, calls: Sequence[tuple[str, worker_pb2.StopTaskRequest]]
+    ) -> list[common_pb2.TaskStatus | Exception]:
+        """Each call in turn, through `stop` (which tests override)."""
+        return [_answer(self._stop, address, request) for address, request in calls]
+
+    def _stop(self, address: str, r: worker_pb2.StopTaskRequest) -> common_pb2.TaskStatus:
+        return self.stop(
+            address, r.task_id, checkpoint=r.checkpoint, reason=r.reason, timeout=r.timeout_seconds
+        )
+
     def start(self, address: str, request: worker_pb2.StartTaskRequest) -> common_pb2.TaskStatus:
         self.started.append(request)
         return common_pb2.TaskStatus(
@@ -35,6 +53,15 @@ class SimulatedAgents(WorkerAgents):
         return common_pb2.TaskStatus(
             task_id=task_id, state=common_pb2.TASK_STATE_CHECKPOINTED, checkpoint_path="/ckpt"
         )
+
+
+def _answer(
+    call: Callable[[str, Any], common_pb2.TaskStatus], address: str, request: Any
+) -> common_pb2.TaskStatus | Exception:
+    try:
+        return call(address, request)
+    except Exception as exc:
+        return exc
 
 
 class Clock:

@@ -116,6 +116,10 @@ class _Move:
         must not overwrite)."""
         return self.change.kind != "start"
 
+    @property
+    def stop_reason(self) -> str:
+        return self.change.kind if self.checkpoints else "an earlier placement's task"
+
 
 @dataclass(frozen=True)
 class _Start:
@@ -626,13 +630,13 @@ class Rounds:
             moves.append(_Move(change, stop))
         return moves
 
-    # Applying changes: the calls outside the lock, one thread per job; the records under
+    # Applying changes: the calls outside the lock, all in flight at once; the records under
     # the lock, RECORDS_PER_HOLD jobs a hold, each hold one transaction (write_batch.py).
     def _stop_all(self, moves: list[_Move]) -> list[_Move]:
         """Every stop before any start: a job must not be started on devices that another
         job's processes still hold (they leave only once they have checkpointed). The
         moves whose start is to follow."""
-        stopped = list(self.state.pool.map(self._stop_tasks, moves))
+        stopped = self._stop_tasks(moves)
         proceed = self._in_holds(
             list(zip(moves, stopped, strict=True)),
             lambda x: x[1] is not None and self._after_stop(x[0], x[1]),
@@ -655,20 +659,18 @@ class Rounds:
                 out.extend(fn(item) for item in items[first : first + RECORDS_PER_HOLD])
         return out
 
-    def _stop_tasks(self, move: _Move) -> list[common_pb2.TaskStatus | None] | None:
-        """StopTask the job's tasks (with a checkpoint unless they are strays,
-        _Move.checkpoints): their statuses, None when it broke (the job is abandoned)."""
-        change = move.change
+    def _stop_tasks(self, moves: list[_Move]) -> list[list[common_pb2.TaskStatus | None] | None]:
+        """StopTask every move's tasks at once (TaskControl.stop_many), with a checkpoint
+        unless they are strays (_Move.checkpoints): each move's statuses; None when it
+        broke (the jobs are abandoned)."""
+        groups = [(m.stop, m.checkpoints, m.stop_reason) for m in moves]
         try:
-            return self.control.stop_calls(
-                move.stop,
-                checkpoint=move.checkpoints,
-                reason=change.kind if move.checkpoints else "an earlier placement's task",
-            )
+            return list(self.control.stop_many(groups))
         except Exception:
-            log.exception("stopping a job's tasks failed", extra={"job_id": change.job_id})
-            self._abandon(change.job_id)
-            return None
+            log.exception("stopping the round's tasks failed", extra={"moves": len(moves)})
+            for move in moves:
+                self._abandon(move.change.job_id)
+            return [None] * len(moves)
 
     def _after_stop(self, move: _Move, statuses: list[common_pb2.TaskStatus | None]) -> bool:
         """Under the lock: the stopped tasks' records, the stop's checkpoint event, a
@@ -696,7 +698,7 @@ class Rounds:
         StartTask is sent, the calls, then every start or failure recorded."""
         prepared = self._in_holds(moves, self._prepare_start, self.control.ports_indexed)
         starts = [s for s in prepared if s is not None]
-        results = list(self.state.pool.map(self._send, starts))
+        results = self._send(starts)
         reasons = self._in_holds(
             list(zip(starts, results, strict=True)), lambda x: self._after_start(*x)
         )
@@ -742,15 +744,24 @@ class Rounds:
         self._abandon(change.job_id)
         return None
 
-    def _send(self, start: _Start) -> tuple[list[str], set[str]] | None:
-        """Outside the lock: the holders fenced, then StartTask to every worker (the
-        failures and the workers that could not be reached; None: it broke)."""
+    def _send(self, starts: list[_Start]) -> list[tuple[list[str], set[str]] | None]:
+        """Outside the lock: the dynamic-mode jobs' holders fenced (in parallel), then
+        every StartTask of the round at once (TaskControl.start_jobs); for each start its
+        failures and the workers that could not be reached (None: it broke)."""
+        fencing = [s for s in starts if self.state.has_holders(s.job)]
+        fenced = self.state.pool.map(self._fence, fencing)
+        broke = {s.job.job_id for s, ok in zip(fencing, fenced, strict=True) if not ok}
+        ready = [s.requests for s in starts if s.job.job_id not in broke]
+        sent = iter(self.control.start_jobs(ready))
+        return [None if s.job.job_id in broke else next(sent) for s in starts]
+
+    def _fence(self, start: _Start) -> bool:
         try:
             self.state.fence_holders(start.job, start.tasks[0].generation)
-            return self.control.start_tasks(start.requests)
+            return True
         except Exception:
             log.exception("starting a job failed", extra={"job_id": start.job.job_id})
-            return None
+            return False
 
     def _after_start(self, start: _Start, result: tuple[list[str], set[str]] | None) -> str:
         """Under the lock: the job runs, or goes back to the queue; why its tasks are to be

@@ -233,7 +233,7 @@ class SchedulerState:
         job's current one: the release is sent from the pool and may reach the shard manager
         after a newer placement started; fenced by that one's own releases, it is refused
         there instead of taking back the newer placement's shards (0: unfenced)."""
-        if not self._has_holders(job):
+        if not self.has_holders(job):
             return
         with contextlib.suppress(RuntimeError):  # shutting down
             self.pool.submit(
@@ -249,10 +249,10 @@ class SchedulerState:
         """Dynamic-mode jobs, before a placement of `generation` is sent out (outside the
         lock): its holders are fenced at once, not only when its processes first release
         them, so no process of an older placement can cover a read from then on."""
-        if self._has_holders(job):
+        if self.has_holders(job):
             self.datasets.fence(job.job_id, job.job_id, range(job.spec.num_ests), generation)
 
-    def _has_holders(self, job: JobRecord) -> bool:
+    def has_holders(self, job: JobRecord) -> bool:
         """A dynamic-mode job on a cluster with a shard manager: its ESTs hold shards."""
         return job.spec.dataset.mode == C.DATA_MODE_DYNAMIC and bool(self.datasets.address)
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from collections.abc import Iterable, Iterator, Sequence
 
 import grpc
 
@@ -30,13 +28,11 @@ from gearshift.scheduler.process_resources import process_resources
 from gearshift.scheduler.ps_jobs import PsPlan
 from gearshift.scheduler.resource_plans import ProcessPlan
 from gearshift.scheduler.state import SchedulerState
-from gearshift.scheduler.store import JobRecord, TaskRecord
+from gearshift.scheduler.store import JobRecord, TaskRecord, WorkerRecord
 from gearshift.scheduler.workers import WorkerAgents
 from gearshift.v1 import common_pb2, worker_pb2
 
 log = logging.getLogger("gearshift.scheduler")
-T = TypeVar("T")
-R = TypeVar("R")
 C = common_pb2
 # Rendezvous ports handed out per worker, from --rendezvous-port-base on, in turn.
 RENDEZVOUS_PORTS = 100
@@ -196,26 +192,25 @@ class TaskControl:
             f"({span} jobs with rank 0 on that host already): the job waits for one"
         )
 
-    def start_tasks(self, requests: StartRequests) -> tuple[list[str], set[str]]:
-        """Send the StartTask calls: (failures, addresses of workers that could not be
-        reached)."""
-        unreachable: set[str] = set()
-
-        def call(item: tuple[str, worker_pb2.StartTaskRequest]) -> str:
-            address, request = item
-            try:
-                self.agents.start(address, request)
-            except grpc.RpcError as exc:
-                if rpc_code(exc) in UNREACHABLE:
-                    unreachable.add(address)
-                return f"{request.task_id} on {address}: {rpc_details(exc)}"
-            with self.state.lock:  # the worker has it now: from here on it must list it
-                task = self.state.tasks.get(request.task_id)
+    def start_jobs(self, jobs: Sequence[StartRequests]) -> list[tuple[list[str], set[str]] | None]:
+        """Send the StartTask calls of several jobs' placements, all at once
+        (WorkerAgents.start_all): for each job, its failures and the addresses of workers
+        that could not be reached, or None when a call of its broke (logged)."""
+        answers = self.agents.start_all([call for requests in jobs for call in requests])
+        out: list[tuple[list[str], set[str]] | None] = []
+        delivered: list[str] = []
+        first = 0
+        for requests in jobs:
+            mine = answers[first : first + len(requests)]
+            first += len(requests)
+            out.append(_start_outcome(requests, mine, delivered))
+        with self.state.lock:  # their workers have them now: from here on they must list them
+            now = self.state.clock()
+            for task_id in delivered:
+                task = self.state.tasks.get(task_id)
                 if task is not None:
-                    task.last_listed_at = self.state.clock()
-            return ""
-
-        return [r for r in pool_map(call, requests) if r], unreachable
+                    task.last_listed_at = now
+        return out
 
     # Stopping ---------------------------------------------------------------------
     def stop_tasks(self, tasks: Sequence[TaskRecord], *, checkpoint: bool, reason: str) -> None:
@@ -236,18 +231,42 @@ class TaskControl:
     def stop_calls(
         self, tasks: Sequence[TaskRecord], *, checkpoint: bool, reason: str
     ) -> list[common_pb2.TaskStatus | None]:
-        """The StopTask calls of stop_tasks, in parallel: each task's final status, or None
-        (lost, no answer, or the call broke). A round makes the calls of all its stops first
-        and records them together (close_stopped), a few transactions for a thousand."""
+        """The StopTask calls of stop_tasks (stop_many, one group)."""
+        return self.stop_many([(tasks, checkpoint, reason)])[0]
 
-        def call(task: TaskRecord) -> common_pb2.TaskStatus | None:
-            try:
-                return self._stop_one(task, checkpoint=checkpoint, reason=reason)
-            except Exception:
-                log.exception("StopTask broke; task given up", extra={"task_id": task.task_id})
-                return None
-
-        return pool_map(call, tasks)
+    def stop_many(
+        self, groups: Sequence[tuple[Sequence[TaskRecord], bool, str]]
+    ) -> list[list[common_pb2.TaskStatus | None]]:
+        """StopTask for groups of tasks, each with its checkpoint flag and reason, all in
+        flight at once (WorkerAgents.stop_all): each task's final status, or None (its
+        worker lost, no answer, or the call broke). A round makes the calls of all its
+        stops first and records them together (close_stopped), a few transactions for a
+        thousand."""
+        state = self.state
+        with state.lock:  # the address of each task's worker, if it is alive
+            addresses = {
+                t.worker_id: _address(state.workers.get(t.worker_id)) for g in groups for t in g[0]
+            }
+        timeout = state.settings.stop_timeout_seconds
+        calls = [
+            (
+                addresses[task.worker_id],
+                worker_pb2.StopTaskRequest(
+                    task_id=task.task_id,
+                    checkpoint=checkpoint,
+                    reason=reason,
+                    timeout_seconds=timeout,
+                ),
+            )
+            for tasks, checkpoint, reason in groups
+            for task in tasks
+            if addresses[task.worker_id]
+        ]
+        answers = iter(self.agents.stop_all(calls))
+        return [
+            [_stop_outcome(t, next(answers)) if addresses[t.worker_id] else None for t in tasks]
+            for tasks, _, _ in groups
+        ]
 
     def close_stopped(
         self,
@@ -260,30 +279,6 @@ class TaskControl:
         said or as the stop asked."""
         for task, status in zip(tasks, statuses, strict=True):
             self._close(task, status, checkpoint=checkpoint)
-
-    def _stop_one(
-        self, task: TaskRecord, *, checkpoint: bool, reason: str
-    ) -> common_pb2.TaskStatus | None:
-        """StopTask on the task's worker: its final status, or None (lost, or no answer)."""
-        state = self.state
-        with state.lock:
-            worker = state.workers.get(task.worker_id)
-        if worker is None or not worker.alive:
-            return None
-        try:
-            return self.agents.stop(
-                worker.address,
-                task.task_id,
-                checkpoint=checkpoint,
-                reason=reason,
-                timeout=state.settings.stop_timeout_seconds,
-            )
-        except grpc.RpcError as exc:
-            log.warning(
-                "StopTask failed; the task is given up (its lease will be refused)",
-                extra={"task_id": task.task_id, "error": rpc_details(exc)},
-            )
-            return None
 
     def _close(
         self, task: TaskRecord, status: common_pb2.TaskStatus | None, *, checkpoint: bool
@@ -325,9 +320,44 @@ def ports_by_host(tasks: Iterable[TaskRecord]) -> dict[str, set[int]]:
     return out
 
 
-def pool_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
-    """fn over items, in parallel when there are several (each a call to another daemon)."""
-    if len(items) <= 1:
-        return [fn(item) for item in items]
-    with ThreadPoolExecutor(max_workers=min(8, len(items))) as pool:
-        return list(pool.map(fn, items))
+def _start_outcome(
+    requests: StartRequests,
+    answers: Sequence[common_pb2.TaskStatus | Exception],
+    delivered: list[str],
+) -> tuple[list[str], set[str]] | None:
+    """One job's StartTask answers: its failures and unreachable workers (None: a call
+    broke); the tasks its workers took are added to `delivered`."""
+    failures: list[str] = []
+    unreachable: set[str] = set()
+    for (address, request), answer in zip(requests, answers, strict=True):
+        if isinstance(answer, grpc.RpcError):
+            if rpc_code(answer) in UNREACHABLE:
+                unreachable.add(address)
+            failures.append(f"{request.task_id} on {address}: {rpc_details(answer)}")
+        elif isinstance(answer, Exception):
+            log.error("starting a job failed", exc_info=answer, extra={"job_id": request.job_id})
+            return None
+        else:
+            delivered.append(request.task_id)
+    return failures, unreachable
+
+
+def _address(worker: WorkerRecord | None) -> str:
+    """Where to call a task's worker ("": lost or unknown, no call)."""
+    return worker.address if worker is not None and worker.alive else ""
+
+
+def _stop_outcome(
+    task: TaskRecord, answer: common_pb2.TaskStatus | Exception
+) -> common_pb2.TaskStatus | None:
+    """A StopTask's final status, or None (logged) when the call failed or broke."""
+    if isinstance(answer, grpc.RpcError):
+        log.warning(
+            "StopTask failed; the task is given up (its lease will be refused)",
+            extra={"task_id": task.task_id, "error": rpc_details(answer)},
+        )
+        return None
+    if isinstance(answer, Exception):
+        log.error("StopTask broke; task given up", exc_info=answer, extra={"task_id": task.task_id})
+        return None
+    return answer

@@ -678,6 +678,7 @@ def test_a_placements_holders_are_fenced_before_it_is_sent_out() -> None:
         agents.calls.append(f"fence g{generation}")
 
     scheduler.state.fence_holders = fence  # type: ignore[method-assign]
+    scheduler.state.has_holders = lambda job: True  # type: ignore[method-assign]
     try:
         register(scheduler, "a", {"t4": 1})
         job, _ = scheduler.submit(job_spec("fenced", 1), "")
