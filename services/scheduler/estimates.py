@@ -29,7 +29,7 @@ Units are mini-batches per second (one EST's step), as in the pipeline's snapsho
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gearshift.common.profiles import profile_key
@@ -154,6 +154,15 @@ class Estimates:
     def restart_seconds(self, job_id: str) -> float:
         with self._lock:
             return self._restart.get(job_id, self.default_restart_seconds)
+
+    def marks(self, job_ids: Iterable[str]) -> dict[str, tuple[int, float]]:
+        """Each job's (version, restart_seconds) under one hold of the lock: a round reads
+        every job's to know which snapshots it may keep (two holds a job were 6 ms of a
+        round at 7,000 jobs)."""
+        default = self.default_restart_seconds
+        with self._lock:
+            version, restart = self._version, self._restart
+            return {j: (version.get(j, 0), restart.get(j, default)) for j in job_ids}
 
     def forget(self, job_id: str) -> None:
         with self._lock:

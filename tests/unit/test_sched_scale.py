@@ -12,6 +12,7 @@ import pytest
 
 from gearshift.common.daemon import GC_YOUNG_THRESHOLD, quiet_collector
 from gearshift.common.errors import ResourceExhaustedError
+from gearshift.scheduler import rounds as rounds_module
 from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.elastic import configurations
 from gearshift.scheduler.elastic_rounds import ElasticRounds
@@ -172,6 +173,42 @@ def test_a_waiting_jobs_snapshot_is_kept_until_what_it_is_made_of_changes() -> N
         assert widened is not refreshed and set(widened.capability) == {"k80", "v100"}
         scheduler.cancel(job.job_id, "test")
         assert job.job_id not in scheduler.rounds._snapshots
+    finally:
+        scheduler.stop()
+
+
+def test_a_jobs_brain_ask_is_built_once_and_dropped_when_it_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a round asks the Brain of a job is made of its spec, which does not change: it
+    is built in the job's first round only (it was built for every job each round, under
+    the lock), still reaches the Brain, and is dropped when the job ends."""
+    built: list[str] = []
+    build = rounds_module._ask
+
+    def counted(job: Any) -> Any:
+        built.append(job.job_id)
+        return build(job)
+
+    monkeypatch.setattr(rounds_module, "_ask", counted)
+    clock = Clock()
+    brain = TableBrain(lambda job_id, kind, count: 1.0 * count)
+    scheduler, _ = make_scheduler(settings(), clock=clock, brain=brain)
+    try:
+        register(scheduler, "a", {"v100": 1})
+        one, _ = scheduler.submit(job_spec("one", 1), "")
+        two, _ = scheduler.submit(job_spec("two", 2, accelerator_types=["a100"]), "")
+        for _ in range(3):
+            clock.now += 1.0
+            scheduler.heartbeat("a", [])
+            scheduler.run_round()
+        assert built == [one.job_id, two.job_id]
+        assert brain.asked > 0
+        three, _ = scheduler.submit(job_spec("three", 1), "")
+        scheduler.run_round()
+        assert built == [one.job_id, two.job_id, three.job_id]
+        scheduler.cancel(two.job_id, "test")
+        assert set(scheduler.rounds._asks) == {one.job_id, three.job_id}
     finally:
         scheduler.stop()
 
