@@ -303,56 +303,51 @@ class JobsApi:
                 degraded=bool(worker.degraded_reason),
                 degraded_reason=worker.degraded_reason,
             )
-        placed = [(job, job.placement) for job in jobs]
+        live = [job for job in jobs if not job.terminal]
         running = [
             (job, placement)
-            for job, placement in placed
-            if job.state in RUNNING_STATES and placement.processes
+            for job in live
+            if job.state in RUNNING_STATES and (placement := job.placement).processes
         ]
         running.sort(key=lambda r: r[0].submitted_at)
         add = out.allocations.add
         for job, placement in running:
             add(job_id=job.job_id, job_name=job.spec.name, placement=placement)
-        _tenants(out, placed, *tenancy)
+        _tenants(out, live, running, *tenancy)
         return out
 
 
 def _tenants(
     out: S.ClusterState,
-    placed: list[tuple[JobRecord, common_pb2.Placement]],
+    live: list[JobRecord],
+    running: list[tuple[JobRecord, common_pb2.Placement]],
     quotas: Quotas,
     admitted: Mapping[str, Admission],
 ) -> None:
-    """Each tenant's quota and use. Counted in plain dicts, a message per tenant at the
-    end: a message per job cost GetClusterState most of its time (bench/load.py, 5,000
-    jobs)."""
+    """Each tenant's quota and use: counted in C (Counter over iterables), a message per
+    tenant at the end. A message per job, then a Python step per job, cost GetClusterState
+    most of its time (bench/load.py: 10 of 18 ms at 8,000 jobs)."""
     rows: dict[str, S.TenantState] = {
         name: S.TenantState(tenant=name, quota=quota) for name, quota in quotas.by_tenant.items()
     }
-    jobs: Counter[tuple[str, bool]] = Counter()  # (tenant, running) -> jobs
-    devices: Counter[tuple[str, str]] = Counter()  # (tenant, type) -> running processes
-    for job, placement in placed:
-        if job.terminal:
-            continue
-        tenant = job.spec.tenant
-        processes = placement.processes
-        running = job.state in RUNNING_STATES and len(processes) > 0
-        jobs[tenant, running] += 1
-        for process in processes if running else ():
-            devices[tenant, process.accelerator_type] += 1
-        if job.job_id in admitted:
-            row = _row(rows, tenant)
-            a = admitted[job.job_id]
-            row.guaranteed_jobs += 1
-            row.guaranteed_devices[a.accelerator_type] += a.devices
-            if a.rubick is not None:
-                row.rubick_admissions.append(rubick_admission(a.rubick))
-    for (tenant, running), count in jobs.items():
+    open_jobs = Counter(job.spec.tenant for job in live)
+    running_jobs = Counter(job.spec.tenant for job, _ in running)
+    devices: Counter[tuple[str, str]] = Counter(
+        (job.spec.tenant, process.accelerator_type)
+        for job, placement in running
+        for process in placement.processes
+    )
+    for job in (j for j in live if j.job_id in admitted) if admitted else ():
+        row = _row(rows, job.spec.tenant)
+        a = admitted[job.job_id]
+        row.guaranteed_jobs += 1
+        row.guaranteed_devices[a.accelerator_type] += a.devices
+        if a.rubick is not None:
+            row.rubick_admissions.append(rubick_admission(a.rubick))
+    for tenant, count in open_jobs.items():
         row = _row(rows, tenant)
-        if running:
-            row.running_jobs = count
-        else:
-            row.queued_jobs = count
+        row.running_jobs = running_jobs[tenant]
+        row.queued_jobs = count - running_jobs[tenant]
     for (tenant, kind), count in devices.items():
         rows[tenant].devices[kind] = count
     out.tenants.extend(rows[name] for name in sorted(rows))

@@ -177,6 +177,44 @@ def test_a_waiting_jobs_snapshot_is_kept_until_what_it_is_made_of_changes() -> N
         scheduler.stop()
 
 
+def test_the_tenants_view_counts_what_a_walk_over_every_job_counts() -> None:
+    """GetClusterState's per-tenant counts (now taken in bulk) equal a plain count over the
+    jobs: running ones with their devices by type, the open rest as queued, ended ones
+    not at all."""
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings(), clock=clock)
+    try:
+        register(scheduler, "a", {"v100": 2})
+        register(scheduler, "b", {"k80": 1})
+        ids = [
+            scheduler.submit(job_spec(f"j{i}", 1 + i % 2, tenant=f"t{i % 3}"), "")[0].job_id
+            for i in range(9)
+        ]
+        scheduler.run_round()
+        scheduler.cancel(ids[-1], "test")
+        scheduler.cancel(ids[0], "test")
+        shown = {t.tenant: t for t in scheduler.cluster_state().tenants}
+        expected: dict[str, tuple[int, int, dict[str, int]]] = {}
+        for job in scheduler.state.jobs.values():
+            if job.terminal:
+                continue
+            running, queued, devices = expected.get(job.spec.tenant, (0, 0, {}))
+            if job.state in (C.JOB_STATE_RUNNING, C.JOB_STATE_RESCALING):
+                running += 1
+                for process in job.placement.processes:
+                    kind = process.accelerator_type
+                    devices[kind] = devices.get(kind, 0) + 1
+            else:
+                queued += 1
+            expected[job.spec.tenant] = (running, queued, devices)
+        assert sum(r for r, _, _ in expected.values()) >= 2, "nothing runs: a weak check"
+        assert {
+            t: (row.running_jobs, row.queued_jobs, dict(row.devices)) for t, row in shown.items()
+        } == expected
+    finally:
+        scheduler.stop()
+
+
 def test_a_jobs_brain_ask_is_built_once_and_dropped_when_it_ends(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
