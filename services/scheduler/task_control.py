@@ -224,15 +224,9 @@ class TaskControl:
         not retried: a worker that did not answer it would learn no sooner."""
 
         tasks = list(tasks)
-        statuses = self.stop_calls(tasks, checkpoint=checkpoint, reason=reason)
+        (statuses,) = self.stop_many([(tasks, checkpoint, reason)])
         with self.state.store.locked_batch(self.state.lock):  # the records: one transaction
             self.close_stopped(tasks, statuses, checkpoint=checkpoint)
-
-    def stop_calls(
-        self, tasks: Sequence[TaskRecord], *, checkpoint: bool, reason: str
-    ) -> list[common_pb2.TaskStatus | None]:
-        """The StopTask calls of stop_tasks (stop_many, one group)."""
-        return self.stop_many([(tasks, checkpoint, reason)])[0]
 
     def stop_many(
         self, groups: Sequence[tuple[Sequence[TaskRecord], bool, str]]
@@ -275,7 +269,7 @@ class TaskControl:
         *,
         checkpoint: bool,
     ) -> None:
-        """Under the lock: the records of tasks stop_calls stopped, ended as their workers
+        """Under the lock: the records of tasks stop_many stopped, ended as their workers
         said or as the stop asked."""
         for task, status in zip(tasks, statuses, strict=True):
             self._close(task, status, checkpoint=checkpoint)

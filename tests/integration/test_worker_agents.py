@@ -39,20 +39,20 @@ class GatheringAgent(worker_pb2_grpc.WorkerAgentServicer):
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"no such entrypoint in {request.task_id}"
             )
-        try:
-            self.barrier.wait()
-        except threading.BrokenBarrierError:
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the other calls never came")
+        self._meet(context)
         return C.TaskStatus(task_id=request.task_id, state=C.TASK_STATE_RUNNING)
 
     def StopTask(
         self, request: worker_pb2.StopTaskRequest, context: grpc.ServicerContext
     ) -> C.TaskStatus:
+        self._meet(context)
+        return C.TaskStatus(task_id=request.task_id, state=C.TASK_STATE_CHECKPOINTED)
+
+    def _meet(self, context: grpc.ServicerContext) -> None:
         try:
             self.barrier.wait()
         except threading.BrokenBarrierError:
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the other calls never came")
-        return C.TaskStatus(task_id=request.task_id, state=C.TASK_STATE_CHECKPOINTED)
 
 
 @pytest.fixture
