@@ -392,7 +392,7 @@ class SqlStore(BatchedWrites):
         # Submissions on PostgreSQL: connections of their own, in autocommit from the start
         # (switching a pooled connection to it and back costs two SETs: round trips).
         self._submissions = (
-            create_engine(self.engine.url, isolation_level="AUTOCOMMIT", pool_size=2)
+            create_engine(self.engine.url, isolation_level="AUTOCOMMIT")
             if self.engine.dialect.name == "postgresql"
             else None
         )

@@ -3,7 +3,9 @@ events, workers, tasks and state on SQLite and on the real PostgreSQL."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -110,6 +112,36 @@ def test_a_submission_is_one_statement_on_postgresql(store: SqlStore) -> None:
     one = store.engine.dialect.name == "postgresql"
     assert len(statements) == (1 if one else 2), statements
     assert [e.sequence for e in store.events_after("j1", 0)] == [1]
+
+
+def test_concurrent_submissions_keep_their_connections(store: SqlStore) -> None:
+    """Eight submitters at once, fifty jobs each, open at most eight connections: the pool
+    keeps what it opens (with two kept, a hundred submissions a second opened and closed
+    35 PostgreSQL sessions a second, each a backend forked: bench/load.py)."""
+    submitters, each = 8, 50
+    opened: list[object] = []
+
+    def count_one(connection: object, _record: object) -> None:
+        opened.append(connection)
+
+    engines = [store.engine, *([store._submissions] if store._submissions else [])]
+    for engine in engines:
+        sa.event.listen(engine, "connect", count_one)
+    meet = threading.Barrier(submitters)
+
+    def submit(first: int) -> None:
+        for i in range(first, first + each):
+            meet.wait(timeout=30)  # all eight at once, every time
+            store.create_job(_job(f"c{i}", float(i)), _event(f"c{i}", 1))
+
+    with ThreadPoolExecutor(submitters) as pool:
+        list(pool.map(submit, range(0, submitters * each, each)))
+    for engine in engines:
+        sa.event.remove(engine, "connect", count_one)
+    with store.engine.connect() as connection:
+        count = connection.execute(sa.select(sa.func.count()).select_from(models.Job)).scalar()
+    assert count == submitters * each
+    assert len(opened) <= submitters, f"{len(opened)} connections opened"
 
 
 def test_jobs_events_and_keys(store: SqlStore) -> None:
