@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from gearshift.common.codepkg import assemble
@@ -16,9 +15,9 @@ from gearshift.common.errors import (
 from gearshift.common.facts import total_steps
 from gearshift.common.jobspec import is_ps_job
 from gearshift.scheduler import plan_book, ps_jobs
+from gearshift.scheduler.cluster_view import ClusterView
 from gearshift.scheduler.guarantees import Admission
-from gearshift.scheduler.rubick_policy import RubickAdmission
-from gearshift.scheduler.state import RUNNING_STATES, SchedulerState, new_job_id
+from gearshift.scheduler.state import SchedulerState, new_job_id
 from gearshift.scheduler.store import EventRecord, JobRecord
 from gearshift.scheduler.task_control import TaskControl
 from gearshift.scheduler.tenants import Quotas
@@ -50,6 +49,7 @@ class JobsApi:
         self.wake = wake
         self.round_number = round_number
         self.stopped = stopped
+        self._view = ClusterView()
 
     def submit(self, spec: common_pb2.JobSpec, key: str) -> tuple[JobRecord, bool]:
         """Create a job (spec already validated and defaulted); same key -> same job."""
@@ -274,11 +274,9 @@ class JobsApi:
                 state.store.settle()
 
     def cluster_state(self) -> S.ClusterState:
-        """Built outside the lock from the records taken under it: a record's fields are
-        read whole one at a time, and a placement is replaced, never changed
-        (store.JobRecord.placement). Built under the lock, each call held up every
-        heartbeat and submission for 30-100 ms at 1,000 workers and 5,000 jobs
-        (bench/load.py)."""
+        """Built outside the lock from the records taken under it (cluster_view.py). Built
+        under the lock, each call held up every heartbeat and submission for 30-100 ms at
+        1,000 workers and 5,000 jobs (bench/load.py)."""
         state = self.state
         with state.lock:
             workers = list(state.workers.values())
@@ -290,86 +288,4 @@ class JobsApi:
             round_seconds=state.settings.round_seconds,
             policy=state.settings.policy + (" (elastic)" if state.settings.elastic else ""),
         )
-        for worker in sorted(workers, key=lambda w: w.worker_id):
-            out.workers.add(
-                worker_id=worker.worker_id,
-                address=worker.address,
-                hostname=worker.hostname,
-                devices=worker.devices,
-                alive=worker.alive,
-                last_heartbeat_at=worker.last_heartbeat_at,
-                cpu_cores=worker.cpu_cores,
-                memory_bytes=worker.memory_bytes,
-                degraded=bool(worker.degraded_reason),
-                degraded_reason=worker.degraded_reason,
-            )
-        live = [job for job in jobs if not job.terminal]
-        running = [
-            (job, placement)
-            for job in live
-            if job.state in RUNNING_STATES and (placement := job.placement).processes
-        ]
-        running.sort(key=lambda r: r[0].submitted_at)
-        add = out.allocations.add
-        for job, placement in running:
-            add(job_id=job.job_id, job_name=job.spec.name, placement=placement)
-        _tenants(out, live, running, *tenancy)
-        return out
-
-
-def _tenants(
-    out: S.ClusterState,
-    live: list[JobRecord],
-    running: list[tuple[JobRecord, common_pb2.Placement]],
-    quotas: Quotas,
-    admitted: Mapping[str, Admission],
-) -> None:
-    """Each tenant's quota and use: counted in C (Counter over iterables), a message per
-    tenant at the end. A message per job, then a Python step per job, cost GetClusterState
-    most of its time (bench/load.py: 10 of 18 ms at 8,000 jobs)."""
-    rows: dict[str, S.TenantState] = {
-        name: S.TenantState(tenant=name, quota=quota) for name, quota in quotas.by_tenant.items()
-    }
-    open_jobs = Counter(job.spec.tenant for job in live)
-    running_jobs = Counter(job.spec.tenant for job, _ in running)
-    devices: Counter[tuple[str, str]] = Counter(
-        (job.spec.tenant, process.accelerator_type)
-        for job, placement in running
-        for process in placement.processes
-    )
-    for job in (j for j in live if j.job_id in admitted) if admitted else ():
-        row = _row(rows, job.spec.tenant)
-        a = admitted[job.job_id]
-        row.guaranteed_jobs += 1
-        row.guaranteed_devices[a.accelerator_type] += a.devices
-        if a.rubick is not None:
-            row.rubick_admissions.append(rubick_admission(a.rubick))
-    for tenant, count in open_jobs.items():
-        row = _row(rows, tenant)
-        row.running_jobs = running_jobs[tenant]
-        row.queued_jobs = count - running_jobs[tenant]
-    for (tenant, kind), count in devices.items():
-        rows[tenant].devices[kind] = count
-    out.tenants.extend(rows[name] for name in sorted(rows))
-
-
-def _row(rows: dict[str, S.TenantState], tenant: str) -> S.TenantState:
-    if tenant not in rows:
-        rows[tenant] = S.TenantState(tenant=tenant)
-    return rows[tenant]
-
-
-def rubick_admission(a: RubickAdmission) -> S.RubickAdmission:
-    """The message of a Rubick admission."""
-    return S.RubickAdmission(
-        job_id=a.job_id,
-        accelerator_type=a.accelerator_type,
-        requested_devices=a.requested_gpus,
-        devices=a.gpus,
-        requested_plan=a.requested_plan,
-        plan=a.plan,
-        requested_iterations_per_second=a.requested_rate,
-        predicted_iterations_per_second=a.predicted_rate,
-        shrunk_jobs=a.shrunk,
-        preempted_jobs=a.preempted,
-    )
+        return self._view.build(workers, jobs, *tenancy, out)

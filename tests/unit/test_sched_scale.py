@@ -19,7 +19,7 @@ from gearshift.scheduler.elastic_rounds import ElasticRounds
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.pipeline import Allocator, Snapshot, Target
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
-from gearshift.v1 import common_pb2
+from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.sched_harness import Clock, TableBrain, job_spec, make_scheduler, register
 
 C = common_pb2
@@ -211,6 +211,66 @@ def test_the_tenants_view_counts_what_a_walk_over_every_job_counts() -> None:
         assert {
             t: (row.running_jobs, row.queued_jobs, dict(row.devices)) for t, row in shown.items()
         } == expected
+    finally:
+        scheduler.stop()
+
+
+def test_the_cluster_view_shows_each_placement_as_it_stands_now() -> None:
+    """GetClusterState keeps each running placement's part between calls (cluster_view.py):
+    a job moved to other devices shows its new placement, one that ended disappears, and
+    the allocations and the tenants' devices always equal a plain walk over the jobs."""
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings(), clock=clock)
+
+    def plain() -> tuple[list[scheduler_pb2.Allocation], dict[str, dict[str, int]]]:
+        running = sorted(
+            (
+                j
+                for j in scheduler.state.jobs.values()
+                if not j.terminal
+                and j.state in (C.JOB_STATE_RUNNING, C.JOB_STATE_RESCALING)
+                and j.placement.processes
+            ),
+            key=lambda j: j.submitted_at,
+        )
+        devices: dict[str, dict[str, int]] = {}
+        for job in running:
+            row = devices.setdefault(job.spec.tenant, {})
+            for process in job.placement.processes:
+                row[process.accelerator_type] = row.get(process.accelerator_type, 0) + 1
+        allocations = [
+            scheduler_pb2.Allocation(job_id=j.job_id, job_name=j.spec.name, placement=j.placement)
+            for j in running
+        ]
+        return allocations, devices
+
+    def shown() -> tuple[list[scheduler_pb2.Allocation], dict[str, dict[str, int]]]:
+        state = scheduler.cluster_state()
+        return list(state.allocations), {t.tenant: dict(t.devices) for t in state.tenants}
+
+    try:
+        register(scheduler, "a", {"v100": 4})
+        register(scheduler, "b", {"k80": 2})
+        for i in range(5):
+            scheduler.submit(job_spec(f"j{i}", 1, tenant=f"t{i % 2}"), "")
+        scheduler.run_round()
+        first = shown()
+        assert len(first[0]) >= 3, "too few run: a weak check"
+        assert first == plain()
+        assert shown() == first  # kept parts: the same message again
+        moved = scheduler.state.jobs[first[0][0].job_id]
+        with scheduler.state.lock:  # another device, a new placement (never changed in place)
+            placement = common_pb2.Placement()
+            placement.CopyFrom(moved.placement)
+            placement.processes[0].device_index = 9
+            placement.processes[0].accelerator_type = "p100"
+            moved.placement = placement
+        scheduler.cancel(first[0][1].job_id, "test")
+        second = shown()
+        assert second == plain()
+        assert second[0][0].placement.processes[0].device_index == 9
+        assert first[0][1].job_id not in {a.job_id for a in second[0]}
+        assert "p100" in second[1][moved.spec.tenant]
     finally:
         scheduler.stop()
 
