@@ -240,6 +240,11 @@ def job_spec(index: int, unplaceable: bool) -> common_pb2.JobSpec:
     )
 
 
+def submit_request(index: int, unplaceable: bool) -> S.SubmitJobRequest:
+    """With an idempotency key, as the SDK sends every submission."""
+    return S.SubmitJobRequest(spec=job_spec(index, unplaceable), idempotency_key=f"load-{index}")
+
+
 def register_request(
     worker_id: str, index: int, address: str, tasks: Sequence[common_pb2.TaskStatus] = ()
 ) -> scheduler_pb2.RegisterWorkerRequest:
@@ -440,7 +445,7 @@ async def _clients(address: str, config: Config, first_job: int, window: Any, re
         in_flight: set[asyncio.Task[None]] = set()
 
         async def submit(index: int) -> None:
-            request = S.SubmitJobRequest(spec=job_spec(index, config.unplaceable))
+            request = submit_request(index, config.unplaceable)
             reply = await recorder.call("SubmitJob", jobs.SubmitJob(request, timeout=CALL_TIMEOUT))
             if reply is not None:
                 job_ids.append(reply.job.job_id)
@@ -534,7 +539,7 @@ async def _preload(address: str, count: int, unplaceable: bool) -> None:
             async with gate:
                 try:
                     await jobs.SubmitJob(
-                        S.SubmitJobRequest(spec=job_spec(index, unplaceable)),
+                        submit_request(index, unplaceable),
                         timeout=CALL_TIMEOUT * 3,
                     )
                 except grpc.aio.AioRpcError as exc:

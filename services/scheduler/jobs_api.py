@@ -60,12 +60,16 @@ class JobsApi:
                 f"spec.entrypoint.code_sha256: no code package {code[:12]}... on this scheduler; "
                 "upload it first (UploadCode; the SDK and CLI do it for you)"
             )
-        if key:
-            existing = state.store.find_job_by_key(key)
-            if existing is not None:
+        # A key is looked up only when the insert or the queue's limit refuses the job: the
+        # SDK sends one with every submission, and a lookup first cost each a round trip.
+        try:
+            with state.lock:
+                self._check_queue(spec.tenant)
+        except ResourceExhaustedError:
+            existing = state.store.find_job_by_key(key) if key else None
+            if existing is not None:  # a retry of a job that was taken
                 return existing, False
-        with state.lock:
-            self._check_queue(spec.tenant)
+            raise
         # Written outside the lock (a database round trip would hold up every heartbeat); the
         # idempotency key is unique in the database, which decides between concurrent calls.
         now = state.clock()
@@ -82,10 +86,9 @@ class JobsApi:
         try:
             state.store.create_job(job, event)
         except Exception:
-            if key:
-                existing = state.store.find_job_by_key(key)
-                if existing is not None:  # a concurrent call with the same key won
-                    return existing, False
+            existing = state.store.find_job_by_key(key) if key else None
+            if existing is not None:  # taken before, or by a concurrent call with the key
+                return existing, False
             raise
         with state.lock:
             state.add(job)

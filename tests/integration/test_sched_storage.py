@@ -18,6 +18,7 @@ from gearshift.common.db import create_engine, downgrade, migrate
 from gearshift.common.errors import ConflictError
 from gearshift.scheduler import models
 from gearshift.scheduler.memory_store import MemoryStore
+from gearshift.scheduler.state import SchedulerSettings
 from gearshift.scheduler.store import (
     EventRecord,
     JobRecord,
@@ -27,6 +28,7 @@ from gearshift.scheduler.store import (
     WorkerRecord,
 )
 from gearshift.v1 import common_pb2, scheduler_pb2
+from tests.sched_harness import Clock, job_spec, make_scheduler
 
 C = common_pb2
 S = scheduler_pb2
@@ -112,6 +114,34 @@ def test_a_submission_is_one_statement_on_postgresql(store: SqlStore) -> None:
     one = store.engine.dialect.name == "postgresql"
     assert len(statements) == (1 if one else 2), statements
     assert [e.sequence for e in store.events_after("j1", 0)] == [1]
+
+
+def test_a_keyed_submission_is_one_statement_too(postgres_db: str) -> None:
+    """The SDK's submissions carry an idempotency key: the scheduler inserts at once and
+    looks the key up only when the insert is refused (a lookup first cost each submission
+    a round trip)."""
+    migrate(postgres_db)
+    store = SqlStore(postgres_db)
+    scheduler, _ = make_scheduler(SchedulerSettings(), clock=Clock(), store=store)
+    statements: list[str] = []
+
+    def executed(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    engines = [store.engine, *([store._submissions] if store._submissions else [])]
+    try:
+        for engine in engines:
+            sa.event.listen(engine, "before_cursor_execute", executed)
+        first, created = scheduler.submit(job_spec("keyed", 1), "key-1")
+        assert created and len(statements) == 1, statements
+        again, created = scheduler.submit(job_spec("keyed", 1), "key-1")
+        assert (again.job_id, created) == (first.job_id, False)
+        assert len(statements) == 3, statements  # the refused insert, then the lookup
+    finally:
+        for engine in engines:
+            sa.event.remove(engine, "before_cursor_execute", executed)
+        scheduler.stop()
+        store.close()
 
 
 def test_concurrent_submissions_keep_their_connections(store: SqlStore) -> None:

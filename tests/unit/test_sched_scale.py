@@ -215,6 +215,26 @@ def test_the_tenants_view_counts_what_a_walk_over_every_job_counts() -> None:
         scheduler.stop()
 
 
+def test_a_keyed_retry_gets_its_job_even_at_a_full_queue() -> None:
+    """The key is looked up only when the job is refused: a retry of a job that was taken
+    returns it (not RESOURCE_EXHAUSTED) when the tenant's queue has since filled, and
+    once more when the store refuses the duplicate key."""
+    scheduler, _ = make_scheduler(settings(max_queued_jobs=2), clock=Clock())
+    try:
+        first, created = scheduler.submit(job_spec("one", 1, tenant="t"), "k1")
+        assert created
+        again, created = scheduler.submit(job_spec("one", 1, tenant="t"), "k1")
+        assert (again.job_id, created) == (first.job_id, False)  # the store refused it
+        scheduler.submit(job_spec("two", 1, tenant="t"), "k2")
+        full, created = scheduler.submit(job_spec("one", 1, tenant="t"), "k1")
+        assert (full.job_id, created) == (first.job_id, False)  # the queue refused it
+        with pytest.raises(ResourceExhaustedError, match="tenant 't' has 2 queued jobs"):
+            scheduler.submit(job_spec("three", 1, tenant="t"), "k3")
+        assert len(scheduler.state.jobs) == 2
+    finally:
+        scheduler.stop()
+
+
 def test_the_cluster_view_shows_each_placement_as_it_stands_now() -> None:
     """GetClusterState keeps each running placement's part between calls (cluster_view.py):
     a job moved to other devices shows its new placement, one that ended disappears, and
