@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -96,10 +97,9 @@ def _event(job_id: str, sequence: int, kind: int = S.JOB_EVENT_TYPE_SUBMITTED) -
     return EventRecord(job_id, sequence, 1.0, kind, C.JOB_STATE_QUEUED, "m")
 
 
-def test_a_submission_is_one_statement_on_postgresql(store: SqlStore) -> None:
-    """The job and its first event in one statement on a connection already in autocommit:
-    one round trip after the pool's ping (each waited for a busy host's CPU, bench/load.py;
-    it was BEGIN, two inserts and COMMIT)."""
+@contextmanager
+def _statements(store: SqlStore) -> Iterator[list[str]]:
+    """The SQL statements the store's engines send while the block runs."""
     statements: list[str] = []
 
     def executed(*args: object) -> None:
@@ -108,9 +108,19 @@ def test_a_submission_is_one_statement_on_postgresql(store: SqlStore) -> None:
     engines = [store.engine, *([store._submissions] if store._submissions else [])]
     for engine in engines:
         sa.event.listen(engine, "before_cursor_execute", executed)
-    store.create_job(_job("j1", 1.0), _event("j1", 1))
-    for engine in engines:
-        sa.event.remove(engine, "before_cursor_execute", executed)
+    try:
+        yield statements
+    finally:
+        for engine in engines:
+            sa.event.remove(engine, "before_cursor_execute", executed)
+
+
+def test_a_submission_is_one_statement_on_postgresql(store: SqlStore) -> None:
+    """The job and its first event in one statement on a connection already in autocommit:
+    one round trip after the pool's ping (each waited for a busy host's CPU, bench/load.py;
+    it was BEGIN, two inserts and COMMIT)."""
+    with _statements(store) as statements:
+        store.create_job(_job("j1", 1.0), _event("j1", 1))
     one = store.engine.dialect.name == "postgresql"
     assert len(statements) == (1 if one else 2), statements
     assert [e.sequence for e in store.events_after("j1", 0)] == [1]
@@ -123,23 +133,14 @@ def test_a_keyed_submission_is_one_statement_too(postgres_db: str) -> None:
     migrate(postgres_db)
     store = SqlStore(postgres_db)
     scheduler, _ = make_scheduler(SchedulerSettings(), clock=Clock(), store=store)
-    statements: list[str] = []
-
-    def executed(*args: object) -> None:
-        statements.append(str(args[2]))
-
-    engines = [store.engine, *([store._submissions] if store._submissions else [])]
     try:
-        for engine in engines:
-            sa.event.listen(engine, "before_cursor_execute", executed)
-        first, created = scheduler.submit(job_spec("keyed", 1), "key-1")
-        assert created and len(statements) == 1, statements
-        again, created = scheduler.submit(job_spec("keyed", 1), "key-1")
+        with _statements(store) as statements:
+            first, created = scheduler.submit(job_spec("keyed", 1), "key-1")
+            assert created and len(statements) == 1, statements
+            again, created = scheduler.submit(job_spec("keyed", 1), "key-1")
         assert (again.job_id, created) == (first.job_id, False)
         assert len(statements) == 3, statements  # the refused insert, then the lookup
     finally:
-        for engine in engines:
-            sa.event.remove(engine, "before_cursor_execute", executed)
         scheduler.stop()
         store.close()
 
