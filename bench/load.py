@@ -210,6 +210,10 @@ class Report:
     # host's CPU time busy.
     helper_cpu_seconds: dict[str, float] = field(default_factory=dict)
     host_busy: float = 0.0
+    # PostgreSQL sessions opened on the trial's database in the window: pools that keep
+    # their connections open none (35 a second once, each a backend forked; None: a
+    # server older than 14 does not count them).
+    database_sessions: int | None = None
 
     def worst_p99_ms(self) -> float:
         """The highest p99 in the window (the startup registration burst aside)."""
@@ -577,6 +581,29 @@ def fresh_database(url: str) -> Iterator[str]:
         yield database
 
 
+def database_sessions(server_url: str, database: str) -> int | None:
+    """Sessions PostgreSQL has opened on `database` so far (pg_stat_database.sessions,
+    PostgreSQL 14 and later; None on older servers). Asked from the server's own database,
+    so that asking adds none."""
+    import sqlalchemy
+
+    from gearshift.common.db import database_url
+
+    engine = sqlalchemy.create_engine(database_url(server_url), poolclass=sqlalchemy.pool.NullPool)
+    name = database_url(database).database
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(
+                sqlalchemy.text("SELECT sessions FROM pg_stat_database WHERE datname = :name"),
+                {"name": name},
+            ).first()
+    except sqlalchemy.exc.ProgrammingError:  # no such column before PostgreSQL 14
+        return None
+    finally:
+        engine.dispose()
+    return int(row[0]) if row is not None else None
+
+
 def start_scheduler(database: str, config: Config, run_dir: Path) -> DaemonProcess:
     limit = str(max(10 * (config.queued + config.submits_per_second * config.seconds), 1000))
     flags = [
@@ -735,6 +762,7 @@ def run_trial(config: Config, log: Callable[[str], None] = print) -> Report:
         database = stack.enter_context(fresh_database(config.database_url))
         daemon = start_scheduler(database, config, run_dir)
         metrics: list[dict[str, Any]] = []
+        sessions: list[int | None] = []
         try:
             began = time.monotonic()
             asyncio.run(_preload(daemon.address, config.queued, config.unplaceable))
@@ -747,6 +775,7 @@ def run_trial(config: Config, log: Callable[[str], None] = print) -> Report:
                 if not metrics:
                     log_offset = daemon.log_path.stat().st_size
                 metrics.append(scrape(daemon))
+                sessions.append(database_sessions(config.database_url, database))
 
             drive = _drive(daemon.address, daemon.process.pid, config, log, mark)
             if daemon.process.poll() is not None:
@@ -775,7 +804,13 @@ def run_trial(config: Config, log: Callable[[str], None] = print) -> Report:
         helper_cpu_seconds=drive.helper_cpu_seconds,
         host_busy=drive.host_busy,
         load_average=drive.load_average,
+        database_sessions=_opened(sessions),
     )
+
+
+def _opened(sessions: list[int | None]) -> int | None:
+    first, last = sessions
+    return last - first if first is not None and last is not None else None
 
 
 def run_baseline(config: Config, log: Callable[[str], None] = print) -> Report:
@@ -988,6 +1023,8 @@ def print_report(report: Report) -> None:
         f"{report.load_average[0]:.2f} -> {report.load_average[1]:.2f} "
         f"on {os.cpu_count()} CPUs"
     )
+    if report.database_sessions is not None:
+        print(f"  PostgreSQL sessions opened in the window: {report.database_sessions}")
     print(generator_line(report))
 
 

@@ -38,6 +38,8 @@ def test_load_bench_tiny(postgres_url: str, tmp_path: Path) -> None:
     assert 0 < trial["host_busy"] <= 1
     assert set(trial["helper_cpu_seconds"]) == {"decision", "relays", "postgres"}
     assert trial["helper_cpu_seconds"]["relays"] > 0  # the heartbeats went through it
+    # The pools keep their connections: the window opens few sessions, if any.
+    assert trial["database_sessions"] is not None and 0 <= trial["database_sessions"] <= 15
     # The simulated workers' agent accepts starts: jobs run, no worker is lost for them.
     assert trial["running_jobs"] > 0
     assert trial["counters"]["workers_lost_total"] == 0
