@@ -25,6 +25,7 @@ class _Placed:
     """What the view keeps of one placement while it stands."""
 
     placement: common_pb2.Placement  # the object: a new placement is a new one
+    tenant: str
     allocation: bytes  # a ClusterState holding only this job's Allocation, serialized
     devices: tuple[tuple[str, str], ...]  # (tenant, accelerator type), one per process
 
@@ -63,17 +64,15 @@ class ClusterView:
             (job for job in live if job.state in RUNNING_STATES),
             key=lambda job: job.submitted_at,
         )
-        placed = self._placements(running)
-        running = [job for job in running if placed[job.job_id].devices]
+        parts = [part for part in self._placements(running) if part.devices]  # placed ones
         # Serialized messages concatenated are one message with their repeated fields joined
-        out.MergeFromString(b"".join(placed[job.job_id].allocation for job in running))
-        devices = Counter(chain.from_iterable(placed[job.job_id].devices for job in running))
-        _tenants(out, live, running, devices, quotas=quotas, admitted=admitted)
+        out.MergeFromString(b"".join(part.allocation for part in parts))
+        _tenants(out, live, parts, quotas=quotas, admitted=admitted)
         return out
 
-    def _placements(self, running: list[JobRecord]) -> dict[str, _Placed]:
-        """Each running job's part, built when its placement is new; what the last call
-        kept of jobs no longer running is dropped."""
+    def _placements(self, running: list[JobRecord]) -> list[_Placed]:
+        """Each running job's part in their order, built when its placement is new; what
+        the last call kept of jobs no longer running is dropped."""
         kept = self._placed
         placed: dict[str, _Placed] = {}
         for job in running:
@@ -83,7 +82,7 @@ class ClusterView:
                 part = _placed(job, placement)
             placed[job.job_id] = part
         self._placed = placed
-        return placed
+        return list(placed.values())
 
 
 def _placed(job: JobRecord, placement: common_pb2.Placement) -> _Placed:
@@ -91,6 +90,7 @@ def _placed(job: JobRecord, placement: common_pb2.Placement) -> _Placed:
     tenant = job.spec.tenant
     return _Placed(
         placement,
+        tenant,
         S.ClusterState(allocations=[allocation]).SerializeToString(),
         tuple((tenant, p.accelerator_type) for p in placement.processes),
     )
@@ -99,8 +99,7 @@ def _placed(job: JobRecord, placement: common_pb2.Placement) -> _Placed:
 def _tenants(
     out: S.ClusterState,
     live: list[JobRecord],
-    running: list[JobRecord],
-    devices: Counter[tuple[str, str]],
+    running: list[_Placed],
     *,
     quotas: Quotas,
     admitted: Mapping[str, Admission],
@@ -112,7 +111,8 @@ def _tenants(
         name: S.TenantState(tenant=name, quota=quota) for name, quota in quotas.by_tenant.items()
     }
     open_jobs = Counter(job.spec.tenant for job in live)
-    running_jobs = Counter(job.spec.tenant for job in running)
+    running_jobs = Counter(part.tenant for part in running)
+    devices = Counter(chain.from_iterable(part.devices for part in running))
     for job in (j for j in live if j.job_id in admitted) if admitted else ():
         row = _row(rows, job.spec.tenant)
         a = admitted[job.job_id]
