@@ -116,9 +116,10 @@ class DecisionProcess:
             self._start()
         assert self._conn is not None
         conn = self._conn
-        changed = [job for job in snapshot.jobs if self._sent.get(job.job_id) is not job]
+        changed, moved = _changes(self._sent, snapshot.jobs)
         conn.send(replace(snapshot, jobs=(), devices=(), ran=()))
-        for items in (snapshot.devices, snapshot.ran, [j.job_id for j in snapshot.jobs], changed):
+        ids = [j.job_id for j in snapshot.jobs]
+        for items in (snapshot.devices, snapshot.ran, ids, changed, moved):
             send_chunks(conn, items)
         send_chunks(conn, list(current.items()))
         failed = conn.recv()  # waits without the GIL: the RPCs run meanwhile
@@ -156,11 +157,13 @@ def _serve(conn: Connection, settings: SchedulerSettings) -> None:
             message = conn.recv()
             if message is None:
                 return
-            devices, ran, ids, changed, current = (recv_chunks(conn) for _ in range(5))
+            devices, ran, ids, changed, moved, current = (recv_chunks(conn) for _ in range(6))
         except EOFError:  # the scheduler is gone
             return
         for job in changed:
             jobs[job.job_id] = job
+        for job_id, seconds in moved:
+            jobs[job_id] = jobs[job_id].with_attained(seconds)
         jobs = {job_id: jobs[job_id] for job_id in ids}
         snapshot = replace(
             message, devices=tuple(devices), ran=tuple(ran), jobs=tuple(jobs.values())
@@ -173,6 +176,25 @@ def _serve(conn: Connection, settings: SchedulerSettings) -> None:
         conn.send(None)
         send_chunks(conn, list(targets.items()))
         send_chunks(conn, list(desired.items()))
+
+
+def _changes(
+    sent: Mapping[str, JobSnapshot], jobs: Sequence[JobSnapshot]
+) -> tuple[list[JobSnapshot], list[tuple[str, float]]]:
+    """The jobs the child must be sent whole, and (job id, attained seconds) of those whose
+    attained service alone moved on since it was sent (every running job's, each round:
+    sent whole, their pickling and unpickling took 27 ms a round at 2,200 running jobs)."""
+    changed: list[JobSnapshot] = []
+    moved: list[tuple[str, float]] = []
+    for job in jobs:
+        before = sent.get(job.job_id)
+        if before is job:
+            continue
+        if before is not None and job.moved_on_from(before):
+            moved.append((job.job_id, job.attained_seconds))
+        else:
+            changed.append(job)
+    return changed, moved
 
 
 # A round's messages go in pieces of at most this many items: pickling runs in C and holds

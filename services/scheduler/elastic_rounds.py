@@ -148,7 +148,8 @@ class ElasticRounds:
     _known: dict[str, object] = field(default_factory=dict)
     _types: tuple[str, ...] = ()
     # Per job, what step 1 made of its snapshot last round: reused while the round hands in
-    # the same snapshot object and capacity (the daemon's rounds do for unchanged jobs).
+    # the same snapshot object and capacity (the daemon's rounds do for unchanged jobs), or
+    # one with only its attained service moved on (a running job's, each round).
     _worked: dict[str, tuple[JobSnapshot, Hashable, ElasticJob, Rows, Hashable]] = field(
         default_factory=dict
     )
@@ -196,15 +197,24 @@ class ElasticRounds:
         worked: dict[str, tuple[JobSnapshot, Hashable, ElasticJob, Rows, Hashable]] = {}
         for job in jobs:
             entry = self._worked.get(job.job_id)
-            if entry is None or entry[0] is not job or entry[1] != where:
-                model = self._model(job)
-                job_rows, signature = self._rows_of(model, capacity, where)
-                key = (signature, job.priority_weight, job.entity)
-                entry = (job, where, model, job_rows, key)
+            if entry is None or entry[1] != where:
+                entry = self._work_out_one(job, capacity, where)
+            elif entry[0] is not job:  # a running job's new snapshot each round
+                if job.moved_on_from(entry[0]):
+                    entry = (job, *entry[1:])
+                else:
+                    entry = self._work_out_one(job, capacity, where)
             worked[job.job_id] = entry
             models[job.job_id], rows[job.job_id], signatures[job.job_id] = entry[2:]
         self._worked = worked
         return models, rows, signatures
+
+    def _work_out_one(
+        self, job: JobSnapshot, capacity: Mapping[str, int], where: Hashable
+    ) -> tuple[JobSnapshot, Hashable, ElasticJob, Rows, Hashable]:
+        model = self._model(job)
+        job_rows, signature = self._rows_of(model, capacity, where)
+        return job, where, model, job_rows, (signature, job.priority_weight, job.entity)
 
     def _rows_of(
         self, model: ElasticJob, capacity: Mapping[str, int], where: Hashable

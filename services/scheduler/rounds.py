@@ -465,7 +465,7 @@ class Rounds:
             if snapshot.attained_seconds != attained:
                 # A running job's service moved on, nothing else: a copy with it, not a
                 # rebuild (every running job's, each round: most of the snapshot's time)
-                snapshot = dataclasses.replace(snapshot, attained_seconds=attained)
+                snapshot = snapshot.with_attained(attained)
                 self._snapshots[job.job_id] = (key, snapshot)
             return snapshot
         snapshot = self._build_job(view, types)

@@ -4,9 +4,11 @@ sent; a killed child is replaced; the scheduler stops it with itself."""
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import signal
+import threading
 from typing import Any
 
 import pytest
@@ -19,7 +21,7 @@ from gearshift.scheduler.decider import (
     recv_chunks,
     send_chunks,
 )
-from gearshift.scheduler.pipeline import Snapshot
+from gearshift.scheduler.pipeline import JobSnapshot, Snapshot, plan_round
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.stages import allocator_for, collocator_for
 from gearshift.v1 import common_pb2
@@ -68,6 +70,88 @@ def test_the_child_decides_as_the_scheduler_would_round_after_round(
     finally:
         child.close()
         scheduler.stop()
+
+
+def test_the_child_holds_every_job_as_the_scheduler_sees_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The child's side run here, in a thread, keeping what its decision was given: round
+    after round, the jobs as the scheduler's snapshot has them, the running ones'
+    attained service sent alone."""
+    given: list[Snapshot] = []
+
+    def keep(snapshot: Snapshot, *args: Any) -> Any:
+        given.append(snapshot)  # the scheduler's own rounds too: they come after each check
+        return plan_round(snapshot, *args)
+
+    monkeypatch.setattr("gearshift.scheduler.decider.plan_round", keep)
+    monkeypatch.setattr(os, "nice", lambda _: 0)  # the thread is this process
+    moved: list[int] = []  # per round: jobs sent as their attained service alone
+    changes = decider._changes
+
+    def counted(sent: Any, jobs: Any) -> Any:
+        out = changes(sent, jobs)
+        moved.append(len(out[1]))
+        return out
+
+    monkeypatch.setattr(decider, "_changes", counted)
+    clock = Clock()
+    config = settings()
+    scheduler, _ = make_scheduler(config, clock=clock)
+    here, there = mp.Pipe()
+    child = threading.Thread(target=decider._serve, args=(there, config), daemon=True)
+    child.start()
+    sender = DecisionProcess(config)
+    sender._conn = here  # the thread is its child
+    try:
+        for i in range(4):
+            register(scheduler, f"w{i}", {"v100": 2})
+        for i in range(6):
+            scheduler.submit(job_spec(f"j{i}", 1 + i % 2), "")
+        for step in range(4):
+            clock.now += 20.0
+            snapshot, current = snapshot_of(scheduler, clock.now)
+            sender.decide(snapshot, current)
+            assert given[-1].jobs == snapshot.jobs, f"round {step}"
+            scheduler.run_round()
+        assert moved[0] == 0 and max(moved) > 0, moved  # the running jobs' service moved on
+    finally:
+        here.send(None)
+        child.join(timeout=10)
+        scheduler.stop()
+    assert not child.is_alive()
+
+
+def test_only_a_job_whose_attained_service_alone_moved_on_is_sent_as_that() -> None:
+    def job(job_id: str) -> JobSnapshot:
+        return JobSnapshot(
+            job_id=job_id,
+            num_ests=1,
+            min_devices=1,
+            max_devices=2,
+            types=("v100",),
+            capability={"v100": 1.0},
+            throughputs={"v100": 2.0},
+            steps_remaining=100.0,
+            arrival_time=0.0,
+            attained_seconds=5.0,
+        )
+
+    same, ran, rebuilt, other, new = (job(name) for name in ("same", "ran", "rb", "o", "new"))
+    sent = {j.job_id: j for j in (same, ran, rebuilt, other)}
+    later = ran.with_attained(25.0)
+    assert later == dataclasses.replace(ran, attained_seconds=25.0) and later is not ran
+    assert later.capability is ran.capability  # the same objects, as replace gives
+    now = [
+        same,
+        later,
+        dataclasses.replace(rebuilt.with_attained(9.0), steps_remaining=50.0),
+        dataclasses.replace(other, types=("k80",)),
+        new,
+    ]
+    changed, moved = decider._changes(sent, now)
+    assert moved == [("ran", 25.0)]
+    assert [j.job_id for j in changed] == ["rb", "o", "new"]
 
 
 def test_a_killed_child_is_replaced_and_given_the_whole_snapshot() -> None:

@@ -17,7 +17,7 @@ from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.elastic import configurations
 from gearshift.scheduler.elastic_rounds import ElasticRounds
 from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.pipeline import Allocator, Snapshot, Target
+from gearshift.scheduler.pipeline import Allocator, JobSnapshot, Snapshot, Target
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.sched_harness import Clock, TableBrain, job_spec, make_scheduler, register
@@ -374,6 +374,53 @@ def test_the_elastic_allocator_works_out_configurations_once_per_kind_of_job(
     # first round: one kind; same objects: nothing; new capacity: once; the old capacity
     # and new snapshot objects of the same kind: nothing
     assert worked_out == [1, 0, 1, 0, 0]
+
+
+def test_a_jobs_model_is_kept_while_only_its_attained_service_moves_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A running job's snapshot is a new object each round (its attained service): its
+    model is kept for it; any other change makes it again, and the allocation is the same
+    as from scratch each time."""
+    made: list[str] = []
+    model = ElasticRounds._model
+
+    def counted(self: ElasticRounds, job: Any) -> Any:
+        made.append(job.job_id)
+        return model(self, job)
+
+    monkeypatch.setattr(ElasticRounds, "_model", counted)
+    devices = tuple(Device("w", i, "v100") for i in range(4))
+    jobs = tuple(
+        JobSnapshot(
+            job_id=name,
+            num_ests=2,
+            min_devices=1,
+            max_devices=2,
+            types=("v100",),
+            capability={"v100": 1.0},
+            throughputs={"v100": 2.0},
+            steps_remaining=100.0,
+            arrival_time=float(i),
+        )
+        for i, name in enumerate(("x", "y"))
+    )
+    x, y = jobs
+    rounds = [
+        jobs,
+        (x.with_attained(5.0), y.with_attained(5.0)),  # kept
+        (x.with_attained(10.0), replace(y.with_attained(10.0), max_devices=1)),  # y anew
+        (x.with_attained(15.0), replace(y, types=())),  # y anew
+    ]
+    cached = make_allocator("las", elastic=True)
+    made_per_round = []
+    for now, step in enumerate(rounds):
+        snapshot = Snapshot(float(now), devices, step)
+        before = len(made)
+        got = cached.allocate(snapshot)
+        made_per_round.append(made[before:])
+        assert got == make_allocator("las", elastic=True).allocate(snapshot)
+    assert made_per_round == [["x", "y"], [], ["y"], ["y"]]
 
 
 def test_a_ready_daemon_keeps_full_collections_rare() -> None:
