@@ -78,11 +78,11 @@ def test_the_child_holds_every_job_as_the_scheduler_sees_it(
     """The child's side run here, in a thread, keeping what its decision was given: round
     after round, the jobs as the scheduler's snapshot has them, the running ones'
     attained service sent alone."""
-    given: list[Snapshot] = []
+    given: list[tuple[Snapshot, Any]] = []
 
-    def keep(snapshot: Snapshot, *args: Any) -> Any:
-        given.append(snapshot)  # the scheduler's own rounds too: they come after each check
-        return plan_round(snapshot, *args)
+    def keep(snapshot: Snapshot, allocator: Any, current: Any, *args: Any) -> Any:
+        given.append((snapshot, current))  # the scheduler's rounds too: after each check
+        return plan_round(snapshot, allocator, current, *args)
 
     monkeypatch.setattr("gearshift.scheduler.decider.plan_round", keep)
     monkeypatch.setattr(os, "nice", lambda _: 0)  # the thread is this process
@@ -99,7 +99,14 @@ def test_the_child_holds_every_job_as_the_scheduler_sees_it(
     config = settings()
     scheduler, _ = make_scheduler(config, clock=clock)
     here, there = mp.Pipe()
-    child = threading.Thread(target=decider._serve, args=(there, config), daemon=True)
+
+    def serve() -> None:
+        try:
+            decider._serve(there, config)
+        finally:  # a failure here ends the test's wait for an answer (EOFError)
+            there.close()
+
+    child = threading.Thread(target=serve, daemon=True)
     child.start()
     sender = DecisionProcess(config)
     sender._conn = here  # the thread is its child
@@ -108,16 +115,23 @@ def test_the_child_holds_every_job_as_the_scheduler_sees_it(
             register(scheduler, f"w{i}", {"v100": 2})
         for i in range(6):
             scheduler.submit(job_spec(f"j{i}", 1 + i % 2), "")
-        for step in range(4):
+        for step in range(5):
             clock.now += 20.0
+            if step == 3:  # new devices: sent again
+                register(scheduler, "late", {"k80": 2})
+                scheduler.submit(job_spec("late", 2, accelerator_types=["k80"]), "")
             snapshot, current = snapshot_of(scheduler, clock.now)
             sender.decide(snapshot, current)
-            assert given[-1].jobs == snapshot.jobs, f"round {step}"
+            held, held_current = given[-1]
+            assert held.jobs == snapshot.jobs, f"round {step}"
+            assert held.devices == snapshot.devices and held_current == current, f"round {step}"
             scheduler.run_round()
         assert moved[0] == 0 and max(moved) > 0, moved  # the running jobs' service moved on
-    finally:
+        assert sender.restarts == 0
         here.send(None)
+    finally:
         child.join(timeout=10)
+        sender.close()
         scheduler.stop()
     assert not child.is_alive()
 
