@@ -141,11 +141,6 @@ class Estimates:
     def _bump(self, job_id: str) -> None:
         self._version[job_id] = self._version.get(job_id, 0) + 1
 
-    def version(self, job_id: str) -> int:
-        """Changes whenever the job's rates may have: what a round may cache them by."""
-        with self._lock:
-            return self._version.get(job_id, 0)
-
     def stopping(self, job_id: str, now: float) -> None:
         """The job's tasks are being stopped to move it: its restart clock starts."""
         with self._lock:

@@ -430,7 +430,7 @@ def test_the_heartbeat_carries_rank_0s_progress_to_the_job_and_the_estimates() -
         rank0, other = tasks
         beat(scheduler, other, step=0)
         assert scheduler.get(job.job_id).progress.step == 0
-        assert scheduler.estimates.version(job.job_id) == 0
+        assert scheduler.estimates.marks([job.job_id])[job.job_id][0] == 0  # rates unchanged
         beat(scheduler, rank0, step=5, loss=0.5, samples_per_second=32.0)
         assert scheduler.get(job.job_id).progress.loss == 0.5
         record = scheduler.get(job.job_id)
