@@ -121,8 +121,8 @@ class DecisionProcess:
         conn = self._conn
         changed, moved = _changes(self._sent, snapshot.jobs)
         # The devices and each running job's assignment are the same objects while they
-        # stand (views.py): sent only when new (4,000 devices and 2,200 assignments a
-        # round were most of what the child unpickled)
+        # stand (views.py): sent only when new (4,000 devices and 2,200 assignments took
+        # 14 ms a round to pickle and unpickle, offline)
         new_devices = snapshot.devices is not self._sent_devices
         conn.send((replace(snapshot, jobs=(), devices=(), ran=()), new_devices))
         if new_devices:

@@ -21,12 +21,13 @@ from gearshift.scheduler.decider import (
     recv_chunks,
     send_chunks,
 )
-from gearshift.scheduler.pipeline import JobSnapshot, Snapshot, plan_round
+from gearshift.scheduler.pipeline import Snapshot, plan_round
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.stages import allocator_for, collocator_for
 from gearshift.v1 import common_pb2
 from tests.helpers import wait_until
 from tests.sched_harness import Clock, job_spec, make_scheduler, register
+from tests.unit.test_elastic_policies import job as job_snapshot
 from tests.unit.test_sched_scale import settings as elastic_las
 
 C = common_pb2
@@ -137,21 +138,10 @@ def test_the_child_holds_every_job_as_the_scheduler_sees_it(
 
 
 def test_only_a_job_whose_attained_service_alone_moved_on_is_sent_as_that() -> None:
-    def job(job_id: str) -> JobSnapshot:
-        return JobSnapshot(
-            job_id=job_id,
-            num_ests=1,
-            min_devices=1,
-            max_devices=2,
-            types=("v100",),
-            capability={"v100": 1.0},
-            throughputs={"v100": 2.0},
-            steps_remaining=100.0,
-            arrival_time=0.0,
-            attained_seconds=5.0,
-        )
-
-    same, ran, rebuilt, other, new = (job(name) for name in ("same", "ran", "rb", "o", "new"))
+    same, ran, rebuilt, other, new = (
+        job_snapshot(name, 2, {"v100": 1.0}).with_attained(5.0)
+        for name in ("same", "ran", "rb", "o", "new")
+    )
     sent = {j.job_id: j for j in (same, ran, rebuilt, other)}
     later = ran.with_attained(25.0)
     assert later == dataclasses.replace(ran, attained_seconds=25.0) and later is not ran

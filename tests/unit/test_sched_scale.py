@@ -17,10 +17,11 @@ from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.elastic import configurations
 from gearshift.scheduler.elastic_rounds import ElasticRounds
 from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.pipeline import Allocator, JobSnapshot, Snapshot, Target
+from gearshift.scheduler.pipeline import Allocator, Snapshot, Target
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.sched_harness import Clock, TableBrain, job_spec, make_scheduler, register
+from tests.unit.test_elastic_policies import job as job_snapshot
 
 C = common_pb2
 
@@ -391,21 +392,7 @@ def test_a_jobs_model_is_kept_while_only_its_attained_service_moves_on(
 
     monkeypatch.setattr(ElasticRounds, "_model", counted)
     devices = tuple(Device("w", i, "v100") for i in range(4))
-    jobs = tuple(
-        JobSnapshot(
-            job_id=name,
-            num_ests=2,
-            min_devices=1,
-            max_devices=2,
-            types=("v100",),
-            capability={"v100": 1.0},
-            throughputs={"v100": 2.0},
-            steps_remaining=100.0,
-            arrival_time=float(i),
-        )
-        for i, name in enumerate(("x", "y"))
-    )
-    x, y = jobs
+    x, y = jobs = (job_snapshot("x", 2, {"v100": 1.0}), job_snapshot("y", 2, {"v100": 1.0}, at=1.0))
     rounds = [
         jobs,
         (x.with_attained(5.0), y.with_attained(5.0)),  # kept
