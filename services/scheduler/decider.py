@@ -185,7 +185,7 @@ def _serve(conn: Connection, settings: SchedulerSettings) -> None:
         current = {job_id: current[job_id] for job_id in running}
         snapshot = replace(header, devices=devices, ran=tuple(ran), jobs=tuple(jobs.values()))
         try:
-            targets, desired = plan_round(snapshot, allocator, dict(current), collocator)
+            targets, desired = plan_round(snapshot, allocator, current, collocator)
         except Exception as exc:  # the round fails in the scheduler, as in-process
             conn.send(exc)
             continue
