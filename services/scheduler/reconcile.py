@@ -32,7 +32,7 @@ def diff(desired: Mapping[str, Assignment], running: Mapping[str, Assignment]) -
     out: list[Change] = []
     for job_id, held in running.items():
         want = desired.get(job_id)
-        if want and list(want) == list(held):
+        if want and (want is held or list(want) == list(held)):
             out.append(Change(job_id, "renew", list(want)))
         elif want:
             out.append(Change(job_id, "rescale", list(want)))

@@ -80,10 +80,12 @@ def test_the_child_holds_every_job_as_the_scheduler_sees_it(
     after round, the jobs as the scheduler's snapshot has them, the running ones'
     attained service sent alone."""
     given: list[tuple[Snapshot, Any]] = []
+    decided: list[Any] = []
 
     def keep(snapshot: Snapshot, allocator: Any, current: Any, *args: Any) -> Any:
         given.append((snapshot, current))  # the scheduler's rounds too: after each check
-        return plan_round(snapshot, allocator, current, *args)
+        decided.append(plan_round(snapshot, allocator, current, *args))
+        return decided[-1]
 
     monkeypatch.setattr("gearshift.scheduler.decider.plan_round", keep)
     monkeypatch.setattr(os, "nice", lambda _: 0)  # the thread is this process
@@ -96,6 +98,15 @@ def test_the_child_holds_every_job_as_the_scheduler_sees_it(
         return out
 
     monkeypatch.setattr(decider, "_changes", counted)
+    answered: list[tuple[int, int, int, int]] = []  # per round: targets, re-sent, desired, moved
+    answer = decider._answer
+
+    def told(*args: Any) -> Any:
+        out = answer(*args)
+        answered.append(tuple(len(part) for part in out))  # type: ignore[arg-type]
+        return out
+
+    monkeypatch.setattr(decider, "_answer", told)
     clock = Clock()
     config = settings()
     scheduler, _ = make_scheduler(config, clock=clock)
@@ -122,12 +133,22 @@ def test_the_child_holds_every_job_as_the_scheduler_sees_it(
                 register(scheduler, "late", {"k80": 2})
                 scheduler.submit(job_spec("late", 2, accelerator_types=["k80"]), "")
             snapshot, current = snapshot_of(scheduler, clock.now)
-            sender.decide(snapshot, current)
+            targets, desired = sender.decide(snapshot, current)
             held, held_current = given[-1]
             assert held.jobs == snapshot.jobs, f"round {step}"
             assert held.devices == snapshot.devices and held_current == current, f"round {step}"
+            assert (targets, desired) == decided[-1], f"round {step}"
+            assert list(desired) == list(decided[-1][1]), f"round {step}: the order"
+            kept = [j for j, a in desired.items() if current.get(j) == a]
+            assert all(desired[j] is current[j] for j in kept), f"round {step}"
             scheduler.run_round()
         assert moved[0] == 0 and max(moved) > 0, moved  # the running jobs' service moved on
+        # Only what changed came back: every target and assignment in the first round, then
+        # the running jobs' mostly as they stood
+        assert answered[0][1] == answered[0][0] and answered[0][3] == answered[0][2], answered
+        later = answered[1:]
+        assert any(re_sent < targets for targets, re_sent, _, _ in later), answered
+        assert any(moved_to < wanted for _, _, wanted, moved_to in later), answered
         assert sender.restarts == 0
         here.send(None)
     finally:
