@@ -280,3 +280,50 @@ def test_the_simulator_runs_a_waiting_job_in_the_background_at_the_measured_rate
     assert shared["big"] < alone["big"] * 1.1 + 61.0
     never = run(Multiplexed(idle_fraction=0.05))  # below the least idle share: no lending
     assert never == alone
+
+
+def test_a_round_sets_each_role_and_clears_it_when_the_role_or_the_job_is_gone() -> None:
+    """The round looks only at jobs with a role now or in the last round (not every job):
+    a role given, changed, taken away, and the role of a job that ended, are all shown as
+    the round decided (what `gearshift job` and a start read)."""
+    scheduler, _ = make_scheduler(SchedulerSettings(round_seconds=60.0), clock=Clock())
+    try:
+        fg, bg, other = (scheduler.submit(job_spec(n, 1), "")[0].job_id for n in "abc")
+        jobs = scheduler.state.jobs
+        roles = scheduler.rounds._collocations
+
+        def shown() -> dict[str, tuple[int, str, bool]]:
+            return {
+                j: (jobs[j].collocation.role, jobs[j].collocation.partner_job_id, jobs[j].paused)
+                for j in (fg, bg, other)
+            }
+
+        def decide(**given: str) -> None:
+            targets = {j: target(j, 1) for j in (fg, bg, other)}
+            for job_id, role in given.items():
+                partner = bg if job_id == fg else fg
+                targets[job_id] = Target(job_id, (("cpu", 1),), {"cpu": (1,)}, (partner,), role)  # type: ignore[arg-type]
+            with scheduler.state.lock:
+                roles(targets, {j: [] for j in (fg, bg, other)})
+
+        decide(**{fg: "foreground", bg: "background"})
+        assert shown() == {
+            fg: (C.COLLOCATION_ROLE_FOREGROUND, bg, False),
+            bg: (C.COLLOCATION_ROLE_BACKGROUND, fg, False),
+            other: (0, "", False),
+        }
+        jobs[bg].paused = True  # as its worker's heartbeat says
+        decide(**{fg: "foreground"})  # bg lost its role: cleared, not paused
+        assert shown() == {
+            fg: (C.COLLOCATION_ROLE_FOREGROUND, bg, False),
+            bg: (0, "", False),
+            other: (0, "", False),
+        }
+        decide(**{fg: "foreground"})
+        jobs[fg].state = C.JOB_STATE_CANCELLED  # ended after the round's snapshot
+        decide(**{fg: "foreground"})
+        assert shown()[fg] == (0, "", False)
+        decide()
+        assert shown() == dict.fromkeys((fg, bg, other), (0, "", False))
+    finally:
+        scheduler.stop()
