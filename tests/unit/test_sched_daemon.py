@@ -77,6 +77,7 @@ def test_environment_fallback() -> None:
         (["--straggler-reports", "0"], "--straggler-reports must be >= 1"),
         (["--straggler-clear-seconds", "-5"], "--straggler-clear-seconds must be > 0"),
         (["--heartbeat-relays", "-1"], "--heartbeat-relays must be 0 to 64"),
+        (["--gil-switch-ms", "0"], "--gil-switch-ms must be > 0 and at most 100"),
         (["--heartbeat-relays", "2", "--heartbeat-relay-port", "65535"], "must leave a port"),
     ],
 )
