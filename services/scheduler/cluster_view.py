@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, compress
 from operator import attrgetter
 
 from gearshift.scheduler.guarantees import Admission
@@ -19,6 +19,11 @@ from gearshift.scheduler.tenants import Quotas
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 S = scheduler_pb2
+_RUNNING = frozenset(RUNNING_STATES)
+_state = attrgetter("state")
+_submitted_at = attrgetter("submitted_at")
+_tenant = attrgetter("tenant")
+_devices = attrgetter("devices")
 
 
 @dataclass(frozen=True)
@@ -65,17 +70,19 @@ class ClusterView:
                 degraded=bool(worker.degraded_reason),
                 degraded_reason=worker.degraded_reason,
             )
-        running = sorted(  # a running state is not a terminal one
-            (job for job in jobs if job.state in RUNNING_STATES),
-            key=attrgetter("submitted_at"),
+        # The running jobs picked in C (compress over the jobs' states): a Python step per
+        # job was 0.9 ms of 6 at 8,000 jobs. A running state is not a terminal one.
+        running = sorted(
+            compress(jobs, map(_RUNNING.__contains__, map(_state, jobs))), key=_submitted_at
         )
-        parts = [part for part in self._placements(running) if part.devices]  # placed ones
+        every = self._placements(running)
+        parts = [part for part in every if part.devices]  # placed ones
         # Serialized messages concatenated are one message with their repeated fields joined
         out.MergeFromString(b"".join(part.allocation for part in parts))
         guaranteed = (
             [job for job in jobs if job.job_id in admitted and not job.terminal] if admitted else []
         )
-        _tenants(out, queued, running, parts, guaranteed, quotas=quotas, admitted=admitted)
+        _tenants(out, queued, every, parts, guaranteed, quotas=quotas, admitted=admitted)
         return out
 
     def _placements(self, running: list[JobRecord]) -> list[_Placed]:
@@ -107,7 +114,7 @@ def _placed(job: JobRecord, placement: common_pb2.Placement) -> _Placed:
 def _tenants(
     out: S.ClusterState,
     queued: Mapping[str, int],
-    running: list[JobRecord],
+    running: list[_Placed],
     placed: list[_Placed],
     guaranteed: list[JobRecord],
     *,
@@ -117,14 +124,15 @@ def _tenants(
     """Each tenant's quota and use: counted in C (Counter over iterables), a message per
     tenant at the end. A message per job, then a Python step per job, cost GetClusterState
     most of its time (bench/load.py: 10 of 18 ms at 8,000 jobs). A job in a running state
-    without devices counts as queued."""
+    without devices counts as queued. `running`: every running job's part, `placed`: those
+    with devices."""
     rows: dict[str, S.TenantState] = {
         name: S.TenantState(tenant=name, quota=quota) for name, quota in quotas.by_tenant.items()
     }
-    open_jobs = Counter(job.spec.tenant for job in running)
+    open_jobs = Counter(map(_tenant, running))
     open_jobs.update(queued)
-    running_jobs = Counter(part.tenant for part in placed)
-    devices = Counter(chain.from_iterable(part.devices for part in placed))
+    running_jobs = Counter(map(_tenant, placed))
+    devices = Counter(chain.from_iterable(map(_devices, placed)))
     for job in guaranteed:
         row = _row(rows, job.spec.tenant)
         a = admitted[job.job_id]
