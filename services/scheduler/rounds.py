@@ -19,7 +19,6 @@ the next round tries again).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
@@ -667,19 +666,13 @@ class Rounds:
         )
         return [move for move, ok in zip(moves, proceed, strict=True) if ok]
 
-    def _in_holds(
-        self,
-        items: list[T],
-        fn: Callable[[T], R],
-        hold: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
-    ) -> list[R]:
+    def _in_holds(self, items: list[T], fn: Callable[[T], R]) -> list[R]:
         """fn over items under the lock, RECORDS_PER_HOLD items per hold, each hold's writes
         in one transaction: a round of a thousand moves commits tens of times, not
-        thousands, and a heartbeat waits for one hold at most. `hold()` is entered in each
-        hold, under the lock."""
+        thousands, and a heartbeat waits for one hold at most."""
         out: list[R] = []
         for first in range(0, len(items), RECORDS_PER_HOLD):
-            with self.state.store.locked_batch(self.state.lock), hold():
+            with self.state.store.locked_batch(self.state.lock):
                 out.extend(fn(item) for item in items[first : first + RECORDS_PER_HOLD])
         return out
 
@@ -720,7 +713,8 @@ class Rounds:
     def _start_all(self, moves: list[_Move]) -> None:
         """Start the jobs' new placements: tasks saved (one transaction) before any
         StartTask is sent, the calls, then every start or failure recorded."""
-        prepared = self._in_holds(moves, self._prepare_start, self.control.ports_indexed)
+        with self.control.ports_indexed():
+            prepared = self._in_holds(moves, self._prepare_start)
         starts = [s for s in prepared if s is not None]
         results = self._send(starts)
         reasons = self._in_holds(

@@ -757,8 +757,9 @@ def test_a_host_out_of_rendezvous_ports_leaves_the_job_queued_unchanged(
     try:
         register(scheduler, "a", {"t4": RENDEZVOUS_PORTS + 1})
         jobs = [scheduler.submit(job_spec(f"j{i}", 1), "")[0] for i in range(RENDEZVOUS_PORTS + 1)]
-        scheduler.run_round()
+        scheduler.run_round()  # the starts span several holds of the lock: one port index
         assert len(agents.started) == RENDEZVOUS_PORTS
+        assert len({r.rendezvous_address for r in agents.started}) == RENDEZVOUS_PORTS
         (waiting,) = [j for j in jobs if scheduler.get(j.job_id).state == C.JOB_STATE_QUEUED]
         assert scheduler.get(waiting.job_id).generation == 0
         warned = [r for r in caplog.records if r.getMessage() == "job not started"]
