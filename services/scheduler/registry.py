@@ -255,15 +255,17 @@ class WorkerRegistry:
         it: a start still in flight is not one. Tasks their jobs no longer run are stopped
         too (_stop_strays). Returns the jobs sent back to the queue."""
         state = self.state
-        timeout = state.settings.heartbeat_timeout
+        # The test that rules out nearly every task first, one comparison: the walk runs
+        # under the lock each second and each round (2.3 ms at 2,700 tasks with the
+        # membership and lookups first, bench/load.py)
+        silent_since = now - state.settings.heartbeat_timeout
         dead = [
             t
             for t in state.tasks.values()
-            if t.task_id not in state.stopping
+            if 0 < t.last_listed_at < silent_since
+            and t.task_id not in state.stopping
             and (worker := state.workers.get(t.worker_id)) is not None
             and worker.alive
-            and t.last_listed_at > 0
-            and now - t.last_listed_at > timeout
         ]
         for task in dead:
             log.warning(
