@@ -31,6 +31,7 @@ from gearshift.scheduler.pipeline import (
     plan_round,
 )
 from gearshift.scheduler.placement import Assignment
+from gearshift.scheduler.reconcile import same_assignment
 from gearshift.scheduler.rubick_live import LIVE_VARIANTS
 from gearshift.scheduler.stages import allocator_for, collocator_for
 
@@ -237,7 +238,9 @@ def _answer(
     of the scheduler's interpreter to unpickle, and the reconcile compared each assignment
     with the held one device by device (bench/load.py at 1,000 workers)."""
     changed_targets = [(j, t) for j, t in targets.items() if sent_targets.get(j) != t]
-    moved = [(j, a) for j, a in desired.items() if j not in current or list(current[j]) != list(a)]
+    moved = [
+        (j, a) for j, a in desired.items() if j not in current or not same_assignment(a, current[j])
+    ]
     return list(targets), changed_targets, list(desired), moved
 
 

@@ -7,10 +7,11 @@ the simulator moves its clock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.placement import Assignment
 
 ChangeKind = Literal["start", "rescale", "preempt", "renew"]
@@ -25,6 +26,12 @@ class Change:
     assignment: Assignment = field(default_factory=list)
 
 
+def same_assignment(want: Sequence[tuple[Device, int]], held: Sequence[tuple[Device, int]]) -> bool:
+    """The same devices and ESTs: by identity first (the decision process hands a job kept
+    on its devices its held assignment back), else item by item."""
+    return want is held or list(want) == list(held)
+
+
 def diff(desired: Mapping[str, Assignment], running: Mapping[str, Assignment]) -> list[Change]:
     """One change per job that runs or should run: start (not running, desired), renew (the
     same devices and ESTs), rescale (another placement), preempt (no longer desired).
@@ -32,7 +39,7 @@ def diff(desired: Mapping[str, Assignment], running: Mapping[str, Assignment]) -
     out: list[Change] = []
     for job_id, held in running.items():
         want = desired.get(job_id)
-        if want and (want is held or list(want) == list(held)):
+        if want and same_assignment(want, held):
             out.append(Change(job_id, "renew", list(want)))
         elif want:
             out.append(Change(job_id, "rescale", list(want)))
