@@ -210,6 +210,8 @@ class Report:
     # host's CPU time busy.
     helper_cpu_seconds: dict[str, float] = field(default_factory=dict)
     host_busy: float = 0.0
+    # The rounds over a second in the window, each its seconds and its phases' (the log's).
+    slow_rounds: list[dict[str, float]] = field(default_factory=list)
     # PostgreSQL sessions opened on the trial's database in the window: pools that keep
     # their connections open none (35 a second once, each a backend forked; None: a
     # server older than 14 does not count them).
@@ -221,6 +223,11 @@ class Report:
             (s.p99_ms for name, s in self.rpcs.items() if s.count and name not in NOT_TARGETS),
             default=0.0,
         )
+
+    def longest_round_s(self) -> float:
+        """The longest round in the window if one took over a second (the scheduler logs
+        those with their phases), else 0."""
+        return max((r["seconds"] for r in self.slow_rounds), default=0.0)
 
     def errors(self) -> int:
         return sum(s.errors for s in self.rpcs.values())
@@ -709,6 +716,18 @@ def scrape(daemon: DaemonProcess) -> dict[str, Any]:
     return out
 
 
+def slow_rounds_line(rounds: list[dict[str, float]]) -> str:
+    if not rounds:
+        return "rounds over 1 s: none"
+    worst = max(rounds, key=lambda r: r["seconds"])
+    phases = sorted(((k, v) for k, v in worst.items() if k != "seconds"), key=lambda kv: -kv[1])
+    return (
+        f"rounds over 1 s: {len(rounds)}, the longest {worst['seconds']:.2f}s ("
+        + ", ".join(f"{k} {v:.2f}" for k, v in phases[:3])
+        + ")"
+    )
+
+
 def round_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
     """Rounds that ended in the window: count, mean, and p50 / max as bucket upper bounds."""
     count = after.get("count", 0.0) - before.get("count", 0.0)
@@ -723,14 +742,31 @@ def round_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, fl
     return out
 
 
-def log_events(path: Path, offset: int) -> dict[str, int]:
+def window_log(path: Path, offset: int) -> str:
+    """The scheduler's log from `offset` (the window's start) on ("" if unreadable)."""
     try:
         with path.open("rb") as log:
             log.seek(offset)
-            text = log.read().decode(errors="replace")
+            return log.read().decode(errors="replace")
     except OSError:
-        return {}
+        return ""
+
+
+def log_events(text: str) -> dict[str, int]:
     return {name: text.count(pattern) for name, pattern in LOG_EVENTS.items()}
+
+
+_SLOW_ROUND = re.compile(r"gearshift\.scheduler: slow round (.*)$", re.MULTILINE)
+
+
+def slow_rounds(text: str) -> list[dict[str, float]]:
+    """The rounds the scheduler logged as slow (over a second), each its seconds and its
+    phases' (`seconds=1.2 asks=0.02 ...`): which phase the histogram's max falls in."""
+    out = []
+    for match in _SLOW_ROUND.finditer(text):
+        fields = dict(pair.split("=", 1) for pair in match.group(1).split())
+        out.append({k: float(v) for k, v in fields.items() if k != "round"})
+    return out
 
 
 # One trial -------------------------------------------------------------------------------------
@@ -780,7 +816,7 @@ def run_trial(config: Config, log: Callable[[str], None] = print) -> Report:
             drive = _drive(daemon.address, daemon.process.pid, config, log, mark)
             if daemon.process.poll() is not None:
                 raise LoadError(f"the scheduler exited:\n{daemon.log_tail()}")
-            events = log_events(daemon.log_path, log_offset)
+            text = window_log(daemon.log_path, log_offset)
         finally:
             daemon.stop(timeout=30)
     before, after = metrics
@@ -795,7 +831,8 @@ def run_trial(config: Config, log: Callable[[str], None] = print) -> Report:
         queued_jobs=after["jobs"].get("queued", 0),
         running_jobs=after["jobs"].get("running", 0),
         counters=counters,
-        log_events=events,
+        log_events=log_events(text),
+        slow_rounds=slow_rounds(text),
         reregistrations=drive.reregistrations,
         preload_seconds=preload,
         registration_seconds=drive.registration_seconds,
@@ -1010,6 +1047,7 @@ def print_report(report: Report) -> None:
     phases = [(k.removesuffix("_mean_s"), v) for k, v in r.items() if k.endswith("_mean_s")]
     if phases:
         print("  round phases, mean s: " + ", ".join(f"{k} {v:.3f}" for k, v in phases))
+    print("  " + slow_rounds_line(report.slow_rounds))
     print(
         f"  jobs: {report.queued_jobs} queued, {report.running_jobs} running at the end; "
         f"in the window: {report.counters['job_starts_total']:.0f} starts, "
@@ -1115,6 +1153,8 @@ def print_spread(reports: Sequence[Report]) -> None:
         + ", ".join(f"{r.counters['job_starts_total']:.0f}" for r in reports)
         + "; rounds mean s: "
         + ", ".join(f"{r.rounds['mean_s']:.2f}" for r in reports)
+        + "; longest round s: "
+        + ", ".join(f"{r.longest_round_s():.2f}" for r in reports)
         + "; host busy: "
         + ", ".join(f"{r.host_busy:.0%}" for r in reports)
     )

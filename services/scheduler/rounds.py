@@ -71,6 +71,7 @@ R = TypeVar("R")
 C = common_pb2
 # Jobs whose records one hold of the lock writes, in one transaction (Rounds._in_holds).
 RECORDS_PER_HOLD = 32
+SLOW_ROUND_SECONDS = 1.0  # a round longer than this is logged with its phases (issue 16's target)
 S = scheduler_pb2
 # A round's phases, in order (RoundReport.phases; the round phase histogram's `phase` label)
 ROUND_PHASES = ("asks", "estimates", "gather", "snapshot", "decide", "reconcile", "stop", "start")
@@ -99,6 +100,26 @@ class RoundReport:
         """`phase` took from `since` to `now`; returns `now` (the next phase's start)."""
         self.phases[phase] = now - since
         return now
+
+
+def log_round(report: RoundReport) -> None:
+    """A round that changed placements, and one slower than SLOW_ROUND_SECONDS with its
+    phases (the duration histogram's buckets are too coarse to say which phase)."""
+    took = sum(report.phases.values())
+    if report.started or report.rescaled or report.preempted:
+        log.info(
+            "round",
+            extra={
+                "round": report.round,
+                "started": report.started,
+                "rescaled": report.rescaled,
+                "preempted": report.preempted,
+                "renewed": len(report.renewed),
+            },
+        )
+    if took > SLOW_ROUND_SECONDS:
+        fields = {"round": report.round, "seconds": round(took, 3)}
+        log.info("slow round", extra=fields | {k: round(v, 3) for k, v in report.phases.items()})
 
 
 @dataclass
@@ -331,17 +352,7 @@ class Rounds:
             lap = report.lap("stop", lap, time.perf_counter())
             self._start_all(proceed)
             report.lap("start", lap, time.perf_counter())
-            if report.started or report.rescaled or report.preempted:
-                log.info(
-                    "round",
-                    extra={
-                        "round": report.round,
-                        "started": report.started,
-                        "rescaled": report.rescaled,
-                        "preempted": report.preempted,
-                        "renewed": len(report.renewed),
-                    },
-                )
+            log_round(report)
             self.last_round_ended_at = state.clock()
             for observer in self.observers:
                 observer(report, self.last_round_ended_at - started)

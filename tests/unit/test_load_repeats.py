@@ -3,9 +3,24 @@
 
 from __future__ import annotations
 
+import io
+import logging
+
 import pytest
 
-from bench.load import Report, RpcStats, knee, main, median_report, print_spread, spread
+from bench.load import (
+    Report,
+    RpcStats,
+    knee,
+    main,
+    median_report,
+    print_spread,
+    slow_rounds,
+    slow_rounds_line,
+    spread,
+)
+from gearshift.common.logs import TextFormatter
+from gearshift.scheduler.rounds import RoundReport, log_round
 
 
 def report(workers: int, heartbeat_p99: float, submit_p99: float, starts: float) -> Report:
@@ -59,3 +74,42 @@ def test_repeat_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--repeat", "0"])
     assert "--repeat must be > 0" in capsys.readouterr().err
+
+
+def test_the_slow_rounds_the_scheduler_logs_are_read_back_with_their_phases() -> None:
+    """The scheduler's "slow round" line (text format, as bench/load.py runs it) parsed
+    into each round's seconds and phases: the longest, and the phases it spent most in."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(TextFormatter())
+    logger = logging.getLogger("gearshift.scheduler")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        for number, start in ((7, 0.9), (8, 0.2)):
+            slow = RoundReport(number)
+            slow.phases = {"asks": 0.02, "decide": 0.4, "start": start, "reconcile": 0.01}
+            log_round(slow)
+        fast = RoundReport(9)
+        fast.phases = {"decide": 0.3}
+        log_round(fast)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    rounds = slow_rounds("other lines\n" + stream.getvalue())
+    assert rounds == [
+        {"seconds": 1.33, "asks": 0.02, "decide": 0.4, "start": 0.9, "reconcile": 0.01}
+    ]  # round 8 (0.63 s) is not slow, nor is round 9 (0.3 s)
+    assert slow_rounds_line(rounds) == (
+        "rounds over 1 s: 1, the longest 1.33s (start 0.90, decide 0.40, asks 0.02)"
+    )
+    assert slow_rounds_line([]) == "rounds over 1 s: none"
+    trial = report_with(rounds)
+    assert trial.longest_round_s() == 1.33 and report_with([]).longest_round_s() == 0.0
+
+
+def report_with(rounds: list[dict[str, float]]) -> Report:
+    trial = report(1000, 50, 50, 0)
+    trial.slow_rounds = rounds
+    return trial
