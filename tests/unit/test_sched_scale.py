@@ -19,6 +19,7 @@ from gearshift.scheduler.elastic_rounds import ElasticRounds
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.pipeline import Allocator, Snapshot, Target
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
+from gearshift.scheduler.state import RUNNING_STATES as RUNNING
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.sched_harness import Clock, TableBrain, job_spec, make_scheduler, register
 from tests.unit.test_elastic_policies import job as job_snapshot
@@ -292,6 +293,100 @@ def test_the_cluster_view_shows_each_placement_as_it_stands_now() -> None:
         assert second[0][0].placement.processes[0].device_index == 9
         assert first[0][1].job_id not in {a.job_id for a in second[0]}
         assert "p100" in second[1][moved.spec.tenant]
+    finally:
+        scheduler.stop()
+
+
+def _afresh(scheduler: Scheduler) -> tuple[list[Any], list[Any], list[Any]]:
+    """GetClusterState's workers, allocations and tenants built the plain way from every
+    record (no part kept between calls)."""
+    state = scheduler.state
+    workers = [
+        scheduler_pb2.WorkerInfo(
+            worker_id=w.worker_id,
+            address=w.address,
+            hostname=w.hostname,
+            devices=w.devices,
+            alive=w.alive,
+            last_heartbeat_at=w.last_heartbeat_at,
+            cpu_cores=w.cpu_cores,
+            memory_bytes=w.memory_bytes,
+            degraded=bool(w.degraded_reason),
+            degraded_reason=w.degraded_reason,
+        )
+        for w in sorted(state.workers.values(), key=lambda w: w.worker_id)
+    ]
+    jobs = sorted(state.jobs.values(), key=lambda j: j.submitted_at)
+    placed = [j for j in jobs if j.state in RUNNING and j.placement.processes]
+    allocations = [
+        scheduler_pb2.Allocation(job_id=j.job_id, job_name=j.spec.name, placement=j.placement)
+        for j in placed
+    ]
+    tenants: dict[str, scheduler_pb2.TenantState] = {}
+    for job in jobs:
+        if job.terminal:
+            continue
+        row = tenants.setdefault(job.spec.tenant, scheduler_pb2.TenantState(tenant=job.spec.tenant))
+        if job in placed:
+            row.running_jobs += 1
+            for process in job.placement.processes:
+                row.devices[process.accelerator_type] += 1
+        else:
+            row.queued_jobs += 1
+    return workers, allocations, [tenants[name] for name in sorted(tenants)]
+
+
+def test_the_cluster_view_kept_between_calls_equals_one_built_afresh_after_every_change() -> None:
+    """GetClusterState keeps its workers' and placements' parts and the tenants' counts
+    from call to call (cluster_view.py); after each kind of change, and called again with
+    none, it equals the message built from every record: heartbeats, a degraded worker, a
+    job moved, one cancelled, one started, a worker registered or registered again with
+    other devices, workers lost and their jobs back in the queue."""
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings(), clock=clock)
+
+    def check(what: str) -> None:
+        for call in ("first", "second"):
+            view = scheduler.cluster_state()
+            shown = (list(view.workers), list(view.allocations), list(view.tenants))
+            assert shown == _afresh(scheduler), f"after {what}, {call} call"
+
+    try:
+        register(scheduler, "a", {"v100": 4})
+        register(scheduler, "b", {"k80": 2})
+        check("registering")
+        for i in range(7):
+            scheduler.submit(job_spec(f"j{i}", 1 + i % 2, tenant=f"t{i % 3}"), "")
+        check("submitting")
+        scheduler.run_round()
+        assert len(scheduler.cluster_state().allocations) >= 3, "too few run: a weak check"
+        check("a round")
+        clock.now += 1.0
+        with scheduler.state.lock:  # what a heartbeat writes of its worker
+            for worker in scheduler.state.workers.values():
+                worker.last_heartbeat_at = clock.now
+        check("heartbeats")
+        with scheduler.state.lock:
+            scheduler.state.workers["b"].degraded_reason = "a straggler ran on it"
+        check("a worker degraded")
+        running = [j for j in scheduler.state.jobs.values() if j.state in RUNNING]
+        with scheduler.state.lock:  # another device, a new placement (never changed in place)
+            placement = common_pb2.Placement()
+            placement.CopyFrom(running[0].placement)
+            placement.processes[0].device_index = 9
+            running[0].placement = placement
+        check("a job moved")
+        scheduler.cancel(running[1].job_id, "test")
+        check("a job cancelled")
+        register(scheduler, "c", {"p100": 2})
+        scheduler.run_round()
+        check("a worker registered and a round on it")
+        register(scheduler, "b", {"k80": 1})
+        check("a worker registered again with fewer devices")
+        clock.now += 10.0  # every worker falls silent: lost, their jobs back in the queue
+        scheduler.run_round()
+        assert not any(w.alive for w in scheduler.state.workers.values())
+        check("workers lost")
     finally:
         scheduler.stop()
 
