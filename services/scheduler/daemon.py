@@ -25,7 +25,7 @@ from gearshift.common.db import database_options, migrate_main, open_database
 from gearshift.common.errors import GearshiftError, ValidationError
 from gearshift.common.server import register
 from gearshift.scheduler import metrics
-from gearshift.scheduler.allocators import allocator_names, make_allocator
+from gearshift.scheduler.allocators import GREEDY, allocator_names, make_allocator
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.datasets import DatasetKeeper
 from gearshift.scheduler.decider import check_decision_process
@@ -121,6 +121,15 @@ OPTIONS = [
         "after a change)",
         0.0,
         float,
+    ),
+    Option(
+        "recompute_in_background",
+        "elastic Gavel policies: solve a recomputation of the allocation (after the first) "
+        "on a thread of its own while the rounds go on with the allocation in force, taken "
+        "at the first round after it is done (Gavel's allocation thread): a solve over "
+        "thousands of jobs no longer lengthens its round",
+        False,
+        parse_bool,
     ),
     Option(
         "event_round_gap",
@@ -310,6 +319,13 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
             raise ValueError(f"--{flag.replace('_', '-')} must be > 0")
     if config.min_recompute_seconds < 0:
         raise ValueError("--min-recompute-seconds must be >= 0")
+    if config.recompute_in_background and (
+        not config.elastic or config.policy in (*GREEDY, *LIVE_VARIANTS)
+    ):
+        raise ValueError(
+            "--recompute-in-background: only with --elastic and a Gavel objective "
+            f"(--policy {config.policy}{' --elastic' if config.elastic else ''} solves none)"
+        )
     if config.event_round_gap < 0:
         raise ValueError("--event-round-gap must be >= 0")
     if config.plan_interval < 0:
@@ -396,6 +412,7 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         heartbeat_interval=config.heartbeat_interval,
         heartbeat_timeout=config.heartbeat_timeout,
         min_recompute_seconds=config.min_recompute_seconds,
+        recompute_in_background=config.recompute_in_background,
         event_round_gap=config.event_round_gap,
         event_rounds=config.event_rounds,
         decision_process=config.decision_process,

@@ -7,7 +7,13 @@ their share, with the same steps:
 
 1. allocate - recompute x when jobs arrived or left, when the types or a job's
    configurations changed, or when estimates moved (`stale`), spaced by
-   `min_recompute_seconds`; the ledger starts afresh.
+   `min_recompute_seconds`; the ledger starts afresh. With `in_background` (the
+   daemon's `--recompute-in-background`) a recomputation after the first is solved on a
+   thread of its own while the rounds go on with the x in force, and taken at the first
+   round after it is done, as Gavel's physical scheduler does with its allocation
+   thread: a solve over thousands of jobs (about a second at 8,000) no longer makes the
+   round that asked for it that long. The simulator solves in the round (its results
+   must not depend on a thread's timing).
 2. score    - priority = x[m, c] / fraction of time received in c since then,
    counting half a round as received (as Gavel's Ledger does). A job that never
    ran scores 1e9 times more (Gavel's rule for new jobs: short jobs must not wait
@@ -41,7 +47,10 @@ The ESTs of a chosen configuration are split by EasyScale's planner
 from __future__ import annotations
 
 import heapq
+import logging
 import math
+import threading
+import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
@@ -56,6 +65,7 @@ from gearshift.scheduler.policies.base import EntityPolicy, Policy, PolicyInput
 from gearshift.scheduler.policies.configs import Config, Configurations, ElasticAllocation
 
 Rows = list[tuple[Config, float]]
+log = logging.getLogger("gearshift.scheduler")
 T = TypeVar("T")
 
 
@@ -132,6 +142,34 @@ def split_ests(job: ElasticJob, config: Config) -> dict[str, tuple[int, ...]]:
     return dict(split)
 
 
+class _Solve:
+    """A policy solved on a thread of its own (ElasticRounds.in_background)."""
+
+    def __init__(
+        self, solve: Callable[[PolicyInput], ElasticAllocation], inp: PolicyInput, since: float
+    ) -> None:
+        self.since = since  # when its input was taken
+        self.done = threading.Event()
+        self.result: ElasticAllocation | None = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0  # how long it took
+        self.jobs = 0
+        threading.Thread(
+            target=self._run, args=(solve, inp), name="allocation-solve", daemon=True
+        ).start()
+
+    def _run(self, solve: Callable[[PolicyInput], ElasticAllocation], inp: PolicyInput) -> None:
+        began = time.perf_counter()
+        try:
+            self.result = solve(inp)
+        except Exception as exc:  # handed to the rounds' thread, which logs it
+            self.error = exc
+        finally:
+            self.seconds = time.perf_counter() - began
+            self.jobs = len(inp.job_ids)
+            self.done.set()
+
+
 # Entries a memo (the splits, ElasticRounds._rows) keeps before it starts afresh.
 _MEMO_SIZE = 1 << 14
 _SPLITS: dict[Hashable, dict[str, tuple[int, ...]]] = {}
@@ -157,11 +195,13 @@ class ElasticRounds:
     entity_policies: Mapping[str, EntityPolicy] = field(default_factory=dict)
     seed: int = 0
     replans_on_events: bool = True
+    in_background: bool = False  # recomputations after the first beside the rounds (step 1)
     shares: dict[str, dict[Config, float]] = field(default_factory=dict)
     received: dict[str, dict[Config, float]] = field(default_factory=dict)
     last_reset: float | None = None  # when x was last computed (None: never)
     stale: bool = True
     solves: int = 0
+    _solving: _Solve | None = None  # the recomputation under way beside the rounds
     _known: dict[str, object] = field(default_factory=dict)
     _types: tuple[str, ...] = ()
     # Per job, what step 1 made of its snapshot last round: reused while the round hands in
@@ -188,8 +228,9 @@ class ElasticRounds:
         for ran in snapshot.ran:  # step 5 of the last round
             entry = self.received.setdefault(ran.job_id, {})
             entry[ran.config] = entry.get(ran.config, 0.0) + ran.seconds
+        self._take_solved()
         self._sync(snapshot, signatures)
-        if self.stale and self._due(snapshot.now):
+        if self.stale and self._due(snapshot.now) and self._solving is None:
             self._recompute(snapshot, models, rows)
         exempt = self._exempt(snapshot, rows)
         chosen = self._choose(snapshot, models, rows, capacity, exempt)
@@ -304,12 +345,39 @@ class ElasticRounds:
             configs=configs,
             max_devices=[models[job.job_id].most for job in jobs],
         )
-        result: ElasticAllocation = self.policy.allocate_elastic(inp)
-        self.shares = {job_id: dict(v) for job_id, v in result.shares.items()}
+        self.stale = False
+        if self.in_background and self.last_reset is not None:
+            self._solving = _Solve(self.policy.allocate_elastic, inp, now)
+        else:  # the first x: no round can go on without one
+            self._take(self.policy.allocate_elastic(inp), now)
+
+    def _take(self, result: ElasticAllocation, now: float) -> None:
+        """x in force from now (the time its input was taken), the ledger afresh; the
+        shares of jobs gone while it was solved are left out."""
+        self.shares = {
+            job_id: dict(v) for job_id, v in result.shares.items() if job_id in self._known
+        }
         self.received = {}
         self.last_reset = now
-        self.stale = False
         self.solves += 1
+
+    def _take_solved(self) -> None:
+        """The recomputation solved beside the rounds, once it is done; one that failed
+        is logged and tried again when due (the x in force stays)."""
+        solving = self._solving
+        if solving is None or not solving.done.is_set():
+            return
+        self._solving = None
+        if solving.error is not None:
+            log.error("recomputing the allocation failed", exc_info=solving.error)
+            self.stale = True
+            return
+        assert solving.result is not None
+        self._take(solving.result, solving.since)
+        log.info(
+            "allocation recomputed beside the rounds",
+            extra={"jobs": solving.jobs, "seconds": round(solving.seconds, 3)},
+        )
 
     @staticmethod
     def _unit_rate(job: JobSnapshot, model: ElasticJob, kind: str) -> float:

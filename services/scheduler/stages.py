@@ -40,6 +40,7 @@ def allocator_for(
         elastic=settings.elastic,
         round_seconds=settings.round_seconds,
         min_recompute_seconds=settings.min_recompute_seconds,
+        recompute_in_background=settings.recompute_in_background,
         seed=settings.seed,
         hysteresis=settings.hysteresis,
         preempt_exempt_seconds=settings.preempt_exempt_seconds,

@@ -62,6 +62,7 @@ class SchedulerSettings:
     heartbeat_interval: float = 5.0
     heartbeat_timeout: float = 30.0
     min_recompute_seconds: float = 0.0
+    recompute_in_background: bool = False  # elastic: solves beside the rounds (elastic_rounds)
     event_round_gap: float = 1.0  # least time between the end of a round and one an event asks
     event_rounds: str = "always"  # when an event asks for a round early: always or free-devices
     decision_process: bool = False  # the round's decision in a child process (decider.py)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from gearshift.common.config import parse_config
 from gearshift.scheduler.daemon import OPTIONS, PROG, relays_of, settings_from
+from gearshift.scheduler.elastic_rounds import ElasticRounds
 from gearshift.scheduler.service import SchedulerSettings
+from gearshift.scheduler.stages import allocator_for
 
 
 def settings(*argv: str) -> SchedulerSettings:
@@ -79,11 +83,25 @@ def test_environment_fallback() -> None:
         (["--heartbeat-relays", "-1"], "--heartbeat-relays must be 0 to 64"),
         (["--gil-switch-ms", "0"], "--gil-switch-ms must be > 0 and at most 100"),
         (["--heartbeat-relays", "2", "--heartbeat-relay-port", "65535"], "must leave a port"),
+        (["--recompute-in-background"], "--recompute-in-background: only with --elastic"),
+        (
+            ["--policy", "easyscale", "--elastic", "--recompute-in-background"],
+            "--policy easyscale --elastic solves none",
+        ),
     ],
 )
 def test_bad_settings_name_the_flag(argv: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         settings(*argv)
+
+
+def test_recompute_in_background_reaches_the_elastic_allocator() -> None:
+    chosen = settings("--policy", "las", "--elastic", "--recompute-in-background")
+    allocator = allocator_for(chosen)
+    assert isinstance(allocator, ElasticRounds) and allocator.in_background
+    assert not cast(
+        ElasticRounds, allocator_for(settings("--policy", "las", "--elastic"))
+    ).in_background
 
 
 def test_unknown_policy_is_refused_by_the_parser() -> None:
