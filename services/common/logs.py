@@ -57,10 +57,22 @@ class TextFormatter(logging.Formatter):
         return text
 
 
+_ON_STDERR: dict[str, str] = {}  # the level and format configure_logging set for stderr
+
+
 def configure_logging(level: str = "info", fmt: str = "json", stream: TextIO | None = None) -> None:
     """Route every logger to one handler on stderr (or `stream`) in the chosen format."""
+    _ON_STDERR.clear()
+    if stream is None:
+        _ON_STDERR.update(level=level, fmt=fmt)
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+def stderr_logging() -> tuple[str, str] | None:
+    """The level and format configure_logging routed this process's logs to stderr with
+    (None: it did not): a spawned child, which shares stderr, logs the same way with it."""
+    return (_ON_STDERR["level"], _ON_STDERR["fmt"]) if _ON_STDERR else None

@@ -21,6 +21,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gearshift.common.logs import configure_logging, stderr_logging
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.pipeline import (
     Allocator,
@@ -96,7 +97,10 @@ class DecisionProcess:
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
         self._process = self._ctx.Process(
-            target=_serve, args=(child, self.settings), name="gearshift-decisions", daemon=True
+            target=_serve,
+            args=(child, self.settings, stderr_logging()),
+            name="gearshift-decisions",
+            daemon=True,
         )
         self._process.start()
         child.close()
@@ -168,8 +172,13 @@ class DecisionProcess:
         self._stop_child()
 
 
-def _serve(conn: Connection, settings: SchedulerSettings) -> None:
-    """The child: one decision per message, the allocator kept between them."""
+def _serve(
+    conn: Connection, settings: SchedulerSettings, logs: tuple[str, str] | None = None
+) -> None:
+    """The child: one decision per message, the allocator kept between them; it logs to
+    the scheduler's stderr as the scheduler does (`logs`: level and format)."""
+    if logs is not None:
+        configure_logging(*logs)
     os.nice(DECISION_NICENESS)
     allocator = allocator_for(settings)
     collocator = collocator_for(settings)

@@ -5,6 +5,8 @@ sent; a killed child is replaced; the scheduler stops it with itself."""
 from __future__ import annotations
 
 import dataclasses
+import io
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -13,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gearshift.common import logs
 from gearshift.scheduler import decider
 from gearshift.scheduler.decider import (
     DECISION_NICENESS,
@@ -245,3 +248,40 @@ def test_items_cross_the_pipe_in_pieces_whole_and_in_order(count: int) -> None:
     assert recv_chunks(there) == items
     here.close()
     there.close()
+
+
+def test_the_child_logs_as_the_scheduler_does_and_solves_beside_its_rounds(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A spawned child configures its logs as the scheduler's (level and format, on the
+    stderr it shares): with --recompute-in-background its solve's line reaches them, once
+    a later round has taken the recomputation a new job asked for."""
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers))
+    logs.configure_logging("info", "text")
+    clock = Clock()
+    config = settings(recompute_in_background=True)
+    scheduler, _ = make_scheduler(config, clock=clock)
+    child = DecisionProcess(config)
+    try:
+        register(scheduler, "w0", {"v100": 4})
+        scheduler.submit(job_spec("first", 2), "")
+        seen = ""
+
+        def solved() -> bool:  # one round each try: the solve is taken at a later one
+            nonlocal seen
+            clock.now += 1.0
+            child.decide(*snapshot_of(scheduler, clock.now))
+            seen += capfd.readouterr().err
+            return "allocation recomputed beside the rounds" in seen
+
+        child.decide(*snapshot_of(scheduler, clock.now))  # the first x, in the round
+        scheduler.submit(job_spec("second", 2), "")  # the next one is solved beside
+        wait_until(solved, 60, "the child's solve never logged", interval=0.05)
+        assert "info    gearshift.scheduler: allocation recomputed beside the rounds jobs=2" in seen
+    finally:
+        child.close()
+        scheduler.stop()
+        logs.configure_logging("info", "text", io.StringIO())  # stderr's setup forgotten
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
