@@ -96,6 +96,15 @@ OPTIONS = [
         int,
     ),
     Option(
+        "max_starts_per_round",
+        "at most this many queued jobs started a round, in the decision's order; the others "
+        "at the next round, which is asked for at once (Slurm's sched_max_job_start): a "
+        "burst of arrivals does not make one round wait for hundreds of StartTask calls; "
+        "0: any",
+        0,
+        int,
+    ),
+    Option(
         "prices",
         "dollars per device-hour for the cost policies, TYPE=PRICE,... (default Google "
         "Cloud's on-demand prices Gavel used: v100=2.48,p100=1.46,k80=0.45,t4=0.35)",
@@ -346,6 +355,8 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         raise ValueError("--hysteresis must be >= 0")
     if config.preempt_exempt_seconds < 0:
         raise ValueError("--preempt-exempt-seconds must be >= 0")
+    if config.max_starts_per_round < 0:
+        raise ValueError("--max-starts-per-round must be >= 0")
     if config.max_moves_per_round < 0:
         raise ValueError("--max-moves-per-round must be >= 0")
     if config.estimate_refresh_seconds <= 0:
@@ -404,6 +415,7 @@ def settings_from(config: argparse.Namespace) -> SchedulerSettings:
         hysteresis=config.hysteresis,
         preempt_exempt_seconds=config.preempt_exempt_seconds,
         max_moves_per_round=config.max_moves_per_round,
+        max_starts_per_round=config.max_starts_per_round,
         prices=prices,
         estimate_refresh_seconds=config.estimate_refresh_seconds,
         tenant_weights=weights,

@@ -93,6 +93,7 @@ class RoundReport:
     renewed: list[str] = field(default_factory=list)
     lost_workers: list[str] = field(default_factory=list)
     desired: dict[str, Assignment] = field(default_factory=dict)
+    deferred: int = 0  # starts over --max-starts-per-round, left to the next round
     # seconds each of ROUND_PHASES took (the metrics' round phase histogram)
     phases: dict[str, float] = field(default_factory=dict)
 
@@ -203,6 +204,7 @@ class Rounds:
         self.last_round_ended_at = 0.0
         self._checked_at = 0.0  # when the loop last looked for lost workers and tasks
         self._early_refused_at = 0.0  # when an event last asked for an early round in vain
+        self._deferred_starts = False  # the last round left starts (--max-starts-per-round)
         self._cpus: dict[str, int] = {}  # job -> the round's cpus_per_device (0: default)
         self._plans: dict[str, common_pb2.ExecutionPlan] = {}  # job -> the round's plan (Rubick)
         self._collocated: set[str] = set()  # jobs the last round gave a collocation role
@@ -286,7 +288,7 @@ class Rounds:
         job."""
         state = self.state
         replans = self.allocator.replans_on_events
-        if replans and state.settings.event_rounds == "always":
+        if (replans and state.settings.event_rounds == "always") or self._deferred_starts:
             return True
         with state.lock:  # references; read outside (placements are replaced, not changed)
             jobs = list(state.jobs.values())
@@ -352,6 +354,7 @@ class Rounds:
             lap = report.lap("stop", lap, time.perf_counter())
             self._start_all(proceed)
             report.lap("start", lap, time.perf_counter())
+            self._deferred_starts = report.deferred > 0  # the next round comes early for them
             log_round(report)
             self.last_round_ended_at = state.clock()
             for observer in self.observers:
@@ -626,10 +629,17 @@ class Rounds:
         tasks: dict[str, list[TaskRecord]] = {}  # open tasks by job, grouped once
         for task in state.tasks.values():
             tasks.setdefault(task.job_id, []).append(task)
+        starts_left = state.settings.max_starts_per_round or len(desired)
+        deferred = 0
         for found in diff(desired, running):
             job = state.jobs.get(found.job_id)
             if job is None or job.terminal:
                 continue
+            if found.kind == "start":
+                if not starts_left:  # the next round starts it, asked for at once
+                    deferred += 1
+                    continue
+                starts_left -= 1
             replan = self._restart_reason(job.job_id) if found.kind == "renew" else None
             # the same devices, other start arguments: the rescale path restarts it
             change = Change(job.job_id, "rescale", found.assignment) if replan else found
@@ -662,6 +672,10 @@ class Rounds:
             else:
                 report.started.append(job.job_id)
             moves.append(_Move(change, stop))
+        report.deferred = deferred
+        if deferred:
+            log.info("starts left to the next round", extra={"deferred": deferred})
+            self.wake()
         return moves
 
     # Applying changes: the calls outside the lock, all in flight at once; the records under

@@ -76,6 +76,7 @@ def test_environment_fallback() -> None:
         (["--hysteresis", "-1"], "--hysteresis must be >= 0"),
         (["--preempt-exempt-seconds", "-1"], "--preempt-exempt-seconds must be >= 0"),
         (["--max-moves-per-round", "-1"], "--max-moves-per-round must be >= 0"),
+        (["--max-starts-per-round", "-1"], "--max-starts-per-round must be >= 0"),
         (["--policy", "rubick", "--decision-process"], "--decision-process: --policy rubick"),
         (["--straggler-margin", "0"], "--straggler-margin must be > 0"),
         (["--straggler-reports", "0"], "--straggler-reports must be >= 1"),

@@ -278,6 +278,48 @@ def test_free_devices_event_rounds_leave_a_full_cluster_to_the_boundary(event_ro
         scheduler.stop()
 
 
+def test_starts_over_the_bound_are_left_to_the_next_round_in_the_decisions_order() -> None:
+    """--max-starts-per-round 2: five queued jobs that all fit start two a round, in the
+    order the decision gave them; each round that left some asks for the next at once."""
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings(elastic=True, max_starts_per_round=2), clock=clock)
+    try:
+        register(scheduler, "box", {"t4": 8})
+        jobs = [scheduler.submit(job_spec(f"j{i}", 1), "")[0].job_id for i in range(5)]
+        started: list[str] = []
+        for expected, left in ((2, 3), (2, 1), (1, 0)):
+            clock.now += 1.0
+            report = scheduler.run_round()
+            assert len(report.started) == expected and report.deferred == left
+            assert list(report.desired)[: len(started) + expected][len(started) :] == report.started
+            started += report.started
+            assert scheduler.rounds._wake.is_set() == bool(left)  # the next round, asked for
+            scheduler.rounds._wake.clear()
+        assert sorted(started) == sorted(jobs)
+        assert all(scheduler.get(j).state == C.JOB_STATE_RUNNING for j in jobs)
+    finally:
+        scheduler.stop()
+
+
+def test_left_starts_do_not_wait_for_a_gavel_rounds_boundary() -> None:
+    """Gavel's rigid rounds run early only while nothing runs; a round that left starts
+    is followed at once all the same (an hour's boundary here)."""
+    quick = settings(round_seconds=3600.0, event_round_gap=0.05, max_starts_per_round=1)
+    scheduler, _ = make_scheduler(quick, clock=Clock())
+    scheduler.state.clock = __import__("time").monotonic  # the loop waits on real time
+    try:
+        register(scheduler, "box", {"t4": 4})
+        jobs = [scheduler.submit(job_spec(f"j{i}", 1), "")[0].job_id for i in range(3)]
+        scheduler.start()
+        wait_until(
+            lambda: all(scheduler.get(j).state == C.JOB_STATE_RUNNING for j in jobs),
+            10.0,
+            "the three jobs start, one a round, without waiting for the boundary",
+        )
+    finally:
+        scheduler.stop()
+
+
 @pytest.mark.parametrize(
     ("policy", "elastic"), [("las", False), ("las", True), ("easyscale", False)]
 )
