@@ -83,6 +83,32 @@ def plain_channel(
     Each channel has a subchannel pool of its own: gRPC's global pool would
     share one reconnect backoff among every channel to an address.
     """
+    options = channel_options(retry=retry, max_message_bytes=max_message_bytes)
+    if tls:
+        return grpc.secure_channel(address, tls.credentials(), options=options)
+    return grpc.insecure_channel(address, options=options)
+
+
+def aio_channel(
+    address: str,
+    *,
+    tls: ClientTls | None = None,
+    retry: bool = True,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> grpc.aio.Channel:
+    """plain_channel on grpc.aio: its calls are answered on the event loop that makes them
+    (create it there), not on a thread of its own as a plain channel's futures are."""
+    options = channel_options(retry=retry, max_message_bytes=max_message_bytes)
+    if tls:
+        return grpc.aio.secure_channel(address, tls.credentials(), options=options)
+    return grpc.aio.insecure_channel(address, options=options)
+
+
+def channel_options(
+    *, retry: bool = True, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+) -> list[tuple[str, str | int]]:
+    """Gearshift's channel options: message sizes, keepalive, reconnect backoff, a
+    subchannel pool per channel and the retry policy."""
     first, most = RECONNECT_BACKOFF_MS
     options: list[tuple[str, str | int]] = [
         ("grpc.max_send_message_length", max_message_bytes),
@@ -97,9 +123,7 @@ def plain_channel(
     ]
     if retry:
         options.append(("grpc.service_config", retry_service_config()))
-    if tls:
-        return grpc.secure_channel(address, tls.credentials(), options=options)
-    return grpc.insecure_channel(address, options=options)
+    return options
 
 
 def connect(

@@ -132,3 +132,37 @@ def test_each_answer_or_error_comes_back_in_its_calls_place(agents: WorkerAgents
     assert isinstance(lost, grpc.RpcError) and lost.code() == grpc.StatusCode.UNAVAILABLE
     assert isinstance(bad, grpc.RpcError) and bad.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "bad-spec" in (bad.details() or "")
+
+
+def test_calls_to_many_workers_wake_no_thread_per_worker(agents: WorkerAgents) -> None:
+    """40 StartTask calls to 40 workers (40 addresses, 40 channels) meet in the server with
+    at most two threads of the client's more than before: its calls' event loop and gRPC's
+    own. A plain channel's futures were answered on a thread per channel: a round's
+    hundreds of starts woke hundreds of threads, each waiting for the interpreter."""
+    agent = GatheringAgent(CALLS)  # type: ignore[abstract]
+    pool = futures.ThreadPoolExecutor(max_workers=CALLS + 4, thread_name_prefix=SERVER_THREADS)
+    server = grpc.server(pool)
+    worker_pb2_grpc.add_WorkerAgentServicer_to_server(agent, server)
+    port = server.add_insecure_port("0.0.0.0:0")  # every 127.x.y.z of this host reaches it
+    server.start()
+    try:
+        threads = client_threads()
+        started = agents.start_all(
+            [
+                (f"127.0.0.{i + 2}:{port}", worker_pb2.StartTaskRequest(task_id=f"t{i}"))
+                for i in range(CALLS)
+            ]
+        )
+        assert [a.task_id for a in started if isinstance(a, C.TaskStatus)] == [
+            f"t{i}" for i in range(CALLS)
+        ], started
+        assert agent.client_threads - threads <= 2, f"{agent.client_threads - threads} threads"
+    finally:
+        server.stop(None)
+
+
+def test_a_closed_agents_answers_each_call_with_an_error() -> None:
+    agents = WorkerAgents(timeout=WAIT)
+    agents.close()
+    (answer,) = agents.start_all([("127.0.0.1:1", worker_pb2.StartTaskRequest(task_id="t"))])
+    assert isinstance(answer, RuntimeError) and "closed" in str(answer)
