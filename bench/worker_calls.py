@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent import futures
+from typing import Any
 
 import grpc
 
@@ -38,9 +39,9 @@ class _Agent(worker_pb2_grpc.WorkerAgentServicer):
         return common_pb2.TaskStatus(task_id=request.task_id, state=common_pb2.TASK_STATE_RUNNING)
 
 
-def _serve(port: mp.Queue[int], stop: threading.Event) -> None:  # type: ignore[type-arg]
+def _serve(port: Any, stop: Any) -> None:  # a spawn context's Queue and Event
     server = grpc.server(futures.ThreadPoolExecutor(8))
-    worker_pb2_grpc.add_WorkerAgentServicer_to_server(_Agent(), server)
+    worker_pb2_grpc.add_WorkerAgentServicer_to_server(_Agent(), server)  # type: ignore[abstract]
     port.put(server.add_insecure_port("0.0.0.0:0"))
     server.start()
     stop.wait()
