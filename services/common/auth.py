@@ -63,6 +63,12 @@ class _ClientCallDetails(grpc.ClientCallDetails):
         self.compression = getattr(base, "compression", None)
 
 
+def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
+    """A call's metadata carrying `token` (None without one), for calls made without the
+    interceptor below (plain and grpc.aio channels on hot paths)."""
+    return ((AUTH_HEADER, f"Bearer {token}"),) if token else None
+
+
 class ClientDefaultsInterceptor(
     grpc.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
     grpc.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
@@ -80,8 +86,7 @@ class ClientDefaultsInterceptor(
 
     def _details(self, details: grpc.ClientCallDetails, streaming: bool) -> _ClientCallDetails:
         metadata = list(details.metadata or ())
-        if self._token:
-            metadata.append((AUTH_HEADER, f"Bearer {self._token}"))
+        metadata.extend(bearer_metadata(self._token) or ())
         timeout = details.timeout
         if timeout is None and not streaming:
             timeout = self._timeout

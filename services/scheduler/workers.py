@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from gearshift.common.auth import AUTH_HEADER, ClientTls
+from gearshift.common.auth import ClientTls, bearer_metadata
 from gearshift.common.channel import aio_channel, connect
 from gearshift.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
@@ -33,7 +33,7 @@ class WorkerAgents:
         self._stubs: dict[str, worker_pb2_grpc.WorkerAgentStub] = {}
         self._channels: list[grpc.Channel] = []
         self._lock = threading.Lock()
-        self._metadata = ((AUTH_HEADER, f"Bearer {token}"),) if token else None
+        self._metadata = bearer_metadata(token)
         self._loop: asyncio.AbstractEventLoop | None = None  # the bulk calls', started once
         self._loop_thread: threading.Thread | None = None
         self._closed = False

@@ -44,7 +44,7 @@ from typing import Any
 
 import grpc
 
-from gearshift.common.auth import AUTH_HEADER, ClientTls
+from gearshift.common.auth import ClientTls, bearer_metadata
 from gearshift.common.channel import DEFAULT_TIMEOUT_SECONDS, plain_channel
 from gearshift.common.errors import (
     DeadlineExceededError,
@@ -131,7 +131,7 @@ class ShardClient:
         self.stub = shardmanager_pb2_grpc.ShardManagerStub(self._channel)
         self.retry_seconds = retry_seconds
         self.timeout = timeout
-        self.metadata = ((AUTH_HEADER, f"Bearer {token}"),) if token else None
+        self.metadata = bearer_metadata(token)
 
     def close(self) -> None:
         if self._owns_channel:
