@@ -100,7 +100,7 @@ OPTIONS = [
         "at most this many queued jobs started a round, in the decision's order; the others "
         "at the next round, which is asked for at once (Slurm's sched_max_job_start): a "
         "burst of arrivals does not make one round wait for hundreds of StartTask calls; "
-        "0: any",
+        "the preemptions that only made room for the others wait with them; 0: any",
         0,
         int,
     ),

@@ -49,3 +49,33 @@ def diff(desired: Mapping[str, Assignment], running: Mapping[str, Assignment]) -
         if job_id not in running and want:
             out.append(Change(job_id, "start", list(want)))
     return out
+
+
+def hold_back(
+    changes: Sequence[Change], running: Mapping[str, Assignment], starts: int
+) -> tuple[list[Change], int]:
+    """The changes with at most `starts` starts, the first in order; the starts past them
+    wait for a later round and so do the preemptions that only made room for them (those
+    jobs renew instead: a job stopped for devices nobody takes this round would leave them
+    idle). A preemption is kept when a kept start or a rescale needs one of its devices.
+    Returns the changes to apply and the number of starts held back."""
+    fresh = [c for c in changes if c.kind == "start"]
+    later = {c.job_id for c in fresh[starts:]}
+    if not later:
+        return list(changes), 0
+    wanted = {
+        device
+        for c in changes
+        if c.kind == "rescale" or (c.kind == "start" and c.job_id not in later)
+        for device, _ in c.assignment
+    }
+    out: list[Change] = []
+    for c in changes:
+        if c.job_id in later:
+            continue
+        held = running.get(c.job_id, [])
+        if c.kind == "preempt" and not any(device in wanted for device, _ in held):
+            out.append(Change(c.job_id, "renew", list(held)))
+        else:
+            out.append(c)
+    return out, len(later)

@@ -50,7 +50,7 @@ from gearshift.scheduler.placement import (
 from gearshift.scheduler.policies.configs import config_of
 from gearshift.scheduler.ps_jobs import PsPlans, ps_asks_of
 from gearshift.scheduler.ps_jobs import describe as ps_describe
-from gearshift.scheduler.reconcile import Change, diff
+from gearshift.scheduler.reconcile import Change, diff, hold_back
 from gearshift.scheduler.registry import WorkerRegistry
 from gearshift.scheduler.resource_plans import PlanAsk, ResourcePlans, describe
 from gearshift.scheduler.rubick_live import JobFacts, LiveRubick, execution_plan
@@ -616,7 +616,8 @@ class Rounds:
         current: Mapping[str, Assignment],
         report: RoundReport,
     ) -> list[_Move]:
-        """Diff desired against actual; renew leases, mark moves (under the lock)."""
+        """Diff desired against actual, the starts over --max-starts-per-round held back
+        (reconcile.hold_back); renew leases, mark moves (under the lock)."""
         state = self.state
         now = state.clock()
         expires = now + state.settings.lease_seconds
@@ -629,17 +630,12 @@ class Rounds:
         tasks: dict[str, list[TaskRecord]] = {}  # open tasks by job, grouped once
         for task in state.tasks.values():
             tasks.setdefault(task.job_id, []).append(task)
-        starts_left = state.settings.max_starts_per_round or len(desired)
-        deferred = 0
-        for found in diff(desired, running):
+        bound = state.settings.max_starts_per_round or len(desired)
+        changes, deferred = hold_back(diff(desired, running), running, bound)
+        for found in changes:
             job = state.jobs.get(found.job_id)
             if job is None or job.terminal:
                 continue
-            if found.kind == "start":
-                if not starts_left:  # the next round starts it, asked for at once
-                    deferred += 1
-                    continue
-                starts_left -= 1
             replan = self._restart_reason(job.job_id) if found.kind == "renew" else None
             # the same devices, other start arguments: the rescale path restarts it
             change = Change(job.job_id, "rescale", found.assignment) if replan else found
@@ -673,7 +669,7 @@ class Rounds:
                 report.started.append(job.job_id)
             moves.append(_Move(change, stop))
         report.deferred = deferred
-        if deferred:
+        if deferred:  # the next round starts them, asked for at once
             log.info("starts left to the next round", extra={"deferred": deferred})
             self.wake()
         return moves

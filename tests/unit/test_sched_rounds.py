@@ -301,6 +301,35 @@ def test_starts_over_the_bound_are_left_to_the_next_round_in_the_decisions_order
         scheduler.stop()
 
 
+def test_a_preemption_that_only_made_room_for_a_left_start_waits_with_it() -> None:
+    """Two new jobs take the devices of two running ones (LAS: new jobs first), one start a
+    round: one running job is preempted for the start, the other runs on (renewed); the
+    next round starts the second new job and preempts one for it."""
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings(elastic=True, max_starts_per_round=1), clock=clock)
+    try:
+        register(scheduler, "box", {"t4": 2})
+        old = [scheduler.submit(job_spec(f"old{i}", 1), "")[0].job_id for i in range(2)]
+        assert len(scheduler.run_round().started) == 1
+        clock.now += 1.0
+        assert len(scheduler.run_round().started) == 1
+        new = [scheduler.submit(job_spec(f"new{i}", 1), "")[0].job_id for i in range(2)]
+        clock.now += 1.0
+        scheduler.heartbeat("box", [])
+        report = scheduler.run_round()
+        assert (len(report.started), len(report.preempted), report.deferred) == (1, 1, 1)
+        assert set(report.started) < set(new) and set(report.preempted) < set(old)
+        (kept,) = set(old) - set(report.preempted)
+        assert kept in report.renewed
+        assert scheduler.get(kept).state == C.JOB_STATE_RUNNING
+        clock.now += 1.0
+        second = sorted(set(new) - set(report.started))
+        report = scheduler.run_round()
+        assert (report.started, len(report.preempted), report.deferred) == (second, 1, 0)
+    finally:
+        scheduler.stop()
+
+
 def test_left_starts_do_not_wait_for_a_gavel_rounds_boundary() -> None:
     """Gavel's rigid rounds run early only while nothing runs; a round that left starts
     is followed at once all the same (an hour's boundary here)."""
