@@ -57,8 +57,9 @@ def hold_back(
     """The changes with at most `starts` starts, the first in order; the starts past them
     wait for a later round and so do the preemptions that only made room for them (those
     jobs renew instead: a job stopped for devices nobody takes this round would leave them
-    idle). A preemption is kept when a kept start or a rescale needs one of its devices.
-    Returns the changes to apply and the number of starts held back."""
+    idle). A preemption is kept when a kept start or a rescale needs one of its devices, or
+    when the job holds none. Returns the changes to apply and the number of starts held
+    back."""
     fresh = [c for c in changes if c.kind == "start"]
     later = {c.job_id for c in fresh[starts:]}
     if not later:
@@ -74,7 +75,7 @@ def hold_back(
         if c.job_id in later:
             continue
         held = running.get(c.job_id, [])
-        if c.kind == "preempt" and not any(device in wanted for device, _ in held):
+        if c.kind == "preempt" and held and not any(device in wanted for device, _ in held):
             out.append(Change(c.job_id, "renew", list(held)))
         else:
             out.append(c)

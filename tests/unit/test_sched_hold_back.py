@@ -18,6 +18,7 @@ RUNNING = {
     "p3": on(("a", 2)),  # makes room for r's growth
     "r": on(("b", 0)),
     "k": on(("c", 0)),  # kept as it is
+    "z": [],  # runs, holds nothing known: its preemption frees nothing and stays
 }
 DESIRED = {
     "k": RUNNING["k"],
@@ -36,6 +37,7 @@ def test_starts_past_the_bound_wait_with_the_preemptions_only_they_needed() -> N
         "p1": "preempt",
         "p2": "renew",
         "p3": "preempt",
+        "z": "preempt",
         "r": "rescale",
         "k": "renew",
         "s1": "start",
@@ -47,7 +49,7 @@ def test_the_first_starts_in_the_decisions_order_are_the_ones_kept() -> None:
     changes, later = hold_back(diff(DESIRED, RUNNING), RUNNING, 2)
     assert later == 1
     assert [c.job_id for c in changes if c.kind == "start"] == ["s1", "s2"]
-    assert {c.job_id for c in changes if c.kind == "preempt"} == {"p1", "p2", "p3"}
+    assert {c.job_id for c in changes if c.kind == "preempt"} == {"p1", "p2", "p3", "z"}
 
 
 def test_within_the_bound_every_change_stays() -> None:

@@ -301,10 +301,13 @@ def test_starts_over_the_bound_are_left_to_the_next_round_in_the_decisions_order
         scheduler.stop()
 
 
-def test_a_preemption_that_only_made_room_for_a_left_start_waits_with_it() -> None:
+def test_a_preemption_that_only_made_room_for_a_left_start_waits_with_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Two new jobs take the devices of two running ones (LAS: new jobs first), one start a
-    round: one running job is preempted for the start, the other runs on (renewed); the
-    next round starts the second new job and preempts one for it."""
+    round: one running job is preempted for the start, the other runs on (renewed, not
+    restarted for a new plan: the decision did not place it); the next round starts the
+    second new job and preempts one for it."""
     clock = Clock()
     scheduler, _ = make_scheduler(settings(elastic=True, max_starts_per_round=1), clock=clock)
     try:
@@ -316,8 +319,10 @@ def test_a_preemption_that_only_made_room_for_a_left_start_waits_with_it() -> No
         new = [scheduler.submit(job_spec(f"new{i}", 1), "")[0].job_id for i in range(2)]
         clock.now += 1.0
         scheduler.heartbeat("box", [])
+        monkeypatch.setattr(scheduler.rounds, "_restart_reason", lambda job_id: "a new plan")
         report = scheduler.run_round()
         assert (len(report.started), len(report.preempted), report.deferred) == (1, 1, 1)
+        assert report.rescaled == []
         assert set(report.started) < set(new) and set(report.preempted) < set(old)
         (kept,) = set(old) - set(report.preempted)
         assert kept in report.renewed
