@@ -7,10 +7,12 @@ import pytest
 
 from gearshift.scheduler.elastic import EasyScale, ElasticJob, YarnCs, proposals, rate
 from gearshift.scheduler.mechanism import Device
+from gearshift.scheduler.pipeline import Target
 from gearshift.scheduler.placement import (
     assign_ests,
     build_placement,
     local_ranks,
+    place,
     placement_devices,
     same_devices,
     workers_of,
@@ -106,6 +108,22 @@ def test_assign_ests_pairs_counts_with_devices_by_type() -> None:
     assert out == [(dev("w1", 0), 3), (dev("w1", 1), 3), (dev("w2", 0, "k80"), 2)]
     with pytest.raises(ValueError):
         assign_ests(devices, {"k80": [1, 1]})
+
+
+def test_a_moving_job_takes_its_free_devices_then_the_best_fit_for_the_rest() -> None:
+    """It holds w1's device 0 and grows to 3: that device, then w1's other two (w1 holds
+    just the 2 left once its device is counted out: the best fit, before w2's 3), each
+    device once."""
+    free = [dev("w1", i) for i in range(3)] + [dev("w2", i) for i in range(3)]
+    held = {"j": [(dev("w1", 0), 1)]}
+    out = place({"j": Target("j", (("v100", 3),), {"v100": (1, 1, 1)})}, free, held)
+    assert [d for d, _ in out["j"]] == [dev("w1", 0), dev("w1", 1), dev("w1", 2)]
+    both = {
+        "a": Target("a", (("v100", 2),), {"v100": (1, 1)}),
+        "b": Target("b", (("v100", 3),), {"v100": (1, 1, 1)}),
+    }
+    out = place(both, free, {})
+    assert len({d for a in out.values() for d, _ in a}) == 5  # each device once
 
 
 def test_same_devices_means_lease_renewal() -> None:
