@@ -21,6 +21,12 @@ errors per RPC, the round duration (mean from the histogram's sum and count, p50
 max as the histogram's bucket bounds), the queued job count, and what the scheduler's
 log and counters say it did (starts, workers lost, failed rounds).
 
+With --job-seconds S a simulated task reports itself completed once it has run S seconds
+(since its last StartTask), so jobs end and free their devices: the cluster's steady
+state, where ending jobs make room for arriving ones and every round starts some (without
+it, jobs run until preempted and a full cluster starts few). The window's completed jobs
+are printed beside its starts.
+
 With --unplaceable the jobs ask for an accelerator type no simulated worker has: they
 stay queued and the scheduler never calls a worker (the rounds' own cost alone).
 --sweep runs one trial per worker count and reports the knee: the first count at which
@@ -91,15 +97,37 @@ def host_of(index: int) -> str:
     return f"127.{1 + index // 65536}.{(index // 256) % 256}.{index % 256}"
 
 
+@dataclass
+class _Work:
+    """A simulated job's time on this process's workers: what it has run, and since
+    when it runs now (None: no task of it here)."""
+
+    ran: float = 0.0
+    since: float | None = None
+    tasks: set[str] = field(default_factory=set)
+
+    def seconds(self, now: float) -> float:
+        return self.ran + (now - self.since if self.since is not None else 0.0)
+
+
 class SimulatedAgents(worker_pb2_grpc.WorkerAgentServicer):
     """The WorkerAgent of one load process's simulated workers (one server, one address for
     all of them): StartTask starts nothing but remembers the task under each worker of
     the placement it names, which that worker's heartbeats then list as running (as a
     real worker's do); StopTask forgets it. So the scheduler's starts, rescales and
-    preemptions are real calls, and its rounds end as they would on a cluster."""
+    preemptions are real calls, and its rounds end as they would on a cluster.
+    With `job_seconds`, a job that has run that long in all (a preemption or a rescale
+    pauses it, as a checkpoint would) is reported completed by its workers' next
+    heartbeats (once each) and forgotten: jobs end and free their devices, as on a
+    cluster in its steady state, where the jobs that end make room for those that arrive."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, job_seconds: float = 0.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.tasks: dict[str, dict[str, str]] = {}  # worker id -> task id -> job id
+        self.work: dict[str, _Work] = {}  # job id -> its time run here
+        self.job_seconds = job_seconds
+        self.clock = clock
 
     async def StartTask(
         self, request: worker_pb2.StartTaskRequest, context: Any
@@ -107,6 +135,10 @@ class SimulatedAgents(worker_pb2_grpc.WorkerAgentServicer):
         for rank in request.local_ranks:
             worker_id = request.placement.processes[rank].worker_id
             self.tasks.setdefault(worker_id, {})[request.task_id] = request.job_id
+        work = self.work.setdefault(request.job_id, _Work())
+        if work.since is None:
+            work.since = self.clock()
+        work.tasks.add(request.task_id)
         return C.TaskStatus(
             task_id=request.task_id, job_id=request.job_id, state=C.TASK_STATE_RUNNING
         )
@@ -117,6 +149,11 @@ class SimulatedAgents(worker_pb2_grpc.WorkerAgentServicer):
         job_id = ""
         for tasks in self.tasks.values():
             job_id = tasks.pop(request.task_id, job_id)
+        work = self.work.get(job_id)
+        if work is not None and request.task_id in work.tasks:
+            work.tasks.discard(request.task_id)
+            if not work.tasks and work.since is not None:
+                work.ran, work.since = work.seconds(self.clock()), None
         state = C.TASK_STATE_CHECKPOINTED if request.checkpoint else C.TASK_STATE_FAILED
         return C.TaskStatus(task_id=request.task_id, job_id=job_id, state=state)
 
@@ -131,10 +168,18 @@ class SimulatedAgents(worker_pb2_grpc.WorkerAgentServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a simulated worker")
 
     def statuses(self, worker_id: str) -> list[common_pb2.TaskStatus]:
-        return [
-            C.TaskStatus(task_id=task_id, job_id=job_id, state=C.TASK_STATE_RUNNING)
-            for task_id, job_id in self.tasks.get(worker_id, {}).items()
-        ]
+        """The tasks a heartbeat of `worker_id` lists; those of a job that has run
+        `job_seconds` are listed completed this once."""
+        tasks = self.tasks.get(worker_id, {})
+        now = self.clock()
+        out = []
+        for task_id, job_id in list(tasks.items()):
+            done = bool(self.job_seconds) and self.work[job_id].seconds(now) >= self.job_seconds
+            state = C.TASK_STATE_COMPLETED if done else C.TASK_STATE_RUNNING
+            out.append(C.TaskStatus(task_id=task_id, job_id=job_id, state=state))
+            if done:
+                del tasks[task_id]
+        return out
 
 
 TENANTS = 4
@@ -168,6 +213,7 @@ class Config:
     readers: int = 2  # GetClusterState callers, and as many ListJobs callers
     round_seconds: float = 5.0
     warmup_seconds: float = 0.0  # after registering, before measuring: the first fill done
+    job_seconds: float = 0.0  # a task completes after running this long (0: never)
     unplaceable: bool = False
     database_url: str = DEFAULT_DATABASE
     run_dir: str = ""  # where the scheduler's log stays (empty: a temporary folder)
@@ -365,11 +411,13 @@ async def _until(when: float) -> None:
     await asyncio.sleep(max(0.0, when - time.time()))
 
 
-async def _workers(address: str, first: int, count: int, window: Any, ready: Any) -> dict[str, Any]:
+async def _workers(
+    address: str, first: int, count: int, window: Any, ready: Any, *, job_seconds: float = 0.0
+) -> dict[str, Any]:
     """Register `count` workers, then heartbeat each every second until the window ends;
     their WorkerAgent is one server of this process (SimulatedAgents)."""
     recorder = Recorder(window)
-    agents = SimulatedAgents()
+    agents = SimulatedAgents(job_seconds)
     server = grpc.aio.server()
     worker_pb2_grpc.add_WorkerAgentServicer_to_server(agents, server)
     # Every loopback address reaches it: each worker registers at its own (`host_of`),
@@ -526,9 +574,16 @@ async def _clients(address: str, config: Config, first_job: int, window: Any, re
     return recorder.result()
 
 
-def _worker_process(address: str, first: int, count: int, window: Any, out: Any) -> None:
+def _worker_process(
+    address: str, first: int, count: int, window: Any, out: Any, *, job_seconds: float
+) -> None:
     try:
-        out.put(("result", asyncio.run(_workers(address, first, count, window, out))))
+        out.put(
+            (
+                "result",
+                asyncio.run(_workers(address, first, count, window, out, job_seconds=job_seconds)),
+            )
+        )
     except BaseException as exc:  # the parent waits for a message: always send one
         out.put(("failed", f"workers {first}..{first + count - 1}: {exc!r}"))
 
@@ -824,6 +879,9 @@ def run_trial(config: Config, log: Callable[[str], None] = print) -> Report:
         key: after.get(key, 0.0) - before.get(key, 0.0)
         for key in ("job_starts_total", "workers_lost_total", "preemptions_total")
     }
+    counters["jobs_succeeded"] = after["jobs"].get("succeeded", 0) - before["jobs"].get(
+        "succeeded", 0
+    )
     return Report(
         config=asdict(config),
         rpcs=drive.rpcs,
@@ -915,7 +973,11 @@ def _drive(
     first = 0
     for size in sizes:
         processes.append(
-            ctx.Process(target=_worker_process, args=(address, first, size, window, out))
+            ctx.Process(
+                target=_worker_process,
+                args=(address, first, size, window, out),
+                kwargs={"job_seconds": config.job_seconds},
+            )
         )
         first += size
     processes.append(
@@ -1051,6 +1113,7 @@ def print_report(report: Report) -> None:
     print(
         f"  jobs: {report.queued_jobs} queued, {report.running_jobs} running at the end; "
         f"in the window: {report.counters['job_starts_total']:.0f} starts, "
+        f"{report.counters.get('jobs_succeeded', 0):.0f} jobs completed, "
         f"{report.counters['workers_lost_total']:.0f} workers lost, "
         f"{report.reregistrations} re-registrations"
     )
@@ -1192,6 +1255,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "placed first, without submissions): the steady state rather than the first fill",
     )
     parser.add_argument(
+        "--job-seconds",
+        type=float,
+        default=0.0,
+        help="a simulated task completes after running this long, freeing its devices "
+        "(the cluster's steady state: the jobs that end make room for those that arrive); "
+        "0: jobs run until preempted",
+    )
+    parser.add_argument(
         "--unplaceable", action="store_true", help="jobs ask for a type no worker has"
     )
     parser.add_argument(
@@ -1230,7 +1301,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("workers", "processes", "seconds", "round_seconds", "repeat"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0")
-    for name in ("queued", "submits_per_second", "watchers", "readers", "warmup"):
+    for name in ("queued", "submits_per_second", "watchers", "readers", "warmup", "job_seconds"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0")
     return args
@@ -1255,6 +1326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 readers=args.readers,
                 round_seconds=args.round_seconds,
                 warmup_seconds=args.warmup,
+                job_seconds=args.job_seconds,
                 unplaceable=args.unplaceable,
                 database_url=args.database_url,
                 run_dir=args.run_dir,

@@ -1,6 +1,6 @@
 """bench/load.py at a tiny scale on a real scheduler (with a heartbeat relay) and Postgres:
 it runs end to end and reports latencies for the workers API and submissions, with no
-failed call, and the jobs start on the simulated workers."""
+failed call, and the jobs start on the simulated workers and end there."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def test_load_bench_tiny(postgres_url: str, tmp_path: Path) -> None:
         *("--workers", "20", "--processes", "2"),
         *("--submits-per-second", "5", "--queued", "10", "--seconds", "5"),
         *("--watchers", "1", "--readers", "1"),
+        *("--job-seconds", "1"),  # the jobs end, as on a cluster, and others start
         *("--database-url", postgres_url, "--json", str(out)),
         "--scheduler-flags=--heartbeat-relays 1",  # the workers heartbeat a relay
         "--baseline",
@@ -42,6 +43,7 @@ def test_load_bench_tiny(postgres_url: str, tmp_path: Path) -> None:
     assert trial["database_sessions"] is not None and 0 <= trial["database_sessions"] <= 15
     # The simulated workers' agent accepts starts: jobs run, no worker is lost for them.
     assert trial["running_jobs"] > 0
+    assert trial["counters"]["jobs_succeeded"] > 0  # completed by the simulated workers
     assert trial["counters"]["workers_lost_total"] == 0
     assert trial["log_events"]["start failed"] == 0 and trial["log_events"]["worker lost"] == 0
     # The baseline: the same load on the bare server, and the scheduler as ratios to it.
