@@ -638,8 +638,8 @@ class Rounds:
                 continue
             # the same devices, other start arguments: the rescale path restarts it (not a
             # job that runs on only because its preemption was held back)
-            wanted = found.kind == "renew" and found.job_id in desired
-            replan = self._restart_reason(job.job_id) if wanted else None
+            placed = found.kind == "renew" and found.job_id in desired
+            replan = self._restart_reason(job.job_id) if placed else None
             change = Change(job.job_id, "rescale", found.assignment) if replan else found
             if change.kind == "renew":
                 report.renewed.append(job.job_id)
