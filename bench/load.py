@@ -21,11 +21,11 @@ errors per RPC, the round duration (mean from the histogram's sum and count, p50
 max as the histogram's bucket bounds), the queued job count, and what the scheduler's
 log and counters say it did (starts, workers lost, failed rounds).
 
-With --job-seconds S a simulated task reports itself completed once it has run S seconds
-(since its last StartTask), so jobs end and free their devices: the cluster's steady
-state, where ending jobs make room for arriving ones and every round starts some (without
-it, jobs run until preempted and a full cluster starts few). The window's completed jobs
-are printed beside its starts.
+With --job-seconds S a simulated job is reported completed once it has run S seconds in
+all (a preemption or a rescale pauses it), so jobs end and free their devices: the
+cluster's steady state, where ending jobs make room for arriving ones and every round
+starts some (without it, jobs run until preempted and a full cluster starts few). The
+window's completed jobs are printed beside its starts.
 
 With --unplaceable the jobs ask for an accelerator type no simulated worker has: they
 stay queued and the scheduler never calls a worker (the rounds' own cost alone).
@@ -213,7 +213,7 @@ class Config:
     readers: int = 2  # GetClusterState callers, and as many ListJobs callers
     round_seconds: float = 5.0
     warmup_seconds: float = 0.0  # after registering, before measuring: the first fill done
-    job_seconds: float = 0.0  # a task completes after running this long (0: never)
+    job_seconds: float = 0.0  # a job completes after running this long in all (0: never)
     unplaceable: bool = False
     database_url: str = DEFAULT_DATABASE
     run_dir: str = ""  # where the scheduler's log stays (empty: a temporary folder)
@@ -1258,7 +1258,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--job-seconds",
         type=float,
         default=0.0,
-        help="a simulated task completes after running this long, freeing its devices "
+        help="a simulated job completes after running this long in all (a preemption or a "
+        "rescale pauses it), freeing its devices "
         "(the cluster's steady state: the jobs that end make room for those that arrive); "
         "0: jobs run until preempted",
     )
