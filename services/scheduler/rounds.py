@@ -637,8 +637,9 @@ class Rounds:
             if job is None or job.terminal:
                 continue
             # the same devices, other start arguments: the rescale path restarts it (not a
-            # job that runs on only because its preemption was held back)
-            placed = found.kind == "renew" and found.job_id in desired
+            # job that runs on only because its preemption was held back: the decision
+            # gave it no devices, by diff's own rule)
+            placed = found.kind == "renew" and bool(desired.get(found.job_id))
             replan = self._restart_reason(job.job_id) if placed else None
             change = Change(job.job_id, "rescale", found.assignment) if replan else found
             if change.kind == "renew":
