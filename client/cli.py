@@ -40,12 +40,18 @@ from gearshift.common.signals import wait_for_signal
 from gearshift.v1 import common_pb2
 
 SIMULATOR_MODULE = "gearshift.scheduler.simulate"
+CONFIG_MODULE = "gearshift.scheduler.config_cli"
 
 
 def cmd_simulate(argv: Sequence[str]) -> int:
     """Run the scheduler's simulator as a subprocess (the client imports no service package)
     and pass its exit code through; needs the `scheduler` extra installed."""
     return subprocess.call([sys.executable, "-m", SIMULATOR_MODULE, *argv])
+
+
+def cmd_config(argv: Sequence[str]) -> int:
+    """`gearshift config`: the scheduler's configuration module, as a subprocess."""
+    return subprocess.call([sys.executable, "-m", CONFIG_MODULE, *argv])
 
 
 def cluster_tls(args: argparse.Namespace) -> ClusterTls | None:
@@ -81,8 +87,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         workers=workers,
         postgres_url=args.postgres_url,
         redis_url=args.redis_url,
-        policy=args.policy,
-        round_seconds=args.round_seconds,
+        scheduler_config=Path(args.config) if args.config else None,
         token=args.token,
         dashboard=args.dashboard if dashboard_installed() else "",
         tls=tls,
@@ -93,6 +98,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"gearshift up: starting the dev cluster (logs in {cluster.logs}/)", flush=True)
     try:
         cluster.start(timeout=args.timeout)
+    except ValidationError as exc:
+        print(f"gearshift up: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
     except (DaemonError, TimeoutError) as exc:
         print(f"gearshift up: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -333,8 +341,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="scheduler port; brain, shard manager and workers take the next ones (0: free ports)",
     )
     up.add_argument("--run-dir", default=".gearshift/run", help="logs, databases, checkpoints")
-    up.add_argument("--policy", default="easyscale", help="scheduling policy (default %(default)s)")
-    up.add_argument("--round-seconds", type=float, default=5.0, help="scheduling round length")
+    up.add_argument(
+        "--config",
+        default="",
+        metavar="FILE",
+        help="the scheduler's configuration file (gearshift config defaults prints one); "
+        "default: the defaults, with the dev cluster's 5 s rounds and 1 s heartbeats",
+    )
     up.add_argument(
         "--token",
         default=os.environ.get("GEARSHIFT_TOKEN", ""),
@@ -420,6 +433,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Forwarded to python -m gearshift.scheduler.simulate.",
         add_help=False,
     )
+    sub.add_parser(
+        "config",
+        help="the scheduler's configuration file: defaults, check FILE, plugins "
+        "(see `gearshift config -h`)",
+        description="Forwarded to python -m gearshift.scheduler.config_cli.",
+        add_help=False,
+    )
     return parser
 
 
@@ -427,6 +447,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["simulate"]:
         return cmd_simulate(arguments[1:])
+    if arguments[:1] == ["config"]:
+        return cmd_config(arguments[1:])
     if arguments[:2] == ["job", "scale"]:  # `gearshift job scale ID`: the scale command
         arguments = arguments[1:]
     args = build_parser().parse_args(arguments)

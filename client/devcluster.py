@@ -16,14 +16,19 @@ import importlib.util
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from gearshift.client.processes import DaemonError, DaemonProcess, start_daemon
 from gearshift.common.auth import ClientTls
+from gearshift.common.config import merged
 from gearshift.common.errors import ValidationError
 from gearshift.common.ports import free_port
 
@@ -178,7 +183,11 @@ class ClusterConfig:
     )
     postgres_url: str = ""
     redis_url: str = ""
-    policy: str = "easyscale"
+    # The scheduler's configuration file (kind: SchedulerConfiguration; None: the defaults).
+    # The round and heartbeat lengths below are the dev cluster's, laid under the file: the
+    # file wins where it sets them. `scheduler` is laid over both (the file's keys, nested).
+    scheduler_config: Path | None = None
+    scheduler: Mapping[str, Any] = field(default_factory=dict)
     round_seconds: float = 5.0
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 6.0
@@ -206,6 +215,9 @@ class ClusterRow:
 def dashboard_installed() -> bool:
     """The `dashboard` extra (Starlette, uvicorn) is installed."""
     return all(importlib.util.find_spec(m) is not None for m in ("starlette", "uvicorn"))
+
+
+CONFIG_MODULE = "gearshift.scheduler.config_cli"
 
 
 SERVICES = ("brain", "shardmanager", "scheduler")  # in start order
@@ -305,22 +317,64 @@ class DevCluster:
             return [
                 "--database-url",
                 self._database("scheduler"),
-                "--brain-address",
-                self.address("brain"),
-                "--shard-manager-address",
-                self.address("shardmanager"),
-                "--checkpoint-root",
-                str(self.checkpoint_root),
-                "--policy",
-                c.policy,
-                "--round-seconds",
-                str(c.round_seconds),
-                "--heartbeat-interval",
-                str(c.heartbeat_interval),
-                "--heartbeat-timeout",
-                str(c.heartbeat_timeout),
+                "--config",
+                str(self.scheduler_file),
             ]
         raise KeyError(name)
+
+    @property
+    def scheduler_file(self) -> Path:
+        return (self.config.run_dir / "scheduler.yaml").resolve()
+
+    def scheduler_configuration(self, *, wired: bool = True) -> dict[str, Any]:
+        """The scheduler's file as this cluster runs it: the dev cluster's round and
+        heartbeats, the user's file over them, this cluster's addresses (once its services
+        run: `wired`) and `scheduler` over all."""
+        c = self.config
+        user: Any = {}
+        if c.scheduler_config is not None:
+            try:
+                user = yaml.safe_load(c.scheduler_config.read_text()) or {}
+            except (OSError, yaml.YAMLError) as exc:
+                raise ValidationError("--config", f"{c.scheduler_config}: {exc}") from None
+            if not isinstance(user, Mapping):
+                raise ValidationError("--config", f"{c.scheduler_config}: not a mapping of keys")
+        dev = {
+            "round": {"seconds": c.round_seconds},
+            "heartbeats": {
+                "intervalSeconds": c.heartbeat_interval,
+                "timeoutSeconds": c.heartbeat_timeout,
+            },
+        }
+        wiring: dict[str, Any] = {}
+        if wired:
+            wiring["cluster"] = {
+                "brainAddress": self.address("brain"),
+                "shardManagerAddress": self.address("shardmanager"),
+                "checkpointRoot": str(self.checkpoint_root),
+            }
+        return merged(merged(merged(dev, user), wiring), c.scheduler)
+
+    def check_scheduler_file(self) -> None:
+        """Check the scheduler's file (`gearshift config check`) before anything starts: a
+        bad one is a ValidationError naming each problem's key and line."""
+        user = self.config.scheduler_config
+        # The user's own file when there is one, so that each problem names its line there.
+        path = user if user is not None else self._write_scheduler_file(wired=False)
+        check = subprocess.run(
+            [sys.executable, "-m", CONFIG_MODULE, "check", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if check.returncode != 0:
+            raise ValidationError("--config", check.stderr.strip())
+
+    def _write_scheduler_file(self, *, wired: bool) -> Path:
+        path = self.scheduler_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(self.scheduler_configuration(wired=wired), sort_keys=False))
+        return path
 
     def _launch(self, name: str) -> DaemonProcess:
         """Start one daemon (where it ran before, on a restart) without waiting for it."""
@@ -372,12 +426,14 @@ class DevCluster:
         """Redis (unless external); the Brain and the shard manager; the scheduler; the
         workers; the dashboard (when asked)."""
         self.config.run_dir.mkdir(parents=True, exist_ok=True)
+        self.check_scheduler_file()
         try:
             if not self.redis_url:
                 self.redis = RedisProcess.start(self.config.run_dir / "redis")
                 self.redis.wait_ready(timeout)
                 self.redis_url = self.redis.url
             self.start_services(("brain", "shardmanager"), timeout)
+            self._write_scheduler_file(wired=True)
             self.start_services(("scheduler",), timeout)
             self.add_workers(self.config.workers, timeout)
             if self.config.dashboard:

@@ -6,7 +6,9 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import yaml
 
 T = TypeVar("T")
 
@@ -54,3 +56,17 @@ def running(pid: int) -> bool:
     except OSError:
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def scheduler_config(folder: Path, **sections: Any) -> list[str]:
+    """`--config FILE` for a scheduler daemon: the file's sections as keyword arguments, in
+    the file's own keys (`round={"seconds": 1}`, `profile={"allocate": {"name":
+    "easyscale"}}`), written as `scheduler.yaml` in `folder` (a new name if one is there)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "scheduler.yaml"
+    index = 1
+    while path.exists():
+        index += 1
+        path = folder / f"scheduler-{index}.yaml"
+    path.write_text(yaml.safe_dump(dict(sections), sort_keys=False))
+    return ["--config", str(path)]

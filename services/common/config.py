@@ -133,3 +133,15 @@ def host_port(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not host:
         raise ValueError(f"address {address!r} is not host:port")
     return host.strip("[]"), int(port)
+
+
+def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`over` laid over `base`, mapping into mapping: how a launcher or a test changes a few
+    keys of a configuration file (`merged(file, {"round": {"seconds": 1}})`)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out

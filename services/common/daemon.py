@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,8 +43,26 @@ log = logging.getLogger("gearshift.daemon")
 GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections (CPython: 700)
 
 
-def server_options(default_port: int) -> list[Option]:
+def limit_options() -> list[Option]:
+    """How much one caller may ask of a daemon (the scheduler sets them in its file)."""
+    return [
+        Option("max_spec_kb", "largest job spec a caller may submit, KiB", 1024, int),
+        Option(
+            "max_submits_per_second",
+            "job submissions a second per caller (tenant or token identity), burst twice that",
+            20.0,
+            float,
+        ),
+        Option("max_streams", "open streaming calls (watch, logs) per caller", 64, int),
+    ]
+
+
+def server_options(default_port: int, *, limits: bool = True) -> list[Option]:
     """The options every daemon has: where it listens and how it protects itself."""
+    return [*_serving_options(default_port), *(limit_options() if limits else [])]
+
+
+def _serving_options(default_port: int) -> list[Option]:
     return [
         Option(
             "listen",
@@ -81,14 +99,6 @@ def server_options(default_port: int) -> list[Option]:
             "",
         ),
         Option("max_message_mb", "largest request or response, MiB", 64, int),
-        Option("max_spec_kb", "largest job spec a caller may submit, KiB", 1024, int),
-        Option(
-            "max_submits_per_second",
-            "job submissions a second per caller (tenant or token identity), burst twice that",
-            20.0,
-            float,
-        ),
-        Option("max_streams", "open streaming calls (watch, logs) per caller", 64, int),
         Option("grace_seconds", "on SIGTERM, how long in-flight calls may finish", 10.0, float),
         Option("log_level", "log level", "info", choices=LOG_LEVELS),
         Option("log_format", "log line format", "json", choices=LOG_FORMATS),
@@ -219,9 +229,15 @@ def run_daemon(
     options: Sequence[Option],
     build: Callable[[argparse.Namespace], Daemon],
     argv: Sequence[str] | None = None,
+    *,
+    preset: Mapping[str, object] | None = None,
 ) -> int:
-    """Run a daemon until SIGTERM/SIGINT; returns the process exit code (0 on a clean stop)."""
+    """Run a daemon until SIGTERM/SIGINT; returns the process exit code (0 on a clean stop).
+    `preset`: settings of the common options that this daemon takes from elsewhere (the
+    scheduler's limits come from its configuration file) instead of flags."""
     config = parse_config(prog, description, options, argv)
+    for name, value in (preset or {}).items():
+        setattr(config, name, value)
     configure_logging(config.log_level, config.log_format)
     try:
         settings = server_settings(config)

@@ -32,8 +32,8 @@ from gearshift.scheduler.pipeline import (
     plan_round,
 )
 from gearshift.scheduler.placement import Assignment
+from gearshift.scheduler.plugins import Can, Point, capabilities
 from gearshift.scheduler.reconcile import same_assignment
-from gearshift.scheduler.rubick_live import LIVE_VARIANTS
 from gearshift.scheduler.stages import allocator_for, collocator_for
 
 if TYPE_CHECKING:
@@ -70,12 +70,12 @@ class InProcess:
 
 
 def check_decision_process(settings: SchedulerSettings) -> None:
-    """The allocators a child can run alone: not Rubick's (they ask the Brain) nor one that
-    reads tenants' quotas (reloaded on SIGHUP in this process)."""
-    if settings.policy in LIVE_VARIANTS:
-        raise ValueError(f"--decision-process: --policy {settings.policy} asks the Brain")
+    """The allocators a child can run alone (the registry says which: not Rubick's, which ask
+    the Brain), and no tenants' quotas (reloaded on SIGHUP in this process)."""
+    if Can.DECISION_PROCESS not in capabilities(Point.ALLOCATE, settings.policy):
+        raise ValueError(f"decision process: profile.allocate {settings.policy} asks the Brain")
     if settings.tenants_file:
-        raise ValueError("--decision-process: not with --tenants-file (quotas reload here)")
+        raise ValueError("decision process: not with tenants' quotas (they reload here)")
 
 
 class DecisionProcess:

@@ -110,8 +110,8 @@ class Scheduler:
             plans=ResourcePlans(
                 self.brain.plan_resources, settings.plan_interval, clock, self._pool
             )
-            if self.brain.address
-            else None,  # no Brain, no plans: every job runs on the defaults
+            if self.brain.address and settings.resource_plans
+            else None,  # no Brain or no plans plugin: every job runs on the defaults
             # PS jobs without a Brain run their spec's counts (ps_jobs.fallback), or the
             # counts a user sets (ScaleJob).
             ps_plans=PsPlans(

@@ -1,20 +1,20 @@
-"""The allocate and collocate stages the scheduler's settings name: built by the scheduler,
-and by the decision process (decider.py) for its own copy."""
+"""The allocate and collocate stages the scheduler's settings name, built from the plugin
+registry (gearshift.scheduler.plugins): by the scheduler, and by the decision process
+(decider.py) for its own copy."""
 
 from __future__ import annotations
 
-from gearshift.scheduler.allocators import make_allocator
 from gearshift.scheduler.brain import BrainAdvisor
 from gearshift.scheduler.collocation import Multiplexing
 from gearshift.scheduler.guarantees import Guarantees
 from gearshift.scheduler.pipeline import Allocator, Collocator
-from gearshift.scheduler.rubick_live import LIVE_VARIANTS, make_live_rubick
+from gearshift.scheduler.plugins import Can, Point, capabilities, plugin
 from gearshift.scheduler.state import SchedulerSettings
 from gearshift.scheduler.tenants import TenantsFile
 
 
 def collocator_for(settings: SchedulerSettings) -> Collocator | None:
-    """The collocate stage the settings name (--collocation and its knobs)."""
+    """The collocate stage the settings name (profile.collocate and its arguments)."""
     if settings.collocation == "deeppool":
         return Multiplexing(settings.min_idle, settings.max_foreground_slowdown)
     return None
@@ -25,30 +25,17 @@ def allocator_for(
     tenants: TenantsFile | None = None,
     brain: BrainAdvisor | None = None,
 ) -> Allocator:
-    """The allocate stage the settings name (--policy, --elastic and their knobs), with
-    guaranteed jobs admitted first when there are tenants' quotas. Rubick's policies
-    (gearshift.scheduler.rubick_live) admit guaranteed jobs themselves, against the quotas
-    (devices summed over types), and ask the Brain for fitted models."""
-    if settings.policy in LIVE_VARIANTS:
-        return make_live_rubick(
-            settings.policy,
-            brain or BrainAdvisor(),
-            (lambda: tenants.quotas) if tenants is not None else None,
-        )
-    policy = make_allocator(
-        settings.policy,
-        elastic=settings.elastic,
-        round_seconds=settings.round_seconds,
-        min_recompute_seconds=settings.min_recompute_seconds,
-        recompute_in_background=settings.recompute_in_background,
-        seed=settings.seed,
-        hysteresis=settings.hysteresis,
-        preempt_exempt_seconds=settings.preempt_exempt_seconds,
-        max_moves_per_round=settings.max_moves_per_round,
-        prices=settings.prices,
-        entity_weights=settings.tenant_weights,
-        entity_policies=settings.tenant_policies,
+    """The allocate stage the settings name (profile.allocate), with guaranteed jobs admitted
+    first when there are tenants' quotas; a plugin that admits tenants itself (Rubick's) is
+    handed the quotas instead."""
+    found = plugin(Point.ALLOCATE, settings.policy)
+    if found is None or found.build is None:
+        raise ValueError(f"profile.allocate: no allocate plugin {settings.policy!r}")
+    quotas = (lambda: tenants.quotas) if tenants is not None else None
+    admits = Can.ADMITS_TENANTS in capabilities(Point.ALLOCATE, settings.policy)
+    allocator: Allocator = found.build(
+        settings, quotas if admits else None, brain or BrainAdvisor()
     )
-    if tenants is None:
-        return policy
-    return Guarantees(policy, lambda: tenants.quotas)
+    if tenants is None or admits:
+        return allocator
+    return Guarantees(allocator, lambda: tenants.quotas)

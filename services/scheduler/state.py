@@ -54,7 +54,8 @@ EVENT_ROUNDS = ("always", "free-devices")
 
 @dataclass(frozen=True)
 class SchedulerSettings:
-    """How the scheduler behaves (daemon flags)."""
+    """How the scheduler behaves: the flat record its parts share, made from the
+    configuration file by gearshift.scheduler.settings."""
 
     policy: str = "easyscale"
     elastic: bool = False  # a Gavel objective over elastic configurations
@@ -89,6 +90,7 @@ class SchedulerSettings:
     min_idle: float = 0.1  # deeppool: least idle share of a lending job's devices
     max_foreground_slowdown: float = 0.2  # deeppool: the worker's pause bound
     tenants_file: str = ""  # tenants' quotas for guaranteed jobs (empty: none)
+    resource_plans: bool = True  # DLRover's plans from the Brain (profile.plans: dlrover)
     plan_interval: float = 60.0  # seconds between a running job's resource-plan adjustments
     stragglers: StragglerPolicy = field(default_factory=StragglerPolicy)
 

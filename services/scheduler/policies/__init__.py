@@ -31,6 +31,7 @@ __all__ = [
     "PolicyInput",
     "make_policy",
     "policy_names",
+    "traits",
 ]
 
 Factory = Callable[[int], Policy]
@@ -119,6 +120,13 @@ def policy_names() -> list[str]:
 
 def describe(name: str) -> str:
     return _POLICIES[name][1]
+
+
+def traits(name: str) -> tuple[bool, bool]:
+    """(has an elastic form, shares devices) of the policy called `name`, without loading
+    cvxpy: the plugin registry reads them when it is imported."""
+    policy = _POLICIES[name][0](0)
+    return policy.has_elastic_form, bool(getattr(policy, "space_sharing", False))
 
 
 def make_policy(name: str, *, seed: int = 0, field: str = "policy") -> Policy:
