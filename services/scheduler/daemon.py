@@ -76,6 +76,12 @@ def load_configuration(path: str) -> Loaded:
 def build(config: argparse.Namespace, loaded: Loaded | None = None) -> Daemon:
     loaded = loaded or load_configuration(config.config)
     settings = settings_of(loaded)
+    if settings.collocation != "none" and not settings.brain_address:
+        log.warning(
+            "profile.collocate has no Brain (cluster.brainAddress): without burst-parallel "
+            "plans no device is lent",
+            extra={"plugin": settings.collocation},
+        )
     sys.setswitchinterval(loaded.config.cluster.gil_switch_ms / 1000)
     url = open_database(config.database_url, migrate_first=config.migrate_on_start)
     try:

@@ -268,7 +268,7 @@ def _objective(name: str) -> Plugin:
 
     def refuse(a: ObjectiveArgs) -> str | None:
         if a.elastic and not elastic_form:
-            return f"{name} has no elastic form: set elastic: false, or choose an elastic objective"
+            return f"{name!r} has no elastic form: set elastic: false, or choose an elastic one"
         if a.elastic and space_sharing:
             return f"{name} shares devices, which elastic objectives do not: set elastic: false"
         if a.recompute_in_background and not a.elastic:

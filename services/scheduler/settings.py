@@ -7,8 +7,6 @@ other.
 
 from __future__ import annotations
 
-import logging
-
 from gearshift.scheduler.configuration import Loaded
 from gearshift.scheduler.plugins import (
     Can,
@@ -25,8 +23,6 @@ from gearshift.scheduler.prices import GAVEL_PRICES
 from gearshift.scheduler.state import SchedulerSettings
 from gearshift.scheduler.stragglers import StragglerPolicy
 
-log = logging.getLogger("gearshift.scheduler")
-
 
 def settings_of(loaded: Loaded) -> SchedulerSettings:
     """The scheduler's settings from a validated configuration."""
@@ -39,11 +35,6 @@ def settings_of(loaded: Loaded) -> SchedulerSettings:
     stragglers = loaded.plugin_args(Point.STRAGGLERS)
     assert isinstance(stragglers, StragglerArgs)
     deeppool = collocate if isinstance(collocate, DeepPoolArgs) else DeepPoolArgs()
-    if isinstance(collocate, DeepPoolArgs) and not c.cluster.brain_address:
-        log.warning(
-            "profile.collocate deeppool has no Brain (cluster.brainAddress): without "
-            "burst-parallel plans no device is lent"
-        )
     return SchedulerSettings(
         policy=loaded.name(Point.ALLOCATE),
         elastic=bool(objective and objective.elastic),

@@ -3,7 +3,13 @@ scheduler's round pipeline (the daemon's allocate and place stages) on simulated
 
     gearshift simulate --trace FILE --throughputs FILE --cluster v100=8,p100=16,k80=24 \\
         --policy las [--elastic] [--round 360] [--seed S] [--json]
-    gearshift simulate ... --compare rigid:las,elastic:las,easyscale
+    gearshift simulate ... --compare rigid:las,elastic:las,easyscale,default
+    gearshift simulate ... --config scheduler.yaml      # the file's profile
+
+`default` (or --config FILE) runs the scheduler's profile as the daemon would: the
+allocate plugin with its arguments, the round's length and bounds (preemptExemptSeconds,
+maxMoves), and DeepPool's multiplexing when the profile collocates with deeppool; every
+allocator is built from the plugin registry, as the daemon builds it.
 
 The workload is a Gavel trace (10 tab-separated fields per job) or, with
 --generate N, a Poisson workload generated as in Gavel's evaluation (section
@@ -22,15 +28,18 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from gearshift.common.errors import ValidationError
 from gearshift.common.gavel import ThroughputTable, load_throughputs
-from gearshift.scheduler.allocators import GREEDY, allocator_names, make_allocator
+from gearshift.scheduler.configuration import ConfigurationError, Loaded, load
 from gearshift.scheduler.plots import write_plots
+from gearshift.scheduler.plugins import Can, NoArgs, Point, capabilities, names, plugin
 from gearshift.scheduler.policies import describe, make_policy, policy_names
 from gearshift.scheduler.prices import parse_prices
 from gearshift.scheduler.rubick_cli import render_rubick, run_rubick
+from gearshift.scheduler.settings import settings_of
 from gearshift.scheduler.simulator import (
     DETERMINISM_CHOICES,
     GAVEL_RECOMPUTE_SECONDS,
@@ -40,6 +49,8 @@ from gearshift.scheduler.simulator import (
     isolated_reference,
     simulate_pipeline,
 )
+from gearshift.scheduler.stages import allocator_for
+from gearshift.scheduler.state import SchedulerSettings
 from gearshift.scheduler.trace import TraceJob, generate_workload, read_trace, write_trace
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -130,8 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         default=None,
         metavar="NAME",
-        help=f"one of: {', '.join(allocator_names())} (default max_min_fairness_perf; "
-        "easyscale with --elastic)",
+        help="default (the scheduler's profile: --config's, or the defaults), or one of: "
+        f"{', '.join(_simulated())} (default max_min_fairness_perf; easyscale with --elastic; "
+        "default with --config)",
     )
     choice.add_argument(
         "--compare",
@@ -139,7 +151,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="run several policies on the same workload and print one table; prefix an "
         "objective with elastic: or rigid: to choose its form (default: --elastic's)",
     )
-    parser.add_argument("--round", type=float, default=360.0, help="round length, seconds")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="the scheduler's configuration file (kind: SchedulerConfiguration): its profile "
+        "is the policy `default`",
+    )
+    parser.add_argument(
+        "--round",
+        type=float,
+        default=None,
+        help="round length, seconds (default 360, or --config's round.seconds)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed")
     parser.add_argument(
         "--elastic",
@@ -250,7 +273,7 @@ def workload_from(args: argparse.Namespace, table: ThroughputTable) -> list[Trac
 
 
 def check_numbers(args: argparse.Namespace) -> None:
-    if args.round <= 0:
+    if args.round is not None and args.round <= 0:
         raise ValidationError("--round", f"must be > 0 (got {args.round})")
     for flag in ("rescale_seconds", "rigid_rescale_seconds", "hysteresis", "recompute_seconds"):
         if (getattr(args, flag) or 0) < 0:
@@ -260,11 +283,23 @@ def check_numbers(args: argparse.Namespace) -> None:
             raise ValidationError(f"--{flag.replace('_', '-')}", "must be between 0 and 1")
 
 
+def _simulated() -> list[str]:
+    """The allocate plugins a Gavel trace can run (Rubick's need its own traces)."""
+    return [n for n in names(Point.ALLOCATE) if Can.NEEDS_BRAIN not in capabilities("allocate", n)]
+
+
+def _objective(name: str) -> bool:
+    """A Gavel objective (rigid or elastic), not a greedy allocator."""
+    found = plugin(Point.ALLOCATE, name)
+    return found is not None and found.args is not NoArgs
+
+
 def entries(args: argparse.Namespace) -> list[tuple[str, bool]]:
     """(policy name, elastic jobs) for every policy to run."""
     if args.compare is None:
-        name = args.policy or ("easyscale" if args.elastic else "max_min_fairness_perf")
-        return [(name, args.elastic or name in GREEDY)]
+        fallback = "easyscale" if args.elastic else "max_min_fairness_perf"
+        name = args.policy or ("default" if args.config is not None else fallback)
+        return [(name, args.elastic or not _objective(name))]
     out: list[tuple[str, bool]] = []
     for item in filter(None, (part.strip() for part in args.compare.split(","))):
         form, sep, name = item.partition(":")
@@ -272,11 +307,41 @@ def entries(args: argparse.Namespace) -> list[tuple[str, bool]]:
             form, name = "", item
         if form not in ("", "elastic", "rigid"):
             raise ValidationError("--compare", f"{item!r}: the prefix is elastic: or rigid:")
-        elastic = form == "elastic" or (form == "" and args.elastic) or name in GREEDY
+        elastic = form == "elastic" or (form == "" and args.elastic) or not _objective(name)
         out.append((name, elastic))
     if not out:
         raise ValidationError("--compare", "names no policy")
     return out
+
+
+def profile_of(args: argparse.Namespace) -> Loaded:
+    """The scheduler's configuration that `default` runs (--config's, or the defaults)."""
+    try:
+        return load(args.config)
+    except ConfigurationError as exc:
+        raise ValidationError("--config", str(exc)) from None
+
+
+def settings_for(args: argparse.Namespace, name: str, elastic: bool) -> SchedulerSettings:
+    """The settings the daemon would run `name` with: the file's for `default`, else a
+    profile of that allocator with the simulator's knobs."""
+    if name == "default":
+        chosen = settings_of(profile_of(args))
+        # Simulated time solves in the round: a solve on a thread would race the clock.
+        return replace(
+            chosen,
+            round_seconds=args.round or chosen.round_seconds,
+            recompute_in_background=False,
+        )
+    return SchedulerSettings(
+        policy=name,
+        elastic=elastic and _objective(name),
+        round_seconds=args.round or 360.0,
+        min_recompute_seconds=args.recompute_seconds,
+        seed=args.seed,
+        hysteresis=args.hysteresis,
+        prices=parse_prices(args.prices),
+    )
 
 
 def run_one(
@@ -288,40 +353,34 @@ def run_one(
     name: str,
     elastic: bool,
 ) -> SimulationResult:
-    prices = parse_prices(args.prices)
+    settings = settings_for(args, name, elastic)
     if args.rescale_seconds is None:
-        args.rescale_seconds = 10.0
-    field = "--compare" if args.compare is not None else "--policy"
-    allocator = make_allocator(
-        name,
-        elastic=elastic and name not in GREEDY,
-        round_seconds=args.round,
-        min_recompute_seconds=args.recompute_seconds,
-        seed=args.seed,
-        hysteresis=args.hysteresis,
-        prices=prices,
-        field_name=field,
-    )
+        args.rescale_seconds = settings.restart_seconds if name == "default" else 10.0
+    allocator = allocator_for(settings)
     rigid_rounds = not allocator.replans_on_events
-    label = f"{name} (elastic)" if elastic and name not in GREEDY else name
+    can = capabilities(Point.ALLOCATE, settings.policy)
+    label = f"{name} (elastic)" if elastic and _objective(name) else name
+    if name == "default":
+        label = f"default ({settings.policy}{' elastic' if settings.elastic else ''})"
+    multiplex = args.multiplex or (name == "default" and settings.collocation == "deeppool")
     return simulate_pipeline(
         workload,
         cluster,
         table,
         allocator,
-        round_seconds=args.round,
+        round_seconds=settings.round_seconds,
         rescale_seconds=args.rigid_rescale_seconds if rigid_rounds else args.rescale_seconds,
-        elastic=elastic and name != "yarn_cs",
+        elastic=Can.ELASTIC in can and (settings.elastic or not _objective(name)),
         determinism=args.determinism,
-        space_sharing=name.endswith("packed"),
-        prices=prices,
-        name=label if args.compare is not None else name,
+        space_sharing=Can.SPACE_SHARING in can,
+        prices=settings.prices,
+        name=label if args.compare is not None or name == "default" else name,
         multiplexed=Multiplexed(
             idle_fraction=args.idle_fraction,
             foreground_slowdown=args.foreground_slowdown,
             background_share=args.background_share,
         )
-        if args.multiplex
+        if multiplex
         else None,
     )
 
@@ -339,13 +398,23 @@ def run(args: argparse.Namespace) -> list[SimulationResult]:
     if unknown:
         raise ValidationError("--cluster", f"no throughputs for types {unknown}")
     plan = entries(args)
-    for name, _ in plan:  # every name checked before anything runs
-        if name not in GREEDY:
-            make_policy(name, field="--compare" if args.compare is not None else "--policy")
+    field = "--compare" if args.compare is not None else "--policy"
+    for name, elastic in plan:  # every name checked before anything runs
+        if name == "default":
+            profile_of(args)
+        elif plugin(Point.ALLOCATE, name) is None or name not in _simulated():
+            make_policy(name, field=field)  # names the known ones
+            raise ValidationError(field, f"{name!r} needs Rubick's traces (--trace-format)")
+        elif elastic and _objective(name):
+            why = plugin(Point.ALLOCATE, name).refuse(  # type: ignore[union-attr]
+                plugin(Point.ALLOCATE, name).args(elastic=True)  # type: ignore[union-attr]
+            )
+            if why:
+                raise ValidationError(field, why)
     if args.write_trace is not None:
         write_trace(workload, args.write_trace)
     isolated = isolated_reference(
-        workload, cluster, table, round_seconds=args.round, seed=args.seed
+        workload, cluster, table, round_seconds=args.round or 360.0, seed=args.seed
     )
     return [
         run_one(args, workload, cluster, table, name=name, elastic=elastic).with_isolated(isolated)

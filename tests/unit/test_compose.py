@@ -19,6 +19,8 @@ import pytest
 import yaml
 
 from gearshift.common.config import env_vars
+from gearshift.scheduler.configuration import load
+from gearshift.scheduler.settings import settings_of
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -83,8 +85,19 @@ def test_every_variable_is_read_by_its_daemon(services: dict[str, Any]) -> None:
         assert not unknown, f"{name}: {sorted(unknown)} are not read by {command[0]}"
 
 
+def test_the_scheduler_file_is_mounted_and_valid(services: dict[str, Any]) -> None:
+    scheduler = services["scheduler"]
+    path = scheduler["environment"]["GEARSHIFT_CONFIG"]
+    assert f"./deploy/scheduler.yaml:{path}:ro" in scheduler["volumes"]
+    settings = settings_of(load(ROOT / "deploy" / "scheduler.yaml"))
+    assert (settings.brain_address, settings.shard_manager_address) == (
+        "brain:50052",
+        "shardmanager:50053",
+    )
+
+
 def test_checkpoints_are_shared(services: dict[str, Any]) -> None:
-    root = services["scheduler"]["environment"]["GEARSHIFT_CHECKPOINT_ROOT"]
+    root = settings_of(load(ROOT / "deploy" / "scheduler.yaml")).checkpoint_root
     for name, service in services.items():
         if _daemon(service) == "gearshift-worker":
             assert f"checkpoints:{root}" in service["volumes"], name

@@ -123,7 +123,7 @@ round:
         ),
         (
             "profile:\n  allocate:\n    name: fifo\n    args:\n      elastic: true\n",
-            ["4: profile.allocate.args: fifo has no elastic form"],
+            ["4: profile.allocate.args: 'fifo' has no elastic form"],
         ),
         (
             "profile:\n  collocate:\n    name: deeppool\n    args:\n      ampLimit: 0.5\n",
