@@ -24,6 +24,7 @@ from gearshift.client.rubick_profile import add_rubick_options, cmd_profile_rubi
 from gearshift.client.spec import JobFile, load_job
 from gearshift.common import codepkg
 from gearshift.common.errors import NotFoundError, ValidationError, typed_call
+from gearshift.common.model_identity import model_type_of
 from gearshift.common.profiles import profile_key
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2
 
@@ -140,7 +141,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     outcome = "not stored (--no-store)"
     if not args.no_store:
         request = brain_pb2.StoreLayerProfileRequest(
-            key=key, model_type=spec.model_type, profile=profile
+            key=key, model_type=model_type_of(spec), profile=profile
         )
         with brain_channel(args, tls) as ch:
             reply = typed_call(lambda: brain_pb2_grpc.BrainStub(ch).StoreLayerProfile(request))

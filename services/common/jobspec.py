@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from gearshift.common.codepkg import check_sha256
 from gearshift.common.errors import ValidationError
+from gearshift.common.model_identity import model_type_of
 from gearshift.common.validation import (
     check_accelerator_type,
     check_enum,
@@ -299,8 +300,7 @@ def with_defaults(spec: common_pb2.JobSpec) -> common_pb2.JobSpec:
             out.model_type = "wide-deep"
     if not out.tenant:
         out.tenant = DEFAULT_TENANT
-    if not out.model_type:
-        out.model_type = out.entrypoint.module.rsplit(".", 1)[-1]
+    out.model_type = model_type_of(out)
     if not out.entrypoint.config_json:
         out.entrypoint.config_json = "{}"
     if out.determinism == common_pb2.DETERMINISM_LEVEL_UNSPECIFIED:

@@ -7,7 +7,8 @@ keeps each job's plan (`ResourcePlans`, used by the round). The loop:
 
 - a job without a plan (new, or the scheduler restarted) is asked its INITIAL plan
   before its first placement: from the history of similar finished jobs (same model
-  type and dataset, else model type), or the defaults when there is none;
+  type and dataset, else model type), or the defaults when there is none; the devices
+  it names only start the job (history_caps.py says when they give way);
 - a running job is asked again every `plan_interval` seconds at the ADJUST stage (the
   Brain measures the job's use from its own runtime samples); a plan whose resources
   differ is applied at the next round through the checkpoint/restart path when
@@ -56,7 +57,8 @@ _STAGES = {
 class ProcessPlan:
     """What each of a job's training processes runs with; 0 means the default (its
     worker's share of cores / memory; no bound on devices). `devices` bounds a
-    best-effort job until its first ADJUST: where similar jobs ended."""
+    best-effort job until its first ADJUST, or until devices idle while no job waits for
+    them lift it (history_caps.py): where similar jobs ended."""
 
     plan_id: str
     stage: str
@@ -318,6 +320,19 @@ class ResourcePlans(PlanBook[ProcessPlan]):
                     proposed = replace(proposed, reason=f"{proposed.reason}; {decision.why}")
                     self._restart.add(a.job_id)
                 self._next[a.job_id] = proposed
+
+    def caps(self) -> dict[str, int]:
+        """The jobs whose next start a history plan caps: job id -> its devices."""
+        with self._lock:
+            plans = {j: self._next.get(j) or p for j, p in self._plans.items()}
+        return {j: p.devices for j, p in plans.items() if p.devices}
+
+    def lift_cap(self, job_id: str) -> None:
+        """The job's devices are the allocator's from now on (history_caps.caps_to_lift)."""
+        with self._lock:
+            plan = self._plans.get(job_id)
+        if plan is not None:
+            self._uncap(job_id, plan)
 
     def _uncap(self, job_id: str, plan: ProcessPlan) -> ProcessPlan:
         """From its first ADJUST on, a job's own measurements and the allocator decide its

@@ -24,6 +24,7 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
@@ -33,6 +34,7 @@ from gearshift.common.errors import ResourceExhaustedError
 from gearshift.common.jobspec import is_ps_job
 from gearshift.scheduler.decider import Decider, InProcess
 from gearshift.scheduler.estimates import EstimateRequest, Estimates
+from gearshift.scheduler.history_caps import CapView, caps_to_lift
 from gearshift.scheduler.mechanism import Device
 from gearshift.scheduler.pipeline import (
     Allocator,
@@ -334,6 +336,7 @@ class Rounds:
                 rubick.refresh(facts, workers, now)
             lap = report.lap("estimates", lap, time.perf_counter())
             gathered = self.gather(now)
+            self._lift_caps(gathered)
             lap = report.lap("gather", lap, time.perf_counter())
             snapshot, current = self._snapshot(now, gathered)  # estimates: outside the lock
             lap = report.lap("snapshot", lap, time.perf_counter())
@@ -485,6 +488,38 @@ class Rounds:
         snapshot = self._build_job(view, types)
         self._snapshots[job.job_id] = (key, snapshot)
         return snapshot
+
+    def _lift_caps(self, gathered: _Gathered) -> None:
+        """History caps that leave devices idle while no job waits for them give way before
+        the snapshot (history_caps.py): the allocator may grow those jobs this round."""
+        if self.plans is None:
+            return
+        held = {d for assignment in gathered.current.values() for d, _ in assignment}
+        idle = Counter(
+            d.worker_type
+            for d in gathered.devices
+            if d not in held and d.worker_id not in gathered.avoid
+        )
+        caps = self.plans.caps() if idle else {}  # a busy cluster: nothing to read
+        if not caps:
+            return
+        views = [
+            CapView(
+                v.job.job_id,
+                caps.get(v.job.job_id, 0),
+                len({d for d, _ in v.held}),
+                _most(v.job.spec),
+                frozenset((v.locked_type,) if v.locked_type else v.job.spec.accelerator_types),
+            )
+            for v in gathered.jobs
+            if not v.held or v.job.job_id in caps
+        ]
+        for job_id in caps_to_lift(views, idle):
+            self.plans.lift_cap(job_id)
+            log.info(
+                "history cap lifted: devices idle and no job waits for them",
+                extra={"job_id": job_id, "cap": caps[job_id], "idle": dict(idle)},
+            )
 
     def _plan_devices(self, job_id: str) -> int:
         plan = self.plans.plan(job_id) if self.plans is not None else None

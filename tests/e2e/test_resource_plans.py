@@ -10,6 +10,9 @@ core, the memory they were measured to use, no loader process - seen on its trai
 process (CPU affinity, loader processes as its children), on its worker's enforcement, as
 PLAN events and on the `resources` line of `gearshift job`; the Brain holds every plan
 with the jobs' histories.
+
+A history cap is only a guess: a 3-EST job that history starts on 1 device grows onto the
+2 idle devices at the next round while nothing waits, though no ADJUST ever comes.
 """
 
 from __future__ import annotations
@@ -43,14 +46,17 @@ STEPS = 300  # at about 8 steps/s (0.1 s asleep each): long enough for a restart
 WAIT = 240.0
 
 
-@pytest.fixture
-def cluster(
-    tmp_path: Path, postgres_db: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+def plan_cluster(
+    tmp_path: Path,
+    postgres_db: str,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    plan_interval: str,
 ) -> Iterator[DevCluster]:
     # The training processes import tests.e2e.plan_jobs.
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     monkeypatch.setenv("PYTHONPATH", path)
-    flags = {"scheduler": ["--plan-interval", "3"], "workers": ["--cpu-cores", "2"]}
+    flags = {"scheduler": ["--plan-interval", plan_interval], "workers": ["--cpu-cores", "2"]}
     cluster = e2e_cluster(tmp_path, postgres_db, redis_url, workers=WORKERS, flags=flags)
     try:
         yield started(cluster)
@@ -58,18 +64,33 @@ def cluster(
         cluster.stop()
 
 
-def sleepy_spec(name: str, steps: int = STEPS) -> C.JobSpec:
+@pytest.fixture
+def cluster(
+    tmp_path: Path, postgres_db: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[DevCluster]:
+    yield from plan_cluster(tmp_path, postgres_db, redis_url, monkeypatch, "3")
+
+
+@pytest.fixture
+def unadjusted(
+    tmp_path: Path, postgres_db: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[DevCluster]:
+    """A cluster whose scheduler asks only initial plans (--plan-interval 0): no ADJUST."""
+    yield from plan_cluster(tmp_path, postgres_db, redis_url, monkeypatch, "0")
+
+
+def sleepy_spec(name: str, steps: int = STEPS, ests: int = 1) -> C.JobSpec:
     return C.JobSpec(
         name=name,
         entrypoint=C.Entrypoint(
             module="tests.e2e.plan_jobs", config_json='{"samples": 512, "sleep": 0.1}'
         ),
         model_type="sleepy-mlp",
-        num_ests=1,
-        global_batch_size=8,
+        num_ests=ests,
+        global_batch_size=8 * ests,
         total_steps=steps,
         dataset=C.DatasetSpec(name="sleepy", size=512, shard_size=16, seed=3),
-        elastic=C.ElasticBounds(min_devices=1, max_devices=1),
+        elastic=C.ElasticBounds(min_devices=1, max_devices=ests),
         checkpoint_every_steps=20,
     )
 
@@ -195,3 +216,27 @@ def test_history_sets_a_new_jobs_plan_and_idle_cpu_is_shrunk(cluster: DevCluster
     assert f"{memory / 1024**2:.0f} MiB" in events[0]
     with client_of(cluster) as client:
         client.cancel(fourth)
+
+
+def processes(client: Client, job_id: str) -> int:
+    return len(client.get(job_id).placement.processes)
+
+
+def test_a_job_capped_by_history_grows_onto_idle_devices(unadjusted: DevCluster) -> None:
+    """A finished 1-device job of the type caps a new 3-EST job's start to 1 device; with
+    2 devices idle and nothing waiting, the next round grows it to 3 (no ADJUST here)."""
+    cluster = unadjusted
+    with client_of(cluster) as client:
+        past = client.submit(sleepy_spec("sleepy-past", steps=20)).job_id
+        wait_until(partial(succeeded, client, past), WAIT, f"{past} never completed")
+    wait_until(partial(brain_knows_it_succeeded, cluster, past), 30.0, "the Brain never saw it")
+
+    with client_of(cluster) as client:
+        job = client.submit(sleepy_spec("sleepy-wide", steps=5000, ests=3)).job_id
+        wait_until(lambda: processes(client, job) == 3, WAIT, f"{job} never grew to 3 devices")
+        events = plan_events(cluster, job)
+        assert events[0].startswith("initial plan from history: "), events
+        assert "starting on at most 1 device(s) (from 1 similar finished job(s)" in events[0]
+        kinds = [e.type for e in client.events(job)]
+        assert S.JOB_EVENT_TYPE_RESCALED in kinds  # it started on 1, then grew
+        client.cancel(job)

@@ -14,6 +14,7 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
+from gearshift.common import codepkg
 from gearshift.common.channel import connect
 from gearshift.common.db import create_engine
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2
@@ -498,3 +499,64 @@ def test_a_data_parallel_jobs_adjust_stage_measures_its_own_samples(brain) -> No
         stub.PlanResources(bad)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "current.workers.loader_procs" in str(caught.value.details())
+
+
+def test_two_train_py_without_a_model_type_share_no_history(brain, tmp_path: Path) -> None:
+    """Two users' `train.py` (different code, no model_type) are two models to the Brain:
+    the first's finished 1-device run neither plans nor estimates the second; the same code
+    again does."""
+    stub: brain_pb2_grpc.BrainStub = brain
+
+    def code(user: str, source: str) -> str:
+        folder = tmp_path / user
+        folder.mkdir()
+        (folder / "train.py").write_text(source)
+        return codepkg.package(folder / "train.py").sha256
+
+    def submit_train(job_id: str, digest: str) -> None:
+        anonymous = spec(job_id, model="", dataset="data")
+        anonymous.entrypoint.CopyFrom(common_pb2.Entrypoint(module="train", code_sha256=digest))
+        request = brain_pb2.ReportJobEventRequest(
+            event_id=f"{job_id}-submitted",
+            job_id=job_id,
+            kind=brain_pb2.JOB_EVENT_KIND_SUBMITTED,
+            spec=anonymous,
+        )
+        assert stub.ReportJobEvent(request).recorded
+
+    def initial(job_id: str) -> brain_pb2.ResourcePlan:
+        return stub.PlanResources(
+            brain_pb2.PlanResourcesRequest(
+                job_id=job_id, stage=brain_pb2.PLAN_STAGE_INITIAL, cpu_total=8, cpu_max_per_node=2
+            )
+        )
+
+    def estimate(job_id: str) -> brain_pb2.ThroughputEstimate:
+        return stub.EstimateThroughput(
+            brain_pb2.EstimateThroughputRequest(
+                job_id=job_id, accelerator_type="cpu", device_count=1
+            )
+        )
+
+    alice, bob = code("alice", "LAYERS = 2\n"), code("bob", "LAYERS = 3\n")
+    submit_train("alice-1", alice)
+    assert event(stub, "alice-1", brain_pb2.JOB_EVENT_KIND_STARTED)
+    rows = samples(10, 7.0, kind="cpu", count=1, node_id="rank-0", cpu_cores_used=1.0)
+    assert report(stub, "alice-1-1", "alice-1", rows) == 10
+    assert event(stub, "alice-1", brain_pb2.JOB_EVENT_KIND_SUCCEEDED)
+    known = stub.GetJobHistory(brain_pb2.GetJobHistoryRequest(job_id="alice-1", max_samples=1))
+    assert known.job.spec.model_type == f"train-{alice[:8]}"
+
+    submit_train("bob-1", bob)
+    theirs = initial("bob-1")
+    assert theirs.source == brain_pb2.PLAN_SOURCE_DEFAULT, theirs.reason
+    assert "no similar job in history" in theirs.reason
+    assert estimate("bob-1").source != brain_pb2.ESTIMATE_SOURCE_MODEL_HISTORY
+    listed = stub.ListJobRecords(brain_pb2.ListJobRecordsRequest(model_type=f"train-{bob[:8]}"))
+    assert [j.job_id for j in listed.jobs] == ["bob-1"]
+
+    submit_train("alice-2", alice)  # the same code: the same model, its history applies
+    mine = initial("alice-2")
+    assert mine.source == brain_pb2.PLAN_SOURCE_HISTORY and "alice-1" in mine.reason
+    assert mine.workers.count == 1
+    assert estimate("alice-2").source == brain_pb2.ESTIMATE_SOURCE_MODEL_HISTORY

@@ -448,3 +448,52 @@ def test_a_restarted_scheduler_keeps_the_plan_a_running_job_runs() -> None:
         scheduler.stop()
         if again is not None:
             again.stop()
+
+
+def test_a_history_cap_gives_way_to_idle_devices_at_the_next_round_while_nothing_waits() -> None:
+    """The history's 1 device is a guess: with 3 devices idle and no job waiting the next
+    round grows the job to its max_devices, though its first ADJUST never comes."""
+    settings = SchedulerSettings(
+        policy="max_min_fairness", elastic=True, round_seconds=60.0, plan_interval=0.0
+    )
+    clock = Clock()
+    scheduler, _ = make_scheduler(
+        settings, clock=clock, brain=HistoryBrain(lambda job, kind, n: float(n))
+    )
+    try:
+        register(scheduler, "w", {"cpu": 4})
+        job, _ = scheduler.submit(job_spec("train", 4), "")
+        scheduler.run_round()
+        assert len(scheduler.get(job.job_id).placement.processes) == 1  # it starts capped
+        clock.now += 1.0  # within the workers' heartbeat timeout
+        scheduler.run_round()
+        assert len(scheduler.get(job.job_id).placement.processes) == 4
+        plan = scheduler.rounds.plans.plan(job.job_id) if scheduler.rounds.plans else None
+        assert plan is not None and plan.devices == 0 and plan.source == "history"
+    finally:
+        scheduler.stop()
+
+
+def test_a_history_cap_stands_while_a_job_waits() -> None:
+    settings = SchedulerSettings(
+        policy="max_min_fairness", elastic=True, round_seconds=60.0, plan_interval=0.0
+    )
+    clock = Clock()
+    scheduler, _ = make_scheduler(
+        settings, clock=clock, brain=HistoryBrain(lambda job, kind, n: float(n))
+    )
+    try:
+        register(scheduler, "w", {"cpu": 4})
+        job, _ = scheduler.submit(job_spec("train", 4), "")
+        scheduler.run_round()
+        rigid = job_spec("rigid", 8)
+        rigid.elastic.min_devices = 8  # more than there are: it waits for the idle ones
+        waiting, _ = scheduler.submit(rigid, "")
+        clock.now += 1.0  # within the workers' heartbeat timeout
+        scheduler.run_round()
+        assert len(scheduler.get(job.job_id).placement.processes) == 1
+        assert scheduler.get(waiting.job_id).state == common_pb2.JOB_STATE_QUEUED
+        plan = scheduler.rounds.plans.plan(job.job_id) if scheduler.rounds.plans else None
+        assert plan is not None and plan.devices == 1
+    finally:
+        scheduler.stop()
