@@ -34,9 +34,11 @@ some RPC's p99 in the window passes 100 ms ("RegisterWorker (startup)", every wo
 registering at once before the window, is shown but not counted; "RegisterWorker" is
 the re-registrations in the window). The `(generator loop lag)` row is how late the
 load generator's own event loops woke from 10 ms sleeps: the part of every latency that
-is the generator's, not the server's (shown, not counted either). With the scheduler's
-`--heartbeat-relays`, the simulated workers heartbeat the relay their registration
-names, as worker daemons do.
+is the generator's, not the server's (shown, not counted either). With the scheduler file's
+heartbeats.relays (1 by default), the simulated workers heartbeat the relay their
+registration names, as worker daemons do. The scheduler runs its defaults (the union
+profile) under the bench's own heartbeats, limits and round length; `--config FILE` lays
+a scheduler configuration file over them.
 --repeat N runs N trials of each configuration and prints each RPC's median p99 and its
 range beside the starts each window saw (the p99s follow how many jobs a window starts,
 and the same code's runs differ 2-3x on a shared two-core host); the knee is read from
@@ -56,7 +58,6 @@ import multiprocessing as mp
 import os
 import random
 import re
-import shlex
 import statistics
 import sys
 import tempfile
@@ -73,8 +74,10 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import grpc
+import yaml
 
 from gearshift.client.processes import DaemonError, DaemonProcess, start_daemon
+from gearshift.common.config import merged
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 C = common_pb2
@@ -217,7 +220,8 @@ class Config:
     unplaceable: bool = False
     database_url: str = DEFAULT_DATABASE
     run_dir: str = ""  # where the scheduler's log stays (empty: a temporary folder)
-    scheduler_flags: tuple[str, ...] = ()  # more flags for the scheduler
+    # The scheduler's configuration laid over the bench's own (the file's keys, nested).
+    scheduler_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -668,19 +672,24 @@ def database_sessions(server_url: str, database: str) -> int | None:
 
 def start_scheduler(database: str, config: Config, run_dir: Path) -> DaemonProcess:
     limit = str(max(10 * (config.queued + config.submits_per_second * config.seconds), 1000))
+    own = {
+        "round": {"seconds": config.round_seconds},
+        "heartbeats": {"intervalSeconds": HEARTBEAT_SECONDS, "timeoutSeconds": 10},
+        "limits": {
+            "maxSubmitsPerSecond": max(1000.0, 10 * config.submits_per_second),
+            "maxQueuedJobs": int(float(limit)),
+            "maxStreams": 1000,
+        },
+        "cluster": {"checkpointRoot": str(run_dir / "checkpoints")},
+    }
+    file = run_dir / "scheduler.yaml"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    file.write_text(yaml.safe_dump(merged(own, config.scheduler_config), sort_keys=False))
     flags = [
         *("--database-url", database),
-        *("--policy", "las", "--elastic"),
-        *("--round-seconds", str(config.round_seconds)),
+        *("--config", str(file)),
         *("--metrics-listen", "127.0.0.1:0"),
-        *("--heartbeat-interval", str(HEARTBEAT_SECONDS)),
-        *("--heartbeat-timeout", "10"),
-        *("--max-submits-per-second", str(max(1000.0, 10 * config.submits_per_second))),
-        *("--max-queued-jobs", str(int(float(limit)))),
-        *("--max-streams", "1000"),
-        *("--checkpoint-root", str(run_dir / "checkpoints")),
         *("--log-format", "text"),
-        *config.scheduler_flags,
     ]
     daemon = start_daemon("scheduler", flags, run_dir=run_dir)
     try:
@@ -1289,10 +1298,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--database-url", default=DEFAULT_DATABASE)
     parser.add_argument(
-        "--scheduler-flags",
-        default="",
-        help="more scheduler flags, as one string (e.g. '--event-round-gap 0', to compare "
-        "with a run of the defaults)",
+        "--config",
+        type=Path,
+        default=None,
+        help="a scheduler configuration file laid over the bench's own settings (e.g. "
+        "`round: {eventRoundGap: 0}`, to compare with a run of the defaults)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument(
@@ -1311,6 +1321,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     counts = args.sweep or [args.workers]
+    overrides: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            overrides = yaml.safe_load(args.config.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            print(f"--config: {args.config}: {exc}", file=sys.stderr)
+            return 2
     reports: list[Report] = []
     medians: list[Report] = []  # each count's median trial
     baselines: list[Report] = []
@@ -1331,7 +1348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 unplaceable=args.unplaceable,
                 database_url=args.database_url,
                 run_dir=args.run_dir,
-                scheduler_flags=tuple(shlex.split(args.scheduler_flags)),
+                scheduler_config=overrides,
             )
             say = lambda line: print(line, flush=True)  # noqa: E731
             if args.baseline:

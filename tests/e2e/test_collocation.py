@@ -42,7 +42,8 @@ def packed(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevClus
         postgres_db,
         redis_url,
         workers=[("w1", "cpu:1")],
-        flags={"scheduler": ["--policy", "las_packed"]},
+        # Gavel's space sharing is rigid, and pairs jobs itself (no collocate stage).
+        scheduler={"profile": {"allocate": {"name": "las_packed", "args": {"elastic": False}}}},
     )
     try:
         yield started(cluster)
@@ -77,16 +78,21 @@ def multiplexed(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[De
         postgres_db,
         redis_url,
         workers=[("w1", "cpu:2")],
-        flags={
-            "scheduler": [
-                "--policy", "fifo_strict", "--collocation", "deeppool",
-                "--max-foreground-slowdown", "0.0001",  # any slowdown pauses it
-                # Any plan lends: layer timings taken on a loaded machine may show no idle
-                # time (the threshold itself is unit-tested).
-                "--min-idle", "0",
-            ],
+        scheduler={
+            "profile": {
+                "allocate": {"name": "fifo_strict"},
+                "collocate": {
+                    "name": "deeppool",
+                    "args": {
+                        "maxForegroundSlowdown": 0.0001,  # any slowdown pauses it
+                        # Any plan lends: layer timings taken on a loaded machine may show
+                        # no idle time (the threshold itself is unit-tested).
+                        "minIdle": 0,
+                    },
+                },
+            }
         },
-    )  # fmt: skip
+    )
     try:
         yield started(cluster)
     finally:

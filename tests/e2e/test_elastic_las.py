@@ -24,7 +24,7 @@ WAIT = 300.0
 @pytest.fixture
 def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevCluster]:
     cluster = e2e_cluster(
-        tmp_path, postgres_db, redis_url, flags={"scheduler": ["--policy", "las", "--elastic"]}
+        tmp_path, postgres_db, redis_url, scheduler={"profile": {"allocate": {"name": "las"}}}
     )
     try:
         yield cluster

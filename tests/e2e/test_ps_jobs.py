@@ -44,8 +44,11 @@ EVAL_BLOCKS = 40
 
 @pytest.fixture
 def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevCluster]:
-    flags = {"scheduler": ["--plan-interval", "3"], "workers": ["--cpu-cores", "2"]}
-    cluster = e2e_cluster(tmp_path, postgres_db, redis_url, workers=(("w1", "cpu:1"),), flags=flags)
+    flags = {"workers": ["--cpu-cores", "2"]}
+    plans = {"profile": {"plans": {"args": {"intervalSeconds": 3}}}}
+    cluster = e2e_cluster(
+        tmp_path, postgres_db, redis_url, workers=(("w1", "cpu:1"),), flags=flags, scheduler=plans
+    )
     try:
         yield started(cluster)
     finally:

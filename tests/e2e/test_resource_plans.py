@@ -56,8 +56,12 @@ def plan_cluster(
     # The training processes import tests.e2e.plan_jobs.
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     monkeypatch.setenv("PYTHONPATH", path)
-    flags = {"scheduler": ["--plan-interval", plan_interval], "workers": ["--cpu-cores", "2"]}
-    cluster = e2e_cluster(tmp_path, postgres_db, redis_url, workers=WORKERS, flags=flags)
+    flags = {"workers": ["--cpu-cores", "2"]}
+    interval = float(plan_interval)
+    plans = {"profile": {"plans": {"name": "dlrover", "args": {"intervalSeconds": interval}}}}
+    cluster = e2e_cluster(
+        tmp_path, postgres_db, redis_url, workers=WORKERS, flags=flags, scheduler=plans
+    )
     try:
         yield started(cluster)
     finally:

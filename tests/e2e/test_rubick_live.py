@@ -1,4 +1,5 @@
-"""`--policy rubick` on the whole cluster as processes. (1) The digits CNN job (4 ESTs) starts
+"""Rubick's allocator (profile.allocate: rubick) on the whole cluster as processes. (1) The
+digits CNN job (4 ESTs) starts
 on its model key's fit (a synthetic profile stored before it: 100 M parameters, whose
 activations need gradient checkpointing in the workers' 4 GiB device slots), so with GC on;
 it has no fit of its own, so its rank 0 runs Rubick's profiling run first; once the Brain
@@ -38,8 +39,8 @@ S = scheduler_pb2
 @pytest.fixture
 def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevCluster]:
     workers = (("w1", "cpu:2:4GiB"), ("w2", "cpu:2:4GiB"))
-    cluster = e2e_cluster(tmp_path, postgres_db, redis_url, workers=workers)
-    cluster.config.policy = "rubick"
+    rubick = {"profile": {"allocate": {"name": "rubick"}}}
+    cluster = e2e_cluster(tmp_path, postgres_db, redis_url, workers=workers, scheduler=rubick)
     try:
         yield cluster
     finally:

@@ -33,11 +33,14 @@ WAIT = 300.0
 
 @pytest.fixture
 def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevCluster]:
-    flags = {
-        "scheduler": ["--straggler-margin", "0.5", "--straggler-reports", "3"],
-        "slow": ["--step-delay", DELAY],
-    }
-    cluster = e2e_cluster(tmp_path, postgres_db, redis_url, flags=flags)
+    stragglers = {"stragglers": {"args": {"margin": 0.5, "reports": 3}}}
+    cluster = e2e_cluster(
+        tmp_path,
+        postgres_db,
+        redis_url,
+        flags={"slow": ["--step-delay", DELAY]},
+        scheduler={"profile": stragglers},
+    )
     try:
         yield cluster
     finally:

@@ -30,8 +30,11 @@ WAIT = 300.0
 def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevCluster]:
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text("tenants:\n  a:\n    quota: {cpu: 0}\n  b: {}\n")  # SIGHUP raises it
-    flags = ["--policy", "max_min_fairness", "--elastic", "--tenants-file", str(tenants)]
-    cluster = e2e_cluster(tmp_path, postgres_db, redis_url, flags={"scheduler": flags})
+    profile = {
+        "allocate": {"name": "max_min_fairness"},
+        "tenants": {"name": "guarantees", "args": {"file": str(tenants)}},
+    }
+    cluster = e2e_cluster(tmp_path, postgres_db, redis_url, scheduler={"profile": profile})
     try:
         yield cluster
     finally:

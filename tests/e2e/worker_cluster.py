@@ -18,12 +18,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import json_format
 
 from gearshift.client.devcluster import ClusterConfig, ClusterTls, DevCluster
 from gearshift.client.sdk import Client
 from gearshift.common.channel import connect
+from gearshift.common.config import merged
 from gearshift.common.ports import free_port_in
 from gearshift.v1 import common_pb2, scheduler_pb2, worker_pb2, worker_pb2_grpc
 from tests.helpers import live_pids
@@ -138,6 +140,23 @@ def rendezvous_base() -> int:
     return free_port_in(30000, 32700) // 100 * 100
 
 
+# The scheduler these tests were written against: EasyScale's greedy allocator re-planned at
+# every event, nothing bounded, every heartbeat taken by the scheduler itself. A test of
+# another plugin names it in `scheduler`; the default profile has a test of its own (test_up).
+SINGLE_SEED = {
+    "round": {
+        "maxStarts": 0,
+        "maxMoves": 0,
+        "preemptExemptSeconds": 0,
+        "eventRounds": "always",
+        "decisionProcess": False,
+    },
+    "heartbeats": {"relays": 0},
+    "limits": {"stopTimeoutSeconds": 30},
+    "profile": {"allocate": {"name": "easyscale"}, "collocate": {"name": "none"}},
+}
+
+
 def e2e_cluster(
     root: Path,
     database: str,
@@ -145,19 +164,18 @@ def e2e_cluster(
     *,
     workers: Sequence[tuple[str, str]] = WORKERS,
     flags: Mapping[str, Sequence[str]] | None = None,
+    scheduler: Mapping[str, Any] | None = None,
     tls: ClusterTls | None = None,
 ) -> DevCluster:
     """The DevCluster of one test (not started): both services on the test's database,
-    short rounds and heartbeats, its own rendezvous ports; `flags` as ClusterConfig's."""
-    scheduler = [
-        "--stop-timeout", "30", "--rendezvous-port-base", str(rendezvous_base()),
-        *(flags or {}).get("scheduler", ()),
-    ]  # fmt: skip
+    short rounds and heartbeats, its own rendezvous ports; `flags` as ClusterConfig's, and
+    `scheduler` laid over SINGLE_SEED (the scheduler file's keys)."""
+    own = {"cluster": {"rendezvousPortBase": rendezvous_base()}}
     config = ClusterConfig(
         run_dir=root / "cluster", base_port=0, workers=workers, postgres_url=database,
-        redis_url=redis_url, policy="easyscale", round_seconds=1.0, heartbeat_interval=0.5,
+        redis_url=redis_url, round_seconds=1.0, heartbeat_interval=0.5,
         heartbeat_timeout=5.0, report_interval=0.5, log_level="info", metrics=False, tls=tls,
-        flags={**(flags or {}), "scheduler": scheduler},
+        flags=flags or {}, scheduler=merged(merged(SINGLE_SEED, own), scheduler or {}),
     )  # fmt: skip
     return DevCluster(config)
 
