@@ -346,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         metavar="FILE",
         help="the scheduler's configuration file (gearshift config defaults prints one); "
-        "default: the defaults, with the dev cluster's 5 s rounds and 1 s heartbeats",
+        "default: the defaults (the union profile), with the dev cluster's 5 s rounds, 1 s "
+        "heartbeats and placements exempt from moves for two rounds",
     )
     up.add_argument(
         "--token",

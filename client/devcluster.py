@@ -184,8 +184,9 @@ class ClusterConfig:
     postgres_url: str = ""
     redis_url: str = ""
     # The scheduler's configuration file (kind: SchedulerConfiguration; None: the defaults).
-    # The round and heartbeat lengths below are the dev cluster's, laid under the file: the
-    # file wins where it sets them. `scheduler` is laid over both (the file's keys, nested).
+    # The round and heartbeat lengths below are the dev cluster's (and a placement is exempt
+    # from moves for two rounds), laid under the file: the file wins where it sets them.
+    # `scheduler` is laid over both (the file's keys, nested).
     scheduler_config: Path | None = None
     scheduler: Mapping[str, Any] = field(default_factory=dict)
     round_seconds: float = 5.0
@@ -339,8 +340,9 @@ class DevCluster:
                 raise ValidationError("--config", f"{c.scheduler_config}: {exc}") from None
             if not isinstance(user, Mapping):
                 raise ValidationError("--config", f"{c.scheduler_config}: not a mapping of keys")
+        # A placement is kept two rounds, not a minute: a dev cluster's jobs last minutes.
         dev = {
-            "round": {"seconds": c.round_seconds},
+            "round": {"seconds": c.round_seconds, "preemptExemptSeconds": 2 * c.round_seconds},
             "heartbeats": {
                 "intervalSeconds": c.heartbeat_interval,
                 "timeoutSeconds": c.heartbeat_timeout,

@@ -70,3 +70,30 @@ def scheduler_config(folder: Path, **sections: Any) -> list[str]:
         path = folder / f"scheduler-{index}.yaml"
     path.write_text(yaml.safe_dump(dict(sections), sort_keys=False))
     return ["--config", str(path)]
+
+
+# The scheduler these tests were written against, before it had a configuration file:
+# EasyScale's greedy allocator re-planned at every event, no collocation, nothing bounded,
+# the decision in the scheduler's own process, every heartbeat taken by the scheduler itself.
+# A test of another plugin names it (`single_seed("las")`); the default profile (the union)
+# has tests of its own.
+def single_seed(policy: str = "easyscale") -> dict[str, Any]:
+    """The scheduler file's sections for `policy` alone (a Gavel objective rigid and
+    recomputed every round after a change, as Gavel runs it)."""
+    from gearshift.scheduler.plugins import ObjectiveArgs, Point, plugin
+
+    allocate: dict[str, Any] = {"name": policy}
+    found = plugin(Point.ALLOCATE, policy)
+    if found is not None and issubclass(found.args, ObjectiveArgs):
+        allocate["args"] = {"elastic": False, "minRecomputeSeconds": 0}
+    return {
+        "round": {
+            "maxStarts": 0,
+            "maxMoves": 0,
+            "preemptExemptSeconds": 0,
+            "eventRounds": "always",
+            "decisionProcess": False,
+        },
+        "heartbeats": {"relays": 0},
+        "profile": {"allocate": allocate, "collocate": {"name": "none"}},
+    }

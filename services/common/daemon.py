@@ -22,7 +22,7 @@ from gearshift.common.auth import ClientTls, ServerTls
 from gearshift.common.config import Option, parse_config
 from gearshift.common.errors import ValidationError
 from gearshift.common.identity import Identity, JobTokens, TokenTable, hash_token, load_job_key
-from gearshift.common.limits import Limits
+from gearshift.common.limits import LIMIT_FLAGS, Limits
 from gearshift.common.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from gearshift.common.metrics import (
     METRICS_OPTION,
@@ -173,6 +173,7 @@ def server_settings(config: argparse.Namespace) -> ServerSettings:
         submit_burst=max(1, int(2 * config.max_submits_per_second)),
         streams=config.max_streams,
         spec_bytes=config.max_spec_kb * 1024,
+        named=getattr(config, "limits_named", LIMIT_FLAGS),
     )
     return ServerSettings(
         listen=config.listen,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -23,12 +23,21 @@ from gearshift.common.handlers import Metadata, WrappingInterceptor, rewrapped
 SUBMIT = "/gearshift.v1.JobService/SubmitJob"
 
 
+LIMIT_FLAGS = {
+    "submits": "--max-submits-per-second",
+    "streams": "--max-streams",
+    "spec": "--max-spec-kb",
+}
+
+
 @dataclass(frozen=True)
 class Limits:
     submits_per_second: float = 20.0  # per caller, with a burst of `submit_burst`
     submit_burst: int = 40
     streams: int = 64  # open streaming calls (watch, logs, shards) per caller
     spec_bytes: int = 1024 * 1024  # a submitted job's spec
+    # Where each limit is set, for the messages (the scheduler's are keys of its file).
+    named: Mapping[str, str] = field(default_factory=lambda: dict(LIMIT_FLAGS))
 
 
 class TokenBucket:
@@ -70,7 +79,7 @@ class CallerLimits:
             if not bucket.take():
                 raise ResourceExhaustedError(
                     f"{caller}: more than {self.limits.submits_per_second:g} submissions a "
-                    f"second (burst {self.limits.submit_burst}; --max-submits-per-second); "
+                    f"second (burst {self.limits.submit_burst}; {self.limits.named['submits']}); "
                     "retry later"
                 )
 
@@ -79,7 +88,8 @@ class CallerLimits:
             count = self._streams.get(caller, 0)
             if count >= self.limits.streams:
                 raise ResourceExhaustedError(
-                    f"{caller}: {count} streams open, the limit (--max-streams); close one first"
+                    f"{caller}: {count} streams open, the limit "
+                    f"({self.limits.named['streams']}); close one first"
                 )
             self._streams[caller] = count + 1
 
@@ -91,7 +101,8 @@ class CallerLimits:
         size = spec.ByteSize()
         if size > self.limits.spec_bytes:
             raise ResourceExhaustedError(
-                f"spec: {size} bytes, over the limit of {self.limits.spec_bytes} (--max-spec-kb)"
+                f"spec: {size} bytes, over the limit of {self.limits.spec_bytes} "
+                f"({self.limits.named['spec']})"
             )
 
 

@@ -266,6 +266,11 @@ class Loaded:
             "max_spec_kb": limits.max_spec_kb,
             "max_submits_per_second": limits.max_submits_per_second,
             "max_streams": limits.max_streams,
+            "limits_named": {
+                "submits": "limits.maxSubmitsPerSecond",
+                "streams": "limits.maxStreams",
+                "spec": "limits.maxSpecKb",
+            },
         }
 
     def plugin_args(self, point: Point) -> Any:

@@ -98,7 +98,7 @@ class JobsApi:
         return job, True
 
     def _check_queue(self, tenant: str) -> None:
-        """A tenant's queued jobs stay under --max-queued-jobs. Read without the lock (a
+        """A tenant's queued jobs stay under limits.maxQueuedJobs. Read without the lock (a
         set's length is read whole): the job is added in a later hold, after its insert,
         so concurrent submissions could pass the check together with the lock too; taken,
         it made each submission wait for the rounds' holds twice (bench/load.py)."""
@@ -106,7 +106,7 @@ class JobsApi:
         queued = len(self.state.queued.get(tenant, ()))
         if queued >= limit:
             raise ResourceExhaustedError(
-                f"tenant {tenant!r} has {queued} queued jobs, the limit (--max-queued-jobs); "
+                f"tenant {tenant!r} has {queued} queued jobs, the limit (limits.maxQueuedJobs); "
                 "wait for some to start or cancel some"
             )
 

@@ -56,10 +56,8 @@ def chaos_site(root: Path, *, max_restarts: int = 1000) -> Iterator[Site]:
         postgres.url,
         redis.url,
         workers=WORKERS,
-        flags={
-            "scheduler": ["--max-restarts", str(max_restarts)],
-            "workers": ["--index-log-dir", str(index_dir(root / "cluster"))],
-        },
+        flags={"workers": ["--index-log-dir", str(index_dir(root / "cluster"))]},
+        scheduler={"limits": {"maxRestarts": max_restarts}},
     )
     try:
         postgres.start()

@@ -28,7 +28,7 @@ from gearshift.common.channel import connect
 from gearshift.common.config import merged
 from gearshift.common.ports import free_port_in
 from gearshift.v1 import common_pb2, scheduler_pb2, worker_pb2, worker_pb2_grpc
-from tests.helpers import live_pids
+from tests.helpers import live_pids, single_seed
 
 CNN = "gearshift.examples.digits_cnn"
 CONFIG = '{"lr": 0.05}'
@@ -140,23 +140,6 @@ def rendezvous_base() -> int:
     return free_port_in(30000, 32700) // 100 * 100
 
 
-# The scheduler these tests were written against: EasyScale's greedy allocator re-planned at
-# every event, nothing bounded, every heartbeat taken by the scheduler itself. A test of
-# another plugin names it in `scheduler`; the default profile has a test of its own (test_up).
-SINGLE_SEED = {
-    "round": {
-        "maxStarts": 0,
-        "maxMoves": 0,
-        "preemptExemptSeconds": 0,
-        "eventRounds": "always",
-        "decisionProcess": False,
-    },
-    "heartbeats": {"relays": 0},
-    "limits": {"stopTimeoutSeconds": 30},
-    "profile": {"allocate": {"name": "easyscale"}, "collocate": {"name": "none"}},
-}
-
-
 def e2e_cluster(
     root: Path,
     database: str,
@@ -169,13 +152,17 @@ def e2e_cluster(
 ) -> DevCluster:
     """The DevCluster of one test (not started): both services on the test's database,
     short rounds and heartbeats, its own rendezvous ports; `flags` as ClusterConfig's, and
-    `scheduler` laid over SINGLE_SEED (the scheduler file's keys)."""
-    own = {"cluster": {"rendezvousPortBase": rendezvous_base()}}
+    `scheduler` laid over EasyScale's allocator alone (tests.helpers.single_seed; the
+    scheduler file's keys)."""
+    own = {
+        "cluster": {"rendezvousPortBase": rendezvous_base()},
+        "limits": {"stopTimeoutSeconds": 30},
+    }
     config = ClusterConfig(
         run_dir=root / "cluster", base_port=0, workers=workers, postgres_url=database,
         redis_url=redis_url, round_seconds=1.0, heartbeat_interval=0.5,
         heartbeat_timeout=5.0, report_interval=0.5, log_level="info", metrics=False, tls=tls,
-        flags=flags or {}, scheduler=merged(merged(SINGLE_SEED, own), scheduler or {}),
+        flags=flags or {}, scheduler=merged(merged(single_seed(), own), scheduler or {}),
     )  # fmt: skip
     return DevCluster(config)
 

@@ -28,7 +28,7 @@ from gearshift.v1 import (
     shardmanager_pb2_grpc,
 )
 from tests.conftest import DaemonFactory
-from tests.helpers import wait_until
+from tests.helpers import scheduler_config, wait_until
 
 B = brain_pb2
 C = common_pb2
@@ -63,10 +63,11 @@ def test_tenants_workers_audit_and_reload(daemons: DaemonFactory, tmp_path: Path
     w1, admin = create_token(tokens, "worker:w1"), create_token(tokens, "admin")
     key = tmp_path / "job.key"
     create_job_key(key)
+    config = scheduler_config(tmp_path, round={"seconds": 60}, heartbeats={"relays": 0})
     daemon = daemons(
         "scheduler",
         ["--database-url", f"sqlite:///{tmp_path / 's.db'}", "--tokens-file", str(tokens),
-         "--job-key-file", str(key), "--token", "internal-service-token", "--round-seconds", "60"],
+         "--job-key-file", str(key), "--token", "internal-service-token", *config],
     )  # fmt: skip
 
     def stubs(
@@ -180,7 +181,11 @@ def test_a_jobs_token_acts_for_its_own_job_only(
     common = ["--tokens-file", str(tokens), "--job-key-file", str(key), "--token", "svc"]
     prefix = f"authz-{uuid.uuid4().hex[:8]}:"
     started = {
-        "scheduler": [*common, "--database-url", f"sqlite:///{tmp_path / 's.db'}"],
+        "scheduler": [
+            *common,
+            *("--database-url", f"sqlite:///{tmp_path / 's.db'}"),
+            *scheduler_config(tmp_path, heartbeats={"relays": 0}),
+        ],
         "brain": [*common, "--database-url", f"sqlite:///{tmp_path / 'b.db'}"],
         "shardmanager": [*common, "--redis-url", redis_url, "--key-prefix", prefix],
     }

@@ -17,6 +17,7 @@ from gearshift.client.commands import (
     EXIT_USAGE,
 )
 from tests.conftest import DaemonFactory
+from tests.helpers import scheduler_config
 
 JOB = """
 name: cli-{tag}
@@ -42,7 +43,8 @@ def gearshift(*args: str, address: str = "") -> subprocess.CompletedProcess[str]
 @pytest.fixture
 def scheduler(daemons: DaemonFactory, tmp_path: Path) -> str:
     # No workers: submitted jobs stay queued, which is all these tests need.
-    daemon = daemons("scheduler", ["--database-url", f"sqlite:///{tmp_path / 's.db'}"])
+    config = scheduler_config(tmp_path, heartbeats={"relays": 0})
+    daemon = daemons("scheduler", ["--database-url", f"sqlite:///{tmp_path / 's.db'}", *config])
     return daemon.address
 
 

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from gearshift.client.processes import DaemonProcess, start_daemon
 from gearshift.common.channel import connect
 from gearshift.v1 import brain_pb2, scheduler_pb2, shardmanager_pb2, worker_pb2
+from tests.helpers import scheduler_config
 from tests.proto_strategies import messages
 
 EXAMPLES = 25  # per RPC: 41 RPCs in about a minute on 2 cores
@@ -67,7 +68,7 @@ def targets(
     args = {
         "scheduler": [
             *("--database-url", f"sqlite:///{databases['scheduler']}"),
-            *("--round-seconds", "3600"),
+            *scheduler_config(run, round={"seconds": 3600}, heartbeats={"relays": 0}),
         ],
         "brain": ["--database-url", f"sqlite:///{databases['brain']}"],
         "shardmanager": ["--redis-url", redis_url, "--key-prefix", prefix],

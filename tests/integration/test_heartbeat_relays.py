@@ -1,4 +1,4 @@
-"""The scheduler's heartbeat relays as real processes (--heartbeat-relays): workers learn
+"""The scheduler's heartbeat relays as real processes (heartbeats.relays): workers learn
 their relay when they register and heartbeat it (on a stream, as the worker daemon does);
 the relays hand the heartbeats on in batches and keep the workers alive; a killed relay is
 started again and its workers find it by registering again; the relays go when the
@@ -25,20 +25,21 @@ from gearshift.common.identity import create_job_key, create_token
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from gearshift.worker.registration import HeartbeatStream
 from tests.conftest import DaemonFactory
-from tests.helpers import running, wait_until
+from tests.helpers import running, scheduler_config, wait_until
 
 C = common_pb2
 S = scheduler_pb2
 WAIT = 30.0
-TIMEOUT = 2.0  # --heartbeat-timeout
+TIMEOUT = 2.0  # heartbeats.timeoutSeconds
 
 
-def start(daemons: DaemonFactory, database: str, *extra: str) -> DaemonProcess:
-    return daemons(
-        "scheduler",
-        ["--database-url", database, "--heartbeat-relays", "2", "--round-seconds", "60",
-         "--heartbeat-interval", "0.3", "--heartbeat-timeout", str(TIMEOUT), *extra],
-    )  # fmt: skip
+def start(daemons: DaemonFactory, folder: Path, database: str, *extra: str) -> DaemonProcess:
+    config = scheduler_config(
+        folder,
+        round={"seconds": 60},
+        heartbeats={"intervalSeconds": 0.3, "timeoutSeconds": TIMEOUT, "relays": 2},
+    )
+    return daemons("scheduler", ["--database-url", database, *config, *extra])
 
 
 def start_guarded(daemons: DaemonFactory, tmp_path: Path, tokens: Path) -> DaemonProcess:
@@ -46,7 +47,7 @@ def start_guarded(daemons: DaemonFactory, tmp_path: Path, tokens: Path) -> Daemo
     key = tmp_path / "job.key"
     create_job_key(key)
     return start(
-        daemons, f"sqlite:///{tmp_path / 's.db'}", "--tokens-file", str(tokens),
+        daemons, tmp_path, f"sqlite:///{tmp_path / 's.db'}", "--tokens-file", str(tokens),
         "--job-key-file", str(key), "--token", "internal-service-token",
     )  # fmt: skip
 
@@ -86,9 +87,9 @@ def alive(jobs: scheduler_pb2_grpc.JobServiceStub) -> dict[str, bool]:
 
 
 def test_workers_heartbeat_through_relays_that_come_back_and_go_with_the_scheduler(
-    daemons: DaemonFactory, postgres_db: str
+    daemons: DaemonFactory, tmp_path: Path, postgres_db: str
 ) -> None:
-    scheduler = start(daemons, postgres_db)
+    scheduler = start(daemons, tmp_path, postgres_db)
     channel = connect(scheduler.address)
     registry = scheduler_pb2_grpc.WorkerRegistryStub(channel)
     jobs = scheduler_pb2_grpc.JobServiceStub(channel)
@@ -207,12 +208,12 @@ def test_a_relay_that_cannot_serve_stops_the_scheduler_saying_why(tmp_path: Path
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        config = scheduler_config(tmp_path, heartbeats={"relays": 1, "relayPort": port})
         daemon = start_daemon(
             "scheduler",
-            ["--database-url", f"sqlite:///{tmp_path / 's.db'}", "--heartbeat-relays", "1",
-             "--heartbeat-relay-port", str(port)],
+            ["--database-url", f"sqlite:///{tmp_path / 's.db'}", *config],
             run_dir=tmp_path / "run",
-        )  # fmt: skip
+        )
         try:
             assert daemon.process.wait(60) == 1
         finally:
@@ -226,7 +227,7 @@ def test_a_relay_that_cannot_serve_stops_the_scheduler_saying_why(tmp_path: Path
 def test_sighup_reaches_the_relays_with_the_tokens_file_and_spares_them_without(
     daemons: DaemonFactory, tmp_path: Path
 ) -> None:
-    plain = start(daemons, f"sqlite:///{tmp_path / 'plain.db'}")
+    plain = start(daemons, tmp_path, f"sqlite:///{tmp_path / 'plain.db'}")
     before = wait_until(lambda: relays(plain)[1:] and relays(plain), WAIT, "relays")
     plain.process.send_signal(signal.SIGHUP)  # a tenants-file reload: the relays stay
     registry = scheduler_pb2_grpc.WorkerRegistryStub(connect(plain.address))

@@ -15,7 +15,7 @@ from gearshift.common.channel import connect
 from gearshift.common.identity import create_job_key, create_token
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from tests.conftest import DaemonFactory
-from tests.helpers import wait_until
+from tests.helpers import scheduler_config, wait_until
 
 C = common_pb2
 S = scheduler_pb2
@@ -55,10 +55,15 @@ def passes(call: object) -> bool:
 
 
 def scheduler(
-    daemons: DaemonFactory, tmp_path: Path, *flags: str
+    daemons: DaemonFactory, tmp_path: Path, *flags: str, **limits: float
 ) -> scheduler_pb2_grpc.JobServiceStub:
+    """A scheduler (no workers: jobs stay queued) with these process flags and `limits`, the
+    file's limits section (`maxSpecKb=1`)."""
     database = f"sqlite:///{tmp_path / 'scheduler.db'}"
-    daemon = daemons("scheduler", ["--database-url", database, "--round-seconds", "60", *flags])
+    config = scheduler_config(
+        tmp_path, round={"seconds": 60}, heartbeats={"relays": 0}, limits=limits
+    )
+    daemon = daemons("scheduler", ["--database-url", database, *config, *flags])
     return scheduler_pb2_grpc.JobServiceStub(connect(daemon.address))
 
 
@@ -67,24 +72,22 @@ def count(jobs: scheduler_pb2_grpc.JobServiceStub) -> int:
 
 
 def test_spec_size_queue_and_stream_limits(daemons: DaemonFactory, tmp_path: Path) -> None:
-    jobs = scheduler(
-        daemons, tmp_path, "--max-spec-kb", "1", "--max-queued-jobs", "2", "--max-streams", "1"
-    )
+    jobs = scheduler(daemons, tmp_path, maxSpecKb=1, maxQueuedJobs=2, maxStreams=1)
     big = spec("big", config=json.dumps({"pad": "x" * 2000}))
-    assert "over the limit of 1024 (--max-spec-kb)" in exhausted(
+    assert "over the limit of 1024 (limits.maxSpecKb)" in exhausted(
         lambda: jobs.SubmitJob(S.SubmitJobRequest(spec=big))
     )
     assert count(jobs) == 0
     first = jobs.SubmitJob(S.SubmitJobRequest(spec=spec("a"))).job
     jobs.SubmitJob(S.SubmitJobRequest(spec=spec("b")))
     details = exhausted(lambda: jobs.SubmitJob(S.SubmitJobRequest(spec=spec("c"))))
-    assert "tenant 't' has 2 queued jobs" in details and "--max-queued-jobs" in details
+    assert "tenant 't' has 2 queued jobs" in details and "limits.maxQueuedJobs" in details
     assert count(jobs) == 2
     jobs.SubmitJob(S.SubmitJobRequest(spec=spec("other", tenant="u")))  # another tenant's queue
 
     watch: Any = jobs.WatchJob(S.WatchJobRequest(job_id=first.job_id))  # also a grpc.Call
     assert next(watch).type == S.JOB_EVENT_TYPE_SUBMITTED  # the stream is open
-    assert "streams open, the limit (--max-streams)" in exhausted(
+    assert "streams open, the limit (limits.maxStreams)" in exhausted(
         lambda: jobs.WatchJob(S.WatchJobRequest(job_id=first.job_id))
     )
     watch.cancel()
@@ -96,7 +99,7 @@ def test_spec_size_queue_and_stream_limits(daemons: DaemonFactory, tmp_path: Pat
 
 
 def test_submissions_per_second(daemons: DaemonFactory, tmp_path: Path) -> None:
-    jobs = scheduler(daemons, tmp_path, "--max-submits-per-second", "1")
+    jobs = scheduler(daemons, tmp_path, maxSubmitsPerSecond=1)
     for name in ("a", "b"):  # the burst: twice the rate
         jobs.SubmitJob(S.SubmitJobRequest(spec=spec(name)))
     assert "more than 1 submissions a second" in exhausted(
@@ -120,11 +123,13 @@ def test_submissions_per_second_are_counted_per_caller(
     alice, bob = (create_token(tokens, f"tenant:{name}") for name in ("alice", "bob"))
     identities = ["--tokens-file", str(tokens), "--job-key-file", str(key)]
     database = f"sqlite:///{tmp_path / 'scheduler.db'}"
-    daemon = daemons(
-        "scheduler",
-        ["--database-url", database, "--round-seconds", "60", *identities,
-         "--max-submits-per-second", "1"],
-    )  # fmt: skip
+    config = scheduler_config(
+        tmp_path,
+        round={"seconds": 60},
+        heartbeats={"relays": 0},
+        limits={"maxSubmitsPerSecond": 1},
+    )
+    daemon = daemons("scheduler", ["--database-url", database, *config, *identities])
     as_alice = scheduler_pb2_grpc.JobServiceStub(connect(daemon.address, token=alice))
     as_bob = scheduler_pb2_grpc.JobServiceStub(connect(daemon.address, token=bob))
     for name in ("a1", "a2"):  # alice's burst

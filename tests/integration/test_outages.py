@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from gearshift.common.channel import connect
+from gearshift.common.config import merged
 from gearshift.v1 import (
     brain_pb2,
     brain_pb2_grpc,
@@ -25,7 +26,7 @@ from gearshift.v1 import (
 )
 from tests.chaos.services import PrivatePostgres
 from tests.conftest import DaemonFactory
-from tests.helpers import wait_until
+from tests.helpers import scheduler_config, single_seed, wait_until
 
 S = scheduler_pb2
 
@@ -61,10 +62,11 @@ def postgres() -> Iterator[PrivatePostgres]:
 
 
 def test_a_stopped_database_is_unavailable_from_scheduler_and_brain(
-    daemons: DaemonFactory, postgres: PrivatePostgres
+    daemons: DaemonFactory, postgres: PrivatePostgres, tmp_path: Path
 ) -> None:
     brain = daemons("brain", ["--database-url", postgres.url])
-    scheduler = daemons("scheduler", ["--database-url", postgres.url, "--round-seconds", "3600"])
+    config = scheduler_config(tmp_path, round={"seconds": 3600}, heartbeats={"relays": 0})
+    scheduler = daemons("scheduler", ["--database-url", postgres.url, *config])
     with connect(scheduler.address) as s_channel, connect(brain.address) as b_channel:
         jobs = scheduler_pb2_grpc.JobServiceStub(s_channel)
         history = brain_pb2_grpc.BrainStub(b_channel)
@@ -125,12 +127,12 @@ def test_a_slow_brain_holds_up_the_round_not_the_api(
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
+        # EasyScale's allocator, every event a round, the decision in the scheduler's
+        # process (the defaults this test was written against), 1 s rounds.
+        over = {"round": {"seconds": 1}, "cluster": {"brainAddress": f"127.0.0.1:{port}"}}
+        config = scheduler_config(tmp_path, **merged(single_seed(), over))
         scheduler = daemons(
-            "scheduler",
-            [
-                *("--database-url", f"sqlite:///{tmp_path / 'scheduler.db'}"),
-                *("--brain-address", f"127.0.0.1:{port}", "--round-seconds", "1"),
-            ],
+            "scheduler", ["--database-url", f"sqlite:///{tmp_path / 'scheduler.db'}", *config]
         )
         with connect(scheduler.address) as channel:
             jobs = scheduler_pb2_grpc.JobServiceStub(channel)

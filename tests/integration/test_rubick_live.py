@@ -1,7 +1,8 @@
-"""`--policy rubick` in the scheduler with a real Brain process (SQLite): a job without a fit
-runs its own plan on its request; once its model key's profile is in the Brain, the next
-round fetches the fit and - gradient checkpointing off not fitting in the workers' device
-memory - restarts the job with GC on (same devices, a checkpoint), recorded as an event."""
+"""`profile.allocate: {name: rubick}` in the scheduler with a real Brain process (SQLite): a
+job without a fit runs its own plan on its request; once its model key's profile is in the
+Brain, the next round fetches the fit and - gradient checkpointing off not fitting in the
+workers' device memory - restarts the job with GC on (same devices, a checkpoint), recorded
+as an event."""
 
 from __future__ import annotations
 
@@ -154,15 +155,22 @@ def test_a_fitted_model_changes_a_running_jobs_plan(
 
 
 def test_a_restarted_scheduler_resumes_the_job_on_its_stored_plan(
-    brain: str, daemons: DaemonFactory, postgres_db: str, fake_workers: list[FakeWorker]
+    brain: str,
+    daemons: DaemonFactory,
+    tmp_path: Path,
+    postgres_db: str,
+    fake_workers: list[FakeWorker],
 ) -> None:
     """Issue 19: the job's plan (GC on, which the fit demands on 4 GiB devices) is stored with
     it, so a scheduler killed and started again on the same database shows the same plan and
     keeps the running job as it is - no restart because it forgot the plan."""
     store_profile(brain, "lm-restart")
     port = free_port_in(20000, 30000)  # the same address after the restart
-    flags = ["--listen", f"127.0.0.1:{port}", "--brain-address", brain]
-    daemon = start_scheduler(daemons, postgres_db, *flags, policy="rubick")
+    flags = ["--listen", f"127.0.0.1:{port}"]
+    cluster = {"brainAddress": brain}
+    daemon = start_scheduler(
+        daemons, tmp_path, postgres_db, *flags, policy="rubick", cluster=cluster
+    )
     device = C.DeviceGroup(accelerator_type="cpu", count=4, memory_bytes=4 << 30)
     fake_workers.append(FakeWorker("w1", daemon.address, [device]))
     agent = fake_workers[0].agent
@@ -179,7 +187,9 @@ def test_a_restarted_scheduler_resumes_the_job_on_its_stored_plan(
     assert before.plan.gradient_checkpointing and len(before.placement.processes) == 4
     assert [r.plan.gradient_checkpointing for r in agent.starts] == [True]
     daemon.kill()  # as a crash would
-    restarted = start_scheduler(daemons, postgres_db, *flags, policy="rubick")
+    restarted = start_scheduler(
+        daemons, tmp_path, postgres_db, *flags, policy="rubick", cluster=cluster
+    )
     with fresh_channel(restarted.address) as fresh:
         jobs = scheduler_pb2_grpc.JobServiceStub(fresh)
         after = jobs.GetJob(S.GetJobRequest(job_id=job_id))

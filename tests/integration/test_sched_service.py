@@ -8,6 +8,8 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from gearshift.client.processes import DaemonProcess
 from gearshift.common import codepkg
 from gearshift.common.channel import connect
+from gearshift.common.config import merged
 from gearshift.common.ports import free_port_in
 from gearshift.v1 import (
     brain_pb2,
@@ -26,7 +29,7 @@ from gearshift.v1 import (
     worker_pb2_grpc,
 )
 from tests.conftest import DaemonFactory
-from tests.helpers import wait_until
+from tests.helpers import scheduler_config, single_seed, wait_until
 
 S = scheduler_pb2
 C = common_pb2
@@ -160,30 +163,34 @@ def workers() -> Iterator[list[FakeWorker]]:
 
 
 def start_scheduler(
-    daemons: DaemonFactory, db: str, *extra: str, policy: str = "easyscale"
+    daemons: DaemonFactory,
+    folder: Path,
+    db: str,
+    *extra: str,
+    policy: str = "easyscale",
+    **sections: Any,
 ) -> DaemonProcess:
-    return daemons(
-        "scheduler",
-        [
-            "--database-url",
-            db,
-            "--policy",
-            policy,
-            "--round-seconds",
-            "1",
-            "--heartbeat-interval",
-            "0.3",
-            "--heartbeat-timeout",
-            "2",
-            "--stop-timeout",
-            "5",
-            *extra,
-        ],
-    )
+    """A scheduler on `db` with the old defaults (`single_seed`), 1 s rounds and quick heartbeats;
+    `extra` process flags; `sections` laid over the file (its keys: `cluster={"brainAddress":
+    ...}`), its file written in `folder`."""
+    quick = {
+        "round": {"seconds": 1},
+        "heartbeats": {"intervalSeconds": 0.3, "timeoutSeconds": 2},
+        "limits": {"stopTimeoutSeconds": 5},
+    }
+    config = merged(merged(single_seed(policy), quick), sections)
+    return daemons("scheduler", ["--database-url", db, *scheduler_config(folder, **config), *extra])
 
 
-def scheduler(daemons: DaemonFactory, db: str, *extra: str, policy: str = "easyscale") -> str:
-    return start_scheduler(daemons, db, *extra, policy=policy).address
+def scheduler(
+    daemons: DaemonFactory,
+    folder: Path,
+    db: str,
+    *extra: str,
+    policy: str = "easyscale",
+    **sections: Any,
+) -> str:
+    return start_scheduler(daemons, folder, db, *extra, policy=policy, **sections).address
 
 
 def fresh_channel(address: str) -> grpc.Channel:
@@ -241,9 +248,9 @@ def job_state(jobs: scheduler_pb2_grpc.JobServiceStub, job_id: str) -> int:
 
 
 def test_submit_list_get_watch_cancel(
-    daemons: DaemonFactory, postgres_db: str, workers: list[FakeWorker]
+    daemons: DaemonFactory, tmp_path: Path, postgres_db: str, workers: list[FakeWorker]
 ) -> None:
-    address = scheduler(daemons, postgres_db)
+    address = scheduler(daemons, tmp_path, postgres_db)
     workers.append(FakeWorker("w1", address, cpus(2)))
     with connect(address) as channel:
         jobs = scheduler_pb2_grpc.JobServiceStub(channel)
@@ -316,8 +323,10 @@ def test_submit_list_get_watch_cancel(
         assert state.policy == "easyscale" and state.round_seconds == 1.0
 
 
-def test_submissions_are_idempotent_by_key(daemons: DaemonFactory, postgres_db: str) -> None:
-    address = scheduler(daemons, postgres_db)
+def test_submissions_are_idempotent_by_key(
+    daemons: DaemonFactory, tmp_path: Path, postgres_db: str
+) -> None:
+    address = scheduler(daemons, tmp_path, postgres_db)
     with connect(address) as channel:
         jobs = scheduler_pb2_grpc.JobServiceStub(channel)
         request = S.SubmitJobRequest(spec=spec("once"), idempotency_key="key-1")
@@ -361,8 +370,10 @@ FIELDS = [
 ]
 
 
-def test_invalid_requests_name_the_field(daemons: DaemonFactory, postgres_db: str) -> None:
-    address = scheduler(daemons, postgres_db)
+def test_invalid_requests_name_the_field(
+    daemons: DaemonFactory, tmp_path: Path, postgres_db: str
+) -> None:
+    address = scheduler(daemons, tmp_path, postgres_db)
     with connect(address) as channel:
         jobs = scheduler_pb2_grpc.JobServiceStub(channel)
         for field in FIELDS:
@@ -411,12 +422,12 @@ def test_invalid_requests_name_the_field(daemons: DaemonFactory, postgres_db: st
 
 
 def test_a_restarted_scheduler_keeps_every_job(
-    daemons: DaemonFactory, postgres_db: str, workers: list[FakeWorker]
+    daemons: DaemonFactory, tmp_path: Path, postgres_db: str, workers: list[FakeWorker]
 ) -> None:
     # A fixed port below the ephemeral range, so that no daemon of a parallel test can be
     # given it while this one is down (gRPC servers bind with SO_REUSEPORT).
     port = free_port_in(20000, 30000)
-    daemon = start_scheduler(daemons, postgres_db, "--listen", f"127.0.0.1:{port}")
+    daemon = start_scheduler(daemons, tmp_path, postgres_db, "--listen", f"127.0.0.1:{port}")
     address = daemon.address
     workers.append(FakeWorker("w1", address, cpus(1)))
     with connect(address) as channel:
@@ -433,20 +444,14 @@ def test_a_restarted_scheduler_keeps_every_job(
     starts_before = len(workers[0].agent.starts)
     daemon.kill()  # as a crash would: no chance to flush anything
     # Same database, same port: the worker keeps heartbeating to the same address.
-    restarted = daemons(
-        "scheduler",
-        [
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--database-url",
-            postgres_db,
-            "--round-seconds",
-            "1",
-            "--heartbeat-interval",
-            "0.3",
-            "--heartbeat-timeout",
-            "4",
-        ],
+    restarted = start_scheduler(
+        daemons,
+        tmp_path,
+        postgres_db,
+        "--listen",
+        f"127.0.0.1:{port}",
+        heartbeats={"timeoutSeconds": 4},
+        limits={"stopTimeoutSeconds": 60},
     )
     assert restarted.address == address
     with fresh_channel(address) as fresh:
@@ -487,13 +492,13 @@ def test_a_restarted_scheduler_keeps_every_job(
 
 
 def test_max_restarts_counts_across_a_scheduler_restart(
-    daemons: DaemonFactory, postgres_db: str, workers: list[FakeWorker]
+    daemons: DaemonFactory, tmp_path: Path, postgres_db: str, workers: list[FakeWorker]
 ) -> None:
-    """A failed task resumes the job at most --max-restarts times, even when the scheduler
+    """A failed task resumes the job at most limits.maxRestarts times, even when the scheduler
     restarts in between: the count is part of the stored job."""
     port = free_port_in(20000, 30000)
-    flags = ["--listen", f"127.0.0.1:{port}", "--max-restarts", "2"]
-    daemon = start_scheduler(daemons, postgres_db, *flags)
+    flags = ["--listen", f"127.0.0.1:{port}"]
+    daemon = start_scheduler(daemons, tmp_path, postgres_db, *flags, limits={"maxRestarts": 2})
     address = daemon.address
     worker = FakeWorker("w1", address, cpus(1))
     workers.append(worker)
@@ -516,7 +521,7 @@ def test_max_restarts_counts_across_a_scheduler_restart(
         task = next_task()
         assert job_state(jobs, job_id) == C.JOB_STATE_RUNNING
     daemon.kill()
-    start_scheduler(daemons, postgres_db, *flags)
+    start_scheduler(daemons, tmp_path, postgres_db, *flags, limits={"maxRestarts": 2})
     worker.finish(task, C.TASK_STATE_FAILED)
     with fresh_channel(address) as fresh:
         jobs = scheduler_pb2_grpc.JobServiceStub(fresh)
@@ -525,9 +530,9 @@ def test_max_restarts_counts_across_a_scheduler_restart(
 
 
 def test_a_silent_worker_loses_its_tasks_to_another(
-    daemons: DaemonFactory, postgres_db: str, workers: list[FakeWorker]
+    daemons: DaemonFactory, tmp_path: Path, postgres_db: str, workers: list[FakeWorker]
 ) -> None:
-    address = scheduler(daemons, postgres_db)
+    address = scheduler(daemons, tmp_path, postgres_db)
     workers.append(FakeWorker("w1", address, cpus(1)))
     workers.append(FakeWorker("w2", address, cpus(1)))
     with connect(address) as channel:
@@ -565,9 +570,9 @@ def test_a_silent_worker_loses_its_tasks_to_another(
 
 
 def test_an_elastic_job_rescales_through_checkpoint_and_resume(
-    daemons: DaemonFactory, postgres_db: str, workers: list[FakeWorker]
+    daemons: DaemonFactory, tmp_path: Path, postgres_db: str, workers: list[FakeWorker]
 ) -> None:
-    address = scheduler(daemons, postgres_db)
+    address = scheduler(daemons, tmp_path, postgres_db)
     workers.append(FakeWorker("w1", address, cpus(4)))
     worker = workers[0]
     with connect(address) as channel:
@@ -612,9 +617,9 @@ def test_an_elastic_job_rescales_through_checkpoint_and_resume(
 
 
 def test_gavel_rounds_time_share_one_device(
-    daemons: DaemonFactory, postgres_db: str, workers: list[FakeWorker]
+    daemons: DaemonFactory, tmp_path: Path, postgres_db: str, workers: list[FakeWorker]
 ) -> None:
-    address = scheduler(daemons, postgres_db, policy="las")
+    address = scheduler(daemons, tmp_path, postgres_db, policy="las")
     workers.append(FakeWorker("w1", address, cpus(1)))
     with connect(address) as channel:
         jobs = scheduler_pb2_grpc.JobServiceStub(channel)
@@ -663,7 +668,11 @@ class ScriptedBrain(brain_pb2_grpc.BrainServicer):
 
 @pytest.mark.parametrize("implemented", [True, False])
 def test_est_split_from_the_brains_estimates_or_even(
-    daemons: DaemonFactory, postgres_db: str, workers: list[FakeWorker], implemented: bool
+    daemons: DaemonFactory,
+    tmp_path: Path,
+    postgres_db: str,
+    workers: list[FakeWorker],
+    implemented: bool,
 ) -> None:
     """One planner (EasyScale's Eq. 1) in the scheduler, fed by the Brain's estimates: a D2
     job of 4 ESTs on one fast and one slow device puts 3 ESTs on the fast one; without
@@ -674,7 +683,9 @@ def test_est_split_from_the_brains_estimates_or_even(
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        address = scheduler(daemons, postgres_db, "--brain-address", f"127.0.0.1:{port}")
+        address = scheduler(
+            daemons, tmp_path, postgres_db, cluster={"brainAddress": f"127.0.0.1:{port}"}
+        )
         devices = [
             C.DeviceGroup(accelerator_type="fast", count=1),
             C.DeviceGroup(accelerator_type="slow", count=1),
@@ -701,9 +712,9 @@ def test_est_split_from_the_brains_estimates_or_even(
 
 
 def test_an_unreachable_brain_falls_back_to_the_local_planner(
-    daemons: DaemonFactory, postgres_db: str, workers: list[FakeWorker]
+    daemons: DaemonFactory, tmp_path: Path, postgres_db: str, workers: list[FakeWorker]
 ) -> None:
-    address = scheduler(daemons, postgres_db, "--brain-address", "127.0.0.1:9")
+    address = scheduler(daemons, tmp_path, postgres_db, cluster={"brainAddress": "127.0.0.1:9"})
     workers.append(FakeWorker("w1", address, cpus(2)))
     with connect(address) as channel:
         jobs = scheduler_pb2_grpc.JobServiceStub(channel)
@@ -712,12 +723,12 @@ def test_an_unreachable_brain_falls_back_to_the_local_planner(
 
 
 def test_with_the_real_brain_on_the_same_database(
-    daemons: DaemonFactory, postgres_db: str, workers: list[FakeWorker]
+    daemons: DaemonFactory, tmp_path: Path, postgres_db: str, workers: list[FakeWorker]
 ) -> None:
     """Both daemons migrate the one Alembic history of the shared database; the scheduler's
     estimates come from the Brain and the Brain records the job."""
     brain = daemons("brain", ["--database-url", postgres_db])
-    address = scheduler(daemons, postgres_db, "--brain-address", brain.address)
+    address = scheduler(daemons, tmp_path, postgres_db, cluster={"brainAddress": brain.address})
     workers.append(FakeWorker("w1", address, cpus(2)))
     with connect(address) as channel:
         jobs = scheduler_pb2_grpc.JobServiceStub(channel)
@@ -742,9 +753,9 @@ def _history(stub: brain_pb2_grpc.BrainStub, job_id: str) -> brain_pb2.JobHistor
 
 
 def test_code_packages_upload_once_and_bad_uploads_change_nothing(
-    daemons: DaemonFactory, postgres_db: str
+    daemons: DaemonFactory, tmp_path: Path, postgres_db: str
 ) -> None:
-    address = scheduler(daemons, postgres_db)
+    address = scheduler(daemons, tmp_path, postgres_db)
     data = bytes(range(256)) * 5000  # 1.28 MB: two chunks
     sha = codepkg.sha256_of(data)
     with connect(address) as channel:

@@ -197,7 +197,7 @@ def test_jobs_events_and_keys(store: SqlStore) -> None:
 
 
 def test_a_jobs_restart_count_is_stored(store: SqlStore) -> None:
-    """--max-restarts counts across scheduler restarts, so the count lives in the job row."""
+    """limits.maxRestarts counts across scheduler restarts, so the count lives in the job row."""
     store.create_job(_job("r1", 1.0), _event("r1", 1))
     job = store.get_job("r1")
     assert job is not None and job.restart_count == 0
