@@ -1,0 +1,138 @@
+"""The default profile at work on a dev cluster (`gearshift up` with no scheduler file): the
+union of the papers, not one seed behind its switch.
+
+One cluster (two workers of two CPU slots, 1 s rounds as a dev cluster runs them), the
+scheduler's defaults except the tenants' quota file (a tenants plugin needs its quotas):
+- an elastic job starts on every device, shrinks when a second job arrives (the elastic
+  LAS objective shares the cluster) and grows back when it ends, then ends with the digest
+  of its fixed run on 4 processes;
+- a second run of the same model starts on its history plan (DLRover's plan from similar
+  finished jobs);
+- on a full cluster, a guaranteed job of a tenant with quota is placed before a best-effort
+  job submitted first.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gearshift.client.devcluster import ClusterConfig, DevCluster
+from gearshift.client.sdk import Client
+from gearshift.v1 import common_pb2, scheduler_pb2
+from tests.e2e.worker_cluster import (
+    READY_TIMEOUT,
+    client_of,
+    digits_spec,
+    reference,
+    rendezvous_base,
+)
+
+pytestmark = pytest.mark.slow
+
+C = common_pb2
+S = scheduler_pb2
+STEPS = 900  # the elastic job: long enough to shrink and grow back on a loaded machine
+SHORT = 150  # the job that makes it shrink
+WAIT = 400.0
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevCluster]:
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text("tenants:\n  a:\n    quota: {cpu: 2}\n  b: {}\n")
+    config = ClusterConfig(
+        run_dir=tmp_path / "cluster",
+        base_port=0,
+        workers=[("w1", "cpu:2"), ("w2", "cpu:2")],
+        postgres_url=postgres_db,
+        redis_url=redis_url,
+        round_seconds=1.0,
+        heartbeat_interval=0.5,
+        heartbeat_timeout=5.0,
+        report_interval=0.5,
+        metrics=False,
+        # Nothing of the profile: the tenants' quotas, and this test's own rendezvous ports.
+        scheduler={
+            "profile": {"tenants": {"args": {"file": str(tenants)}}},
+            "cluster": {"rendezvousPortBase": rendezvous_base()},
+        },
+    )
+    cluster = DevCluster(config)
+    cluster.start(READY_TIMEOUT)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def device_counts(client: Client, job_id: str) -> list[int]:
+    """The job's device count at each change of placement, in order."""
+    counts: list[int] = []
+    for event in client.watch(job_id):
+        if event.type in (S.JOB_EVENT_TYPE_STARTED, S.JOB_EVENT_TYPE_RESCALED):
+            count = sum(len(p.est_ids) > 0 for p in event.placement.processes)
+            if not counts or counts[-1] != count:
+                counts.append(count)
+    return counts
+
+
+def first_placed(client: Client, job_id: str) -> float:
+    for event in client.watch(job_id):
+        if event.placement.processes:
+            return event.time
+    raise AssertionError(f"{job_id} was never placed")
+
+
+def test_the_default_profile_is_the_union(
+    cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "gs-ref"
+    ref = reference(shared, STEPS, ests=4)
+    with client_of(cluster) as client:
+        state = client.cluster()
+        assert state.policy == "las (elastic)", state.policy  # the default objective
+        # An elastic job shrinks for a newcomer and grows back when it leaves.
+        a = client.submit(digits_spec("a", STEPS, ests=4)).job_id
+        for event in client.watch(a):
+            if len(event.placement.processes) == 4:
+                break
+        b = client.submit(digits_spec("b", SHORT, ests=1)).job_id
+        assert client.wait(b, timeout=WAIT).state == C.JOB_STATE_SUCCEEDED
+        done = client.wait(a, timeout=WAIT)
+        assert done.state == C.JOB_STATE_SUCCEEDED, done.message + cluster.log_tails()
+        assert done.final_digest == ref.digest  # the bits of 4 fixed processes
+        counts = device_counts(client, a)
+        assert counts[0] == 4 and min(counts) < 4 and counts[-1] > min(counts), counts
+
+        # The same model again: its first plan comes from the history of the two that ended.
+        c = client.submit(digits_spec("c", STEPS, ests=4)).job_id
+        plans = []
+        for event in client.watch(c):
+            if event.type == S.JOB_EVENT_TYPE_PLAN:
+                plans.append(event.message)
+            if event.placement.processes:
+                break
+        assert any("similar finished job" in m for m in plans), plans
+
+        # A full cluster: a guaranteed job of a tenant with quota is placed before a
+        # best-effort job submitted first.
+        for event in client.watch(c):
+            if sum(len(p.est_ids) > 0 for p in event.placement.processes) == 4:
+                break
+        x_spec = digits_spec("x", SHORT, ests=2, min_devices=2)
+        x_spec.tenant = "b"
+        x = client.submit(x_spec).job_id
+        g_spec = digits_spec("g", SHORT, ests=2, min_devices=2)
+        g_spec.tenant, g_spec.service_class = "a", C.SERVICE_CLASS_GUARANTEED
+        g = client.submit(g_spec).job_id
+        placed_g = first_placed(client, g)
+        placed_x = first_placed(client, x)
+        assert placed_g <= placed_x, (placed_g, placed_x)
+        for job_id in (c, x, g):
+            job = client.wait(job_id, timeout=WAIT)
+            assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.log_tails()
