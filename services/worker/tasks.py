@@ -168,7 +168,8 @@ class Task:
                 if code is None:
                     raise PreconditionError("this worker cannot fetch code packages")
                 code_dir = code(sha256)
-            write_task(self.plan.training_task(settings, self.task_dir, code_dir), task_file)
+            if self.plan.ps_plan is None:  # a PS launcher takes its flags (ps_command)
+                write_task(self.plan.training_task(settings, self.task_dir, code_dir), task_file)
             for rank in self.plan.ranks:
                 child_env = dict(self.plan.environment(rank, settings, env))
                 child_env.pop(CORES_VARIABLE, None)
