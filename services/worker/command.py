@@ -1,36 +1,29 @@
-"""From a StartTaskRequest to the command line of each of the task's training processes.
+"""From a StartTaskRequest to what each of the task's training processes runs.
 
-Every process runs the runtime's per-process entry, `python -m gearshift.worker.run
-... --rank R --world-size P --master-addr RENDEZVOUS --mapping ...`, with the
-JobSpec mapped onto the runtime's flags:
+The contract is one message, not flags: the daemon writes the task's TrainingTask
+(protos/gearshift/v1/training.proto) to `task.binpb` in the task's folder (mode 0600)
+and starts every local rank as
 
-| JobSpec / request                      | runtime flag                               |
-|----------------------------------------|--------------------------------------------|
-| entrypoint.module / config_json        | --job / --config-file (written beside)     |
-| entrypoint.code_sha256                 | --code-dir (the package, fetched, cached)  |
-| num_ests, global_batch_size            | --ests, --batch-size                       |
-| total_steps, or epochs x ceil(size/B)  | --steps                                    |
-| dataset.seed, shard_size, size         | --seed, --shard-size, --data-size          |
-| dataset.mode                           | --data-mode deterministic / dynamic        |
-| determinism                            | --determinism D0 / D1 / D2                 |
-| checkpoint_every_steps (0: the default)| --checkpoint-every                         |
-| placement (ESTs per rank, in order)    | --mapping                                  |
-| plan.threads_per_process (0: 1)        | --threads                                  |
-| plan.gradient_checkpointing            | --gradient-checkpointing                   |
-| plan.offload_optimizer                 | --offload-optimizer                        |
-| loader_procs_per_process (0: none)     | --loader-procs (shared loader processes)   |
-| checkpoint_dir, resume                 | --checkpoint-dir, --resume                 |
-| endpoints, dataset_id, job/task ids    | --brain, --shard-manager, --job-id, ...    |
-| collocation.role BACKGROUND            | --background, --pause-file TASK_DIR/pause  |
-| daemon's --index-log-dir (dynamic mode)| --index-log-dir                            |
+    python -m gearshift.worker.run --task TASK_DIR/task.binpb --rank R
+
+The message carries the request's JobSpec (defaults filled in), ExecutionPlan and
+Placement as they came, unmapped, and the facts of this run that the request or the
+daemon decides: ids, generation, rendezvous address and group, endpoints, checkpoint
+folder and resume, the daemon's checkpoint interval for a spec that says 0, the job's
+code folder, loader processes, collocation and pause file, device and backend, the
+task folder's files (progress, stats, per-rank timing) and, per local rank, its GPU.
+The runtime reads every setting from it (training_task.resolve, the one reader, also
+behind the reference runner's flags), so a new JobSpec field touches its proto and its
+user only. The job token is never in it nor in argv: it travels in the environment
+(GEARSHIFT_TOKEN).
 
 The seed is the job's one seed: model initialisation, every EST's random
-states and the data order all derive from `dataset.seed`, so a local run with
-`--seed` equal to it reproduces the job. Every process gets the plan's intra-op
-threads (one unless the spec's plan_dimensions.threads allows more, which needs D2,
-whatever the device label says): under D1 one thread makes a job's digest identical
-for any placement on machines of one CPU type; D2 runs every kernel with its own fixed
-count and pins the kernels' ISA across CPU types too.
+states and the data order all derive from `dataset.seed`, so a local run of the spec
+(`python -m gearshift.worker.run --spec`) reproduces the job. Every process gets the
+plan's intra-op threads (one unless the spec's plan_dimensions.threads allows more,
+which needs D2, whatever the device label says): under D1 one thread makes a job's
+digest identical for any placement on machines of one CPU type; D2 runs every kernel
+with its own fixed count and pins the kernels' ISA across CPU types too.
 
 A background task (DeepPool's multiplexing) runs at the lowest CPU priority and
 waits before a global step while its pause file exists (the daemon's collocation
@@ -47,28 +40,26 @@ dynamic shards (dataset_id), and the task folder's progress.json (ps/task.py).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from google.protobuf import json_format
 
 from gearshift.common import execplan
 from gearshift.common.auth import TOKEN_VARIABLE
 from gearshift.common.config import host_port
-from gearshift.common.errors import ValidationError
-from gearshift.common.facts import DETERMINISM_NAMES, total_steps
+from gearshift.common.facts import total_steps
 from gearshift.common.jobspec import is_ps_job, validate_job_spec, with_defaults
 from gearshift.common.profiles import profile_key
 from gearshift.common.sharding import num_shards
 from gearshift.common.validation import check_generation, check_name, require
-from gearshift.v1 import common_pb2, worker_pb2
+from gearshift.v1 import common_pb2, training_pb2, worker_pb2
 from gearshift.worker.gpus import VISIBLE_VARIABLE, task_gpus
 from gearshift.worker.runtime.backend import choose_backend
+from gearshift.worker.runtime.settings import RunSettings
+from gearshift.worker.spawner import RUN_MODULE
+from gearshift.worker.training_task import data_mode
 
 STEP_LOG = "steps.jsonl"
 PAUSE_FILE = "pause"  # in the task's folder: a background task waits while it exists
@@ -125,6 +116,7 @@ class TaskPlan:
     loader_procs: int = 0  # shared loader processes per training process (the resource plan)
     ps_plan: common_pb2.ParameterServerPlan | None = None  # a parameter-server job's plan
     generation: int = 0  # the placement's generation (fences its shard holders; 0: unfenced)
+    placement: common_pb2.Placement = field(default_factory=common_pb2.Placement)
 
     @property
     def background(self) -> bool:
@@ -136,9 +128,7 @@ class TaskPlan:
 
     @property
     def data_mode(self) -> str:
-        if self.spec.dataset.mode == common_pb2.DATA_MODE_DYNAMIC:
-            return "dynamic"
-        return "deterministic" if self.endpoints.shard_manager else "local"
+        return data_mode(self.spec, self.endpoints)
 
     @property
     def backend(self) -> str:
@@ -156,71 +146,66 @@ class TaskPlan:
             out[VISIBLE_VARIABLE] = task_gpus(self.device_of)[rank].visible
         return out
 
-    def command(
-        self,
-        rank: int,
-        settings: CommandSettings,
-        task_dir: Path,
-        config_file: Path,
-        code_dir: Path | None = None,
-    ) -> list[str]:
-        """The argv of local rank `rank` (`code_dir`: the job's own code, unpacked)."""
-        if self.ps_plan is not None:
-            return self.ps_command(settings, task_dir)
-        cmd = [settings.python, "-m", "gearshift.worker.run"]
-        cmd += spec_args(self.spec, settings.checkpoint_every, config_file)
-        if code_dir is not None:
-            cmd += ["--code-dir", str(code_dir)]
-        cmd += ["--data-mode", self.data_mode, "--checkpoint-dir", str(self.checkpoint_dir)]
-        if self.resume:
-            cmd.append("--resume")
-        cmd += ["--log-every", str(settings.log_every)]
-        cmd += ["--loss-log", str(self.checkpoint_dir / STEP_LOG)]
-        cmd += ["--stats-dir", str(task_dir / "stats")]
-        cmd += ["--mapping", ",".join(map(str, self.mapping))]
-        cmd += ["--threads", str(execplan.threads(self.plan))]
-        if self.plan.gradient_checkpointing:
-            cmd.append("--gradient-checkpointing")
-        if self.plan.offload_optimizer:
-            cmd.append("--offload-optimizer")
-        if self.loader_procs > 0:
-            cmd += ["--loader-procs", str(self.loader_procs)]
-        cmd += ["--rank", str(rank), "--world-size", str(self.world_size)]
+    def training_task(
+        self, settings: CommandSettings, task_dir: Path, code_dir: Path | None = None
+    ) -> training_pb2.TrainingTask:
+        """The message every local process reads (`code_dir`: the job's own code, unpacked):
+        the request's spec, plan and placement as they came, and the daemon's facts."""
+        e, cuda = self.endpoints, settings.accelerator == "cuda"
+        task = training_pb2.TrainingTask(
+            spec=self.spec,
+            plan=self.plan,
+            placement=self.placement,
+            job_id=self.job_id,
+            task_id=self.task_id,
+            dataset_id=self.dataset_id,
+            generation=self.generation,
+            process_group_timeout_seconds=settings.process_group_timeout,
+            checkpoint_dir=str(self.checkpoint_dir),
+            resume=self.resume,
+            default_checkpoint_every=settings.checkpoint_every,
+            keep_checkpoints=RunSettings.keep_checkpoints,
+            endpoints=e,
+            accelerator_type=self.accelerator_type,
+            report_interval_seconds=settings.report_interval,
+            code_dir=str(code_dir or ""),
+            loader_procs=self.loader_procs,
+            collocation=self.collocation,
+            pause_file=str(task_dir / PAUSE_FILE) if self.background else "",
+            device="cuda" if cuda else "cpu",
+            backend=self.backend if cuda else "auto",
+            log_every=settings.log_every,
+            loss_log=str(self.checkpoint_dir / STEP_LOG),
+            stats_dir=str(task_dir / "stats"),
+            progress_file=str(task_dir / "progress.json"),
+            profile_rubick=self.profile_rubick,
+            step_delay_seconds=settings.step_delay,
+            loader_workers=RunSettings.loader_workers,
+            d2_threads=RunSettings.d2_threads,
+            tree_shape=RunSettings.tree_shape,
+        )
         if self.world_size > 1:
             # The placement's name in the rendezvous: the task id up to its worker
             # (JOB.gGENERATION), the same on every worker of this placement and on no other.
-            group = self.task_id.rpartition(".")[0] or self.job_id
-            cmd += ["--master-addr", self.rendezvous, "--rendezvous-group", group]
-        cmd += ["--timeout", str(settings.process_group_timeout)]
-        if settings.accelerator == "cuda":
-            local = task_gpus(self.device_of)[rank].local_device
-            cmd += ["--device", "cuda", "--local-device", str(local), "--backend", self.backend]
-        e = self.endpoints
-        cmd += ["--job-id", self.job_id, "--task-id", self.task_id]
-        if self.generation > 0:
-            cmd += ["--generation", str(self.generation)]
-        cmd += ["--dataset-id", self.dataset_id, "--accelerator-type", self.accelerator_type]
-        cmd += ["--report-interval", str(settings.report_interval)]
-        if e.brain:
-            cmd += ["--brain", e.brain]
-        if e.shard_manager:
-            cmd += ["--shard-manager", e.shard_manager]
-        if rank == 0:
-            cmd += ["--progress-file", str(task_dir / "progress.json")]
-        cmd += ["--timing-file", str(task_dir / timing_file(rank))]
-        if settings.step_delay > 0:
-            cmd += ["--step-delay", str(settings.step_delay)]
-        if rank == 0 and self.profile_first and e.brain:
-            device = "cuda" if settings.accelerator == "cuda" else "cpu"
-            cmd += ["--profile-key", profile_key(self.spec, device)]
-            cmd += ["--model-type", self.spec.model_type]
-        if rank == 0 and self.profile_rubick and e.brain:
-            cmd += ["--profile-rubick"]
-        if self.background:
-            cmd += ["--background", "--pause-file", str(task_dir / PAUSE_FILE)]
+            task.rendezvous_address = self.rendezvous
+            task.rendezvous_group = self.task_id.rpartition(".")[0] or self.job_id
+        if self.profile_first and e.brain:
+            task.profile_key = profile_key(self.spec, task.device)
         if settings.index_log_dir is not None and self.data_mode == "dynamic":
-            cmd += ["--index-log-dir", str(settings.index_log_dir)]
-        return cmd
+            task.index_log_dir = str(settings.index_log_dir)
+        gpus = task_gpus(self.device_of) if cuda else {}
+        for rank in self.ranks:
+            process = task.processes[rank]
+            process.timing_file = str(task_dir / timing_file(rank))
+            if rank in gpus:
+                process.local_device = gpus[rank].local_device
+        return task
+
+    def command(self, rank: int, settings: CommandSettings, task_file: Path) -> list[str]:
+        """The argv of local rank `rank`, which reads everything else from `task_file`."""
+        if self.ps_plan is not None:
+            return self.ps_command(settings, task_file.parent)
+        return [settings.python, *RUN_MODULE, "--task", str(task_file), "--rank", str(rank)]
 
     def ps_command(self, settings: CommandSettings, task_dir: Path) -> list[str]:
         """The PS launcher's argv (a parameter-server job's one process)."""
@@ -279,52 +264,6 @@ def check_ps_plan(plan: common_pb2.ParameterServerPlan, spec: common_pb2.JobSpec
             f"ps_plan.ps_cores_each[{i}]",
             f"must be > 0, got {value}",
         )
-
-
-def spec_args(
-    spec: common_pb2.JobSpec, default_checkpoint_every: int, config_file: Path | None = None
-) -> list[str]:
-    """The runtime flags that a JobSpec determines (the table above): the one mapping used by
-    the daemon's processes and by `python -m gearshift.worker.run --spec`, so a local run of a
-    spec is the same job."""
-    every = spec.checkpoint_every_steps or default_checkpoint_every
-    config = ["--config-file", str(config_file)] if config_file else ["--config", config_text(spec)]
-    return [
-        "--job", spec.entrypoint.module, *config,
-        "--ests", str(spec.num_ests), "--batch-size", str(spec.global_batch_size),
-        "--steps", str(total_steps(spec)), "--seed", str(spec.dataset.seed),
-        "--shard-size", str(spec.dataset.shard_size), "--data-size", str(spec.dataset.size),
-        "--determinism", DETERMINISM_NAMES[spec.determinism],
-        "--checkpoint-every", str(every),
-    ]  # fmt: skip
-
-
-def load_spec_file(path: Path) -> common_pb2.JobSpec:
-    """A JobSpec from a JSON file (the message's JSON form), validated, defaults filled in."""
-    try:
-        spec = json_format.Parse(path.read_text(), common_pb2.JobSpec())
-    except OSError as exc:
-        raise ValidationError("--spec", f"cannot read {path}: {exc.strerror}") from None
-    except json_format.ParseError as exc:
-        raise ValidationError("--spec", f"{path} is not a JobSpec in JSON: {exc}") from None
-    validate_job_spec(spec, "spec")
-    return with_defaults(spec)
-
-
-def parse_config(text: str, flag: str) -> dict[str, Any]:
-    """A job's config from its JSON text; errors name `flag`, where the text came from."""
-    try:
-        config = json.loads(text)
-    except ValueError as exc:
-        raise ValidationError(flag, f"is not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise ValidationError(flag, "must be a JSON object")
-    return config
-
-
-def config_text(spec: common_pb2.JobSpec) -> str:
-    """The job config as the runtime reads it (a JSON object, re-serialised)."""
-    return json.dumps(json.loads(spec.entrypoint.config_json or "{}"))
 
 
 def _mapping(processes: Sequence[common_pb2.ProcessAssignment], num_ests: int) -> tuple[int, ...]:
@@ -504,4 +443,5 @@ def plan_task(
         loader_procs=request.loader_procs_per_process,
         ps_plan=ps_plan,
         generation=request.generation,
+        placement=request.placement,
     )

@@ -1,16 +1,17 @@
 """The GPUs a task's training processes see and take (`--accelerator cuda`).
 
 Every process of a task sees all the task's GPUs on this worker (CUDA_VISIBLE_DEVICES:
-their indices, ascending) and takes its own by its position there (`--local-device`), as
-processes started by torchrun see the node's GPUs and take their local rank's. A process
-shown only its own GPU would still train, but NCCL then cannot use CUDA IPC between the
-processes of one machine (NVIDIA/nccl#129).
+their indices, ascending) and takes its own by its position there (TrainingProcess's
+`local_device`, the runner's `--local-device`), as processes started by torchrun see the
+node's GPUs and take their local rank's. A process shown only its own GPU would still
+train, but NCCL then cannot use CUDA IPC between the processes of one machine
+(NVIDIA/nccl#129).
 
-The backend (`--backend`, see `TaskPlan.command`) comes from the whole placement, which
-every worker of the job is given alike, so all the job's processes pick the same one:
-NCCL when no two processes share a GPU (a GPU is a worker id and a device index), which
-the scheduler's one process per device always gives; gloo otherwise. On CPU nothing is
-added: gloo, as before.
+The backend (TrainingTask's `backend`, see `TaskPlan.training_task`) comes from the whole
+placement, which every worker of the job is given alike, so all the job's processes pick
+the same one: NCCL when no two processes share a GPU (a GPU is a worker id and a device
+index), which the scheduler's one process per device always gives; gloo otherwise. On CPU
+nothing is added: gloo, as before.
 """
 
 from __future__ import annotations

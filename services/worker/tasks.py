@@ -55,16 +55,11 @@ from gearshift.common.facts import (
 )
 from gearshift.v1 import common_pb2
 from gearshift.worker.cgroups import Cgroups
-from gearshift.worker.command import (
-    PAUSE_FILE,
-    CommandSettings,
-    TaskPlan,
-    config_text,
-    timing_file,
-)
+from gearshift.worker.command import PAUSE_FILE, CommandSettings, TaskPlan, timing_file
 from gearshift.worker.resources import CORES_VARIABLE, format_bytes, format_cores, rss_bytes
 from gearshift.worker.spawner import Child, Spawner, SpawnRequest
 from gearshift.worker.task_logs import cap_log
+from gearshift.worker.training_task import TASK_FILE, write_task
 
 log = logging.getLogger("gearshift.worker.tasks")
 
@@ -161,8 +156,7 @@ class Task:
         """Spawn every local rank and the watcher; a spawn failure fails the task. `code`
         gives the folder of a code package by hash (fetched and unpacked if need be)."""
         self.task_dir.mkdir(parents=True, exist_ok=True)
-        config_file = self.task_dir / "config.json"
-        config_file.write_text(config_text(self.plan.spec))
+        task_file = self.task_dir / TASK_FILE
         self.plan.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         if self.plan.background:  # paused until its foreground's step time alone is known
             partner = self.plan.collocation.partner_job_id
@@ -174,12 +168,14 @@ class Task:
                 if code is None:
                     raise PreconditionError("this worker cannot fetch code packages")
                 code_dir = code(sha256)
+            if self.plan.ps_plan is None:  # a PS launcher takes its flags (ps_command)
+                write_task(self.plan.training_task(settings, self.task_dir, code_dir), task_file)
             for rank in self.plan.ranks:
                 child_env = dict(self.plan.environment(rank, settings, env))
                 child_env.pop(CORES_VARIABLE, None)
                 if rank in self.cores:
                     child_env[CORES_VARIABLE] = format_cores(self.cores[rank])
-                argv = self.plan.command(rank, settings, self.task_dir, config_file, code_dir)
+                argv = self.plan.command(rank, settings, task_file)
                 # D2 pins kernels through variables torch reads at import: a fresh interpreter.
                 # A PS launcher forks its own processes and handles signals: fresh too.
                 forkable = (

@@ -1,23 +1,21 @@
-"""How one training process is connected to the services, from its command line.
+"""How one training process is connected to the services, from its TrainingTask.
 
 The runtime stays unaware of the cluster: it takes a data source and a progress
-callback (its seams). This module fills them from the `services` flags of
-`python -m gearshift.worker.run` that a worker daemon sets: the shard manager's
-dataset as the source; rank 0's progress kept in `--progress-file`, which the
-worker daemon reads and carries to the scheduler in its heartbeats (the one path
-progress takes), and turned into runtime samples for the Brain. A stop comes as
-a signal from the worker daemon (the runtime's stop flag). Without those flags a
-process trains alone, as in a local run.
+callback (its seams). This module fills them from the services a worker daemon
+names in the task (training_task.ServiceSettings): the shard manager's dataset as
+the source; rank 0's progress kept in its progress file, which the worker daemon
+reads and carries to the scheduler in its heartbeats (the one path progress takes),
+and turned into runtime samples for the Brain. A stop comes as a signal from the
+worker daemon (the runtime's stop flag). Without services a process trains alone,
+as in a local run.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +34,7 @@ from gearshift.worker.runtime import checkpoint
 from gearshift.worker.runtime.data import DataSource, LocalShards
 from gearshift.worker.runtime.settings import RunSettings
 from gearshift.worker.shard_client import ShardClient
+from gearshift.worker.training_task import ProcessSettings
 
 log = logging.getLogger("gearshift.worker.wiring")
 
@@ -49,7 +48,7 @@ def _write_json(path: Path, value: object) -> None:
 
 @dataclass
 class Wiring:
-    """The seams of one training process, filled from its flags."""
+    """The seams of one training process, filled from its settings."""
 
     rank: int
     settings: RunSettings
@@ -70,55 +69,48 @@ class Wiring:
     _client: ShardClient | None = field(default=None, init=False)
 
     @classmethod
-    def from_args(
-        cls,
-        args: argparse.Namespace,
-        settings: RunSettings,
-        mapping: Sequence[int],
-    ) -> Wiring:
+    def connect(cls, p: ProcessSettings) -> Wiring:
+        """The seams of process `p` (rank 0 starts reporting to the Brain at once)."""
         token = os.environ.get(TOKEN_VARIABLE) or None
         tls = ClientTls.from_environment(os.environ)
-        if args.data_size < 0:
-            raise ValidationError("--data-size", f"must be >= 0 (got {args.data_size})")
-        if args.generation < 0:
-            raise ValidationError("--generation", f"must be >= 0 (got {args.generation})")
+        s, settings = p.services, p.run
         wiring = cls(
-            rank=args.rank,
+            rank=p.rank,
             settings=settings,
-            data_mode=args.data_mode,
-            data_size=args.data_size,
-            shard_manager=args.shard_manager,
+            data_mode=s.data_mode,
+            data_size=s.data_size,
+            shard_manager=s.shard_manager,
             token=token,
             tls=tls,
-            progress_file=args.progress_file if args.rank == 0 else None,
-            timing_file=args.timing_file,
-            index_log_dir=args.index_log_dir,
-            placement=args.task_id.rpartition(".")[0] or args.task_id,
-            generation=args.generation,
+            progress_file=s.progress_file,
+            timing_file=s.timing_file,
+            index_log_dir=s.index_log_dir,
+            placement=s.task_id.rpartition(".")[0] or s.task_id,
+            generation=s.generation,
         )
-        if wiring.progress_file is not None and args.resume:
-            wiring.started_fresh = checkpoint.latest(args.checkpoint_dir) is None
+        if wiring.progress_file is not None and p.resume:
+            wiring.started_fresh = checkpoint.latest(p.checkpoint_dir) is None
             if wiring.started_fresh:  # said before the first step, which may be far off
                 wiring.progress(0, settings.total_steps, 0.0, 0.0)
-        if args.data_mode != "local":
-            if not args.shard_manager:
+        if s.data_mode != "local":
+            if not s.shard_manager:
                 raise ValidationError(
-                    "--shard-manager", f"is required by --data-mode {args.data_mode}"
+                    "--shard-manager", f"is required by --data-mode {s.data_mode}"
                 )
-            if not args.data_size:
-                raise ValidationError("--data-size", f"is required by --data-mode {args.data_mode}")
-            wiring.plan = _plan(args, settings)
-        if args.rank == 0 and args.brain:
+            if not s.data_size:
+                raise ValidationError("--data-size", f"is required by --data-mode {s.data_mode}")
+            wiring.plan = _plan(s.dataset_id, s.job_id, s.data_mode, s.data_size, settings)
+        if p.rank == 0 and s.brain:
             target = ReportTarget(
-                job_id=args.job_id,
-                task_id=args.task_id,
-                brain=args.brain,
+                job_id=s.job_id,
+                task_id=s.task_id,
+                brain=s.brain,
                 token=token,
                 tls=tls,
-                accelerator_type=args.accelerator_type,
-                ests_per_device=tuple(mapping),
+                accelerator_type=s.accelerator_type,
+                ests_per_device=p.mapping,
             )
-            wiring.reporter = SampleReporter(target, interval=args.report_interval)
+            wiring.reporter = SampleReporter(target, interval=s.report_interval)
             wiring.reporter.start()
         return wiring
 
@@ -187,29 +179,31 @@ class Wiring:
             self._client.close()
 
 
-def _plan(args: argparse.Namespace, settings: RunSettings) -> DataPlan:
+def _plan(
+    dataset_id: str, job_id: str, data_mode: str, data_size: int, settings: RunSettings
+) -> DataPlan:
     """The job's dataset in the shard manager; every process computes the same one."""
-    if not args.dataset_id:
-        raise ValidationError("--dataset-id", f"is required by --data-mode {args.data_mode}")
-    if not args.job_id:
-        raise ValidationError("--job-id", f"is required by --data-mode {args.data_mode}")
+    if not dataset_id:
+        raise ValidationError("--dataset-id", f"is required by --data-mode {data_mode}")
+    if not job_id:
+        raise ValidationError("--job-id", f"is required by --data-mode {data_mode}")
     n, b = settings.num_ests, settings.per_est_batch
-    if args.data_mode == "dynamic":
-        shards = math.ceil(args.data_size / b)
+    if data_mode == "dynamic":
+        shards = math.ceil(data_size / b)
         # A restart reads again only what its predecessor read after its last checkpoint,
         # as shards of their own epoch (provisional acks): the epochs the steps need and
         # one more would do; twice that is kept, as datasets of running jobs have it.
         epochs = 2 * math.ceil(settings.total_steps * n / shards) + 1
         shard_size = b
     else:
-        epochs = epochs_needed(args.data_size, settings.shard_size, n, b, settings.total_steps)
+        epochs = epochs_needed(data_size, settings.shard_size, n, b, settings.total_steps)
         shard_size = settings.shard_size
     return DataPlan(
-        dataset_id=args.dataset_id,
-        job_id=args.job_id,
-        size=args.data_size,
+        dataset_id=dataset_id,
+        job_id=job_id,
+        size=data_size,
         shard_size=shard_size,
         seed=settings.seed,
-        num_ranks=n if args.data_mode == "deterministic" else 0,
+        num_ranks=n if data_mode == "deterministic" else 0,
         num_epochs=epochs,
     )

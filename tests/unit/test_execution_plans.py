@@ -3,8 +3,6 @@ worker's refusal of a plan outside them, the runtime flags, and how `gearshift j
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from gearshift.client import render
@@ -14,6 +12,7 @@ from gearshift.common.errors import ValidationError
 from gearshift.common.jobspec import validate_job_spec
 from gearshift.v1 import common_pb2, scheduler_pb2, worker_pb2
 from gearshift.worker.command import CommandSettings, plan_task
+from tests.unit.task_requests import resolved
 
 Plan = common_pb2.ExecutionPlan
 Dims = common_pb2.PlanDimensions
@@ -95,20 +94,19 @@ def start(plan: Plan, job: common_pb2.JobSpec) -> worker_pb2.StartTaskRequest:
     )
 
 
-def test_the_worker_maps_the_plan_onto_runtime_flags() -> None:
+def test_the_worker_hands_the_plan_to_the_runtime() -> None:
     settings = CommandSettings(python="python")
     job = spec(plan_dimensions=Dims(gradient_checkpointing=True, threads=True), determinism=D2)
-    argv = plan_task(
-        start(Plan(gradient_checkpointing=True, threads_per_process=2), job), "w", ["cpu"]
-    ).command(0, settings, Path("/tmp/t"), Path("/tmp/t/config.json"))
-    assert argv[argv.index("--threads") + 1] == "2"
-    assert "--gradient-checkpointing" in argv
-    assert "--offload-optimizer" not in argv
-    default = plan_task(start(Plan(), job), "w", ["cpu"]).command(
-        0, settings, Path("/tmp/t"), Path("/tmp/t/config.json")
+    given = resolved(
+        plan_task(
+            start(Plan(gradient_checkpointing=True, threads_per_process=2), job), "w", ["cpu"]
+        ),
+        settings,
     )
-    assert default[default.index("--threads") + 1] == "1"
-    assert "--gradient-checkpointing" not in default
+    assert given.threads == 2
+    assert given.run.gradient_checkpointing and not given.run.offload_optimizer
+    default = resolved(plan_task(start(Plan(), job), "w", ["cpu"]), settings)
+    assert default.threads == 1 and not default.run.gradient_checkpointing
     with pytest.raises(ValidationError, match=r"plan\.offload_optimizer: job 'j' does not allow"):
         plan_task(start(Plan(offload_optimizer=True), job), "w", ["cpu"])
 

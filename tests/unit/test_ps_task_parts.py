@@ -65,7 +65,7 @@ def test_the_daemon_runs_the_ps_launcher_with_the_plan() -> None:
     req = request()
     req.ps_plan.ps_cores_each[:] = [1.0, 3.0]  # PS 1 replaced by a larger one
     task = plan_task(req, "w", ["cpu"])
-    argv = task.command(0, CommandSettings(python="py"), Path("/t"), Path("/t/c.json"))
+    argv = task.command(0, CommandSettings(python="py"), Path("/t/task.binpb"))
     text = " ".join(argv)
     assert argv[:4] == ["py", "-m", "gearshift.worker.ps.run", "--task"]
     for part in (
@@ -86,7 +86,7 @@ def test_the_spec_read_ms_reaches_the_launcher() -> None:
     req = request()
     req.spec.parameter_server.read_ms = 12.5
     task = plan_task(req, "w", ["cpu"])
-    argv = task.command(0, CommandSettings(python="py"), Path("/t"), Path("/t/c.json"))
+    argv = task.command(0, CommandSettings(python="py"), Path("/t/task.binpb"))
     assert "--read-ms 12.5" in " ".join(argv)
 
 

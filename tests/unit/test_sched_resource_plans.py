@@ -4,7 +4,6 @@ and the Brain's data-parallel adjust stage (plain functions)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -27,6 +26,7 @@ from gearshift.scheduler.service import SchedulerSettings
 from gearshift.v1 import brain_pb2, common_pb2, worker_pb2
 from gearshift.worker.command import CommandSettings, plan_task
 from tests.sched_harness import Clock, TableBrain, job_spec, make_scheduler, register
+from tests.unit.task_requests import resolved
 
 MIB = 1024**2
 
@@ -245,10 +245,8 @@ def _start(loader_procs: int) -> worker_pb2.StartTaskRequest:
 
 def test_the_worker_passes_the_plans_loader_procs_to_each_process() -> None:
     settings = CommandSettings(python="python")
-    argv = plan_task(_start(2), "w", ["cpu"]).command(0, settings, Path("/t"), Path("/t/c.json"))
-    assert argv[argv.index("--loader-procs") + 1] == "2"
-    none = plan_task(_start(0), "w", ["cpu"]).command(0, settings, Path("/t"), Path("/t/c.json"))
-    assert "--loader-procs" not in none
+    assert resolved(plan_task(_start(2), "w", ["cpu"]), settings).run.loader_procs == 2
+    assert resolved(plan_task(_start(0), "w", ["cpu"]), settings).run.loader_procs == 0
     with pytest.raises(ValidationError, match=r"loader_procs_per_process: must be 0-64 \(got -1\)"):
         plan_task(_start(-1), "w", ["cpu"])
 

@@ -6,7 +6,6 @@ datasets have it); and the daemon's index log flag, which only dynamic mode uses
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
@@ -15,17 +14,14 @@ import pytest
 from gearshift.common.errors import ValidationError
 from gearshift.v1 import common_pb2, worker_pb2
 from gearshift.worker.command import CommandSettings, plan_task
-from gearshift.worker.run import build_parser
 from gearshift.worker.runtime.settings import RunSettings
 from gearshift.worker.wiring import _plan
+from tests.unit.task_requests import resolved
 
 
 def test_a_dynamic_dataset_has_room_for_restarts() -> None:
     settings = RunSettings(num_ests=4, global_batch_size=16, total_steps=600)
-    args = argparse.Namespace(
-        dataset_id="job-1", job_id="job-1", data_mode="dynamic", data_size=512
-    )
-    plan = _plan(args, settings)
+    plan = _plan("job-1", "job-1", "dynamic", 512, settings)
     shards = math.ceil(512 / settings.per_est_batch)  # one shard per EST mini-batch
     needed = math.ceil(600 * 4 / shards)  # epochs the steps read once
     assert plan.shard_size == settings.per_est_batch
@@ -59,29 +55,21 @@ def test_the_daemons_index_log_dir_reaches_only_dynamic_mode_processes(tmp_path:
     settings = CommandSettings(python="python", index_log_dir=tmp_path / "idx")
     for mode, flagged in ((common_pb2.DATA_MODE_DYNAMIC, True), (0, False)):
         request = start_request(tmp_path, mode)
-        argv = plan_task(request, "w", ["cpu"]).command(0, settings, tmp_path, tmp_path / "c")
-        assert ("--index-log-dir" in argv) is flagged
-        if flagged:
-            assert argv[argv.index("--index-log-dir") + 1] == str(tmp_path / "idx")
+        given = resolved(plan_task(request, "w", ["cpu"]), settings, task_dir=tmp_path)
+        assert given.services.index_log_dir == (tmp_path / "idx" if flagged else None)
     # Without the daemon's flag, no process gets one.
-    plain = plan_task(request, "w", ["cpu"]).command(
-        0, CommandSettings(python="python"), tmp_path, tmp_path / "c"
-    )
-    assert "--index-log-dir" not in plain
+    plain = resolved(plan_task(request, "w", ["cpu"]), CommandSettings(python="python"))
+    assert plain.services.index_log_dir is None
 
 
 def test_the_placements_generation_reaches_the_training_process(tmp_path: Path) -> None:
-    """StartTaskRequest.generation (the scheduler's) becomes --generation, which the dynamic
-    feed sends with every holder call (fences); 0 (unset) adds no flag, negative is refused."""
+    """StartTaskRequest.generation (the scheduler's) reaches the process, whose dynamic feed
+    sends it with every holder call (fences); 0 (unset) is unfenced, negative is refused."""
     request = start_request(tmp_path, common_pb2.DATA_MODE_DYNAMIC, generation=7)
     settings = CommandSettings(python="python")
-    argv = plan_task(request, "w", ["cpu"]).command(0, settings, tmp_path, tmp_path / "c")
-    assert argv[argv.index("--generation") + 1] == "7"
-    assert build_parser().parse_args(argv[3:]).generation == 7
+    assert resolved(plan_task(request, "w", ["cpu"]), settings).services.generation == 7
     request.generation = 0
-    argv = plan_task(request, "w", ["cpu"]).command(0, settings, tmp_path, tmp_path / "c")
-    assert "--generation" not in argv
-    assert build_parser().parse_args(argv[3:]).generation == 0
+    assert resolved(plan_task(request, "w", ["cpu"]), settings).services.generation == 0
     request.generation = -1
     with pytest.raises(ValidationError, match=r"^generation: must be >= 0"):
         plan_task(request, "w", ["cpu"])

@@ -8,7 +8,6 @@ worker, ranks spread over workers, and processes sharing a GPU.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from gearshift.v1 import common_pb2, worker_pb2
 from gearshift.worker.command import CommandSettings, TaskPlan, plan_task
 from gearshift.worker.gpus import GpuView, task_gpus
 from gearshift.worker.runtime.backend import DeviceChoice, choose_backend, choose_device
+from tests.unit.task_requests import resolved
 
 CUDA = CommandSettings(python="python", accelerator="cuda")
 CPU = CommandSettings(python="python", accelerator="cpu")
@@ -165,18 +165,17 @@ def request(
 
 
 def given(plan: TaskPlan, settings: CommandSettings) -> dict[int, tuple[str | None, list[str]]]:
-    """Local rank -> (its CUDA_VISIBLE_DEVICES, its GPU flags), as the spawner gets them."""
+    """Local rank -> (its CUDA_VISIBLE_DEVICES, its GPU settings as the runner's flags would
+    say them), as its process gets them."""
     out: dict[int, tuple[str | None, list[str]]] = {}
     for rank in plan.ranks:
         env = plan.environment(rank, settings, BASE_ENV)
         assert {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"} == BASE_ENV
-        argv = plan.command(rank, settings, Path("/tmp/task"), Path("/tmp/task/config.json"))
-        flags = [
-            f"{flag} {argv[i + 1]}"
-            for i, flag in enumerate(argv)
-            if flag in ("--device", "--local-device", "--backend")
-        ]
-        out[rank] = (env.get("CUDA_VISIBLE_DEVICES"), flags)
+        p = resolved(plan, settings, rank)
+        flags = [f"--device {p.device}", f"--local-device {p.local_device}"]
+        flags += [f"--backend {p.backend}"]
+        plain = (p.device, p.local_device, p.backend) == ("cpu", None, "auto")
+        out[rank] = (env.get("CUDA_VISIBLE_DEVICES"), [] if plain else flags)
     return out
 
 

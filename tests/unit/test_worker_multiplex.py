@@ -18,6 +18,7 @@ from gearshift.worker.collocation import Policy
 from gearshift.worker.command import CommandSettings, TaskPlan, plan_task
 from gearshift.worker.multiplex import Multiplexer
 from gearshift.worker.tasks import Task
+from tests.unit.task_requests import resolved
 
 C = common_pb2
 SETTINGS = CommandSettings(python="python")
@@ -53,13 +54,13 @@ def plan(*args: object, **kw: object) -> TaskPlan:
 
 def test_only_a_background_tasks_processes_run_low_and_pausable(tmp_path: Path) -> None:
     bg = plan("job-b", C.COLLOCATION_ROLE_BACKGROUND, "job-f")
-    argv = bg.command(0, SETTINGS, tmp_path, tmp_path / "config.json")
-    assert argv[argv.index("--pause-file") + 1] == str(tmp_path / "pause")
-    assert "--background" in argv
+    given = resolved(bg, SETTINGS, task_dir=tmp_path)
+    assert given.pause_file == tmp_path / "pause"
+    assert given.background and given.threads == 1
     for role in (C.COLLOCATION_ROLE_FOREGROUND, C.COLLOCATION_ROLE_SHARED, 0):
         other = plan("job-f", role, "job-b" if role else "", devices=2)
-        argv = other.command(0, SETTINGS, tmp_path, tmp_path / "config.json")
-        assert "--background" not in argv and "--pause-file" not in argv
+        given = resolved(other, SETTINGS, task_dir=tmp_path)
+        assert not given.background and given.pause_file is None
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from google.protobuf import json_format
 from gearshift.common.errors import ValidationError
 from gearshift.common.facts import EXIT_BAD_INPUT
 from gearshift.v1 import brain_pb2
-from gearshift.worker.command import parse_config
+from gearshift.worker.training_task import parse_config
 
 DEVICES = ("cpu", "cuda")
 

@@ -49,7 +49,7 @@ from gearshift.common.auth import ClientTls
 from gearshift.common.errors import ValidationError
 from gearshift.common.facts import EXIT_BAD_INPUT
 from gearshift.v1 import brain_pb2
-from gearshift.worker.command import parse_config
+from gearshift.worker.training_task import parse_config
 
 MAX_CONFIGS = 200
 
