@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ import pytest
 from gearshift.client.devcluster import ClusterConfig, DevCluster
 from gearshift.client.sdk import Client
 from gearshift.v1 import common_pb2, scheduler_pb2
+from tests.e2e.test_resource_plans import brain_knows_it_succeeded
 from tests.e2e.worker_cluster import (
     READY_TIMEOUT,
     client_of,
@@ -30,12 +32,13 @@ from tests.e2e.worker_cluster import (
     reference,
     rendezvous_base,
 )
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
 
 C = common_pb2
 S = scheduler_pb2
-STEPS = 900  # the elastic job: long enough to shrink and grow back on a loaded machine
+STEPS = 2500  # the elastic job: running still when the allocation is next recomputed (30 s)
 SHORT = 150  # the job that makes it shrink
 WAIT = 400.0
 
@@ -110,14 +113,16 @@ def test_the_default_profile_is_the_union(
         assert counts[0] == 4 and min(counts) < 4 and counts[-1] > min(counts), counts
 
         # The same model again: its first plan comes from the history of the two that ended.
+        for job_id in (a, b):
+            wait_until(partial(brain_knows_it_succeeded, cluster, job_id), 30.0, job_id)
         c = client.submit(digits_spec("c", STEPS, ests=4)).job_id
-        plans = []
-        for event in client.watch(c):
-            if event.type == S.JOB_EVENT_TYPE_PLAN:
-                plans.append(event.message)
-            if event.placement.processes:
-                break
-        assert any("similar finished job" in m for m in plans), plans
+
+        def plans() -> list[str]:
+            return [e.message for e in client.events(c) if e.type == S.JOB_EVENT_TYPE_PLAN]
+
+        wait_until(lambda: bool(plans()), WAIT, f"{c} got no plan")
+        assert plans()[0].startswith("initial plan from history: "), plans()
+        assert "similar finished job" in plans()[0], plans()
 
         # A full cluster: a guaranteed job of a tenant with quota is placed before a
         # best-effort job submitted first.
