@@ -25,8 +25,8 @@ from pydantic.alias_generators import to_camel
 
 from gearshift.scheduler.plugins import Args, Can, Point, names, plugin
 
-API_VERSION = "gearshift.dev/v1alpha1"
-KIND = "SchedulerConfiguration"
+API_VERSION: Literal["gearshift.dev/v1alpha1"] = "gearshift.dev/v1alpha1"
+KIND: Literal["SchedulerConfiguration"] = "SchedulerConfiguration"
 Loc = tuple[str | int, ...]
 
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from gearshift.scheduler.allocators import make_allocator
+from gearshift.scheduler.collocation import Multiplexing
 from gearshift.scheduler.policies import describe, policy_names, traits
 from gearshift.scheduler.rubick_live import make_live_rubick
 
@@ -196,7 +197,8 @@ class Plugin:
     # Why these arguments cannot work (None: they can), beyond what their class checks.
     refuse: Callable[[Any], str | None] = lambda args: None
     tags: tuple[str, ...] = field(default=())  # the seed paper(s) it comes from
-    # allocate: (settings, quotas or None, Brain) -> the Allocator (gearshift.scheduler.stages)
+    # allocate: (settings, quotas or None, Brain) -> the Allocator; collocate: (settings) ->
+    # the Collocator (gearshift.scheduler.stages builds both)
     build: Callable[..., Any] | None = None
 
 
@@ -303,6 +305,10 @@ def _build_rubick(settings: Any, quotas: Any, brain: Any) -> Any:
     return make_live_rubick(settings.policy, brain, quotas)
 
 
+def _constant(can: frozenset[Can]) -> Callable[[Any], frozenset[Can]]:
+    return lambda args: can
+
+
 def _register_allocators() -> None:
     for name in policy_names():
         register(_objective(name))
@@ -315,7 +321,7 @@ def _register_allocators() -> None:
                 name,
                 Point.ALLOCATE,
                 doc,
-                can=lambda a, e=elastic: e,
+                can=_constant(elastic),
                 tags=("easyscale",),
                 build=_build_rounds,
             )
@@ -347,6 +353,7 @@ def _register_stages() -> None:
             DeepPoolArgs,
             can=lambda a: frozenset({Can.NEEDS_BRAIN, Can.DECISION_PROCESS}),
             tags=("deeppool",),
+            build=lambda s: Multiplexing(s.min_idle, s.max_foreground_slowdown),
         )
     )
     register(

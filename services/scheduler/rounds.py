@@ -794,7 +794,7 @@ class Rounds:
             if job is None or job.terminal:
                 return None
             profile = (  # DeepPool: its rank 0 measures the profile its plans need
-                state.settings.collocation == "deeppool"
+                state.settings.collocates
                 and job.generation == 0
                 and self.estimates.burst(job.job_id) is None
             )

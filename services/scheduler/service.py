@@ -94,7 +94,7 @@ class Scheduler:
             self.brain,
             refresh_seconds=settings.estimate_refresh_seconds,
             default_restart_seconds=settings.restart_seconds,
-            burst_amp_limit=settings.amp_limit if settings.collocation == "deeppool" else 0.0,
+            burst_amp_limit=settings.amp_limit if settings.collocates else 0.0,
         )
         self.control = TaskControl(self.state, self.agents, job_tokens)
         self.registry = WorkerRegistry(self.state, self.control, self.estimates, self.wake)

@@ -362,7 +362,7 @@ def run_one(
     label = f"{name} (elastic)" if elastic and _objective(name) else name
     if name == "default":
         label = f"default ({settings.policy}{' elastic' if settings.elastic else ''})"
-    multiplex = args.multiplex or (name == "default" and settings.collocation == "deeppool")
+    multiplex = args.multiplex or (name == "default" and settings.collocates)
     return simulate_pipeline(
         workload,
         cluster,
@@ -406,9 +406,9 @@ def run(args: argparse.Namespace) -> list[SimulationResult]:
             make_policy(name, field=field)  # names the known ones
             raise ValidationError(field, f"{name!r} needs Rubick's traces (--trace-format)")
         elif elastic and _objective(name):
-            why = plugin(Point.ALLOCATE, name).refuse(  # type: ignore[union-attr]
-                plugin(Point.ALLOCATE, name).args(elastic=True)  # type: ignore[union-attr]
-            )
+            found = plugin(Point.ALLOCATE, name)
+            assert found is not None
+            why = found.refuse(found.args.model_validate({"elastic": True}))
             if why:
                 raise ValidationError(field, why)
     if args.write_trace is not None:

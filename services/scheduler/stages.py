@@ -5,7 +5,6 @@ registry (gearshift.scheduler.plugins): by the scheduler, and by the decision pr
 from __future__ import annotations
 
 from gearshift.scheduler.brain import BrainAdvisor
-from gearshift.scheduler.collocation import Multiplexing
 from gearshift.scheduler.guarantees import Guarantees
 from gearshift.scheduler.pipeline import Allocator, Collocator
 from gearshift.scheduler.plugins import Can, Point, capabilities, plugin
@@ -15,9 +14,11 @@ from gearshift.scheduler.tenants import TenantsFile
 
 def collocator_for(settings: SchedulerSettings) -> Collocator | None:
     """The collocate stage the settings name (profile.collocate and its arguments)."""
-    if settings.collocation == "deeppool":
-        return Multiplexing(settings.min_idle, settings.max_foreground_slowdown)
-    return None
+    found = plugin(Point.COLLOCATE, settings.collocation)
+    if found is None or found.build is None:
+        return None
+    collocator: Collocator = found.build(settings)
+    return collocator
 
 
 def allocator_for(

@@ -95,6 +95,11 @@ class SchedulerSettings:
     stragglers: StragglerPolicy = field(default_factory=StragglerPolicy)
 
     @property
+    def collocates(self) -> bool:
+        """A collocate plugin runs (DeepPool's): jobs' burst-parallel plans are wanted."""
+        return self.collocation != "none"
+
+    @property
     def lease_seconds(self) -> float:
         return max(2 * self.round_seconds, 10.0)
 
