@@ -3,6 +3,7 @@
 # make test   create .venv if needed, install, run the whole test suite
 # make lint   ruff, mypy and the import rule
 # make protos regenerate the Python code of protos/gearshift/v1/*.proto
+# make reference regenerate docs/reference/ from the code (the scheduler's plugins and file)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +12,7 @@ PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint protos clean
+.PHONY: install demo test lint protos reference clean
 
 install: $(STAMP)
 
@@ -43,6 +44,10 @@ lint: $(STAMP)
 
 protos: $(STAMP)
 	$(PY) tools/gen_protos.py
+
+reference: $(STAMP)
+	$(PY) -m gearshift.scheduler.config_cli plugins --markdown > docs/reference/scheduler-plugins.md
+	$(PY) -m gearshift.scheduler.config_cli defaults > docs/reference/scheduler.yaml
 
 clean:
 	rm -rf .typecheck .gearshift .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -103,7 +103,10 @@ def _args_rows(found: Plugin) -> Iterator[tuple[str, str, str, str]]:
     for name, info in found.args.model_fields.items():
         kind = getattr(info.annotation, "__name__", None) or str(info.annotation)
         default = json.dumps(getattr(defaults, name))
-        yield info.alias or name, kind.replace("typing.", ""), default, info.description or ""
+        # A Markdown cell holds no bare pipe: `bool | None` reads `bool or null`.
+        kind = kind.replace("typing.", "").replace(" | None", " or null")
+        meaning = (info.description or "").replace("|", "\\|")
+        yield info.alias or name, kind, default, meaning
 
 
 def render_plugins(markdown: bool = False) -> str:

@@ -234,3 +234,15 @@ def test_relays_under_tls_need_the_ca_that_they_call_the_scheduler_with() -> Non
     relays = relays_of(config, HeartbeatConfig(relays=2))
     assert relays.count == 2 and relays.env["GEARSHIFT_TOKEN"] == "t"
     relays.stop()  # never started: nothing to stop
+
+
+@pytest.mark.parametrize(
+    ("path", "render"),
+    [
+        ("docs/reference/scheduler-plugins.md", lambda: render_plugins(markdown=True)),
+        ("docs/reference/scheduler.yaml", render_defaults),
+    ],
+)
+def test_the_generated_reference_is_current(path: str, render: Any) -> None:
+    page = Path(__file__).resolve().parents[2] / path
+    assert page.read_text() == render(), f"{path} is stale: run `make reference`"
