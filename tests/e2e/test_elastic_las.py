@@ -13,7 +13,14 @@ import pytest
 
 from gearshift.client.devcluster import DevCluster
 from gearshift.v1 import common_pb2, scheduler_pb2
-from tests.e2e.worker_cluster import client_of, digits_spec, e2e_cluster, reference, started
+from tests.e2e.worker_cluster import (
+    GAVEL_TIMING,
+    client_of,
+    digits_spec,
+    e2e_cluster,
+    reference,
+    started,
+)
 
 C = common_pb2
 S = scheduler_pb2
@@ -23,9 +30,8 @@ WAIT = 300.0
 
 @pytest.fixture
 def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevCluster]:
-    cluster = e2e_cluster(
-        tmp_path, postgres_db, redis_url, scheduler={"profile": {"allocate": {"name": "las"}}}
-    )
+    las = {"profile": {"allocate": {"name": "las", "args": GAVEL_TIMING}}}
+    cluster = e2e_cluster(tmp_path, postgres_db, redis_url, scheduler=las)
     try:
         yield cluster
     finally:

@@ -17,7 +17,14 @@ import pytest
 
 from gearshift.client.devcluster import DevCluster
 from gearshift.v1 import common_pb2, scheduler_pb2
-from tests.e2e.worker_cluster import client_of, digits_spec, e2e_cluster, reference, started
+from tests.e2e.worker_cluster import (
+    GAVEL_TIMING,
+    client_of,
+    digits_spec,
+    e2e_cluster,
+    reference,
+    started,
+)
 
 C = common_pb2
 S = scheduler_pb2
@@ -31,7 +38,7 @@ def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevClu
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text("tenants:\n  a:\n    quota: {cpu: 0}\n  b: {}\n")  # SIGHUP raises it
     profile = {
-        "allocate": {"name": "max_min_fairness"},
+        "allocate": {"name": "max_min_fairness", "args": GAVEL_TIMING},
         "tenants": {"name": "guarantees", "args": {"file": str(tenants)}},
     }
     cluster = e2e_cluster(tmp_path, postgres_db, redis_url, scheduler={"profile": profile})

@@ -140,6 +140,12 @@ def rendezvous_base() -> int:
     return free_port_in(30000, 32700) // 100 * 100
 
 
+# An elastic objective recomputed at every round after a change, solved in the round: what
+# the tests of one objective were written against (the default waits 30 s between
+# recomputations, solved on a thread).
+GAVEL_TIMING = {"minRecomputeSeconds": 0, "recomputeInBackground": False}
+
+
 def e2e_cluster(
     root: Path,
     database: str,
