@@ -8,13 +8,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gearshift.scheduler.elastic import ElasticJob, configurations
-from gearshift.scheduler.elastic_rounds import ElasticRounds
-from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.pipeline import JobSnapshot, Snapshot
-from gearshift.scheduler.policies import make_policy, policy_names
-from gearshift.scheduler.policies.base import PolicyInput
-from gearshift.scheduler.policies.configs import Configurations, config_of
+from gearshift.scheduler.plugins.easyscale.elastic import ElasticJob, configurations
+from gearshift.scheduler.plugins.gavel.elastic_rounds import ElasticRounds
+from gearshift.scheduler.plugins.gavel.mechanism import Device
+from gearshift.scheduler.plugins.gavel.policies import make_policy, policy_names
+from gearshift.scheduler.plugins.gavel.policies.base import PolicyInput
+from gearshift.scheduler.plugins.gavel.policies.configs import Configurations, config_of
+from gearshift.scheduler.round.pipeline import JobSnapshot, Snapshot
 
 
 def devices(**counts: int) -> tuple[Device, ...]:

@@ -16,7 +16,7 @@ def test_checker_catches_cross_service_imports(tmp_path: Path) -> None:
     (tmp_path / "brain").mkdir()
     (tmp_path / "brain" / "__init__.py").write_text("")
     (tmp_path / "brain" / "x.py").write_text(
-        "import gearshift.scheduler.policies\n"
+        "import gearshift.scheduler.plugins.gavel.policies\n"
         "from gearshift import worker\n"
         "from gearshift.common import errors\n"
         "from gearshift.v1 import brain_pb2\n"
@@ -26,6 +26,6 @@ def test_checker_catches_cross_service_imports(tmp_path: Path) -> None:
     found = check(tmp_path, {"gearshift.brain": "brain"})
     assert sorted(v.imported for v in found) == [
         "gearshift.client",
-        "gearshift.scheduler.policies",
+        "gearshift.scheduler.plugins.gavel.policies",
         "gearshift.worker",
     ]

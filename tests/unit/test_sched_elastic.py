@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from gearshift.scheduler.elastic import EasyScale, ElasticJob, YarnCs, proposals, rate
-from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.pipeline import Target
-from gearshift.scheduler.placement import (
+from gearshift.scheduler.plugins.easyscale.elastic import (
+    EasyScale,
+    ElasticJob,
+    YarnCs,
+    proposals,
+    rate,
+)
+from gearshift.scheduler.plugins.gavel.mechanism import Device
+from gearshift.scheduler.round.pipeline import Target
+from gearshift.scheduler.round.placement import (
     assign_ests,
     build_placement,
     local_ranks,

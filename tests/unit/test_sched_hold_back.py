@@ -3,9 +3,9 @@ only made room for them (stopped for devices nobody takes, they would leave them
 
 from __future__ import annotations
 
-from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.placement import Assignment
-from gearshift.scheduler.reconcile import diff, hold_back
+from gearshift.scheduler.plugins.gavel.mechanism import Device
+from gearshift.scheduler.round.placement import Assignment
+from gearshift.scheduler.round.reconcile import diff, hold_back
 
 
 def on(*devices: tuple[str, int]) -> Assignment:
