@@ -45,7 +45,6 @@ from gearshift.scheduler.plugins.allocators import make_allocator
 from gearshift.scheduler.plugins.easyscale.elastic import make_elastic_policy
 from gearshift.scheduler.plugins.gavel.policies import make_policy
 from gearshift.scheduler.plugins.gavel.policies.base import PolicyInput
-from gearshift.scheduler.round.pipeline import Snapshot
 from gearshift.scheduler.sim.simulator import (
     _Running,
     _snapshot,
@@ -55,6 +54,7 @@ from gearshift.scheduler.sim.simulator import (
     simulate_elastic,
 )
 from gearshift.scheduler.sim.trace import generate_workload
+from gearshift.scheduler.types import Snapshot
 
 TYPES = ("k80", "p100", "v100")
 CLUSTER = {"v100": 8, "p100": 16, "k80": 24}

@@ -7,11 +7,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gearshift.scheduler.round.brain import BrainAdvisor
-from gearshift.scheduler.round.pipeline import Allocator
 from gearshift.scheduler.round.workers import WorkerAgents
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.state.memory_store import MemoryStore
 from gearshift.scheduler.state.store import Store
+from gearshift.scheduler.types import Allocator
 from gearshift.v1 import common_pb2, worker_pb2
 
 

@@ -53,13 +53,14 @@ from gearshift.scheduler.round.brain import BrainAdvisor
 from gearshift.scheduler.round.datasets import DatasetKeeper
 from gearshift.scheduler.round.decider import DecisionProcess
 from gearshift.scheduler.round.estimates import Estimates
-from gearshift.scheduler.round.pipeline import Allocator
 from gearshift.scheduler.round.rounds import RoundReport, Rounds
 from gearshift.scheduler.round.task_control import TaskControl
 from gearshift.scheduler.round.workers import WorkerAgents
 from gearshift.scheduler.state.job_logs import LogSources, TaskSource, job_log_lines
+from gearshift.scheduler.state.records import EventRecord, JobRecord, WorkerRecord
 from gearshift.scheduler.state.state import SchedulerSettings, SchedulerState
-from gearshift.scheduler.state.store import EventRecord, JobRecord, Store, WorkerRecord
+from gearshift.scheduler.state.store import Store
+from gearshift.scheduler.types import Allocator
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 log = logging.getLogger("gearshift.scheduler")

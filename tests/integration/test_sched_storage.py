@@ -19,15 +19,9 @@ from gearshift.common.db import create_engine, downgrade, migrate
 from gearshift.common.errors import ConflictError
 from gearshift.scheduler.state import models
 from gearshift.scheduler.state.memory_store import MemoryStore
+from gearshift.scheduler.state.records import EventRecord, JobRecord, TaskRecord, WorkerRecord
 from gearshift.scheduler.state.state import SchedulerSettings
-from gearshift.scheduler.state.store import (
-    EventRecord,
-    JobRecord,
-    SqlStore,
-    Store,
-    TaskRecord,
-    WorkerRecord,
-)
+from gearshift.scheduler.state.store import SqlStore, Store
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.sched_harness import Clock, job_spec, make_scheduler
 

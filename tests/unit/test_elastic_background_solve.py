@@ -13,7 +13,7 @@ from gearshift.scheduler.plugins.gavel.elastic_rounds import ElasticRounds
 from gearshift.scheduler.plugins.gavel.policies import make_policy
 from gearshift.scheduler.plugins.gavel.policies.base import Policy, PolicyInput
 from gearshift.scheduler.plugins.gavel.policies.configs import ElasticAllocation
-from gearshift.scheduler.round.pipeline import Snapshot
+from gearshift.scheduler.types import Snapshot
 from tests.unit.test_elastic_policies import devices, job
 
 WAIT_S = 30.0  # bound on a background solve in these tests (each takes milliseconds)

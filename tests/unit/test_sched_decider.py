@@ -25,8 +25,9 @@ from gearshift.scheduler.round.decider import (
     recv_chunks,
     send_chunks,
 )
-from gearshift.scheduler.round.pipeline import Snapshot, plan_round
+from gearshift.scheduler.round.pipeline import plan_round
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
+from gearshift.scheduler.types import Snapshot
 from gearshift.v1 import common_pb2
 from tests.helpers import wait_until
 from tests.sched_harness import Clock, job_spec, make_scheduler, register

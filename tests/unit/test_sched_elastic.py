@@ -5,15 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gearshift.scheduler.plugins.easyscale.elastic import (
-    EasyScale,
-    ElasticJob,
-    YarnCs,
-    proposals,
-    rate,
-)
-from gearshift.scheduler.plugins.gavel.mechanism import Device
-from gearshift.scheduler.round.pipeline import Target
+from gearshift.scheduler.plugins.easyscale.elastic import EasyScale, YarnCs, proposals
+from gearshift.scheduler.round.ests import ElasticJob, rate
 from gearshift.scheduler.round.placement import (
     assign_ests,
     build_placement,
@@ -23,6 +16,7 @@ from gearshift.scheduler.round.placement import (
     same_devices,
     workers_of,
 )
+from gearshift.scheduler.types import Device, Target
 
 SPEEDS = {"v100": 3.0, "k80": 1.0}
 

@@ -11,11 +11,9 @@ from gearshift.scheduler.plugins.gavel.mechanism import (
     NEW_JOB_PRIORITY_SCALE,
     Candidate,
     Combo,
-    Device,
     JobView,
     Ledger,
     RoundScheduler,
-    consolidate,
     place,
     priorities,
     rank,
@@ -23,6 +21,8 @@ from gearshift.scheduler.plugins.gavel.mechanism import (
     type_order,
 )
 from gearshift.scheduler.plugins.gavel.policies import make_policy
+from gearshift.scheduler.round.placement import consolidate
+from gearshift.scheduler.types import Device
 
 
 def test_priority_is_share_over_fraction_received() -> None:

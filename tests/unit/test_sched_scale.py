@@ -13,13 +13,12 @@ import pytest
 from gearshift.common.daemon import GC_YOUNG_THRESHOLD, quiet_collector
 from gearshift.common.errors import ResourceExhaustedError
 from gearshift.scheduler.plugins.allocators import make_allocator
-from gearshift.scheduler.plugins.easyscale.elastic import configurations
 from gearshift.scheduler.plugins.gavel.elastic_rounds import ElasticRounds
-from gearshift.scheduler.plugins.gavel.mechanism import Device
 from gearshift.scheduler.round import rounds as rounds_module
-from gearshift.scheduler.round.pipeline import Allocator, Snapshot, Target
+from gearshift.scheduler.round.ests import configurations
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.scheduler.state.state import RUNNING_STATES as RUNNING
+from gearshift.scheduler.types import Allocator, Device, Snapshot, Target
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.sched_harness import Clock, TableBrain, job_spec, make_scheduler, register
 from tests.unit.test_elastic_policies import job as job_snapshot

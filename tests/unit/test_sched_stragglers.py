@@ -13,9 +13,8 @@ from gearshift.scheduler.plugins.dlrover.stragglers import (
     expired,
     observe,
 )
-from gearshift.scheduler.plugins.gavel.mechanism import Device
-from gearshift.scheduler.round.pipeline import Target
 from gearshift.scheduler.round.placement import place
+from gearshift.scheduler.types import Device, Target
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 POLICY = StragglerPolicy(margin=0.5, reports=3, clear_seconds=60.0)

@@ -9,11 +9,10 @@ import pytest
 
 from gearshift.common.errors import ValidationError
 from gearshift.scheduler.plugins.allocators import make_allocator
-from gearshift.scheduler.plugins.gavel.mechanism import Device
 from gearshift.scheduler.plugins.rubick.guarantees import Admission, Guarantees, admit
 from gearshift.scheduler.plugins.rubick.tenants import Quotas, TenantsFile, parse_quotas
-from gearshift.scheduler.round.pipeline import JobSnapshot, Snapshot
 from gearshift.scheduler.service import SchedulerSettings
+from gearshift.scheduler.types import Device, JobSnapshot, Snapshot
 from gearshift.v1 import common_pb2
 from tests.sched_harness import Clock, job_spec, make_scheduler, register
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from gearshift.scheduler.api.registry import WorkerRows
-from gearshift.scheduler.state.store import WorkerRecord
+from gearshift.scheduler.state.records import WorkerRecord
 
 
 def worker(worker_id: str, *, alive: bool = True) -> WorkerRecord:

@@ -15,8 +15,8 @@ from operator import attrgetter
 from gearshift.scheduler.plugins.rubick.guarantees import Admission
 from gearshift.scheduler.plugins.rubick.rubick_policy import RubickAdmission
 from gearshift.scheduler.plugins.rubick.tenants import Quotas
+from gearshift.scheduler.state.records import JobRecord, WorkerRecord
 from gearshift.scheduler.state.state import RUNNING_STATES
-from gearshift.scheduler.state.store import JobRecord, WorkerRecord
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 S = scheduler_pb2

@@ -19,8 +19,8 @@ from gearshift.scheduler.plugins.dlrover import plan_book, ps_jobs
 from gearshift.scheduler.plugins.rubick.guarantees import Admission
 from gearshift.scheduler.plugins.rubick.tenants import Quotas
 from gearshift.scheduler.round.task_control import TaskControl
+from gearshift.scheduler.state.records import EventRecord, JobRecord
 from gearshift.scheduler.state.state import SchedulerState, new_job_id
-from gearshift.scheduler.state.store import EventRecord, JobRecord
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 log = logging.getLogger("gearshift.scheduler")

@@ -22,8 +22,8 @@ from gearshift.scheduler.plugins.dlrover.stragglers import Report, expired, obse
 from gearshift.scheduler.round.estimates import Estimates
 from gearshift.scheduler.round.process_resources import cannot_fit, memory_text, process_resources
 from gearshift.scheduler.round.task_control import TaskControl
+from gearshift.scheduler.state.records import JobRecord, TaskRecord, WorkerRecord
 from gearshift.scheduler.state.state import RUNNING_STATES, SchedulerState
-from gearshift.scheduler.state.store import JobRecord, TaskRecord, WorkerRecord
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 log = logging.getLogger("gearshift.scheduler")

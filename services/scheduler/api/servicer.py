@@ -29,7 +29,7 @@ from gearshift.common.validation import (
 )
 from gearshift.scheduler.api.worker_reports import check_batch, check_heartbeat, check_task_status
 from gearshift.scheduler.service import Scheduler
-from gearshift.scheduler.state.store import EventRecord, JobRecord
+from gearshift.scheduler.state.records import EventRecord, JobRecord
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 

@@ -24,12 +24,12 @@ from gearshift.scheduler.plugins.easyscale.elastic import (
     ElasticPolicy,
     make_elastic_policy,
 )
-from gearshift.scheduler.plugins.gavel.elastic_rounds import ElasticRounds, split_ests
+from gearshift.scheduler.plugins.gavel.elastic_rounds import ElasticRounds
 from gearshift.scheduler.plugins.gavel.mechanism import Combo, JobView, RoundScheduler
 from gearshift.scheduler.plugins.gavel.policies import make_policy, policy_names
 from gearshift.scheduler.plugins.gavel.policies.base import EntityPolicy
-from gearshift.scheduler.plugins.gavel.policies.configs import config_of
-from gearshift.scheduler.round.pipeline import Allocator, JobSnapshot, Snapshot, Target
+from gearshift.scheduler.round.ests import elastic_job, split_ests
+from gearshift.scheduler.types import Allocator, JobSnapshot, Snapshot, Target, config_of
 
 
 class GavelRounds:
@@ -86,7 +86,7 @@ class GavelRounds:
                 out[job_id] = Target(
                     job_id,
                     config,
-                    split_ests(job.elastic_job(), config),
+                    split_ests(elastic_job(job), config),
                     tuple(j for j in combo if j != job_id),
                     "shared" if len(combo) > 1 else "",
                 )
@@ -126,7 +126,7 @@ class Greedy:
         return self.policy.name
 
     def allocate(self, snapshot: Snapshot) -> dict[str, Target]:
-        models = [job.elastic_job() for job in snapshot.jobs]
+        models = [elastic_job(job) for job in snapshot.jobs]
         current = {job.job_id: dict(job.current) for job in snapshot.jobs if job.current}
         decision = self.policy.allocate(models, snapshot.capacity, current)
         self.decisions += 1

@@ -8,8 +8,8 @@ from gearshift.scheduler.plugins.registry import Can, Point, capabilities, plugi
 from gearshift.scheduler.plugins.rubick.guarantees import Guarantees
 from gearshift.scheduler.plugins.rubick.tenants import TenantsFile
 from gearshift.scheduler.round.brain import BrainAdvisor
-from gearshift.scheduler.round.pipeline import Allocator, Collocator
 from gearshift.scheduler.state.state import SchedulerSettings
+from gearshift.scheduler.types import Allocator, Collocator
 
 
 def collocator_for(settings: SchedulerSettings) -> Collocator | None:

@@ -22,19 +22,19 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gearshift.common.logs import configure_logging, stderr_logging
-from gearshift.scheduler.plugins.gavel.mechanism import Device
 from gearshift.scheduler.plugins.registry import Can, Point, capabilities
 from gearshift.scheduler.plugins.stages import allocator_for, collocator_for
-from gearshift.scheduler.round.pipeline import (
+from gearshift.scheduler.round.pipeline import plan_round
+from gearshift.scheduler.round.reconcile import same_assignment
+from gearshift.scheduler.types import (
     Allocator,
+    Assignment,
     Collocator,
+    Device,
     JobSnapshot,
     Snapshot,
     Target,
-    plan_round,
 )
-from gearshift.scheduler.round.placement import Assignment
-from gearshift.scheduler.round.reconcile import same_assignment
 
 if TYPE_CHECKING:
     from gearshift.scheduler.state.state import SchedulerSettings

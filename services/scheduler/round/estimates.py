@@ -33,11 +33,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gearshift.common.profiles import profile_key
-from gearshift.scheduler.plugins.deeppool.collocation import idle_fraction
-from gearshift.scheduler.plugins.gavel.policies.configs import Config, config_of
 from gearshift.scheduler.round.brain import DEFAULT_THROUGHPUT, BrainAdvisor
 from gearshift.scheduler.round.placement import count_by_type, placement_devices
-from gearshift.scheduler.state.store import JobRecord
+from gearshift.scheduler.state.records import JobRecord
+from gearshift.scheduler.types import Config, config_of
 from gearshift.v1 import common_pb2
 
 
@@ -305,3 +304,12 @@ class Estimates:
     def measured(self, job_id: str) -> Mapping[Config, float]:
         with self._lock:
             return dict(self._config_rate.get(job_id, {}))
+
+
+def idle_fraction(iteration_seconds: float, device_seconds: float, peak_devices: int) -> float:
+    """The share of a burst-parallel job's device time left idle: it holds `peak_devices`
+    for an iteration, and its layers use `device_seconds` of them."""
+    held = iteration_seconds * peak_devices
+    if held <= 0:
+        return 0.0
+    return min(max(1.0 - device_seconds / held, 0.0), 1.0)

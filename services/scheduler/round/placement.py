@@ -27,16 +27,9 @@ types (EasyScale); the others get one type.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
-from gearshift.scheduler.plugins.gavel.mechanism import Device, consolidate
-from gearshift.scheduler.plugins.gavel.policies.configs import config_of
+from gearshift.scheduler.types import Assignment, Device, Target, config_of
 from gearshift.v1 import common_pb2
-
-if TYPE_CHECKING:
-    from gearshift.scheduler.round.pipeline import Target
-
-Assignment = list[tuple[Device, int]]
 
 
 def place(
@@ -240,3 +233,25 @@ def count_by_type(devices: Iterable[Device]) -> dict[str, int]:
     for device in devices:
         out[device.worker_type] = out.get(device.worker_type, 0) + 1
     return out
+
+
+def consolidate(pool: Mapping[str, Sequence[Device]], size: int) -> tuple[Device, ...] | None:
+    """`size` devices on as few workers as possible: the fullest-fitting worker alone if one
+    can hold them all (best fit), else workers with the most free devices first.
+
+    pool maps each worker to its free devices of one type.
+    """
+    best: str | None = None
+    for worker, devices in pool.items():
+        if len(devices) >= size and (
+            best is None or (len(devices), worker) < (len(pool[best]), best)
+        ):
+            best = worker
+    if best is not None:
+        return tuple(pool[best][:size])
+    picked: list[Device] = []
+    for worker in sorted(pool, key=lambda w: (-len(pool[w]), w)):
+        picked.extend(pool[worker][: size - len(picked)])
+        if len(picked) == size:
+            return tuple(picked)
+    return None

@@ -11,8 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gearshift.scheduler.plugins.gavel.mechanism import Device
-from gearshift.scheduler.round.placement import Assignment
+from gearshift.scheduler.types import Assignment, Device
 
 ChangeKind = Literal["start", "rescale", "preempt", "renew"]
 

@@ -38,34 +38,31 @@ from gearshift.scheduler.plugins.dlrover.history_caps import CapView, caps_to_li
 from gearshift.scheduler.plugins.dlrover.ps_jobs import PsPlans, ps_asks_of
 from gearshift.scheduler.plugins.dlrover.ps_jobs import describe as ps_describe
 from gearshift.scheduler.plugins.dlrover.resource_plans import PlanAsk, ResourcePlans, describe
-from gearshift.scheduler.plugins.gavel.mechanism import Device
-from gearshift.scheduler.plugins.gavel.policies.configs import config_of
-from gearshift.scheduler.plugins.rubick.rubick_live import JobFacts, LiveRubick, execution_plan
 from gearshift.scheduler.round.decider import Decider, InProcess
 from gearshift.scheduler.round.estimates import EstimateRequest, Estimates
-from gearshift.scheduler.round.pipeline import (
-    Allocator,
-    Collocator,
-    JobSnapshot,
-    Ran,
-    Snapshot,
-    Target,
-)
-from gearshift.scheduler.round.placement import (
-    Assignment,
-    count_by_type,
-    workers_of,
-)
+from gearshift.scheduler.round.hooks import LearnsModels, execution_plan
+from gearshift.scheduler.round.placement import count_by_type, workers_of
 from gearshift.scheduler.round.reconcile import Change, diff, hold_back
 from gearshift.scheduler.round.task_control import StartRequests, TaskControl
 from gearshift.scheduler.round.views import HeldAssignments, LiveDevices
+from gearshift.scheduler.state.records import JobRecord, TaskRecord
 from gearshift.scheduler.state.state import (
     ONE_TYPE_LEVELS,
     RUNNING_STATES,
     SchedulerState,
     copy_message,
 )
-from gearshift.scheduler.state.store import JobRecord, TaskRecord
+from gearshift.scheduler.types import (
+    Allocator,
+    Assignment,
+    Collocator,
+    Device,
+    JobSnapshot,
+    Ran,
+    Snapshot,
+    Target,
+    config_of,
+)
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 log = logging.getLogger("gearshift.scheduler")
@@ -324,17 +321,16 @@ class Rounds:
                     else []
                 )
                 ps_asks = ps_asks_of(state, jobs) if self.ps_plans is not None else []
-                rubick = self.allocator if isinstance(self.allocator, LiveRubick) else None
-                facts = [JobFacts.of(j) for j in jobs] if rubick else []
-                workers = list(state.workers.values()) if rubick else []
+                learns = self.allocator if isinstance(self.allocator, LearnsModels) else None
+                learn = learns.prepare(jobs, list(state.workers.values())) if learns else None
             lap = report.lap("asks", lap, time.perf_counter())
             self.estimates.refresh(self.estimates.due(asks, types, now), types, now)
             if self.plans is not None:
                 self.plans.refresh(plan_asks)
             if self.ps_plans is not None:
                 self.ps_plans.refresh(ps_asks)
-            if rubick is not None:  # the Brain's fitted models, outside the lock
-                rubick.refresh(facts, workers, now)
+            if learn is not None:  # the Brain's fitted models, outside the lock
+                learn(now)
             lap = report.lap("estimates", lap, time.perf_counter())
             gathered = self.gather(now)
             self._lift_caps(gathered)
@@ -346,8 +342,8 @@ class Rounds:
             with state.store.locked_batch(state.lock):
                 report.desired = desired
                 self._plans = self._new_plans(targets)
-                if rubick is not None:  # which model each job's plans come from, when it changes
-                    self._model_notes(rubick, [f.job_id for f in facts])
+                if learns is not None:  # which model each job's plans come from, when it changes
+                    self._model_notes(learns, [j.job_id for j in jobs])
                 moves = self._reconcile(desired, current, report)
                 self._collocations(targets, desired)
                 self._cpus = {j: t.cpus_per_device for j, t in targets.items()}
@@ -626,10 +622,10 @@ class Rounds:
                 out[job_id] = plan
         return out
 
-    def _model_notes(self, rubick: LiveRubick, job_ids: list[str]) -> None:
+    def _model_notes(self, learns: LearnsModels, job_ids: list[str]) -> None:
         """Record, as a PLAN event, the Rubick model a job's plans now come from (under
         the lock)."""
-        for job_id, note in rubick.new_notes(job_ids).items():
+        for job_id, note in learns.new_notes(job_ids).items():
             job = self.state.jobs.get(job_id)
             if job is not None and not job.terminal:
                 self.state.record(job, S.JOB_EVENT_TYPE_PLAN, note)
@@ -799,9 +795,9 @@ class Rounds:
                 and job.generation == 0
                 and self.estimates.burst(job.job_id) is None
             )
-            rubick = self.allocator if isinstance(self.allocator, LiveRubick) else None
+            learns = self.allocator if isinstance(self.allocator, LearnsModels) else None
             profile_rubick = (  # Rubick: its rank 0 measures the runs its model needs
-                rubick is not None and job.generation == 0 and rubick.wants_profile(job.job_id)
+                learns is not None and job.generation == 0 and learns.wants_profile(job.job_id)
             )
             resources = self.plans.plan(job.job_id) if self.plans is not None else None
             placement, tasks, requests = self.control.prepare_start(

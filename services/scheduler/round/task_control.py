@@ -24,12 +24,12 @@ from gearshift.common.jobspec import is_ps_job
 from gearshift.scheduler.plugins.dlrover import plan_book, ps_jobs
 from gearshift.scheduler.plugins.dlrover.ps_jobs import PsPlan
 from gearshift.scheduler.plugins.dlrover.resource_plans import ProcessPlan
-from gearshift.scheduler.plugins.gavel.mechanism import Device
 from gearshift.scheduler.round.placement import build_placement, local_ranks, workers_of
 from gearshift.scheduler.round.process_resources import process_resources
 from gearshift.scheduler.round.workers import WorkerAgents
+from gearshift.scheduler.state.records import JobRecord, TaskRecord, WorkerRecord
 from gearshift.scheduler.state.state import SchedulerState
-from gearshift.scheduler.state.store import JobRecord, TaskRecord, WorkerRecord
+from gearshift.scheduler.types import Device
 from gearshift.v1 import common_pb2, worker_pb2
 
 log = logging.getLogger("gearshift.scheduler")

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gearshift.scheduler.plugins.gavel.mechanism import Device
-from gearshift.scheduler.round.placement import Assignment, placement_devices
-from gearshift.scheduler.state.store import JobRecord, WorkerRecord
+from gearshift.scheduler.round.placement import placement_devices
+from gearshift.scheduler.state.records import JobRecord, WorkerRecord
+from gearshift.scheduler.types import Assignment, Device
 from gearshift.v1 import common_pb2
 
 

@@ -24,11 +24,11 @@ from gearshift.common.rubick.plans import consolidated
 from gearshift.scheduler.plugins.allocators import make_allocator
 from gearshift.scheduler.plugins.rubick.guarantees import Guarantees
 from gearshift.scheduler.plugins.rubick.tenants import Quotas
-from gearshift.scheduler.round.pipeline import Allocator
 from gearshift.scheduler.sim.rubick_sim import GPU_TYPE, RubickRun
 from gearshift.scheduler.sim.rubick_trace import RubickJob
 from gearshift.scheduler.sim.simulator import simulate_pipeline
 from gearshift.scheduler.sim.trace import TraceJob
+from gearshift.scheduler.types import Allocator
 
 INFEASIBLE = 1e-9  # it/s at a device count no plan of the job runs on
 

@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 
 from gearshift.common.rubick.perf import PerfSource
 from gearshift.common.rubick.plans import Plan, consolidated
-from gearshift.scheduler.plugins.gavel.mechanism import Device
-from gearshift.scheduler.round.pipeline import Allocator, JobSnapshot, Snapshot, plan_round
-from gearshift.scheduler.round.placement import Assignment
+from gearshift.scheduler.round.pipeline import plan_round
 from gearshift.scheduler.sim.rubick_trace import RubickJob
 from gearshift.scheduler.sim.simulator import JobResult, SimulationError, SimulationResult
+from gearshift.scheduler.types import Allocator, Assignment, Device, JobSnapshot, Snapshot
 
 GPU_TYPE = "a800"
 RECONFIGURE_SECONDS = 78.0  # the paper's mean checkpoint-relaunch-resume time (section 7)

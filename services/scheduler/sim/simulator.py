@@ -59,21 +59,26 @@ from dataclasses import asdict, dataclass, field, replace
 from gearshift.common.gavel import JobKey, ThroughputTable
 from gearshift.scheduler.plugins.allocators import GavelRounds, Greedy
 from gearshift.scheduler.plugins.deeppool.collocation import Multiplexing
-from gearshift.scheduler.plugins.easyscale.elastic import ElasticPolicy, rate
-from gearshift.scheduler.plugins.gavel.mechanism import Device, RoundScheduler
+from gearshift.scheduler.plugins.easyscale.elastic import ElasticPolicy
+from gearshift.scheduler.plugins.gavel.mechanism import RoundScheduler
 from gearshift.scheduler.plugins.gavel.policies.base import Policy
-from gearshift.scheduler.plugins.gavel.policies.configs import Config, config_of, config_size
 from gearshift.scheduler.plugins.gavel.prices import GAVEL_PRICES
-from gearshift.scheduler.round.pipeline import (
+from gearshift.scheduler.round.ests import elastic_job, rate
+from gearshift.scheduler.round.pipeline import plan_round
+from gearshift.scheduler.round.placement import count_by_type
+from gearshift.scheduler.sim.trace import TraceJob
+from gearshift.scheduler.types import (
     Allocator,
+    Assignment,
+    Config,
+    Device,
     JobSnapshot,
     Ran,
     Role,
     Snapshot,
-    plan_round,
+    config_of,
+    config_size,
 )
-from gearshift.scheduler.round.placement import Assignment, count_by_type
-from gearshift.scheduler.sim.trace import TraceJob
 
 # Gavel's simulator spaces allocation recomputations by at least this long.
 GAVEL_RECOMPUTE_SECONDS = 1920.0
@@ -541,7 +546,7 @@ def _rate(
         if run.partners:
             return pairs.get(job.job_id, {}).get((run.partners[0], kind), 0.0)
         return job.throughputs.get(kind, 0.0)
-    model = _snapshot(run, {}, 0.0).elastic_job()
+    model = elastic_job(_snapshot(run, {}, 0.0))
     return rate(model, dict(run.held))
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from gearshift.common.errors import ConflictError
 from gearshift.common.facts import TERMINAL_STATES
-from gearshift.scheduler.state.store import EventRecord, JobRecord, TaskRecord, WorkerRecord
+from gearshift.scheduler.state.records import EventRecord, JobRecord, TaskRecord, WorkerRecord
 from gearshift.scheduler.state.write_batch import BatchedWrites
 
 _Rows = tuple[list[JobRecord], list[EventRecord], list[TaskRecord]]

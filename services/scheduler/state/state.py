@@ -23,7 +23,8 @@ from gearshift.scheduler.plugins.dlrover.stragglers import StragglerPolicy, Trac
 from gearshift.scheduler.plugins.gavel.policies.base import EntityPolicy
 from gearshift.scheduler.round.brain import BrainAdvisor
 from gearshift.scheduler.round.datasets import DatasetKeeper
-from gearshift.scheduler.state.store import EventRecord, JobRecord, Store, TaskRecord, WorkerRecord
+from gearshift.scheduler.state.records import EventRecord, JobRecord, TaskRecord, WorkerRecord
+from gearshift.scheduler.state.store import Store
 from gearshift.v1 import brain_pb2, common_pb2, scheduler_pb2
 
 M = TypeVar("M", bound=Message)

@@ -32,10 +32,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # store.py builds its stores on BatchedWrites
-    from gearshift.scheduler.state.store import EventRecord, JobRecord, TaskRecord
+from gearshift.scheduler.state.records import EventRecord, JobRecord, TaskRecord
 
 log = logging.getLogger("gearshift.scheduler.write_batch")
 

@@ -20,19 +20,10 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gearshift.scheduler.round.pipeline import JobSnapshot, Snapshot, Target
+from gearshift.scheduler.types import JobSnapshot, Snapshot, Target
 
 DEFAULT_MIN_IDLE = 0.1
 DEFAULT_MAX_SLOWDOWN = 0.2
-
-
-def idle_fraction(iteration_seconds: float, device_seconds: float, peak_devices: int) -> float:
-    """The share of a burst-parallel job's device time left idle: it holds `peak_devices`
-    for an iteration, and its layers use `device_seconds` of them."""
-    held = iteration_seconds * peak_devices
-    if held <= 0:
-        return 0.0
-    return min(max(1.0 - device_seconds / held, 0.0), 1.0)
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,8 @@ from gearshift.scheduler.plugins.dlrover.resource_plans import Asker
 from gearshift.v1 import brain_pb2, common_pb2
 
 if TYPE_CHECKING:
+    from gearshift.scheduler.state.records import JobRecord
     from gearshift.scheduler.state.state import SchedulerState
-    from gearshift.scheduler.state.store import JobRecord
 
 log = logging.getLogger("gearshift.scheduler.ps_jobs")
 

@@ -57,16 +57,11 @@ from typing import TypeVar
 
 import numpy as np
 
-from gearshift.common.estplan import plan_on
-from gearshift.scheduler.plugins.easyscale.elastic import ElasticJob, configurations, rate
 from gearshift.scheduler.plugins.gavel.mechanism import NEW_JOB_PRIORITY_SCALE
 from gearshift.scheduler.plugins.gavel.policies.base import EntityPolicy, Policy, PolicyInput
-from gearshift.scheduler.plugins.gavel.policies.configs import (
-    Config,
-    Configurations,
-    ElasticAllocation,
-)
-from gearshift.scheduler.round.pipeline import JobSnapshot, Snapshot, Target
+from gearshift.scheduler.plugins.gavel.policies.configs import Configurations, ElasticAllocation
+from gearshift.scheduler.round.ests import ElasticJob, configurations, elastic_job, rate, split_ests
+from gearshift.scheduler.types import Config, JobSnapshot, Snapshot, Target
 
 Rows = list[tuple[Config, float]]
 log = logging.getLogger("gearshift.scheduler")
@@ -132,20 +127,6 @@ def _within(small: Config, big: Config) -> bool:
     return all(have.get(t, 0) >= n for t, n in small)
 
 
-def split_ests(job: ElasticJob, config: Config) -> dict[str, tuple[int, ...]]:
-    """ESTs per device of each type for `config`, by EasyScale's planner. Memoized on
-    what decides it (the job's kind, `ElasticJob.key`): a round splits every chosen job."""
-    key = (job.key, config)
-    split = _SPLITS.get(key)
-    if split is None:
-        if len(_SPLITS) >= _MEMO_SIZE:
-            _SPLITS.clear()
-        capability = {t: job.capability.get(t, 0.0) or 1.0 for t, _ in config}
-        plan = plan_on(job.num_ests, dict(config), capability)
-        split = _SPLITS[key] = {p.accelerator_type: p.ests_per_device for p in plan.placements}
-    return dict(split)
-
-
 class _Solve:
     """A policy solved on a thread of its own (ElasticRounds.in_background)."""
 
@@ -176,7 +157,6 @@ class _Solve:
 
 # Entries a memo (the splits, ElasticRounds._rows) keeps before it starts afresh.
 _MEMO_SIZE = 1 << 14
-_SPLITS: dict[Hashable, dict[str, tuple[int, ...]]] = {}
 
 
 @dataclass
@@ -291,7 +271,7 @@ class ElasticRounds:
         return found
 
     def _model(self, job: JobSnapshot) -> ElasticJob:
-        model = job.elastic_job()
+        model = elastic_job(job)
         if self.policy.heterogeneity_aware:
             return model
         speeds = [model.capability[t] for t in model.types()]

@@ -46,18 +46,11 @@ from gearshift.scheduler.plugins.gavel.policies.base import (
     Policy,
     PolicyInput,
 )
+from gearshift.scheduler.round.placement import consolidate
+from gearshift.scheduler.types import Device
 
 Combo = tuple[str, ...]
 NEW_JOB_PRIORITY_SCALE = 1e9
-
-
-@dataclass(frozen=True, order=True)
-class Device:
-    """One accelerator: the worker (server) that has it, its index there, its type."""
-
-    worker_id: str
-    index: int
-    worker_type: str
 
 
 @dataclass
@@ -262,28 +255,6 @@ def _remove(pool: dict[str, list[Device]], devices: Iterable[Device]) -> None:
         left.remove(device)
         if not left:
             del pool[device.worker_id]
-
-
-def consolidate(pool: Mapping[str, Sequence[Device]], size: int) -> tuple[Device, ...] | None:
-    """`size` devices on as few workers as possible: the fullest-fitting worker alone if one
-    can hold them all (best fit), else workers with the most free devices first.
-
-    pool maps each worker to its free devices of one type.
-    """
-    best: str | None = None
-    for worker, devices in pool.items():
-        if len(devices) >= size and (
-            best is None or (len(devices), worker) < (len(pool[best]), best)
-        ):
-            best = worker
-    if best is not None:
-        return tuple(pool[best][:size])
-    picked: list[Device] = []
-    for worker in sorted(pool, key=lambda w: (-len(pool[w]), w)):
-        picked.extend(pool[worker][: size - len(picked)])
-        if len(picked) == size:
-            return tuple(picked)
-    return None
 
 
 @dataclass

@@ -19,10 +19,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gearshift.scheduler.plugins.gavel.elastic_rounds import split_ests
 from gearshift.scheduler.plugins.rubick.rubick_policy import RubickAdmission
 from gearshift.scheduler.plugins.rubick.tenants import Quotas
-from gearshift.scheduler.round.pipeline import Allocator, JobSnapshot, Snapshot, Target
+from gearshift.scheduler.round.ests import elastic_job, split_ests
+from gearshift.scheduler.types import Allocator, JobSnapshot, Snapshot, Target
 
 log = logging.getLogger("gearshift.scheduler")
 
@@ -82,7 +82,7 @@ def _without(snapshot: Snapshot, admitted: dict[str, Admission]) -> Snapshot:
 
 def _target(job: JobSnapshot, admission: Admission) -> Target:
     config = ((admission.accelerator_type, admission.devices),)
-    return Target(job.job_id, config, split_ests(job.elastic_job(), config))
+    return Target(job.job_id, config, split_ests(elastic_job(job), config))
 
 
 @dataclass

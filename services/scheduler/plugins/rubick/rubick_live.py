@@ -47,14 +47,13 @@ from gearshift.common.rubick.model import A800, Env, ForwardSample, Params, Work
 from gearshift.common.rubick.perf import ModelPerf, PerfSource, Runtime
 from gearshift.common.rubick.plans import Plan, Zero
 from gearshift.common.rubick.request import Request
-from gearshift.scheduler.plugins.gavel.elastic_rounds import split_ests
-from gearshift.scheduler.plugins.gavel.mechanism import Device
 from gearshift.scheduler.plugins.rubick.guarantees import Admission
 from gearshift.scheduler.plugins.rubick.rubick_policy import VARIANTS, RubickPolicy
 from gearshift.scheduler.plugins.rubick.tenants import Quotas
 from gearshift.scheduler.round.brain import BrainAdvisor
-from gearshift.scheduler.round.pipeline import JobSnapshot, Snapshot, Target
-from gearshift.scheduler.state.store import JobRecord, WorkerRecord
+from gearshift.scheduler.round.ests import elastic_job, split_ests
+from gearshift.scheduler.state.records import JobRecord, WorkerRecord
+from gearshift.scheduler.types import Device, JobSnapshot, Snapshot, Target
 from gearshift.v1 import brain_pb2, common_pb2
 
 log = logging.getLogger("gearshift.scheduler.rubick")
@@ -163,21 +162,6 @@ def original_plan(facts: JobFacts, devices: int) -> Plan:
         gc=plan.gradient_checkpointing,
         zero=Zero.OFFLOAD if plan.offload_optimizer else Zero.NONE,
     )
-
-
-def execution_plan(
-    plan: Plan, current: common_pb2.ExecutionPlan | None = None
-) -> common_pb2.ExecutionPlan:
-    """The runtime's plan for Rubick's `plan` (threads per process kept from `current`);
-    ValueError for a plan the runtime cannot execute (TP, PP, ZeRO-DP)."""
-    if plan.tp > 1 or plan.pp > 1 or plan.zero is Zero.DP:
-        raise ValueError(f"the runtime cannot execute plan {plan.label}: TP, PP and ZeRO-DP")
-    out = common_pb2.ExecutionPlan()
-    if current is not None:
-        out.CopyFrom(current)
-    out.gradient_checkpointing = plan.gc
-    out.offload_optimizer = plan.zero is Zero.OFFLOAD
-    return out
 
 
 def runtime_limits(facts: JobFacts, *, gpus: bool, fitted: bool) -> Runtime:
@@ -291,6 +275,15 @@ class LiveRubick:
             for j, a in dict(self.policy.admitted).items()
         }
 
+    def prepare(
+        self, jobs: Sequence[JobRecord], workers: Sequence[WorkerRecord]
+    ) -> Callable[[float], None]:
+        """The round's hook (round/hooks.py, `LearnsModels`): the jobs' facts copied under
+        the scheduler's lock, and the refresh (Brain RPCs) to run outside it."""
+        facts = [JobFacts.of(j) for j in jobs]
+        kept = list(workers)
+        return lambda now: self.refresh(facts, kept, now)
+
     def wants_profile(self, job_id: str) -> bool:
         """Whether the job's start should run Rubick's profiling run (see wants_profile)."""
         return wants_profile(self.fitted(job_id), self.variant)
@@ -357,7 +350,7 @@ class LiveRubick:
                 kind: (plan.ga,) * n for kind, n in target.devices
             }
         else:
-            ests = split_ests(job.elastic_job(), target.devices)
+            ests = split_ests(elastic_job(job), target.devices)
         return dataclasses.replace(target, ests=ests, cpus_per_device=0)
 
 

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from gearshift.common.rubick.perf import Mode, PerfSource
 from gearshift.common.rubick.plans import Plan, Zero, consolidated
 from gearshift.common.rubick.request import Request
-from gearshift.scheduler.round.pipeline import JobSnapshot, Snapshot, Target
+from gearshift.scheduler.types import JobSnapshot, Snapshot, Target
 
 # variant -> (plans it may choose, whether resources may differ from the request)
 VARIANTS: dict[str, tuple[Mode, bool]] = {

@@ -26,7 +26,7 @@ LAS: any max-min or sum objective has an optimum that treats them alike.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,19 +34,10 @@ import numpy.typing as npt
 import scipy.sparse as sp
 
 from gearshift.scheduler.plugins.gavel.policies.cvx import cp
+from gearshift.scheduler.types import Config
 
-Config = tuple[tuple[str, int], ...]
 IntArray = npt.NDArray[np.intp]
 FloatArray = npt.NDArray[np.float64]
-
-
-def config_of(devices: Mapping[str, int]) -> Config:
-    """The canonical (hashable) form of a device count per type: sorted, zeros dropped."""
-    return tuple(sorted((t, int(n)) for t, n in devices.items() if n > 0))
-
-
-def config_size(config: Config) -> int:
-    return sum(n for _, n in config)
 
 
 @dataclass(frozen=True)
