@@ -1,7 +1,7 @@
 """GetClusterState's message: every worker, every running job's placement, each tenant's
 quota and use. Built outside the scheduler's lock from the records taken under it (a
 record's fields are read whole one at a time, and a placement is replaced, never changed:
-store.JobRecord.placement)."""
+records.JobRecord.placement)."""
 
 from __future__ import annotations
 

@@ -5,9 +5,9 @@ job's processes run with.
 largest targets first (as Gavel places decreasing scale factors); a job whose
 target is what it holds keeps its devices and ESTs (its lease is renewed, no
 restart); another takes the devices it holds that are still free, then the
-fewest workers that fit the rest (`mechanism.consolidate`); a target that names its
-workers (`Target.workers`) gets that many devices on each of them - those it holds
-there first - and keeps its devices only if they match. Jobs sharing devices
+fewest workers that fit the rest (`consolidate`, shared with Gavel's mechanism); a
+target that names its workers (`Target.workers`) gets that many devices on each of them -
+those it holds there first - and keeps its devices only if they match. Jobs sharing devices
 (space sharing, a background job on its foreground's) are placed once, together:
 the partner placed second takes the first one's devices (a background job the
 first device of its type, which hosts the foreground's rank 0).

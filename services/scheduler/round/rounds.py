@@ -416,7 +416,7 @@ class Rounds:
         self, now: float, jobs: list[JobRecord], devices: tuple[Device, ...], avoid: frozenset[str]
     ) -> _Gathered:
         """What the snapshot needs of the jobs, read outside the lock: each field read is
-        whole (a placement is replaced, never changed: store.JobRecord.placement), and a
+        whole (a placement is replaced, never changed: records.JobRecord.placement), and a
         job that ends or is requeued meanwhile is one that did so just after the round
         looked, as it could before. Held assignments are kept per placement (views.py)."""
         alive = set(devices)

@@ -4,7 +4,7 @@ At 1,000 workers and 5,000 jobs a round rebuilt every live Device and every runn
 assignment each time, under the scheduler's lock: about 50-100 ms of the lock a round
 (bench/load.py), every heartbeat and submission waiting behind it. A worker's record is
 replaced when it registers and a job's placement is replaced, never changed in place
-(store.JobRecord.placement), so what is derived from one is kept beside the object it came
+(records.JobRecord.placement), so what is derived from one is kept beside the object it came
 from and reused while that is still the object there.
 """
 

@@ -217,7 +217,7 @@ class SchedulerState:
         """The job ended: its last event, it leaves memory, its datasets are dropped."""
         job.state = state
         job.finished_at = self.clock()
-        job.placement = C.Placement()  # replaced, not cleared (store.JobRecord.placement)
+        job.placement = C.Placement()  # replaced, not cleared (records.JobRecord.placement)
         self.record(job, kind, message)
         self.jobs.pop(job.job_id, None)
         self.last_progress_event.pop(job.job_id, None)
