@@ -46,8 +46,8 @@ protos: $(STAMP)
 	$(PY) tools/gen_protos.py
 
 reference: $(STAMP)
-	$(PY) -m gearshift.scheduler.config_cli plugins --markdown > docs/reference/scheduler-plugins.md
-	$(PY) -m gearshift.scheduler.config_cli defaults > docs/reference/scheduler.yaml
+	$(PY) -m gearshift.scheduler.config.cli plugins --markdown > docs/reference/scheduler-plugins.md
+	$(PY) -m gearshift.scheduler.config.cli defaults > docs/reference/scheduler.yaml
 
 clean:
 	rm -rf .typecheck .gearshift .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -41,12 +41,11 @@ if __package__ in (None, ""):
 
 from bench.shared import shared_data
 from gearshift.common.gavel import ThroughputTable, load_throughputs
-from gearshift.scheduler.allocators import make_allocator
-from gearshift.scheduler.elastic import make_elastic_policy
-from gearshift.scheduler.pipeline import Snapshot
-from gearshift.scheduler.policies import make_policy
-from gearshift.scheduler.policies.base import PolicyInput
-from gearshift.scheduler.simulator import (
+from gearshift.scheduler.plugins.allocators import make_allocator
+from gearshift.scheduler.plugins.easyscale.elastic import make_elastic_policy
+from gearshift.scheduler.plugins.gavel.policies import make_policy
+from gearshift.scheduler.plugins.gavel.policies.base import PolicyInput
+from gearshift.scheduler.sim.simulator import (
     _Running,
     _snapshot,
     cluster_devices,
@@ -54,7 +53,8 @@ from gearshift.scheduler.simulator import (
     simulate,
     simulate_elastic,
 )
-from gearshift.scheduler.trace import generate_workload
+from gearshift.scheduler.sim.trace import generate_workload
+from gearshift.scheduler.types import Snapshot
 
 TYPES = ("k80", "p100", "v100")
 CLUSTER = {"v100": 8, "p100": 16, "k80": 24}

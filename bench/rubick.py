@@ -59,10 +59,10 @@ from gearshift.common.rubick.model import A800, Env, Fit, fit, iter_time_from_te
 from gearshift.common.rubick.perf import load_perf
 from gearshift.common.rubick.plans import Zero
 from gearshift.common.rubick.validation import TABLE2, family, fit_runs, validate
-from gearshift.scheduler.pipeline import JobSnapshot, Snapshot
-from gearshift.scheduler.rubick_policy import make_rubick
-from gearshift.scheduler.rubick_sim import rubick_devices
-from gearshift.scheduler.rubick_trace import generate_rubick_workload
+from gearshift.scheduler.plugins.rubick.rubick_policy import make_rubick
+from gearshift.scheduler.sim.rubick_sim import rubick_devices
+from gearshift.scheduler.sim.rubick_trace import generate_rubick_workload
+from gearshift.scheduler.types import JobSnapshot, Snapshot
 from gearshift.v1 import brain_pb2
 
 if TYPE_CHECKING:

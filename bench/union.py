@@ -24,7 +24,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gearshift.scheduler.simulate import build_parser, run
+from gearshift.scheduler.sim.simulate import build_parser, run
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gavel"
 POLICIES = "default,elastic:las,rigid:las,easyscale"

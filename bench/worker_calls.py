@@ -28,7 +28,7 @@ import grpc
 
 from gearshift.common.channel import plain_channel
 from gearshift.scheduler.daemon import GIL_SWITCH_MS
-from gearshift.scheduler.workers import WorkerAgents
+from gearshift.scheduler.round.workers import WorkerAgents
 from gearshift.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 

@@ -39,8 +39,8 @@ from gearshift.common.health import health_status
 from gearshift.common.signals import wait_for_signal
 from gearshift.v1 import common_pb2
 
-SIMULATOR_MODULE = "gearshift.scheduler.simulate"
-CONFIG_MODULE = "gearshift.scheduler.config_cli"
+SIMULATOR_MODULE = "gearshift.scheduler.sim.simulate"
+CONFIG_MODULE = "gearshift.scheduler.config.cli"
 
 
 def cmd_simulate(argv: Sequence[str]) -> int:
@@ -431,14 +431,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "simulate",
         help="simulate a workload with the scheduler's policies (see `gearshift simulate -h`)",
-        description="Forwarded to python -m gearshift.scheduler.simulate.",
+        description="Forwarded to python -m gearshift.scheduler.sim.simulate.",
         add_help=False,
     )
     sub.add_parser(
         "config",
         help="the scheduler's configuration file: defaults, check FILE, plugins "
         "(see `gearshift config -h`)",
-        description="Forwarded to python -m gearshift.scheduler.config_cli.",
+        description="Forwarded to python -m gearshift.scheduler.config.cli.",
         add_help=False,
     )
     return parser

@@ -218,7 +218,7 @@ def dashboard_installed() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("starlette", "uvicorn"))
 
 
-CONFIG_MODULE = "gearshift.scheduler.config_cli"
+CONFIG_MODULE = "gearshift.scheduler.config.cli"
 
 
 SERVICES = ("brain", "shardmanager", "scheduler")  # in start order

@@ -12,7 +12,7 @@ import sqlalchemy
 from alembic import context
 
 # Models of each service that owns tables; each defines `metadata`.
-MODEL_MODULES = ("gearshift.brain.models", "gearshift.scheduler.models")
+MODEL_MODULES = ("gearshift.brain.models", "gearshift.scheduler.state.models")
 
 
 def target_metadata() -> list[sqlalchemy.MetaData]:

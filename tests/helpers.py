@@ -80,7 +80,7 @@ def scheduler_config(folder: Path, **sections: Any) -> list[str]:
 def single_seed(policy: str = "easyscale") -> dict[str, Any]:
     """The scheduler file's sections for `policy` alone (a Gavel objective rigid and
     recomputed every round after a change, as Gavel runs it)."""
-    from gearshift.scheduler.plugins import ObjectiveArgs, Point, plugin
+    from gearshift.scheduler.plugins.registry import ObjectiveArgs, Point, plugin
 
     allocate: dict[str, Any] = {"name": policy}
     found = plugin(Point.ALLOCATE, policy)

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gearshift.scheduler.brain import BrainAdvisor
-from gearshift.scheduler.memory_store import MemoryStore
-from gearshift.scheduler.pipeline import Allocator
+from gearshift.scheduler.round.brain import BrainAdvisor
+from gearshift.scheduler.round.workers import WorkerAgents
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
-from gearshift.scheduler.store import Store
-from gearshift.scheduler.workers import WorkerAgents
+from gearshift.scheduler.state.memory_store import MemoryStore
+from gearshift.scheduler.state.store import Store
+from gearshift.scheduler.types import Allocator
 from gearshift.v1 import common_pb2, worker_pb2
 
 

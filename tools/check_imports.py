@@ -1,14 +1,30 @@
-"""The import rule: a service package never imports another service package.
+"""The import rules. Run by `make lint` and by tests/unit/test_import_rule.py.
 
-Only gearshift.v1 (the contracts) and gearshift.common are shared. The client
-imports no service either. Run by `make lint` and by tests/unit/test_import_rule.py.
+The service split: a service package never imports another service package. Only
+gearshift.v1 (the contracts) and gearshift.common are shared. The client imports no
+service either.
+
+The scheduler's rooms (DESIGN.md, "Rooms that show the design"; `check_rooms`):
+
+1. no import cycle among gearshift.scheduler's modules, imports under TYPE_CHECKING and
+   inside functions included;
+2. the bottom module, gearshift.scheduler.types, imports no other module of the scheduler;
+3. plugins never import each other: a module of plugins/<seed>/ imports nothing of
+   plugins/ outside its own seed (neither another seed nor the registry's modules, which
+   import the seeds). A seed may import the types, state/, round/ (the stages' shared
+   helpers: placement, the EST model, estimates) and gearshift.common;
+4. the round names no plugin: no module of round/ imports plugins/<seed>/. The registry's
+   own modules (plugins/registry.py, stages.py, allocators.py) are no seed: the round
+   builds its stages through them. What remains is listed in ROUND_NAMES_PLUGIN, one entry
+   an import, each with its reason: the visible debt. An entry that no longer matches an
+   import is reported too, so the list only shrinks.
 """
 
 from __future__ import annotations
 
 import ast
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,8 +105,202 @@ def check(root: Path = ROOT, checked: dict[str, str] | None = None) -> list[Viol
     return found
 
 
+SCHEDULER = "gearshift.scheduler"
+SCHEDULER_FOLDER = "services/scheduler"
+BOTTOM = "gearshift.scheduler.types"
+PLUGINS = "gearshift.scheduler.plugins"
+ROUND = "gearshift.scheduler.round"
+# Rule 4's exceptions: (importer, imported module) -> why it is still there.
+_R = "gearshift.scheduler.round."
+_D = "gearshift.scheduler.plugins.dlrover."
+ROUND_NAMES_PLUGIN: dict[tuple[str, str], str] = {
+    # The round still asks DLRover's plans itself (PlanAsk, ResourcePlans.caps) and lifts
+    # the history caps: to become a plans provider hook the service wires in.
+    (_R + "rounds", _D + "resource_plans"): "plans: asks and describes the resource plans",
+    (_R + "rounds", _D + "history_caps"): "plans: lifts a history plan's device cap",
+    (_R + "rounds", _D + "ps_jobs"): "plans: the parameter-server jobs' asks and restarts",
+    # Starting a task writes its process plan (data-parallel or PS) into the StartTask.
+    (_R + "task_control", _D + "plan_book"): "plans: a placement's stored plan",
+    (_R + "task_control", _D + "ps_jobs"): "plans: a PS job's processes at start",
+    (_R + "task_control", _D + "resource_plans"): "plans: a process's resources at start",
+}
+
+
+@dataclass(frozen=True)
+class RoomViolation:
+    path: Path
+    line: int
+    importer: str
+    imported: str
+    rule: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.importer} imports {self.imported} ({self.rule})"
+
+
+def _seed(module: str) -> str | None:
+    """The seed subpackage of plugins/ a module belongs to (None: not in one)."""
+    parts = module.split(".")
+    base = len(PLUGINS.split("."))
+    if module.startswith(PLUGINS + ".") and len(parts) > base + 1:
+        return parts[base]
+    return None
+
+
+def _module_imports(
+    tree: ast.AST, module: str, is_package: bool, modules: Collection[str]
+) -> Iterator[tuple[int, str]]:
+    """The modules among `modules` an import names, as import-linter reads them: `import a.b`
+    and `from a import b` name a.b when that is a module, else the module that holds it."""
+
+    def holder(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, holder(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".")
+                if not is_package:
+                    parts = parts[:-1]
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for alias in node.names:
+                name = f"{base}.{alias.name}"
+                yield node.lineno, name if name in modules else holder(base)
+
+
+def _scheduler_graph(
+    root: Path, package: str, folder: str
+) -> tuple[dict[str, Path], dict[str, list[tuple[int, str]]]]:
+    """Every module of the package, and the package's modules each imports (first line)."""
+    base = root / folder
+    modules = {_module_name(package, base, p): p for p in sorted(base.rglob("*.py"))}
+    edges: dict[str, list[tuple[int, str]]] = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        found: dict[str, int] = {}
+        for line, target in _module_imports(tree, module, path.name == "__init__.py", modules):
+            if target and target != module:
+                found[target] = min(line, found.get(target, line))
+        edges[module] = sorted((line, target) for target, line in found.items())
+    return modules, edges
+
+
+def _cycles(edges: dict[str, list[tuple[int, str]]]) -> list[list[str]]:
+    """The import cycles: strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for _, w in edges.get(v, []):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def check_rooms(
+    root: Path = ROOT,
+    package: str = SCHEDULER,
+    folder: str = SCHEDULER_FOLDER,
+    round_names_plugin: dict[tuple[str, str], str] | None = None,
+) -> list[RoomViolation]:
+    """Every break of the scheduler's room rules (the module docstring)."""
+    allowed = ROUND_NAMES_PLUGIN if round_names_plugin is None else round_names_plugin
+    bottom = BOTTOM.replace(SCHEDULER, package, 1)
+    plugins = PLUGINS.replace(SCHEDULER, package, 1)
+    round_ = ROUND.replace(SCHEDULER, package, 1)
+    modules, edges = _scheduler_graph(root, package, folder)
+    found: list[RoomViolation] = []
+    used: set[tuple[str, str]] = set()
+
+    def seed(module: str) -> str | None:
+        return _seed(module.replace(package, SCHEDULER, 1))
+
+    for module, imports in edges.items():
+        rel = modules[module].relative_to(root)
+        for line, imported in imports:
+            if module == bottom:
+                found.append(
+                    RoomViolation(
+                        rel,
+                        line,
+                        module,
+                        imported,
+                        "rule 2: the bottom module imports no other scheduler module",
+                    )
+                )
+            mine, theirs = seed(module), seed(imported)
+            if mine is not None and imported.startswith(plugins) and mine != theirs:
+                found.append(
+                    RoomViolation(
+                        rel, line, module, imported, "rule 3: plugins never import each other"
+                    )
+                )
+            if module.startswith(round_ + ".") and theirs is not None:
+                if (module, imported) in allowed:
+                    used.add((module, imported))
+                else:
+                    found.append(
+                        RoomViolation(
+                            rel, line, module, imported, "rule 4: the round names no plugin"
+                        )
+                    )
+    for cycle in _cycles(edges):
+        first = cycle[0]
+        line = next(n for n, m in edges[first] if m in cycle)
+        found.append(
+            RoomViolation(
+                modules[first].relative_to(root),
+                line,
+                first,
+                " -> ".join(cycle),
+                "rule 1: an import cycle",
+            )
+        )
+    for importer, imported in sorted(set(allowed) - used):
+        found.append(
+            RoomViolation(
+                Path(folder),
+                0,
+                importer,
+                imported,
+                "rule 4's allow-list names an import that is gone: remove the entry",
+            )
+        )
+    return found
+
+
 def main() -> int:
-    violations = check()
+    violations: list[Violation | RoomViolation] = [*check(), *check_rooms()]
     for violation in violations:
         print(violation)
     if violations:

@@ -1,6 +1,6 @@
 """Scheduler tables: jobs, job events, workers, tasks (allocations), state.
 
-Models: gearshift.scheduler.models.
+Models: gearshift.scheduler.state.models.
 
 Revision ID: 0002_scheduler
 Revises: 0001_brain

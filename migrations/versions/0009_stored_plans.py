@@ -5,7 +5,8 @@ PS and worker counts and cores (`ps_plan`) come from the Brain's plans; a PS job
 pinned by `gearshift scale` until `--auto` (`ps_pin`). Kept in memory only, a restarted
 scheduler forgot them: it planned running jobs afresh (and could restart one whose plan
 it no longer knew) and dropped a user's pin. JSON written by
-gearshift.scheduler.plan_book (`dump`); NULL for none (and for jobs written before these
+gearshift.scheduler.plugins.dlrover.plan_book (`dump`); NULL for none (and for jobs written before
+these
 columns).
 
 Revision ID: 0009_stored_plans

@@ -25,16 +25,21 @@ from gearshift.common.db import database_options, migrate_main, open_database
 from gearshift.common.errors import GearshiftError, ValidationError
 from gearshift.common.server import register
 from gearshift.scheduler import metrics
-from gearshift.scheduler.brain import BrainAdvisor
-from gearshift.scheduler.configuration import ConfigurationError, HeartbeatConfig, Loaded, load
-from gearshift.scheduler.datasets import DatasetKeeper
-from gearshift.scheduler.heartbeat_relay import main as relay_main
-from gearshift.scheduler.relays import HeartbeatRelays
+from gearshift.scheduler.api.heartbeat_relay import main as relay_main
+from gearshift.scheduler.api.relays import HeartbeatRelays
+from gearshift.scheduler.api.servicer import JobServicer, WorkerRegistryServicer
+from gearshift.scheduler.config.configuration import (
+    ConfigurationError,
+    HeartbeatConfig,
+    Loaded,
+    load,
+)
+from gearshift.scheduler.config.settings import settings_of
+from gearshift.scheduler.round.brain import BrainAdvisor
+from gearshift.scheduler.round.datasets import DatasetKeeper
+from gearshift.scheduler.round.workers import WorkerAgents
 from gearshift.scheduler.service import Scheduler
-from gearshift.scheduler.servicer import JobServicer, WorkerRegistryServicer
-from gearshift.scheduler.settings import settings_of
-from gearshift.scheduler.store import SqlStore
-from gearshift.scheduler.workers import WorkerAgents
+from gearshift.scheduler.state.store import SqlStore
 from gearshift.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger("gearshift.scheduler")

@@ -25,7 +25,7 @@ ROUND_SECONDS = prometheus_client.Histogram(
 )
 ROUND_PHASE_SECONDS = prometheus_client.Histogram(
     "gearshift_scheduler_round_phase_seconds",
-    "Seconds each phase of a round took (gearshift.scheduler.rounds: asks, estimates, "
+    "Seconds each phase of a round took (gearshift.scheduler.round.rounds: asks, estimates, "
     "gather, snapshot, decide, reconcile, stop, start)",
     ["phase"],
     buckets=ROUND_BUCKETS,
@@ -46,7 +46,7 @@ LOST_WORKERS = prometheus_client.Counter(
 
 
 class RoundOutcome(Protocol):
-    """What a round reports (gearshift.scheduler.rounds.RoundReport)."""
+    """What a round reports (gearshift.scheduler.round.rounds.RoundReport)."""
 
     @property
     def started(self) -> list[str]: ...

@@ -12,15 +12,15 @@ SUBMITTED opens every log; PROGRESS (throttled) and CHECKPOINTED leave the state
 unchanged. A job runs as one task per worker of its placement (its processes
 there). Where each part lives:
 
-- gearshift.scheduler.rounds     - the round: snapshot -> allocate -> place -> reconcile,
+- gearshift.scheduler.round.rounds     - the round: snapshot -> allocate -> place -> reconcile,
                                    and applying it (stops, then starts);
-- gearshift.scheduler.jobs_api   - submit, get, list, cancel, watch, cluster state;
-- gearshift.scheduler.registry   - workers register, heartbeat (with progress), tasks end;
-- gearshift.scheduler.estimates  - measured and the Brain's throughputs, restart costs;
-- gearshift.scheduler.task_control - StartTask / StopTask on the workers;
-- gearshift.scheduler.state      - the live records and the bookkeeping they share;
-- gearshift.scheduler.write_batch - the writes of one hold of the lock, in one transaction;
-- gearshift.scheduler.allocators - the policies (the allocate stage's plugins).
+- gearshift.scheduler.api.jobs_api   - submit, get, list, cancel, watch, cluster state;
+- gearshift.scheduler.api.registry   - workers register, heartbeat (with progress), tasks end;
+- gearshift.scheduler.round.estimates  - measured and the Brain's throughputs, restart costs;
+- gearshift.scheduler.round.task_control - StartTask / StopTask on the workers;
+- gearshift.scheduler.state.state      - the live records and the bookkeeping they share;
+- gearshift.scheduler.state.write_batch - the writes of one hold of the lock, in one transaction;
+- gearshift.scheduler.plugins.allocators - the policies (the allocate stage's plugins).
 
 Everything a restart needs is in the Store: jobs with their last state,
 placement and locked type, events, workers, open tasks. A restarted scheduler
@@ -39,26 +39,28 @@ from pathlib import Path
 from gearshift.common.errors import NotFoundError
 from gearshift.common.facts import TERMINAL_STATES
 from gearshift.common.identity import JobTokens
-from gearshift.scheduler import metrics, plan_book
-from gearshift.scheduler.brain import BrainAdvisor
-from gearshift.scheduler.datasets import DatasetKeeper
-from gearshift.scheduler.decider import DecisionProcess
-from gearshift.scheduler.estimates import Estimates
-from gearshift.scheduler.guarantees import Admission, Guarantees
-from gearshift.scheduler.job_logs import LogSources, TaskSource, job_log_lines
-from gearshift.scheduler.jobs_api import JobsApi
-from gearshift.scheduler.pipeline import Allocator
-from gearshift.scheduler.ps_jobs import PsPlan, PsPlans
-from gearshift.scheduler.registry import WorkerRegistry
-from gearshift.scheduler.resource_plans import ProcessPlan, ResourcePlans
-from gearshift.scheduler.rounds import RoundReport, Rounds
-from gearshift.scheduler.rubick_live import LiveRubick
-from gearshift.scheduler.stages import allocator_for, collocator_for
-from gearshift.scheduler.state import SchedulerSettings, SchedulerState
-from gearshift.scheduler.store import EventRecord, JobRecord, Store, WorkerRecord
-from gearshift.scheduler.task_control import TaskControl
-from gearshift.scheduler.tenants import Quotas, TenantsFile
-from gearshift.scheduler.workers import WorkerAgents
+from gearshift.scheduler import metrics
+from gearshift.scheduler.api.jobs_api import JobsApi
+from gearshift.scheduler.api.registry import WorkerRegistry
+from gearshift.scheduler.plugins.dlrover import plan_book
+from gearshift.scheduler.plugins.dlrover.ps_jobs import PsPlan, PsPlans
+from gearshift.scheduler.plugins.dlrover.resource_plans import ProcessPlan, ResourcePlans
+from gearshift.scheduler.plugins.rubick.guarantees import Admission, Guarantees
+from gearshift.scheduler.plugins.rubick.rubick_live import LiveRubick
+from gearshift.scheduler.plugins.rubick.tenants import Quotas, TenantsFile
+from gearshift.scheduler.plugins.stages import allocator_for, collocator_for
+from gearshift.scheduler.round.brain import BrainAdvisor
+from gearshift.scheduler.round.datasets import DatasetKeeper
+from gearshift.scheduler.round.decider import DecisionProcess
+from gearshift.scheduler.round.estimates import Estimates
+from gearshift.scheduler.round.rounds import RoundReport, Rounds
+from gearshift.scheduler.round.task_control import TaskControl
+from gearshift.scheduler.round.workers import WorkerAgents
+from gearshift.scheduler.state.job_logs import LogSources, TaskSource, job_log_lines
+from gearshift.scheduler.state.records import EventRecord, JobRecord, WorkerRecord
+from gearshift.scheduler.state.state import SchedulerSettings, SchedulerState
+from gearshift.scheduler.state.store import Store
+from gearshift.scheduler.types import Allocator
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 log = logging.getLogger("gearshift.scheduler")

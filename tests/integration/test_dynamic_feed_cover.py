@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.scheduler.datasets import DatasetKeeper
+from gearshift.scheduler.round.datasets import DatasetKeeper
 from gearshift.worker.datasource import (
     DYNAMIC_MAX_ATTEMPTS,
     DataPlan,

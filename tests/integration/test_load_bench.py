@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.load import main
-from gearshift.scheduler.rounds import ROUND_PHASES
+from gearshift.scheduler.round.rounds import ROUND_PHASES
 
 
 def test_load_bench_tiny(postgres_url: str, tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from gearshift.common.channel import connect
 from gearshift.common.ports import free_port_in
 from gearshift.common.rubick.model import Config, ForwardSample, Params, Workload, iter_time
 from gearshift.common.rubick.plans import Plan, Resources, Zero
-from gearshift.scheduler.brain import BrainAdvisor
-from gearshift.scheduler.rubick_live import LiveRubick
+from gearshift.scheduler.plugins.rubick.rubick_live import LiveRubick
+from gearshift.scheduler.round.brain import BrainAdvisor
 from gearshift.scheduler.service import SchedulerSettings
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from tests.conftest import DaemonFactory

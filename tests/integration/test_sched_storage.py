@@ -17,17 +17,11 @@ from alembic.migration import MigrationContext
 from gearshift.common import codepkg
 from gearshift.common.db import create_engine, downgrade, migrate
 from gearshift.common.errors import ConflictError
-from gearshift.scheduler import models
-from gearshift.scheduler.memory_store import MemoryStore
-from gearshift.scheduler.state import SchedulerSettings
-from gearshift.scheduler.store import (
-    EventRecord,
-    JobRecord,
-    SqlStore,
-    Store,
-    TaskRecord,
-    WorkerRecord,
-)
+from gearshift.scheduler.state import models
+from gearshift.scheduler.state.memory_store import MemoryStore
+from gearshift.scheduler.state.records import EventRecord, JobRecord, TaskRecord, WorkerRecord
+from gearshift.scheduler.state.state import SchedulerSettings
+from gearshift.scheduler.state.store import SqlStore, Store
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.sched_harness import Clock, job_spec, make_scheduler
 
@@ -395,7 +389,7 @@ def test_a_jobs_tasks_ended_ones_too(any_store: Store) -> None:
 
 
 def test_a_batch_writes_its_jobs_events_and_tasks_together_at_its_end(any_store: Store) -> None:
-    """A round's writes (gearshift.scheduler.write_batch): nothing is visible before the
+    """A round's writes (gearshift.scheduler.state.write_batch): nothing is visible before the
     batch ends, everything after; a record saved twice is written as it ends; another
     thread's writes meanwhile go through at once."""
     import threading

@@ -19,7 +19,7 @@ import pytest
 
 from gearshift.common.errors import FencedError, PreconditionError, ValidationError
 from gearshift.common.facts import shard_holder_id
-from gearshift.scheduler.datasets import DatasetKeeper
+from gearshift.scheduler.round.datasets import DatasetKeeper
 from gearshift.shardmanager.model import DatasetSettings, Mode
 from gearshift.shardmanager.store import ShardStore
 from gearshift.v1 import shardmanager_pb2 as pb

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from gearshift.common.ports import free_port_in
-from gearshift.scheduler.workers import WorkerAgents
+from gearshift.scheduler.round.workers import WorkerAgents
 from gearshift.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 C = common_pb2

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from gearshift.common.config import env_vars
-from gearshift.scheduler.configuration import load
-from gearshift.scheduler.settings import settings_of
+from gearshift.scheduler.config.configuration import load
+from gearshift.scheduler.config.settings import settings_of
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"

@@ -9,11 +9,11 @@ import threading
 
 import pytest
 
-from gearshift.scheduler.elastic_rounds import ElasticRounds
-from gearshift.scheduler.pipeline import Snapshot
-from gearshift.scheduler.policies import make_policy
-from gearshift.scheduler.policies.base import Policy, PolicyInput
-from gearshift.scheduler.policies.configs import ElasticAllocation
+from gearshift.scheduler.plugins.gavel.elastic_rounds import ElasticRounds
+from gearshift.scheduler.plugins.gavel.policies import make_policy
+from gearshift.scheduler.plugins.gavel.policies.base import Policy, PolicyInput
+from gearshift.scheduler.plugins.gavel.policies.configs import ElasticAllocation
+from gearshift.scheduler.types import Snapshot
 from tests.unit.test_elastic_policies import devices, job
 
 WAIT_S = 30.0  # bound on a background solve in these tests (each takes milliseconds)

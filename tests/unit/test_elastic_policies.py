@@ -8,13 +8,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gearshift.scheduler.elastic import ElasticJob, configurations
-from gearshift.scheduler.elastic_rounds import ElasticRounds
-from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.pipeline import JobSnapshot, Snapshot
-from gearshift.scheduler.policies import make_policy, policy_names
-from gearshift.scheduler.policies.base import PolicyInput
-from gearshift.scheduler.policies.configs import Configurations, config_of
+from gearshift.scheduler.plugins.gavel.elastic_rounds import ElasticRounds
+from gearshift.scheduler.plugins.gavel.policies import make_policy, policy_names
+from gearshift.scheduler.plugins.gavel.policies.base import PolicyInput
+from gearshift.scheduler.plugins.gavel.policies.configs import Configurations
+from gearshift.scheduler.round.ests import ElasticJob, configurations, elastic_job
+from gearshift.scheduler.types import Device, JobSnapshot, Snapshot, config_of
 
 
 def devices(**counts: int) -> tuple[Device, ...]:
@@ -52,7 +51,7 @@ def job(
 
 def las_inputs(jobs: list[JobSnapshot], capacity: dict[str, int]) -> PolicyInput:
     types = sorted(capacity)
-    rows = [configurations(j.elastic_job(), capacity) for j in jobs]
+    rows = [configurations(elastic_job(j), capacity) for j in jobs]
     return PolicyInput.create(
         [j.job_id for j in jobs],
         types,

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from gearshift.client.spec import load_job
 from gearshift.common.errors import ValidationError
-from gearshift.scheduler.trace import TraceJob, parse_trace_lines, write_trace
+from gearshift.scheduler.sim.trace import TraceJob, parse_trace_lines, write_trace
 
 FUZZ = settings(
     max_examples=300,

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from gearshift.common.errors import UnavailableError
-from gearshift.scheduler.heartbeat_relay import HeartbeatBatcher
-from gearshift.scheduler.relays import relay_of, wildcard_to_local
+from gearshift.scheduler.api.heartbeat_relay import HeartbeatBatcher
+from gearshift.scheduler.api.relays import relay_of, wildcard_to_local
 from gearshift.v1 import scheduler_pb2
 
 S = scheduler_pb2

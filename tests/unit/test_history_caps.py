@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gearshift.scheduler.history_caps import CapView, caps_to_lift, idle_usable
+from gearshift.scheduler.plugins.dlrover.history_caps import CapView, caps_to_lift, idle_usable
 
 ANY: frozenset[str] = frozenset()
 

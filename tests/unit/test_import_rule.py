@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.check_imports import check
+from tools.check_imports import check, check_rooms
 
 
 def test_repository_follows_the_import_rule() -> None:
@@ -16,7 +16,7 @@ def test_checker_catches_cross_service_imports(tmp_path: Path) -> None:
     (tmp_path / "brain").mkdir()
     (tmp_path / "brain" / "__init__.py").write_text("")
     (tmp_path / "brain" / "x.py").write_text(
-        "import gearshift.scheduler.policies\n"
+        "import gearshift.scheduler.plugins.gavel.policies\n"
         "from gearshift import worker\n"
         "from gearshift.common import errors\n"
         "from gearshift.v1 import brain_pb2\n"
@@ -26,6 +26,93 @@ def test_checker_catches_cross_service_imports(tmp_path: Path) -> None:
     found = check(tmp_path, {"gearshift.brain": "brain"})
     assert sorted(v.imported for v in found) == [
         "gearshift.client",
-        "gearshift.scheduler.policies",
+        "gearshift.scheduler.plugins.gavel.policies",
         "gearshift.worker",
+    ]
+
+
+def test_scheduler_follows_the_room_rules() -> None:
+    violations = check_rooms()
+    assert not violations, "\n".join(map(str, violations))
+
+
+def _rooms(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A scheduler tree with the rooms, plus `files` (path -> source)."""
+    base = tmp_path / "sched"
+    for package in ("", "round", "state", "plugins", "plugins/gavel", "plugins/rubick"):
+        (base / package).mkdir(parents=True, exist_ok=True)
+        (base / package / "__init__.py").write_text("")
+    (base / "types.py").write_text("from gearshift.common import errors\n")
+    for path, source in files.items():
+        (base / path).write_text(source)
+    return tmp_path
+
+
+def _rules(tmp_path: Path, files: dict[str, str], allowed: dict[tuple[str, str], str]) -> list[str]:
+    root = _rooms(tmp_path, files)
+    found = check_rooms(root, "gearshift.scheduler", "sched", allowed)
+    return sorted(f"{v.rule.split(':')[0]} {v.importer} {v.imported}" for v in found)
+
+
+def test_rooms_rule_1_catches_a_cycle_even_under_type_checking(tmp_path: Path) -> None:
+    files = {
+        "state/a.py": "from gearshift.scheduler.state.b import B\n",
+        "state/b.py": (
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n"
+            "    from gearshift.scheduler.state.a import A\n"
+        ),
+    }
+    assert _rules(tmp_path, files, {}) == [
+        "rule 1 gearshift.scheduler.state.a "
+        "gearshift.scheduler.state.a -> gearshift.scheduler.state.b"
+    ]
+
+
+def test_rooms_rule_2_keeps_the_bottom_module_alone(tmp_path: Path) -> None:
+    files = {"types.py": "def f() -> None:\n    from gearshift.scheduler.round import x\n"}
+    files["round/x.py"] = ""
+    assert _rules(tmp_path, files, {}) == [
+        "rule 2 gearshift.scheduler.types gearshift.scheduler.round.x"
+    ]
+
+
+def test_rooms_rule_3_keeps_plugins_apart(tmp_path: Path) -> None:
+    files = {
+        "plugins/gavel/g.py": "from gearshift.scheduler.types import *\n",
+        "plugins/rubick/r.py": (
+            "from gearshift.scheduler.plugins.gavel import g\n"  # another seed
+            "from gearshift.scheduler.plugins.rubick import s\n"  # its own seed: fine
+            "from gearshift.scheduler.plugins import registry\n"  # the registry: no
+            "from gearshift.scheduler.round import p\n"  # the round's helpers: fine
+        ),
+        "plugins/rubick/s.py": "",
+        "plugins/registry.py": "",
+        "round/p.py": "",
+    }
+    assert _rules(tmp_path, files, {}) == [
+        "rule 3 gearshift.scheduler.plugins.rubick.r gearshift.scheduler.plugins.gavel.g",
+        "rule 3 gearshift.scheduler.plugins.rubick.r gearshift.scheduler.plugins.registry",
+    ]
+
+
+def test_rooms_rule_4_keeps_plugins_out_of_the_round(tmp_path: Path) -> None:
+    files = {
+        "round/rounds.py": (
+            "import gearshift.scheduler.plugins.gavel.g\n"
+            "from gearshift.scheduler.plugins.rubick.r import R\n"
+            "from gearshift.scheduler.plugins import registry\n"  # not a seed: fine
+        ),
+        "plugins/gavel/g.py": "",
+        "plugins/rubick/r.py": "",
+        "plugins/registry.py": "",
+    }
+    allowed = {
+        ("gearshift.scheduler.round.rounds", "gearshift.scheduler.plugins.rubick.r"): "debt",
+        ("gearshift.scheduler.round.rounds", "gearshift.scheduler.plugins.gavel.gone"): "stale",
+    }
+    assert _rules(tmp_path, files, allowed) == [
+        "rule 4 gearshift.scheduler.round.rounds gearshift.scheduler.plugins.gavel.g",
+        "rule 4's allow-list names an import that is gone gearshift.scheduler.round.rounds "
+        "gearshift.scheduler.plugins.gavel.gone",
     ]

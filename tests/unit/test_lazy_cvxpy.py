@@ -7,14 +7,14 @@ import sys
 
 import cvxpy
 
-from gearshift.scheduler.policies import solvers
+from gearshift.scheduler.plugins.gavel.policies import solvers
 
 
 def test_a_scheduler_starts_without_loading_cvxpy_and_an_lp_policy_loads_it() -> None:
     probe = (
         "import sys, gearshift.scheduler.daemon;"
-        "from gearshift.scheduler.allocators import make_allocator;"
-        "from gearshift.scheduler.policies import make_policy;"
+        "from gearshift.scheduler.plugins.allocators import make_allocator;"
+        "from gearshift.scheduler.plugins.gavel.policies import make_policy;"
         "loaded = lambda: sorted(m for m in sys.modules if m.startswith('cvxpy.'));"
         "make_allocator('easyscale'); make_allocator('fifo'); print(loaded());"
         "make_policy('las'); print(len(loaded()) > 0)"

@@ -20,7 +20,7 @@ from bench.load import (
     spread,
 )
 from gearshift.common.logs import TextFormatter
-from gearshift.scheduler.rounds import RoundReport, log_round
+from gearshift.scheduler.round.rounds import RoundReport, log_round
 
 
 def report(workers: int, heartbeat_p99: float, submit_p99: float, starts: float) -> Report:

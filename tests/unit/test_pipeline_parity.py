@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 
 from gearshift.common.gavel import JobKey, ThroughputTable
-from gearshift.scheduler import jobs_api
-from gearshift.scheduler.allocators import make_allocator
-from gearshift.scheduler.placement import count_by_type
-from gearshift.scheduler.policies.configs import Config, config_of
-from gearshift.scheduler.rounds import RoundReport
+from gearshift.scheduler.api import jobs_api
+from gearshift.scheduler.plugins.allocators import make_allocator
+from gearshift.scheduler.round.placement import count_by_type
+from gearshift.scheduler.round.rounds import RoundReport
 from gearshift.scheduler.service import SchedulerSettings
-from gearshift.scheduler.simulator import simulate_pipeline
-from gearshift.scheduler.trace import TraceJob
+from gearshift.scheduler.sim.simulator import simulate_pipeline
+from gearshift.scheduler.sim.trace import TraceJob
+from gearshift.scheduler.types import Config, config_of
 from gearshift.v1 import common_pb2
 from tests.sched_harness import Clock, TableBrain, make_scheduler
 

@@ -12,16 +12,16 @@ import pytest
 from PIL import Image
 
 from gearshift.common.gavel import load_throughputs
-from gearshift.scheduler.elastic import make_elastic_policy
-from gearshift.scheduler.plots import FILES, usage_figure, write_plots
-from gearshift.scheduler.policies import make_policy
-from gearshift.scheduler.simulator import (
+from gearshift.scheduler.plugins.easyscale.elastic import make_elastic_policy
+from gearshift.scheduler.plugins.gavel.policies import make_policy
+from gearshift.scheduler.sim.plots import FILES, usage_figure, write_plots
+from gearshift.scheduler.sim.simulator import (
     SimulationResult,
     isolated_reference,
     simulate,
     simulate_elastic,
 )
-from gearshift.scheduler.trace import generate_workload
+from gearshift.scheduler.sim.trace import generate_workload
 
 CLUSTER = {"v100": 8, "k80": 8}
 

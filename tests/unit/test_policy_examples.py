@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gearshift.scheduler.policies import make_policy
-from gearshift.scheduler.policies.base import PolicyInput
-from gearshift.scheduler.policies.max_min_fairness import MaxMinFairness
-from gearshift.scheduler.policies.solvers import solvers_for
-from gearshift.scheduler.policies.water_filling import WaterFilling
+from gearshift.scheduler.plugins.gavel.policies import make_policy
+from gearshift.scheduler.plugins.gavel.policies.base import PolicyInput
+from gearshift.scheduler.plugins.gavel.policies.max_min_fairness import MaxMinFairness
+from gearshift.scheduler.plugins.gavel.policies.solvers import solvers_for
+from gearshift.scheduler.plugins.gavel.policies.water_filling import WaterFilling
 
 # Rows: jobs 0-2; columns: (V100, K80) throughputs, cluster of 1 V100 + 1 K80.
 LAS_THROUGHPUTS = [[40.0, 10.0], [12.0, 4.0], [100.0, 50.0]]
@@ -136,7 +136,7 @@ def test_finish_time_fairness_counts_isolated_time_from_steps_done() -> None:
     Next allocation, 1,000 s later: rho_a = (21,000 + 6,000 / x) / (8,000 + 12,000)."""
     from scipy.optimize import brentq
 
-    from gearshift.scheduler.policies.finish_time_fairness import FinishTimeFairness
+    from gearshift.scheduler.plugins.gavel.policies.finish_time_fairness import FinishTimeFairness
 
     policy = FinishTimeFairness()
     policy.allocate(

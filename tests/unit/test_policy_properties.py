@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from gearshift.common.errors import ValidationError
-from gearshift.scheduler.policies import make_policy, policy_names
-from gearshift.scheduler.policies.base import Allocation, PolicyInput
-from gearshift.scheduler.policies.fifo import Fifo, QueueFifo
-from gearshift.scheduler.policies.finish_time_fairness import FinishTimeFairness
-from gearshift.scheduler.policies.isolated import isolated_share
-from gearshift.scheduler.policies.makespan import Makespan
-from gearshift.scheduler.policies.max_min_fairness import MaxMinFairness
-from gearshift.scheduler.policies.max_sum_throughput import MaxSumThroughput
-from gearshift.scheduler.policies.min_total_cost import MinTotalCost
-from gearshift.scheduler.policies.shortest_job_first import ShortestJobFirst
+from gearshift.scheduler.plugins.gavel.policies import make_policy, policy_names
+from gearshift.scheduler.plugins.gavel.policies.base import Allocation, PolicyInput
+from gearshift.scheduler.plugins.gavel.policies.fifo import Fifo, QueueFifo
+from gearshift.scheduler.plugins.gavel.policies.finish_time_fairness import FinishTimeFairness
+from gearshift.scheduler.plugins.gavel.policies.isolated import isolated_share
+from gearshift.scheduler.plugins.gavel.policies.makespan import Makespan
+from gearshift.scheduler.plugins.gavel.policies.max_min_fairness import MaxMinFairness
+from gearshift.scheduler.plugins.gavel.policies.max_sum_throughput import MaxSumThroughput
+from gearshift.scheduler.plugins.gavel.policies.min_total_cost import MinTotalCost
+from gearshift.scheduler.plugins.gavel.policies.shortest_job_first import ShortestJobFirst
 
 TYPES = ["k80", "p100", "v100"]
 

@@ -12,20 +12,19 @@ from gearshift.client.render import as_dict, tenants_text
 from gearshift.common.rubick.model import A800, ForwardSample, Params, Workload
 from gearshift.common.rubick.perf import Mode, ModelPerf, PerfSource, Runtime
 from gearshift.common.rubick.plans import Plan, Zero
-from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.pipeline import JobSnapshot, Snapshot
-from gearshift.scheduler.rubick_live import (
+from gearshift.scheduler.plugins.rubick.rubick_live import (
     Fitted,
     JobFacts,
     LiveRubick,
-    execution_plan,
     model_note,
     original_plan,
     wants_profile,
 )
+from gearshift.scheduler.plugins.rubick.tenants import Quotas
+from gearshift.scheduler.round.hooks import execution_plan
 from gearshift.scheduler.service import SchedulerSettings
-from gearshift.scheduler.store import WorkerRecord
-from gearshift.scheduler.tenants import Quotas
+from gearshift.scheduler.state.records import WorkerRecord
+from gearshift.scheduler.types import Device, JobSnapshot, Snapshot
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.sched_harness import Clock, job_spec, make_scheduler, register
 

@@ -10,13 +10,17 @@ from gearshift.common.errors import ValidationError
 from gearshift.common.gavel import JobKey
 from gearshift.common.rubick.perf import PerfSource, load_perf
 from gearshift.common.rubick.plans import consolidated
-from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.pipeline import Target
-from gearshift.scheduler.placement import place
-from gearshift.scheduler.rubick_gavel import gavel_table, job_type, run_gavel
-from gearshift.scheduler.rubick_policy import CpuShare, make_curve, make_rubick, share_cpus
-from gearshift.scheduler.rubick_sim import simulate_rubick
-from gearshift.scheduler.rubick_trace import generate_rubick_workload, read_rubick_trace
+from gearshift.scheduler.plugins.rubick.rubick_policy import (
+    CpuShare,
+    make_curve,
+    make_rubick,
+    share_cpus,
+)
+from gearshift.scheduler.round.placement import place
+from gearshift.scheduler.sim.rubick_gavel import gavel_table, job_type, run_gavel
+from gearshift.scheduler.sim.rubick_sim import simulate_rubick
+from gearshift.scheduler.sim.rubick_trace import generate_rubick_workload, read_rubick_trace
+from gearshift.scheduler.types import Device, Target
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "rubick"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"no Rubick data at {DATA}")

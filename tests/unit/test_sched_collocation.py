@@ -10,17 +10,16 @@ from collections.abc import Sequence
 import pytest
 
 from gearshift.common.gavel import JobKey, ThroughputTable
-from gearshift.scheduler.allocators import make_allocator
-from gearshift.scheduler.brain import BrainAdvisor
-from gearshift.scheduler.collocation import Multiplexing, idle_fraction
-from gearshift.scheduler.estimates import Estimates
-from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.pipeline import JobSnapshot, Snapshot, Target
-from gearshift.scheduler.placement import place
+from gearshift.scheduler.api.servicer import job_message
+from gearshift.scheduler.plugins.allocators import make_allocator
+from gearshift.scheduler.plugins.deeppool.collocation import Multiplexing
+from gearshift.scheduler.round.brain import BrainAdvisor
+from gearshift.scheduler.round.estimates import Estimates, idle_fraction
+from gearshift.scheduler.round.placement import place
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
-from gearshift.scheduler.servicer import job_message
-from gearshift.scheduler.simulator import Multiplexed, simulate_pipeline
-from gearshift.scheduler.trace import TraceJob
+from gearshift.scheduler.sim.simulator import Multiplexed, simulate_pipeline
+from gearshift.scheduler.sim.trace import TraceJob
+from gearshift.scheduler.types import Device, JobSnapshot, Snapshot, Target
 from gearshift.v1 import brain_pb2, common_pb2, scheduler_pb2
 from tests.sched_harness import Clock, job_spec, make_scheduler, register
 

@@ -12,15 +12,20 @@ import pytest
 import yaml
 
 from gearshift.common.config import parse_config
-from gearshift.scheduler.config_cli import render_defaults, render_plugins
-from gearshift.scheduler.configuration import ConfigurationError, HeartbeatConfig, parse, validate
+from gearshift.scheduler.config.cli import render_defaults, render_plugins
+from gearshift.scheduler.config.configuration import (
+    ConfigurationError,
+    HeartbeatConfig,
+    parse,
+    validate,
+)
+from gearshift.scheduler.config.settings import settings_of
 from gearshift.scheduler.daemon import OPTIONS, PROG, main, relays_of
-from gearshift.scheduler.elastic_rounds import ElasticRounds
-from gearshift.scheduler.guarantees import Guarantees
-from gearshift.scheduler.plugins import Can, Point, names, plugins
+from gearshift.scheduler.plugins.gavel.elastic_rounds import ElasticRounds
+from gearshift.scheduler.plugins.registry import Can, Point, names, plugins
+from gearshift.scheduler.plugins.rubick.guarantees import Guarantees
+from gearshift.scheduler.plugins.stages import allocator_for
 from gearshift.scheduler.service import SchedulerSettings
-from gearshift.scheduler.settings import settings_of
-from gearshift.scheduler.stages import allocator_for
 
 
 def settings(data: dict[str, Any] | None = None) -> SchedulerSettings:
@@ -201,7 +206,7 @@ def test_config_check_command(tmp_path: Path) -> None:
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text(render_defaults())
     bad.write_text(BAD)
-    module = [sys.executable, "-m", "gearshift.scheduler.config_cli"]
+    module = [sys.executable, "-m", "gearshift.scheduler.config.cli"]
     ok = subprocess.run([*module, "check", str(good)], capture_output=True, text=True, check=False)
     assert ok.returncode == 0 and "valid (allocate las" in ok.stdout
     refused = subprocess.run(
@@ -218,7 +223,7 @@ def test_the_allocators_built_from_the_registry() -> None:
 
 
 def test_tenants_wrap_the_allocator(tmp_path: Path) -> None:
-    from gearshift.scheduler.tenants import TenantsFile
+    from gearshift.scheduler.plugins.rubick.tenants import TenantsFile
 
     quotas = tmp_path / "tenants.yaml"
     quotas.write_text("tenants:\n  a:\n    quota: {v100: 2}\n")

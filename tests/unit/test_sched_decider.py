@@ -16,17 +16,18 @@ from typing import Any
 import pytest
 
 from gearshift.common import logs
-from gearshift.scheduler import decider
-from gearshift.scheduler.decider import (
+from gearshift.scheduler.plugins.stages import allocator_for, collocator_for
+from gearshift.scheduler.round import decider
+from gearshift.scheduler.round.decider import (
     DECISION_NICENESS,
     DecisionProcess,
     InProcess,
     recv_chunks,
     send_chunks,
 )
-from gearshift.scheduler.pipeline import Snapshot, plan_round
+from gearshift.scheduler.round.pipeline import plan_round
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
-from gearshift.scheduler.stages import allocator_for, collocator_for
+from gearshift.scheduler.types import Snapshot
 from gearshift.v1 import common_pb2
 from tests.helpers import wait_until
 from tests.sched_harness import Clock, job_spec, make_scheduler, register
@@ -90,7 +91,7 @@ def test_the_child_holds_every_job_as_the_scheduler_sees_it(
         decided.append(plan_round(snapshot, allocator, current, *args))
         return decided[-1]
 
-    monkeypatch.setattr("gearshift.scheduler.decider.plan_round", keep)
+    monkeypatch.setattr("gearshift.scheduler.round.decider.plan_round", keep)
     monkeypatch.setattr(os, "nice", lambda _: 0)  # the thread is this process
     moved: list[int] = []  # per round: jobs sent as their attained service alone
     changes = decider._changes

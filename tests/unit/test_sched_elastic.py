@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gearshift.scheduler.elastic import EasyScale, ElasticJob, YarnCs, proposals, rate
-from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.pipeline import Target
-from gearshift.scheduler.placement import (
+from gearshift.scheduler.plugins.easyscale.elastic import EasyScale, YarnCs, proposals
+from gearshift.scheduler.round.ests import ElasticJob, rate
+from gearshift.scheduler.round.placement import (
     assign_ests,
     build_placement,
     local_ranks,
@@ -17,6 +16,7 @@ from gearshift.scheduler.placement import (
     same_devices,
     workers_of,
 )
+from gearshift.scheduler.types import Device, Target
 
 SPEEDS = {"v100": 3.0, "k80": 1.0}
 

@@ -3,9 +3,8 @@ only made room for them (stopped for devices nobody takes, they would leave them
 
 from __future__ import annotations
 
-from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.placement import Assignment
-from gearshift.scheduler.reconcile import diff, hold_back
+from gearshift.scheduler.round.reconcile import diff, hold_back
+from gearshift.scheduler.types import Assignment, Device
 
 
 def on(*devices: tuple[str, int]) -> Assignment:

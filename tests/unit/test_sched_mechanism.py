@@ -7,22 +7,22 @@ import random
 
 import pytest
 
-from gearshift.scheduler.mechanism import (
+from gearshift.scheduler.plugins.gavel.mechanism import (
     NEW_JOB_PRIORITY_SCALE,
     Candidate,
     Combo,
-    Device,
     JobView,
     Ledger,
     RoundScheduler,
-    consolidate,
     place,
     priorities,
     rank,
     select,
     type_order,
 )
-from gearshift.scheduler.policies import make_policy
+from gearshift.scheduler.plugins.gavel.policies import make_policy
+from gearshift.scheduler.round.placement import consolidate
+from gearshift.scheduler.types import Device
 
 
 def test_priority_is_share_over_fraction_received() -> None:

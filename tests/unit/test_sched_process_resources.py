@@ -3,7 +3,7 @@ ran out of memory restarts with twice the memory (the harness's simulated worker
 
 from __future__ import annotations
 
-from gearshift.scheduler.process_resources import cannot_fit, process_resources
+from gearshift.scheduler.round.process_resources import cannot_fit, process_resources
 from gearshift.scheduler.service import SchedulerSettings
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.helpers import wait_until

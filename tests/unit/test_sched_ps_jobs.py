@@ -11,8 +11,8 @@ import pytest
 from gearshift.brain import dlrover
 from gearshift.brain.convert import plan_message, plan_request
 from gearshift.common.errors import ValidationError
-from gearshift.scheduler.plan_book import dump, load
-from gearshift.scheduler.ps_jobs import (
+from gearshift.scheduler.plugins.dlrover.plan_book import dump, load
+from gearshift.scheduler.plugins.dlrover.ps_jobs import (
     PsAsk,
     PsPlan,
     PsPlans,

@@ -10,10 +10,8 @@ import pytest
 from gearshift.brain import dlrover
 from gearshift.common.errors import ValidationError
 from gearshift.common.ports import free_port
-from gearshift.scheduler.brain import BrainAdvisor
-from gearshift.scheduler.plan_book import load
-from gearshift.scheduler.process_resources import process_resources
-from gearshift.scheduler.resource_plans import (
+from gearshift.scheduler.plugins.dlrover.plan_book import load
+from gearshift.scheduler.plugins.dlrover.resource_plans import (
     PlanAsk,
     ProcessPlan,
     ResourcePlans,
@@ -22,6 +20,8 @@ from gearshift.scheduler.resource_plans import (
     from_message,
     restart_pays,
 )
+from gearshift.scheduler.round.brain import BrainAdvisor
+from gearshift.scheduler.round.process_resources import process_resources
 from gearshift.scheduler.service import SchedulerSettings
 from gearshift.v1 import brain_pb2, common_pb2, worker_pb2
 from gearshift.worker.command import CommandSettings, plan_task
@@ -360,7 +360,7 @@ def test_an_unreachable_brain_gives_no_plan_and_a_log_line(
         job_id="j", stage=brain_pb2.PLAN_STAGE_INITIAL, cpu_total=1, cpu_max_per_node=1
     )
     try:
-        with caplog.at_level("WARNING", logger="gearshift.scheduler.brain"):
+        with caplog.at_level("WARNING", logger="gearshift.scheduler.round.brain"):
             assert advisor.plan_resources(request, common_pb2.JobSpec(), 0.0) is None
     finally:
         advisor.close()

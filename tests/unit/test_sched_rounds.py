@@ -13,12 +13,12 @@ from prometheus_client import REGISTRY
 
 from gearshift.common.errors import ValidationError
 from gearshift.common.jobspec import with_defaults
-from gearshift.scheduler.allocators import make_allocator
-from gearshift.scheduler.pipeline import Snapshot, Target
-from gearshift.scheduler.rounds import ROUND_PHASES
+from gearshift.scheduler.plugins.allocators import make_allocator
+from gearshift.scheduler.round.rounds import ROUND_PHASES
+from gearshift.scheduler.round.task_control import RENDEZVOUS_PORTS
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
-from gearshift.scheduler.store import TaskRecord
-from gearshift.scheduler.task_control import RENDEZVOUS_PORTS
+from gearshift.scheduler.state.records import TaskRecord
+from gearshift.scheduler.types import Snapshot, Target
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.helpers import wait_until
 from tests.sched_harness import (

@@ -12,14 +12,13 @@ import pytest
 
 from gearshift.common.daemon import GC_YOUNG_THRESHOLD, quiet_collector
 from gearshift.common.errors import ResourceExhaustedError
-from gearshift.scheduler import rounds as rounds_module
-from gearshift.scheduler.allocators import make_allocator
-from gearshift.scheduler.elastic import configurations
-from gearshift.scheduler.elastic_rounds import ElasticRounds
-from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.pipeline import Allocator, Snapshot, Target
+from gearshift.scheduler.plugins.allocators import make_allocator
+from gearshift.scheduler.plugins.gavel.elastic_rounds import ElasticRounds
+from gearshift.scheduler.round import rounds as rounds_module
+from gearshift.scheduler.round.ests import configurations
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
-from gearshift.scheduler.state import RUNNING_STATES as RUNNING
+from gearshift.scheduler.state.state import RUNNING_STATES as RUNNING
+from gearshift.scheduler.types import Allocator, Device, Snapshot, Target
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.sched_harness import Clock, TableBrain, job_spec, make_scheduler, register
 from tests.unit.test_elastic_policies import job as job_snapshot
@@ -441,7 +440,7 @@ def test_the_elastic_allocator_works_out_configurations_once_per_kind_of_job(
         calls.append(job.job_id if hasattr(job, "job_id") else "")
         return real(job, capacity)
 
-    monkeypatch.setattr("gearshift.scheduler.elastic_rounds.configurations", counting)
+    monkeypatch.setattr("gearshift.scheduler.plugins.gavel.elastic_rounds.configurations", counting)
     clock = Clock()
     recording = Recording()
     scheduler, _ = make_scheduler(settings(), clock=clock, allocator=recording)

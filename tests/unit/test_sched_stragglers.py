@@ -6,16 +6,15 @@ import pytest
 
 from gearshift.client.dashboard.views import cluster
 from gearshift.client.render import cluster_text
-from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.pipeline import Target
-from gearshift.scheduler.placement import place
-from gearshift.scheduler.stragglers import (
+from gearshift.scheduler.plugins.dlrover.stragglers import (
     Report,
     StragglerPolicy,
     Track,
     expired,
     observe,
 )
+from gearshift.scheduler.round.placement import place
+from gearshift.scheduler.types import Device, Target
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 POLICY = StragglerPolicy(margin=0.5, reports=3, clear_seconds=60.0)

@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 
 from gearshift.common.errors import ValidationError
-from gearshift.scheduler.allocators import make_allocator
-from gearshift.scheduler.guarantees import Admission, Guarantees, admit
-from gearshift.scheduler.mechanism import Device
-from gearshift.scheduler.pipeline import JobSnapshot, Snapshot
+from gearshift.scheduler.plugins.allocators import make_allocator
+from gearshift.scheduler.plugins.rubick.guarantees import Admission, Guarantees, admit
+from gearshift.scheduler.plugins.rubick.tenants import Quotas, TenantsFile, parse_quotas
 from gearshift.scheduler.service import SchedulerSettings
-from gearshift.scheduler.tenants import Quotas, TenantsFile, parse_quotas
+from gearshift.scheduler.types import Device, JobSnapshot, Snapshot
 from gearshift.v1 import common_pb2
 from tests.sched_harness import Clock, job_spec, make_scheduler, register
 

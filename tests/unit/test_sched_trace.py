@@ -9,7 +9,7 @@ import pytest
 
 from gearshift.common.errors import ValidationError
 from gearshift.common.gavel import JobKey, load_throughputs
-from gearshift.scheduler.trace import (
+from gearshift.scheduler.sim.trace import (
     generate_workload,
     parse_trace_lines,
     read_trace,

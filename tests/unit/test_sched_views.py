@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import threading
 
-from gearshift.scheduler.mechanism import Device
+from gearshift.scheduler.round.views import HeldAssignments, LiveDevices, assignment_of
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
-from gearshift.scheduler.store import JobRecord, TaskRecord, WorkerRecord
-from gearshift.scheduler.views import HeldAssignments, LiveDevices, assignment_of
+from gearshift.scheduler.state.records import JobRecord, TaskRecord, WorkerRecord
+from gearshift.scheduler.types import Device
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.helpers import wait_until
 from tests.sched_harness import Clock, job_spec, make_scheduler, register

@@ -1,4 +1,4 @@
-"""Worker rows written outside the scheduler's lock (gearshift.scheduler.registry.WorkerRows):
+"""Worker rows written outside the scheduler's lock (gearshift.scheduler.api.registry.WorkerRows):
 whatever order racing writes arrive in, the row ends as the newest version, and writes that
 queue up while one is in progress are saved together (a group commit)."""
 
@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from gearshift.scheduler.registry import WorkerRows
-from gearshift.scheduler.store import WorkerRecord
+from gearshift.scheduler.api.registry import WorkerRows
+from gearshift.scheduler.state.records import WorkerRecord
 
 
 def worker(worker_id: str, *, alive: bool = True) -> WorkerRecord:

@@ -1,4 +1,4 @@
-"""`gearshift simulate` and `python -m gearshift.scheduler.simulate` as processes."""
+"""`gearshift simulate` and `python -m gearshift.scheduler.sim.simulate` as processes."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from gearshift.scheduler.simulate import main, parse_cluster
-from gearshift.scheduler.trace import read_trace
+from gearshift.scheduler.sim.simulate import main, parse_cluster
+from gearshift.scheduler.sim.trace import read_trace
 
 
 def run(*args: str, via_cli: bool = False) -> subprocess.CompletedProcess[str]:
-    module = "gearshift.client.cli" if via_cli else "gearshift.scheduler.simulate"
+    module = "gearshift.client.cli" if via_cli else "gearshift.scheduler.sim.simulate"
     prefix = ["simulate"] if via_cli else []
     return subprocess.run(
         [sys.executable, "-m", module, *prefix, *args],

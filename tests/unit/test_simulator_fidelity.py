@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from gearshift.common.gavel import ThroughputTable, load_throughputs
-from gearshift.scheduler.elastic import make_elastic_policy
-from gearshift.scheduler.policies import make_policy
-from gearshift.scheduler.simulator import SimulationError, simulate, simulate_elastic
-from gearshift.scheduler.trace import TraceJob, generate_workload, read_trace
+from gearshift.scheduler.plugins.easyscale.elastic import make_elastic_policy
+from gearshift.scheduler.plugins.gavel.policies import make_policy
+from gearshift.scheduler.sim.simulator import SimulationError, simulate, simulate_elastic
+from gearshift.scheduler.sim.trace import TraceJob, generate_workload, read_trace
 
 CLUSTER = {"v100": 8, "p100": 16, "k80": 24}
 
@@ -108,8 +108,8 @@ def test_elastic_las_beats_rigid_las_and_easyscale_on_gavels_trace(
     heterogeneity-aware LAS over configurations finishes jobs sooner on average than rigid
     LAS and than EasyScale's greedy allocator, and its worst finish-time-fairness ratio
     (JCT over the JCT under the isolated policy) is no worse than rigid LAS's."""
-    from gearshift.scheduler.allocators import make_allocator
-    from gearshift.scheduler.simulator import isolated_reference, simulate_pipeline
+    from gearshift.scheduler.plugins.allocators import make_allocator
+    from gearshift.scheduler.sim.simulator import isolated_reference, simulate_pipeline
 
     jobs = read_trace(gavel_data / "max_min_fairness.trace")
     iso = isolated_reference(jobs, CLUSTER, table)

@@ -9,7 +9,7 @@ import pytest
 
 from gearshift.client.render import cluster_text
 from gearshift.common.errors import ResourceExhaustedError, ValidationError
-from gearshift.scheduler.process_resources import process_resources
+from gearshift.scheduler.round.process_resources import process_resources
 from gearshift.v1 import common_pb2, scheduler_pb2
 from gearshift.worker.resources import (
     CoreAllocator,

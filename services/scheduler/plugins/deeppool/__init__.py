@@ -1,0 +1,1 @@
+"""DeepPool: foreground/background multiplexing of a device."""

@@ -1,0 +1,1 @@
+"""DLRover: resource plans from history, parameter-server jobs, stragglers, history caps."""

@@ -1,0 +1,149 @@
+"""Gavel's scheduling policies, one module each, behind one interface (base.Policy).
+
+`make_policy(name)` accepts Gearshift's names and the reference
+implementation's (`max_min_fairness`, `max_min_fairness_perf`, `fifo`,
+`finish_time_fairness_perf`, `min_total_duration`, ...), so Gavel users can
+switch. In Gavel's naming a bare name is heterogeneity-agnostic and `_perf` is
+heterogeneity-aware; `_packed` adds space sharing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gearshift.common.errors import ValidationError
+from gearshift.scheduler.plugins.gavel.policies.base import (
+    Allocation,
+    Policy,
+    PolicyError,
+    PolicyInput,
+)
+from gearshift.scheduler.plugins.gavel.policies.cvx import load_cvxpy
+from gearshift.scheduler.plugins.gavel.policies.fifo import Fifo, QueueFifo
+from gearshift.scheduler.plugins.gavel.policies.finish_time_fairness import FinishTimeFairness
+from gearshift.scheduler.plugins.gavel.policies.isolated import Isolated
+from gearshift.scheduler.plugins.gavel.policies.makespan import Makespan
+from gearshift.scheduler.plugins.gavel.policies.max_min_fairness import MaxMinFairness
+from gearshift.scheduler.plugins.gavel.policies.max_sum_throughput import MaxSumThroughput
+from gearshift.scheduler.plugins.gavel.policies.min_total_cost import MinTotalCost
+from gearshift.scheduler.plugins.gavel.policies.shortest_job_first import ShortestJobFirst
+from gearshift.scheduler.plugins.gavel.policies.water_filling import WaterFilling
+
+__all__ = [
+    "Allocation",
+    "Policy",
+    "PolicyError",
+    "PolicyInput",
+    "make_policy",
+    "policy_names",
+    "traits",
+]
+
+Factory = Callable[[int], Policy]
+
+_POLICIES: dict[str, tuple[Factory, str]] = {
+    # Gearshift names.
+    "las": (lambda s: MaxMinFairness(), "LAS / max-min fairness, heterogeneity-aware"),
+    "las_agnostic": (
+        lambda s: MaxMinFairness(heterogeneity_aware=False),
+        "LAS, heterogeneity-agnostic (every type alike)",
+    ),
+    "las_packed": (
+        lambda s: MaxMinFairness(space_sharing=True),
+        "LAS, heterogeneity-aware, with space sharing (pairs of jobs on a device)",
+    ),
+    "max_sum_throughput": (lambda s: MaxSumThroughput(), "maximize total throughput"),
+    "finish_time_fairness": (
+        lambda s: FinishTimeFairness(),
+        "finish-time fairness (Themis), heterogeneity-aware",
+    ),
+    "makespan": (lambda s: Makespan(), "minimize the time to finish every active job"),
+    "fifo_lp": (lambda s: Fifo(), "FIFO as the paper's LP, heterogeneity-aware"),
+    "fifo_strict": (
+        lambda s: QueueFifo(seed=s, reference_bookkeeping=False),
+        "FIFO queue, random type with room, strict order",
+    ),
+    "sjf": (lambda s: ShortestJobFirst(), "shortest job first (lexicographic)"),
+    "min_total_cost": (lambda s: MinTotalCost(), "most normalized throughput per dollar"),
+    "min_total_cost_slo": (lambda s: MinTotalCost(slos=True), "min total cost subject to SLOs"),
+    "hierarchical": (
+        lambda s: WaterFilling(),
+        "hierarchical max-min fairness by water filling (entities, fairness or FIFO inside)",
+    ),
+    # The reference implementation's names.
+    "max_min_fairness": (
+        lambda s: MaxMinFairness(heterogeneity_aware=False),
+        "Gavel: LAS, heterogeneity-agnostic",
+    ),
+    "max_min_fairness_perf": (lambda s: MaxMinFairness(), "Gavel: LAS, heterogeneity-aware"),
+    "max_min_fairness_packed": (
+        lambda s: MaxMinFairness(space_sharing=True),
+        "Gavel: LAS with space sharing",
+    ),
+    "max_min_fairness_water_filling": (
+        lambda s: WaterFilling(heterogeneity_aware=False),
+        "Gavel: water-filling max-min fairness, heterogeneity-agnostic",
+    ),
+    "max_min_fairness_water_filling_perf": (
+        lambda s: WaterFilling(),
+        "Gavel: water-filling max-min fairness, heterogeneity-aware",
+    ),
+    "fifo": (lambda s: QueueFifo(seed=s), "Gavel: FIFO queue, heterogeneity-agnostic"),
+    "fifo_perf": (
+        lambda s: QueueFifo(heterogeneity_aware=True, seed=s),
+        "Gavel: FIFO queue on the fastest type with room",
+    ),
+    "finish_time_fairness_agnostic": (
+        lambda s: FinishTimeFairness(heterogeneity_aware=False),
+        "finish-time fairness, heterogeneity-agnostic",
+    ),
+    "finish_time_fairness_perf": (
+        lambda s: FinishTimeFairness(),
+        "Gavel: finish-time fairness, heterogeneity-aware",
+    ),
+    "isolated": (lambda s: Isolated(), "Gavel: equal share of every type"),
+    "max_sum_throughput_perf": (lambda s: MaxSumThroughput(), "Gavel: maximize total throughput"),
+    "max_sum_throughput_normalized_by_cost_perf": (
+        lambda s: MinTotalCost(),
+        "Gavel: throughput per dollar",
+    ),
+    "max_sum_throughput_normalized_by_cost_perf_SLOs": (
+        lambda s: MinTotalCost(slos=True),
+        "Gavel: throughput per dollar subject to SLOs",
+    ),
+    "min_total_duration": (lambda s: Makespan(), "Gavel: minimize makespan"),
+    "min_total_duration_perf": (lambda s: Makespan(), "minimize makespan"),
+}
+# Gavel's `finish_time_fairness` is its agnostic variant; Gearshift's bare name is the
+# heterogeneity-aware one, and the agnostic one is spelled out. Elastic modes
+# (`easyscale`, `yarn_cs`) are chosen with the simulator's --elastic flag.
+
+
+def policy_names() -> list[str]:
+    return sorted(_POLICIES)
+
+
+def describe(name: str) -> str:
+    return _POLICIES[name][1]
+
+
+def traits(name: str) -> tuple[bool, bool]:
+    """(has an elastic form, shares devices) of the policy called `name`, without loading
+    cvxpy: the plugin registry reads them when it is imported."""
+    policy = _POLICIES[name][0](0)
+    return policy.has_elastic_form, bool(getattr(policy, "space_sharing", False))
+
+
+def make_policy(name: str, *, seed: int = 0, field: str = "policy") -> Policy:
+    """The policy called `name`; ValidationError (naming `field`) lists the known names."""
+    entry = _POLICIES.get(name)
+    if entry is None:
+        known = ", ".join(policy_names())
+        raise ValidationError(field, f"unknown policy {name!r}; one of: {known}")
+    policy = entry[0](seed)
+    policy.name = name
+    if policy.problem_class != "greedy":
+        # cvxpy is a lazy module (policies.cvx): load it here, in the thread that makes the
+        # policy, since a lazy module's first load is not thread-safe before Python 3.12.3.
+        load_cvxpy()
+    return policy

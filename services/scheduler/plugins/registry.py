@@ -1,0 +1,404 @@
+"""One registry of the scheduler's plugins: what fills each extension point of a round.
+
+As in the Kubernetes scheduler framework, a round is a cycle of named extension points
+(allocate, collocate, place, plans, tenants, stragglers) and each point is filled by one
+plugin of the profile. Every plugin registers once, here: its name, the class of its typed
+arguments (pydantic, so that the configuration file is validated by the same class the
+docs are generated from), what it can do, and the factory that builds it. The daemon, the
+decision process and the simulator ask this registry, and only this registry, what a name
+means: no module outside a plugin tests a policy's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from gearshift.scheduler.plugins.allocators import make_allocator
+from gearshift.scheduler.plugins.deeppool.collocation import Multiplexing
+from gearshift.scheduler.plugins.gavel.policies import describe, policy_names, traits
+from gearshift.scheduler.plugins.rubick.rubick_live import make_live_rubick
+
+
+class Point(StrEnum):
+    """The extension points of a round, in the order a round visits them."""
+
+    ALLOCATE = "allocate"
+    COLLOCATE = "collocate"
+    PLACE = "place"
+    PLANS = "plans"
+    TENANTS = "tenants"
+    STRAGGLERS = "stragglers"
+
+
+class Can(StrEnum):
+    """What a plugin can do, for the checks that two plugins work together."""
+
+    ELASTIC = "elastic"  # gives elastic jobs any device count within their bounds
+    SPACE_SHARING = "space-sharing"  # pairs jobs on a device
+    NEEDS_BRAIN = "needs-brain"  # asks the Brain (fitted models, plans, profiles)
+    DECISION_PROCESS = "decision-process"  # can decide in the scheduler's child process
+    ADMITS_TENANTS = "admits-tenants"  # admits guaranteed jobs against quotas itself
+    OFF = "off"  # the point does nothing
+
+
+class Args(BaseModel):
+    """A plugin's arguments: camelCase keys in the file, unknown keys refused."""
+
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True
+    )
+
+
+class NoArgs(Args):
+    """This plugin takes no arguments."""
+
+
+class ObjectiveArgs(Args):
+    """A Gavel objective solved over the allocation matrix, in Gavel's rounds."""
+
+    elastic: bool = Field(
+        True,
+        description="jobs are elastic: the objective allocates over device configurations "
+        "(counts and, for D2 jobs, mixes of types) instead of Gavel's rigid scale factors",
+    )
+    hysteresis: float = Field(
+        0.1, ge=0, description="elastic: least relative gain for which a running job is resized"
+    )
+    min_recompute_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="least time between recomputations of the allocation (0: every round "
+        "after a change); Gavel's simulator uses 1920",
+    )
+    recompute_in_background: bool | None = Field(
+        None,
+        description="elastic: a recomputation after the first is solved on a thread of its "
+        "own while the rounds go on with the allocation in force (Gavel's allocation thread); "
+        "default: when elastic",
+    )
+
+    @property
+    def in_background(self) -> bool:
+        return (
+            self.elastic if self.recompute_in_background is None else self.recompute_in_background
+        )
+
+
+class RigidObjectiveArgs(ObjectiveArgs):
+    """A Gavel objective without an elastic form: it schedules jobs at their scale factor."""
+
+    elastic: bool = Field(False, description="must stay false: this objective has no elastic form")
+
+
+class CostArgs(ObjectiveArgs):
+    """A cost objective: dollars per device-hour of each type."""
+
+    prices: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description="dollars per device-hour, {TYPE: PRICE} (types not named: Google Cloud's "
+        "on-demand prices that Gavel used: v100 2.48, p100 1.46, k80 0.45, t4 0.35)",
+    )
+
+
+class HierarchicalArgs(ObjectiveArgs):
+    """Hierarchical max-min fairness over tenants (entities)."""
+
+    weights: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict,
+        description="tenants' shares of the cluster, {TENANT: WEIGHT} (others: 1)",
+    )
+    policies: dict[str, Literal["fairness", "fifo"]] = Field(
+        default_factory=dict,
+        description="how a tenant shares among its jobs, {TENANT: fairness|fifo} "
+        "(others: fairness)",
+    )
+
+
+class DeepPoolArgs(Args):
+    """DeepPool's collocation: a best-effort one-device job runs at the lowest priority on a
+    device that a job's burst-parallel plan leaves idle."""
+
+    amp_limit: float = Field(
+        2.0, ge=1, description="the amplification limit of the burst-parallel plans (>= 1)"
+    )
+    min_idle: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="the least share of its devices' time a job's plan must leave idle for it "
+        "to lend one (0-1)",
+    )
+    max_foreground_slowdown: float = Field(
+        0.2,
+        gt=0,
+        description="a background job is paused while its foreground runs this much slower "
+        "than alone (a fraction), and a foreground measured slower lends no more",
+    )
+
+
+class DlroverArgs(Args):
+    """DLRover's resource plans: the initial plan from similar jobs' history, then adjusted."""
+
+    interval_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="seconds between a running job's plan adjustments (0: only the initial "
+        "plan from history)",
+    )
+
+
+class GuaranteesArgs(Args):
+    """Tenants' quotas: a guaranteed job its tenant's quota covers is admitted first."""
+
+    file: str = Field(
+        "",
+        description="YAML file of quotas, devices per type (`tenants: {a: {quota: {v100: "
+        "4}}}`); SIGHUP reloads it; empty: no tenants, every job best effort",
+    )
+
+
+class StragglerArgs(Args):
+    """Slow processes found from their step times; their workers marked degraded."""
+
+    margin: float = Field(
+        0.5,
+        gt=0,
+        description="a process whose compute time per step is above (1 + margin) x the "
+        "median of its job's other processes is slow",
+    )
+    reports: int = Field(
+        3,
+        ge=1,
+        description="consecutive slow reports that make a straggler and mark its worker "
+        "degraded (jobs move off it when another placement exists); as many normal reports "
+        "clear it",
+    )
+    clear_seconds: float = Field(
+        300.0, gt=0, description="a degraded mark clears this long after its latest slow report"
+    )
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """One registered plugin."""
+
+    name: str
+    point: Point
+    doc: str
+    args: type[Args] = NoArgs
+    # What the plugin can do with these arguments.
+    can: Callable[[Any], frozenset[Can]] = lambda args: frozenset()
+    # Why these arguments cannot work (None: they can), beyond what their class checks.
+    refuse: Callable[[Any], str | None] = lambda args: None
+    tags: tuple[str, ...] = field(default=())  # the seed paper(s) it comes from
+    # allocate: (settings, quotas or None, Brain) -> the Allocator; collocate: (settings) ->
+    # the Collocator (gearshift.scheduler.plugins.stages builds both)
+    build: Callable[..., Any] | None = None
+
+
+_REGISTRY: dict[tuple[Point, str], Plugin] = {}
+
+
+def register(plugin: Plugin) -> Plugin:
+    key = (plugin.point, plugin.name)
+    if key in _REGISTRY:
+        raise ValueError(f"plugin {plugin.point}/{plugin.name} registered twice")
+    _REGISTRY[key] = plugin
+    return plugin
+
+
+def plugin(point: Point | str, name: str) -> Plugin | None:
+    return _REGISTRY.get((Point(point), name))
+
+
+def plugins(point: Point | str | None = None) -> Iterator[Plugin]:
+    """The registered plugins, by point (in round order) then name."""
+    order = list(Point)
+    for key in sorted(_REGISTRY, key=lambda k: (order.index(k[0]), k[1])):
+        if point is None or key[0] == Point(point):
+            yield _REGISTRY[key]
+
+
+def names(point: Point | str) -> list[str]:
+    return [p.name for p in plugins(point)]
+
+
+def capabilities(point: Point | str, name: str, args: Any = None) -> frozenset[Can]:
+    """What the plugin `name` at `point` can do (with its default arguments when none)."""
+    found = plugin(point, name)
+    if found is None:
+        return frozenset()
+    return found.can(args if args is not None else found.args())
+
+
+# The allocate point: Gavel's objectives, EasyScale's greedy allocators, Rubick's Algorithm 1.
+GREEDY = {
+    "easyscale": "EasyScale's greedy inter-job allocator over elastic EST jobs, any types",
+    "easyscale_homo": "EasyScale's greedy allocator, one accelerator type per job",
+    "yarn_cs": "the rigid FIFO gang baseline (YARN's capacity scheduler)",
+}
+RUBICK = {
+    "rubick": "Rubick's Algorithm 1: devices and each job's execution plan from the Brain's "
+    "fitted model, guaranteed jobs admitted against quotas",
+    "rubick_e": "Rubick without plan choice (break-down: E)",
+    "rubick_r": "Rubick without resource reallocation (break-down: R)",
+    "rubick_n": "Rubick without either (break-down: N)",
+}
+
+
+def _objective(name: str) -> Plugin:
+    elastic_form, space_sharing = traits(name)
+    args: type[Args] = ObjectiveArgs if elastic_form else RigidObjectiveArgs
+    if "cost" in name:
+        args = CostArgs
+    elif name == "hierarchical" or "water_filling" in name:
+        args = HierarchicalArgs
+
+    def can(a: ObjectiveArgs) -> frozenset[Can]:
+        out = {Can.DECISION_PROCESS}
+        if a.elastic:
+            out.add(Can.ELASTIC)
+        if space_sharing:
+            out.add(Can.SPACE_SHARING)
+        return frozenset(out)
+
+    def refuse(a: ObjectiveArgs) -> str | None:
+        if a.elastic and not elastic_form:
+            return f"{name!r} has no elastic form: set elastic: false, or choose an elastic one"
+        if a.elastic and space_sharing:
+            return f"{name} shares devices, which elastic objectives do not: set elastic: false"
+        if a.recompute_in_background and not a.elastic:
+            return "recomputeInBackground: only elastic objectives solve in the background"
+        return None
+
+    return Plugin(
+        name, Point.ALLOCATE, describe(name), args, can, refuse, ("gavel",), build=_build_rounds
+    )
+
+
+def _build_rounds(settings: Any, quotas: Any, brain: Any) -> Any:
+    """A Gavel objective in rounds, or a greedy allocator
+    (gearshift.scheduler.plugins.allocators)."""
+    return make_allocator(
+        settings.policy,
+        elastic=settings.elastic,
+        round_seconds=settings.round_seconds,
+        min_recompute_seconds=settings.min_recompute_seconds,
+        recompute_in_background=settings.recompute_in_background,
+        seed=settings.seed,
+        hysteresis=settings.hysteresis,
+        preempt_exempt_seconds=settings.preempt_exempt_seconds,
+        max_moves_per_round=settings.max_moves_per_round,
+        prices=settings.prices,
+        entity_weights=settings.tenant_weights,
+        entity_policies=settings.tenant_policies,
+    )
+
+
+def _build_rubick(settings: Any, quotas: Any, brain: Any) -> Any:
+    """Rubick's Algorithm 1, asking the Brain for its fitted models."""
+    return make_live_rubick(settings.policy, brain, quotas)
+
+
+def _constant(can: frozenset[Can]) -> Callable[[Any], frozenset[Can]]:
+    return lambda args: can
+
+
+def _register_allocators() -> None:
+    for name in policy_names():
+        register(_objective(name))
+    for name, doc in GREEDY.items():
+        elastic = frozenset(
+            {Can.DECISION_PROCESS} | ({Can.ELASTIC} if name != "yarn_cs" else set())
+        )
+        register(
+            Plugin(
+                name,
+                Point.ALLOCATE,
+                doc,
+                can=_constant(elastic),
+                tags=("easyscale",),
+                build=_build_rounds,
+            )
+        )
+    for name, doc in RUBICK.items():
+        register(
+            Plugin(
+                name,
+                Point.ALLOCATE,
+                doc,
+                can=lambda a: frozenset({Can.ELASTIC, Can.NEEDS_BRAIN, Can.ADMITS_TENANTS}),
+                tags=("rubick",),
+                build=_build_rubick,
+            )
+        )
+
+
+def _off(point: Point, doc: str) -> Plugin:
+    return Plugin("none", point, doc, can=lambda a: frozenset({Can.OFF, Can.DECISION_PROCESS}))
+
+
+def _register_stages() -> None:
+    register(_off(Point.COLLOCATE, "no collocation: a device runs one job at a time"))
+    register(
+        Plugin(
+            "deeppool",
+            Point.COLLOCATE,
+            DeepPoolArgs.__doc__ or "",
+            DeepPoolArgs,
+            can=lambda a: frozenset({Can.NEEDS_BRAIN, Can.DECISION_PROCESS}),
+            tags=("deeppool",),
+            build=lambda s: Multiplexing(s.min_idle, s.max_foreground_slowdown),
+        )
+    )
+    register(
+        Plugin(
+            "consolidate",
+            Point.PLACE,
+            "workers and devices for each target: consolidated on as few workers as the "
+            "devices allow, a running job kept where it is when it can (lease renewal)",
+            can=lambda a: frozenset({Can.DECISION_PROCESS}),
+            tags=("gavel",),
+        )
+    )
+    register(_off(Point.PLANS, "no resource plans: every job runs on its spec's defaults"))
+    register(
+        Plugin(
+            "dlrover",
+            Point.PLANS,
+            DlroverArgs.__doc__ or "",
+            DlroverArgs,
+            can=lambda a: frozenset({Can.NEEDS_BRAIN}),
+            tags=("dlrover",),
+        )
+    )
+    register(
+        Plugin(
+            "guarantees",
+            Point.TENANTS,
+            GuaranteesArgs.__doc__ or "",
+            GuaranteesArgs,
+            # Quotas reload on SIGHUP in the scheduler's process.
+            can=lambda a: frozenset({Can.DECISION_PROCESS} if not a.file else set()),
+            tags=("rubick",),
+        )
+    )
+    register(
+        Plugin(
+            "stragglers",
+            Point.STRAGGLERS,
+            StragglerArgs.__doc__ or "",
+            StragglerArgs,
+            tags=("dlrover",),
+        )
+    )
+
+
+_register_allocators()
+_register_stages()

@@ -1,0 +1,1 @@
+"""Rubick: execution plans and tenants' guarantees, live and in the policy."""

@@ -1,0 +1,274 @@
+"""Where a round's decision (allocate -> collocate -> place, `plan_round`) runs.
+
+In the scheduler's process by default. With `--decision-process` it runs in a child process
+of its own: the decision is pure Python over every job and held the GIL for most of a
+round, so every RPC waited for it (bench/load.py --sweep: at 100-1,000 workers each RPC's
+p99 was about a round's length, with the CPU far from busy). The child keeps the allocator
+and what it worked out between rounds; each round it gets only the job snapshots that
+changed (the rounds hand over the same object for a job while nothing it is made of
+changed), so that what the allocator keeps per job stays valid there too. A child that
+dies is started again with a fresh allocator and the whole snapshot: its state is a cache
+of the snapshots (Gavel's time ledger starts afresh, as after a recomputation)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gearshift.common.logs import configure_logging, stderr_logging
+from gearshift.scheduler.plugins.registry import Can, Point, capabilities
+from gearshift.scheduler.plugins.stages import allocator_for, collocator_for
+from gearshift.scheduler.round.pipeline import plan_round
+from gearshift.scheduler.round.reconcile import same_assignment
+from gearshift.scheduler.types import (
+    Allocator,
+    Assignment,
+    Collocator,
+    Device,
+    JobSnapshot,
+    Snapshot,
+    Target,
+)
+
+if TYPE_CHECKING:
+    from gearshift.scheduler.state.state import SchedulerSettings
+
+log = logging.getLogger("gearshift.scheduler")
+
+# The child yields the CPU to the RPCs: a decision is a burst of CPU once a round, and
+# on a busy host it took a core from the heartbeats' and submissions' processes.
+DECISION_NICENESS = 10
+
+Current = Mapping[str, Assignment]
+Decision = tuple[dict[str, Target], dict[str, Assignment]]  # what plan_round returns
+
+
+class Decider(Protocol):
+    def decide(self, snapshot: Snapshot, current: Current) -> Decision: ...
+
+    def close(self) -> None: ...
+
+
+class InProcess:
+    """plan_round here, with the rounds' own allocator."""
+
+    def __init__(self, allocator: Allocator, collocator: Collocator | None) -> None:
+        self.allocator = allocator
+        self.collocator = collocator
+
+    def decide(self, snapshot: Snapshot, current: Current) -> Decision:
+        return plan_round(snapshot, self.allocator, current, self.collocator)
+
+    def close(self) -> None:
+        return None
+
+
+def check_decision_process(settings: SchedulerSettings) -> None:
+    """The allocators a child can run alone (the registry says which: not Rubick's, which ask
+    the Brain), and no tenants' quotas (reloaded on SIGHUP in this process)."""
+    if Can.DECISION_PROCESS not in capabilities(Point.ALLOCATE, settings.policy):
+        raise ValueError(f"decision process: profile.allocate {settings.policy} asks the Brain")
+    if settings.tenants_file:
+        raise ValueError("decision process: not with tenants' quotas (they reload here)")
+
+
+class DecisionProcess:
+    """plan_round in a child process; see the module docstring."""
+
+    def __init__(self, settings: SchedulerSettings) -> None:
+        check_decision_process(settings)
+        self.settings = settings
+        self._ctx = mp.get_context("spawn")  # grpc threads run here: no fork
+        self._conn: Connection | None = None
+        self._process: Any = None
+        # What the child holds: the jobs, the devices, the running jobs' assignments
+        self._sent: dict[str, JobSnapshot] = {}
+        self._sent_devices: tuple[Device, ...] | None = None
+        self._sent_current: dict[str, Assignment] = {}
+        self._targets: dict[str, Target] = {}  # the child's last answer, as it stands here
+        self.restarts = 0
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        self._process = self._ctx.Process(
+            target=_serve,
+            args=(child, self.settings, stderr_logging()),
+            name="gearshift-decisions",
+            daemon=True,
+        )
+        self._process.start()
+        child.close()
+        self._conn = parent
+        self._sent, self._sent_devices, self._sent_current = {}, None, {}
+        self._targets = {}
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def decide(self, snapshot: Snapshot, current: Current) -> Decision:
+        try:
+            return self._ask(snapshot, current)
+        except (EOFError, OSError) as exc:  # the child died: a fresh one, everything sent
+            log.warning("decision process lost; starting another", extra={"error": repr(exc)})
+            self.restarts += 1
+            self._stop_child()
+            return self._ask(snapshot, current)
+
+    def _ask(self, snapshot: Snapshot, current: Current) -> Decision:
+        if self._conn is None:
+            self._start()
+        assert self._conn is not None
+        conn = self._conn
+        changed, moved = _changes(self._sent, snapshot.jobs)
+        # The devices and each running job's assignment are the same objects while they
+        # stand (views.py): sent only when new (4,000 devices and 2,200 assignments took
+        # 14 ms a round to pickle and unpickle, offline)
+        new_devices = snapshot.devices is not self._sent_devices
+        conn.send((replace(snapshot, jobs=(), devices=(), ran=()), new_devices))
+        if new_devices:
+            send_chunks(conn, snapshot.devices)
+        ids = [j.job_id for j in snapshot.jobs]
+        sent_current = self._sent_current
+        placed = [(k, v) for k, v in current.items() if sent_current.get(k) is not v]
+        for items in (snapshot.ran, ids, changed, moved, list(current), placed):
+            send_chunks(conn, items)
+        failed = conn.recv()  # waits without the GIL: the RPCs run meanwhile
+        self._sent = {job.job_id: job for job in snapshot.jobs}
+        self._sent_devices, self._sent_current = snapshot.devices, dict(current)
+        if failed is not None:
+            raise failed
+        target_ids, new_targets, desired_ids, moved_to = (recv_chunks(conn) for _ in range(4))
+        known = self._targets
+        known.update(new_targets)
+        self._targets = targets = {job_id: known[job_id] for job_id in target_ids}
+        # A job kept on its devices gets its held assignment itself back: the reconcile's
+        # comparison of the two is then one of identity (views.py keeps it per placement)
+        new = dict(moved_to)
+        desired = {j: new[j] if j in new else current[j] for j in desired_ids}
+        return dict(targets), desired
+
+    def _stop_child(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._process is not None:
+            self._process.kill()
+            self._process.join(timeout=10)
+            self._process = None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.send(None)
+        if self._process is not None:
+            self._process.join(timeout=10)
+        self._stop_child()
+
+
+def _serve(
+    conn: Connection, settings: SchedulerSettings, logs: tuple[str, str] | None = None
+) -> None:
+    """The child: one decision per message, the allocator kept between them; it logs to
+    the scheduler's stderr as the scheduler does (`logs`: level and format)."""
+    if logs is not None:
+        configure_logging(*logs)
+    os.nice(DECISION_NICENESS)
+    allocator = allocator_for(settings)
+    collocator = collocator_for(settings)
+    jobs: dict[str, JobSnapshot] = {}
+    devices: tuple[Device, ...] = ()
+    current: dict[str, Assignment] = {}
+    sent_targets: Mapping[str, Target] = {}  # the last answer's, as the scheduler holds them
+    while True:
+        try:
+            message = conn.recv()
+            if message is None:
+                return
+            header, new_devices = message
+            if new_devices:
+                devices = tuple(recv_chunks(conn))
+            ran, ids, changed, moved, running, placed = (recv_chunks(conn) for _ in range(6))
+        except EOFError:  # the scheduler is gone
+            return
+        for job in changed:
+            jobs[job.job_id] = job
+        for job_id, seconds in moved:
+            jobs[job_id] = jobs[job_id].with_attained(seconds)
+        jobs = {job_id: jobs[job_id] for job_id in ids}
+        current.update(placed)
+        current = {job_id: current[job_id] for job_id in running}
+        snapshot = replace(header, devices=devices, ran=tuple(ran), jobs=tuple(jobs.values()))
+        try:
+            targets, desired = plan_round(snapshot, allocator, current, collocator)
+        except Exception as exc:  # the round fails in the scheduler, as in-process
+            conn.send(exc)
+            continue
+        conn.send(None)
+        for items in _answer(sent_targets, targets, current, desired):
+            send_chunks(conn, items)
+        sent_targets = targets
+
+
+def _changes(
+    sent: Mapping[str, JobSnapshot], jobs: Sequence[JobSnapshot]
+) -> tuple[list[JobSnapshot], list[tuple[str, float]]]:
+    """The jobs the child must be sent whole, and (job id, attained seconds) of those whose
+    attained service alone moved on since it was sent (every running job's, each round:
+    sent whole, their pickling and unpickling took 27 ms a round at 2,200 running jobs)."""
+    changed: list[JobSnapshot] = []
+    moved: list[tuple[str, float]] = []
+    for job in jobs:
+        before = sent.get(job.job_id)
+        if before is job:
+            continue
+        if before is not None and job.moved_on_from(before):
+            moved.append((job.job_id, job.attained_seconds))
+        else:
+            changed.append(job)
+    return changed, moved
+
+
+def _answer(
+    sent_targets: Mapping[str, Target],
+    targets: Mapping[str, Target],
+    current: Current,
+    desired: Mapping[str, Assignment],
+) -> tuple[list[str], list[tuple[str, Target]], list[str], list[tuple[str, Assignment]]]:
+    """A decision as the scheduler can rebuild it: the targets' job ids in order and the
+    targets not as last sent; the desired jobs' ids in order and the assignments other than
+    the one the job holds. Sent whole, every running job's target and assignment took 2.3%
+    of the scheduler's interpreter to unpickle, and the reconcile compared each assignment
+    with the held one device by device (bench/load.py at 1,000 workers)."""
+    changed_targets = [(j, t) for j, t in targets.items() if sent_targets.get(j) != t]
+    moved = [
+        (j, a) for j, a in desired.items() if j not in current or not same_assignment(a, current[j])
+    ]
+    return list(targets), changed_targets, list(desired), moved
+
+
+# A round's messages go in pieces of at most this many items: pickling runs in C and holds
+# the GIL throughout, and one message of a whole round (5,000 jobs) stalled every RPC of the
+# scheduler's for 30-100 ms once a round (bench/load.py, a 5 ms probe thread).
+CHUNK = 200
+
+
+def send_chunks(conn: Connection, items: Sequence[Any]) -> None:
+    """`items` as a count of messages, then the messages of CHUNK items each."""
+    pieces = [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
+    conn.send(len(pieces))
+    for piece in pieces:
+        conn.send(piece)
+
+
+def recv_chunks(conn: Connection) -> list[Any]:
+    out: list[Any] = []
+    for _ in range(conn.recv()):
+        out.extend(conn.recv())
+    return out

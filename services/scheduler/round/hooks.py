@@ -1,0 +1,54 @@
+"""The round's hooks: what a plugin may offer the round, named by what it does, never by
+the plugin (the round names no plugin: tools/check_imports.py).
+
+- `LearnsModels`: an allocate plugin that fits its jobs' models as they run (Rubick's, from
+  the Brain): before a round the round hands it the jobs (under the scheduler's lock) and
+  lets it refresh outside the lock, records its model notes as PLAN events, and asks
+  whether a job's first start should run its profiling run.
+- `execution_plan`: the runtime's execution plan for the plan a target names
+  (`Target.plan`, Rubick's `Plan`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+from gearshift.common.rubick.plans import Plan, Zero
+from gearshift.scheduler.state.records import JobRecord, WorkerRecord
+from gearshift.v1 import common_pb2
+
+
+@runtime_checkable
+class LearnsModels(Protocol):
+    """An allocator that learns its jobs' models while they run (see the module docstring)."""
+
+    def prepare(
+        self, jobs: Sequence[JobRecord], workers: Sequence[WorkerRecord]
+    ) -> Callable[[float], None]:
+        """Under the scheduler's lock: copy what it needs of the jobs and workers; the
+        refresh it returns is called outside the lock with the round's time (RPCs)."""
+        ...
+
+    def new_notes(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """The model notes of these jobs that changed since last asked (their events)."""
+        ...
+
+    def wants_profile(self, job_id: str) -> bool:
+        """Whether the job's first start should run the profiling run its model needs."""
+        ...
+
+
+def execution_plan(
+    plan: Plan, current: common_pb2.ExecutionPlan | None = None
+) -> common_pb2.ExecutionPlan:
+    """The runtime's plan for Rubick's `plan` (threads per process kept from `current`);
+    ValueError for a plan the runtime cannot execute (TP, PP, ZeRO-DP)."""
+    if plan.tp > 1 or plan.pp > 1 or plan.zero is Zero.DP:
+        raise ValueError(f"the runtime cannot execute plan {plan.label}: TP, PP and ZeRO-DP")
+    out = common_pb2.ExecutionPlan()
+    if current is not None:
+        out.CopyFrom(current)
+    out.gradient_checkpointing = plan.gc
+    out.offload_optimizer = plan.zero is Zero.OFFLOAD
+    return out
