@@ -6,7 +6,7 @@
                          [--unplaceable] [--repeat N] [--json FILE]
 
 One trial: a fresh database on the Postgres server (created, then dropped), a real
-`gearshift-scheduler` process on it with elastic LAS (--policy las --elastic), short
+`gearshift-scheduler` process on it with its default profile (elastic LAS), short
 rounds and its Prometheus endpoint; --queued EST jobs submitted first; then
 --processes OS processes drive --workers simulated workers with the real workers API
 (RegisterWorker once, Heartbeat every second listing its tasks, register again when
