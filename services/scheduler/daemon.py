@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 import sqlalchemy as sa
 
@@ -81,12 +82,14 @@ def load_configuration(path: str) -> Loaded:
 def build(config: argparse.Namespace, loaded: Loaded | None = None) -> Daemon:
     loaded = loaded or load_configuration(config.config)
     settings = settings_of(loaded)
-    if settings.collocation != "none" and not settings.brain_address:
+    if settings.collocates and not settings.brain_address:
+        # Without the Brain's burst-parallel plans no job lends a device: the stage would
+        # only cost each round its walk over the jobs (and every first start a profile).
         log.warning(
-            "profile.collocate has no Brain (cluster.brainAddress): without burst-parallel "
-            "plans no device is lent",
+            "profile.collocate needs the Brain (cluster.brainAddress): collocation is off",
             extra={"plugin": settings.collocation},
         )
+        settings = replace(settings, collocation="none")
     sys.setswitchinterval(loaded.config.cluster.gil_switch_ms / 1000)
     url = open_database(config.database_url, migrate_first=config.migrate_on_start)
     try:
