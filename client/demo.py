@@ -1,6 +1,6 @@
 """`make demo` / `python -m gearshift.client.demo`: one job keeps its bits while devices shift.
 
-1. `gearshift up` in-process: Redis, Brain, shard manager, scheduler (EasyScale policy),
+1. `gearshift up` in-process: Redis, Brain, shard manager, scheduler (its default profile),
    two worker daemons (v100:2, t4:2 - CPU slots with those labels).
 2. The digits CNN with 4 ESTs, elastic on 1..4 devices, starts on all 4.
 3. A second job that needs 2 devices arrives: the scheduler shrinks the CNN to 2; when
