@@ -347,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="the scheduler's configuration file (gearshift config defaults prints one); "
         "default: the defaults (the union profile), with the dev cluster's 5 s rounds, 1 s "
-        "heartbeats and placements exempt from moves for two rounds",
+        "heartbeats and placements exempt from moves for 10 s",
     )
     up.add_argument(
         "--token",

@@ -1,6 +1,9 @@
 """`make demo` / `python -m gearshift.client.demo`: one job keeps its bits while devices shift.
 
-1. `gearshift up` in-process: Redis, Brain, shard manager, scheduler (its default profile),
+1. `gearshift up` in-process: Redis, Brain, shard manager, scheduler (EasyScale's greedy
+   allocator: it re-plans at every arrival and departure from the EST planner alone, so the
+   shifts show within a minute; the default profile's elastic LAS weighs measured
+   throughputs, and four CPU slots on a laptop's cores may measure no gain from a device),
    two worker daemons (v100:2, t4:2 - CPU slots with those labels).
 2. The digits CNN with 4 ESTs, elastic on 1..4 devices, starts on all 4.
 3. A second job that needs 2 devices arrives: the scheduler shrinks the CNN to 2; when
@@ -139,6 +142,7 @@ def run(run_dir: Path, steps: int, timeout: float) -> int:
     config = ClusterConfig(
         run_dir=run_dir, base_port=0, workers=parse_workers("v100:2,t4:2"), round_seconds=2.0,
         heartbeat_interval=0.5, heartbeat_timeout=5.0, log_level="warning",
+        scheduler={"profile": {"allocate": {"name": "easyscale"}}},
     )  # fmt: skip
     say("[1/5] starting the dev cluster: Redis, Brain, shard manager, scheduler, 2 workers")
     with DevCluster(config) as cluster, Client(cluster.address("scheduler")) as client:

@@ -185,7 +185,7 @@ class ClusterConfig:
     redis_url: str = ""
     # The scheduler's configuration file (kind: SchedulerConfiguration; None: the defaults).
     # The round and heartbeat lengths below are the dev cluster's (and a placement is exempt
-    # from moves for two rounds), laid under the file: the file wins where it sets them.
+    # from moves for 10 s or two rounds), laid under the file: the file wins where it sets them.
     # `scheduler` is laid over both (the file's keys, nested).
     scheduler_config: Path | None = None
     scheduler: Mapping[str, Any] = field(default_factory=dict)
@@ -218,6 +218,7 @@ def dashboard_installed() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("starlette", "uvicorn"))
 
 
+DEV_EXEMPT_SECONDS = 10.0
 CONFIG_MODULE = "gearshift.scheduler.config.cli"
 
 
@@ -340,9 +341,12 @@ class DevCluster:
                 raise ValidationError("--config", f"{c.scheduler_config}: {exc}") from None
             if not isinstance(user, Mapping):
                 raise ValidationError("--config", f"{c.scheduler_config}: not a mapping of keys")
-        # A placement is kept two rounds, not a minute: a dev cluster's jobs last minutes.
+        # A placement is kept 10 s (or two rounds), not a minute: a dev cluster's jobs last
+        # minutes, and a shorter keep lets LAS's time shares swap two jobs every few rounds,
+        # each swap a restart.
+        exempt = max(DEV_EXEMPT_SECONDS, 2 * c.round_seconds)
         dev = {
-            "round": {"seconds": c.round_seconds, "preemptExemptSeconds": 2 * c.round_seconds},
+            "round": {"seconds": c.round_seconds, "preemptExemptSeconds": exempt},
             "heartbeats": {
                 "intervalSeconds": c.heartbeat_interval,
                 "timeoutSeconds": c.heartbeat_timeout,

@@ -1,10 +1,11 @@
 """The default profile at work on a dev cluster (`gearshift up` with no scheduler file): the
 union of the papers, not one seed behind its switch.
 
-One cluster (two workers of one CPU slot each: a slot per core of a two-core host, so
-that a second device doubles a job's throughput and growing pays), 1 s rounds as a dev
-cluster runs them, the scheduler's defaults except the tenants' quota file (a tenants
-plugin needs its quotas):
+One cluster (two workers of one CPU slot each), 1 s rounds as a dev cluster runs them, the
+scheduler's defaults except the tenants' quota file (a tenants plugin needs its quotas).
+The jobs are the sleepy model (tests/e2e/plan_jobs.py: each EST's step sleeps 0.1 s), so
+that a second device doubles a job's measured throughput however busy the host is, and
+the elastic objective, which weighs measured throughputs, finds growing worth it:
 - an elastic job starts on both devices, shrinks when a second job arrives (the elastic
   LAS objective shares the cluster) and grows back when it ends (at the next
   recomputation of the allocation, 30 s apart), then ends with the digest of its fixed
@@ -27,11 +28,10 @@ import pytest
 from gearshift.client.devcluster import ClusterConfig, DevCluster
 from gearshift.client.sdk import Client
 from gearshift.v1 import common_pb2, scheduler_pb2
-from tests.e2e.test_resource_plans import brain_knows_it_succeeded
+from tests.e2e.test_resource_plans import REPO, brain_knows_it_succeeded, sleepy_spec
 from tests.e2e.worker_cluster import (
     READY_TIMEOUT,
     client_of,
-    digits_spec,
     reference,
     rendezvous_base,
 )
@@ -41,13 +41,18 @@ pytestmark = pytest.mark.slow
 
 C = common_pb2
 S = scheduler_pb2
-STEPS = 5000  # the elastic job: running still 30 s after it shrank (the next recomputation)
-SHORT = 150  # the job that makes it shrink
+STEPS = 600  # the elastic job (60-90 s): running still 30 s after it shrank
+SHORT = 40  # the job that makes it shrink: done within its 10 s placement (4 s of steps)
 WAIT = 400.0
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevCluster]:
+def cluster(
+    tmp_path: Path, postgres_db: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[DevCluster]:
+    # The training processes (and the reference run) import tests.e2e.plan_jobs.
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    monkeypatch.setenv("PYTHONPATH", path)
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text("tenants:\n  a:\n    quota: {cpu: 1}\n  b: {}\n")
     config = ClusterConfig(
@@ -98,16 +103,16 @@ def test_the_default_profile_is_the_union(
 ) -> None:
     base = tmp_path_factory.getbasetemp()
     shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "gs-ref"
-    ref = reference(shared, STEPS, ests=2)
+    ref = reference(shared, STEPS, ests=2, spec=sleepy_spec("reference", STEPS, ests=2))
     with client_of(cluster) as client:
         state = client.cluster()
         assert state.policy == "las (elastic)", state.policy  # the default objective
         # An elastic job shrinks for a newcomer and grows back when it leaves.
-        a = client.submit(digits_spec("a", STEPS, ests=2)).job_id
+        a = client.submit(sleepy_spec("a", STEPS, ests=2)).job_id
         for event in client.watch(a):
             if len(event.placement.processes) == 2:
                 break
-        b = client.submit(digits_spec("b", SHORT, ests=1)).job_id
+        b = client.submit(sleepy_spec("b", SHORT, ests=1)).job_id
         assert client.wait(b, timeout=WAIT).state == C.JOB_STATE_SUCCEEDED
         done = client.wait(a, timeout=WAIT)
         assert done.state == C.JOB_STATE_SUCCEEDED, done.message + cluster.log_tails()
@@ -117,7 +122,7 @@ def test_the_default_profile_is_the_union(
         # The same model again: its first plan comes from the history of the two that ended.
         for job_id in (a, b):
             wait_until(partial(brain_knows_it_succeeded, cluster, job_id), 30.0, job_id)
-        c = client.submit(digits_spec("c", SHORT * 4, ests=2)).job_id
+        c = client.submit(sleepy_spec("c", SHORT * 4, ests=2)).job_id
 
         def plans() -> list[str]:
             return [e.message for e in client.events(c) if e.type == S.JOB_EVENT_TYPE_PLAN]
@@ -131,10 +136,10 @@ def test_the_default_profile_is_the_union(
         for event in client.watch(c):
             if sum(len(p.est_ids) > 0 for p in event.placement.processes) == 2:
                 break
-        x_spec = digits_spec("x", SHORT, ests=1)
+        x_spec = sleepy_spec("x", SHORT, ests=1)
         x_spec.tenant = "b"
         x = client.submit(x_spec).job_id
-        g_spec = digits_spec("g", SHORT, ests=1)
+        g_spec = sleepy_spec("g", SHORT, ests=1)
         g_spec.tenant, g_spec.service_class = "a", C.SERVICE_CLASS_GUARANTEED
         g = client.submit(g_spec).job_id
         placed_g = first_placed(client, g)

@@ -60,10 +60,17 @@ def digits_spec(name: str, steps: int, *, ests: int = ESTS, min_devices: int = 1
 
 
 def reference_command(
-    directory: Path, steps: int, *, ests: int = ESTS, determinism: str = "D1"
+    directory: Path,
+    steps: int,
+    *,
+    ests: int = ESTS,
+    determinism: str = "D1",
+    spec: C.JobSpec | None = None,
 ) -> list[str]:
-    """`python -m gearshift.worker.run --spec` of the tests' job on a fixed N processes."""
-    spec = digits_spec("reference", steps, ests=ests)
+    """`python -m gearshift.worker.run --spec` of the tests' job (or `spec`) on a fixed N
+    processes."""
+    if spec is None:
+        spec = digits_spec("reference", steps, ests=ests)
     spec.determinism = C.DeterminismLevel.Value(f"DETERMINISM_LEVEL_{determinism}")
     spec_file = directory / "spec.json"
     spec_file.write_text(json_format.MessageToJson(spec))
@@ -81,12 +88,20 @@ class Reference:
 
 
 def reference(
-    shared_dir: Path, steps: int, *, ests: int = ESTS, determinism: str = "D1"
+    shared_dir: Path,
+    steps: int,
+    *,
+    ests: int = ESTS,
+    determinism: str = "D1",
+    spec: C.JobSpec | None = None,
 ) -> Reference:
-    """The fixed-placement run's digest and losses, computed once per session (file lock)."""
+    """The fixed-placement run's digest and losses (of the digits job, or of `spec` with
+    `ests` ESTs and `steps` steps), computed once per session (file lock)."""
     name = f"reference-{steps}" + (
         "" if (ests, determinism) == (ESTS, "D1") else f"-{ests}-{determinism}"
     )
+    if spec is not None:
+        name += "-" + spec.entrypoint.module.replace(".", "_")
     directory = shared_dir / name
     result = directory / "result.json"
     shared_dir.mkdir(parents=True, exist_ok=True)
@@ -95,7 +110,7 @@ def reference(
         if not result.exists():
             directory.mkdir(parents=True, exist_ok=True)
             run = subprocess.run(
-                reference_command(directory, steps, ests=ests, determinism=determinism),
+                reference_command(directory, steps, ests=ests, determinism=determinism, spec=spec),
                 check=False,
                 capture_output=True,
                 text=True,
