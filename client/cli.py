@@ -18,6 +18,7 @@ from gearshift.client import commands
 from gearshift.client.commands import EXIT_FAILED, EXIT_OK, EXIT_USAGE, run_command
 from gearshift.client.dashboard.options import add_options as add_dashboard_options
 from gearshift.client.devcluster import (
+    CONFIG_MODULE,
     DEFAULT_DASHBOARD,
     DEFAULT_WORKERS,
     ClusterConfig,
@@ -40,7 +41,6 @@ from gearshift.common.signals import wait_for_signal
 from gearshift.v1 import common_pb2
 
 SIMULATOR_MODULE = "gearshift.scheduler.sim.simulate"
-CONFIG_MODULE = "gearshift.scheduler.config.cli"
 
 
 def cmd_simulate(argv: Sequence[str]) -> int:
