@@ -12,14 +12,14 @@ from gearshift.client.render import as_dict, tenants_text
 from gearshift.common.rubick.model import A800, ForwardSample, Params, Workload
 from gearshift.common.rubick.perf import Mode, ModelPerf, PerfSource, Runtime
 from gearshift.common.rubick.plans import Plan, Zero
-from gearshift.scheduler.plugins.rubick.rubick_live import (
+from gearshift.scheduler.plugins.rubick.fits import (
     Fitted,
     JobFacts,
-    LiveRubick,
     model_note,
     original_plan,
     wants_profile,
 )
+from gearshift.scheduler.plugins.rubick.rubick_live import LiveRubick
 from gearshift.scheduler.plugins.rubick.tenants import Quotas
 from gearshift.scheduler.round.hooks import execution_plan
 from gearshift.scheduler.service import SchedulerSettings
