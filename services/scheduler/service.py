@@ -48,7 +48,11 @@ from gearshift.scheduler.plugins.dlrover.resource_plans import ProcessPlan, Reso
 from gearshift.scheduler.plugins.rubick.guarantees import Admission, Guarantees
 from gearshift.scheduler.plugins.rubick.rubick_live import LiveRubick
 from gearshift.scheduler.plugins.rubick.tenants import Quotas, TenantsFile
-from gearshift.scheduler.plugins.stages import allocator_for, collocator_for
+from gearshift.scheduler.plugins.stages import (
+    allocator_for,
+    collocator_for,
+    execution_plans_for,
+)
 from gearshift.scheduler.round.brain import BrainAdvisor
 from gearshift.scheduler.round.datasets import DatasetKeeper
 from gearshift.scheduler.round.decider import DecisionProcess
@@ -109,6 +113,7 @@ class Scheduler:
             observers=[metrics.round_finished],
             collocator=collocator_for(settings),
             decider=DecisionProcess(settings) if settings.decision_process else None,
+            execution_plans=execution_plans_for(settings, self.brain),
             plans=ResourcePlans(
                 self.brain.plan_resources, settings.plan_interval, clock, self._pool
             )

@@ -6,6 +6,7 @@ as an event."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,9 @@ from gearshift.common.channel import connect
 from gearshift.common.ports import free_port_in
 from gearshift.common.rubick.model import Config, ForwardSample, Params, Workload, iter_time
 from gearshift.common.rubick.plans import Plan, Resources, Zero
+from gearshift.scheduler.config.configuration import validate
+from gearshift.scheduler.config.settings import settings_of
+from gearshift.scheduler.plugins.rubick.plan_choice import RubickPlans
 from gearshift.scheduler.plugins.rubick.rubick_live import LiveRubick
 from gearshift.scheduler.round.brain import BrainAdvisor
 from gearshift.scheduler.service import SchedulerSettings
@@ -150,6 +154,47 @@ def test_a_fitted_model_changes_a_running_jobs_plan(
         report = scheduler.run_round()
         assert report.renewed == [job.job_id] and not report.rescaled
         assert len({r.task_id.rsplit(".", 1)[0] for r in agents.started}) == 2  # two starts
+    finally:
+        scheduler.stop()
+
+
+def test_the_default_profile_chooses_a_plan_beside_its_objective(brain: str) -> None:
+    """No configuration file: the elastic LAS objective gives the jobs their devices, and
+    Rubick's plan choice (profile.executionPlans) gives the job whose spec allows gradient
+    checkpointing GC on the workers' 4 GiB devices (its model key's fit says GC off does not
+    fit); the job whose spec allows nothing runs its own plan, and is not profiled."""
+    clock = Clock()
+    defaults = settings_of(validate({}))
+    assert defaults.execution_plans == "rubick"
+    settings = dataclasses.replace(defaults, heartbeat_timeout=1e9, decision_process=False)
+    store_profile(brain, "lm-default")
+    scheduler, agents = make_scheduler(settings, clock=clock, brain=BrainAdvisor(brain))
+    try:
+        assert isinstance(scheduler.rounds.execution_plans, RubickPlans)
+        device = C.DeviceGroup(accelerator_type="cpu", count=4, memory_bytes=4 << 30)
+        scheduler.register_worker("w1", "127.0.0.1:1001", "test", [device], [])
+        allows = job_spec("allows", 4, global_batch_size=64, model_type="lm-default")
+        allows.plan_dimensions.gradient_checkpointing = True
+        plain = job_spec("plain", 4, global_batch_size=64, model_type="lm-default")
+        with_gc, _ = scheduler.submit(allows, "")
+        without, _ = scheduler.submit(plain, "")
+        report = scheduler.run_round()
+        assert sorted(report.started) == sorted([with_gc.job_id, without.job_id])
+        starts = {r.job_id: r for r in agents.started}
+        assert starts[with_gc.job_id].plan.gradient_checkpointing
+        assert starts[with_gc.job_id].profile_rubick  # its own fit is still to come
+        assert not starts[without.job_id].plan.gradient_checkpointing
+        assert not starts[without.job_id].profile_rubick
+        assert scheduler.get(with_gc.job_id).plan.gradient_checkpointing
+        notes = [
+            e.message
+            for e in scheduler.store.events_after(with_gc.job_id, 0)
+            if e.type == S.JOB_EVENT_TYPE_PLAN and e.message.startswith("rubick")
+        ]
+        assert notes == ["rubick model: Eq. 1 fitted on 8 configurations of model lm-default"]
+        assert not any(
+            e.message.startswith("rubick") for e in scheduler.store.events_after(without.job_id, 0)
+        )
     finally:
         scheduler.stop()
 

@@ -40,6 +40,8 @@ def test_the_default_is_the_union() -> None:
     default = settings()
     assert (default.policy, default.elastic) == ("las", True)  # an elastic objective
     assert default.collocation == "deeppool"  # DeepPool's collocation on idle devices
+    assert default.execution_plans == "rubick"  # Rubick's plan choice where a spec allows it
+    assert (default.plan_min_gain, default.plan_profile) == (0.05, True)
     assert default.resource_plans and default.plan_interval == 60.0  # DLRover's plans
     assert default.tenants_file == ""  # guarantees, once tenants are configured
     assert default.stragglers.reports == 3
@@ -76,6 +78,17 @@ def test_plugin_arguments_reach_the_settings() -> None:
     assert not rigid.elastic and not rigid.recompute_in_background
 
 
+def test_rubicks_plan_choice_is_on_by_default_and_can_be_off() -> None:
+    args = {"minGain": 0.2, "profile": False}
+    tuned = settings(profile(executionPlans={"name": "rubick", "args": args}))
+    assert tuned.execution_plans == "rubick"
+    assert (tuned.plan_min_gain, tuned.plan_profile) == (0.2, False)
+    assert settings(profile(executionPlans={"name": "none"})).execution_plans == "none"
+    # Rubick's allocators choose each job's plan themselves: the stage stays off beside them.
+    assert settings(profile(allocate={"name": "rubick"})).execution_plans == "none"
+    assert "executionPlans:\n    name: rubick" in render_defaults()
+
+
 def test_the_registry_names_every_allocator_once() -> None:
     allocators = names(Point.ALLOCATE)
     assert len(allocators) == len(set(allocators))
@@ -86,7 +99,7 @@ def test_the_registry_names_every_allocator_once() -> None:
     )
     listing = render_plugins()
     for point in Point:
-        assert f"{point.value}:" in listing
+        assert f"{point.key}:" in listing
     assert "### `deeppool`" in render_plugins(markdown=True)
 
 
@@ -156,6 +169,14 @@ round:
         (
             "round:\n  decisionProcess: true\nprofile:\n  tenants:\n    args: {file: t.yaml}\n",
             ["2: round.decisionProcess: true: profile.tenants guarantees cannot run in the"],
+        ),
+        (
+            "profile:\n  allocate: {name: rubick}\n  executionPlans: {name: rubick}\n",
+            ["3: profile.executionPlans.name: rubick cannot choose plans beside profile.allocate"],
+        ),
+        (
+            "profile:\n  executionPlans:\n    args: {minGain: -1}\n",
+            ["3: profile.executionPlans.args.minGain: Input should be greater than or equal"],
         ),
         ("round: [1, 2\n", ["(yaml)"]),
         ("- 1\n", ["(top): must be a mapping"]),

@@ -64,7 +64,7 @@ def _plugin_lines(point: Point, name: str, indent: str) -> Iterator[str]:
     yield from _comment(f"{info.description}: {found.doc}", indent)
     if others:
         yield from _comment("other plugins: " + ", ".join(others), indent)
-    yield f"{indent}{point.value}:"
+    yield f"{indent}{point.key}:"
     yield f"{indent}  name: {name}"
     defaults = found.args()
     if not found.args.model_fields:
@@ -121,7 +121,7 @@ def render_plugins(markdown: bool = False) -> str:
             "",
         ]
     for point in Point:
-        out += [f"## {point.value}", ""] if markdown else [f"{point.value}:"]
+        out += [f"## {point.key}", ""] if markdown else [f"{point.key}:"]
         for found in plugins(point):
             can = ", ".join(sorted(found.can(found.args()))) or "-"
             if markdown:
@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigurationError as exc:
             print(f"gearshift config: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        points = ", ".join(f"{p.value} {loaded.name(p)}" for p in Point)
+        points = ", ".join(f"{p.key} {loaded.name(p)}" for p in Point)
         print(f"{args.file}: valid ({points})")
     return EXIT_OK
 

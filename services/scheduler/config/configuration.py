@@ -175,6 +175,7 @@ DEFAULT_PLUGINS: dict[Point, str] = {
     Point.ALLOCATE: "las",  # Gavel's objective, elastic over EasyScale's ESTs
     Point.COLLOCATE: "deeppool",
     Point.PLACE: "consolidate",
+    Point.EXECUTION_PLANS: "rubick",  # Rubick's plan choice, for jobs that allow plans
     Point.PLANS: "dlrover",
     Point.TENANTS: "guarantees",  # Rubick's guaranteed jobs, once tenants have quotas
     Point.STRAGGLERS: "stragglers",
@@ -192,6 +193,11 @@ class Profile(Section):
         description="which waiting job runs beside another on a device",
     )
     place: PluginRef = Field(default_factory=PluginRef, description="which workers and devices")
+    execution_plans: PluginRef = Field(
+        default_factory=PluginRef,
+        description="each job's execution plan on the devices it got (gradient "
+        "checkpointing, optimizer offload), where its spec allows one",
+    )
     plans: PluginRef = Field(
         default_factory=PluginRef, description="each job's processes and resources, from history"
     )
@@ -370,12 +376,20 @@ def _compatibility(loaded: Loaded, lines: Mapping[Loc, int]) -> list[Problem]:
             )
             problem(
                 ("round", "decisionProcess"),
-                f"true: profile.{point.value} {name} cannot run in the decision process "
+                f"true: profile.{point.key} {name} cannot run in the decision process "
                 f"({why}); set decisionProcess: auto or false",
             )
     allocate = loaded.can(Point.ALLOCATE)
     if Can.ADMITS_TENANTS in allocate and loaded.name(Point.TENANTS) not in ("guarantees",):
         problem(("profile", "tenants", "name"), "Rubick's allocators admit tenants themselves")
+    execution = loaded.config.profile.execution_plans.name
+    if Can.CHOOSES_PLANS in allocate and execution not in (None, "none"):
+        problem(
+            ("profile", "executionPlans", "name"),
+            f"{execution} cannot choose plans beside profile.allocate "
+            f"{loaded.name(Point.ALLOCATE)}, which chooses each job's plan itself: set "
+            "executionPlans to none or leave it out",
+        )
     if Can.SPACE_SHARING in allocate and loaded.name(Point.COLLOCATE) != "none":
         problem(
             ("profile", "collocate", "name"),
@@ -405,13 +419,13 @@ def validate(data: Any, source: str = "<configuration>", text: str = "") -> Load
     args: dict[Point, Args] = {}
     for point, name, written in config.profile.refs():
         found = plugin(point, name)
-        loc: Loc = ("profile", point.value)
+        loc: Loc = ("profile", point.key)
         if found is None:
             problems.append(
                 Problem(
                     _dotted((*loc, "name")),
                     _line_of(lines, (*loc, "name")),
-                    f"unknown {point.value} plugin {name!r}; one of: " + ", ".join(names(point)),
+                    f"unknown {point.key} plugin {name!r}; one of: " + ", ".join(names(point)),
                 )
             )
             continue

@@ -19,6 +19,7 @@ from gearshift.scheduler.plugins.registry import (
     HierarchicalArgs,
     ObjectiveArgs,
     Point,
+    RubickPlansArgs,
     StragglerArgs,
 )
 from gearshift.scheduler.state.state import SchedulerSettings
@@ -31,6 +32,10 @@ def settings_of(loaded: Loaded) -> SchedulerSettings:
     objective = allocate if isinstance(allocate, ObjectiveArgs) else None
     collocate = loaded.plugin_args(Point.COLLOCATE)
     plans = loaded.plugin_args(Point.PLANS)
+    execution = loaded.plugin_args(Point.EXECUTION_PLANS)
+    # An allocator that chooses plans itself (Rubick's) leaves the stage off.
+    chooses = Can.CHOOSES_PLANS in loaded.can(Point.ALLOCATE)
+    rubick_plans = execution if isinstance(execution, RubickPlansArgs) else RubickPlansArgs()
     tenants = loaded.plugin_args(Point.TENANTS)
     stragglers = loaded.plugin_args(Point.STRAGGLERS)
     assert isinstance(stragglers, StragglerArgs)
@@ -69,6 +74,11 @@ def settings_of(loaded: Loaded) -> SchedulerSettings:
         amp_limit=deeppool.amp_limit,
         min_idle=deeppool.min_idle,
         max_foreground_slowdown=deeppool.max_foreground_slowdown,
+        execution_plans="none"
+        if chooses or Can.OFF in loaded.can(Point.EXECUTION_PLANS)
+        else loaded.name(Point.EXECUTION_PLANS),
+        plan_min_gain=rubick_plans.min_gain,
+        plan_profile=rubick_plans.profile,
         resource_plans=isinstance(plans, DlroverArgs),
         plan_interval=plans.interval_seconds if isinstance(plans, DlroverArgs) else 0.0,
         tenants_file=tenants.file if isinstance(tenants, GuaranteesArgs) else "",

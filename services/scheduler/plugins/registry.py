@@ -1,10 +1,10 @@
 """One registry of the scheduler's plugins: what fills each extension point of a round.
 
 As in the Kubernetes scheduler framework, a round is a cycle of named extension points
-(allocate, collocate, place, plans, tenants, stragglers) and each point is filled by one
-plugin of the profile. Every plugin registers once, here: its name, the class of its typed
-arguments (pydantic, so that the configuration file is validated by the same class the
-docs are generated from), what it can do, and the factory that builds it. The daemon, the
+(allocate, collocate, place, executionPlans, plans, tenants, stragglers) and each point is
+filled by one plugin of the profile. Every plugin registers once, here: its name, the class
+of its typed arguments (pydantic, so that the configuration file is validated by the same
+class the docs are generated from), what it can do, and the factory that builds it. The daemon, the
 decision process and the simulator ask this registry, and only this registry, what a name
 means: no module outside a plugin tests a policy's name.
 """
@@ -22,6 +22,7 @@ from pydantic.alias_generators import to_camel
 from gearshift.scheduler.plugins.allocators import make_allocator
 from gearshift.scheduler.plugins.deeppool.collocation import Multiplexing
 from gearshift.scheduler.plugins.gavel.policies import describe, policy_names, traits
+from gearshift.scheduler.plugins.rubick.plan_choice import make_rubick_plans
 from gearshift.scheduler.plugins.rubick.rubick_live import make_live_rubick
 
 
@@ -31,9 +32,15 @@ class Point(StrEnum):
     ALLOCATE = "allocate"
     COLLOCATE = "collocate"
     PLACE = "place"
+    EXECUTION_PLANS = "execution_plans"
     PLANS = "plans"
     TENANTS = "tenants"
     STRAGGLERS = "stragglers"
+
+    @property
+    def key(self) -> str:
+        """The point's key in the configuration file (camelCase)."""
+        return to_camel(self.value)
 
 
 class Can(StrEnum):
@@ -44,6 +51,7 @@ class Can(StrEnum):
     NEEDS_BRAIN = "needs-brain"  # asks the Brain (fitted models, plans, profiles)
     DECISION_PROCESS = "decision-process"  # can decide in the scheduler's child process
     ADMITS_TENANTS = "admits-tenants"  # admits guaranteed jobs against quotas itself
+    CHOOSES_PLANS = "chooses-plans"  # chooses each job's execution plan itself
     OFF = "off"  # the point does nothing
 
 
@@ -142,6 +150,26 @@ class DeepPoolArgs(Args):
     )
 
 
+class RubickPlansArgs(Args):
+    """Rubick's plan choice beside the objective: for a job whose spec allows plan
+    dimensions (gradient checkpointing, optimizer offload), the execution plan on the
+    devices the objective chose that the Brain's fitted Rubick model predicts fastest among
+    those that fit in memory; jobs that allow none keep their own plan."""
+
+    min_gain: float = Field(
+        0.05,
+        ge=0,
+        description="a running job kept on its devices restarts with another plan only when "
+        "the model predicts it this much faster (a fraction); a job started or moved takes "
+        "the fastest plan",
+    )
+    profile: bool = Field(
+        True,
+        description="a job that allows a plan dimension and has no fit of its own runs "
+        "Rubick's profiling run at its first placement, so that its own fit follows",
+    )
+
+
 class DlroverArgs(Args):
     """DLRover's resource plans: the initial plan from similar jobs' history, then adjusted."""
 
@@ -198,7 +226,8 @@ class Plugin:
     refuse: Callable[[Any], str | None] = lambda args: None
     tags: tuple[str, ...] = field(default=())  # the seed paper(s) it comes from
     # allocate: (settings, quotas or None, Brain) -> the Allocator; collocate: (settings) ->
-    # the Collocator (gearshift.scheduler.plugins.stages builds both)
+    # the Collocator; executionPlans: (settings, Brain) -> the stage
+    # (gearshift.scheduler.plugins.stages builds them)
     build: Callable[..., Any] | None = None
 
 
@@ -333,7 +362,9 @@ def _register_allocators() -> None:
                 name,
                 Point.ALLOCATE,
                 doc,
-                can=lambda a: frozenset({Can.ELASTIC, Can.NEEDS_BRAIN, Can.ADMITS_TENANTS}),
+                can=lambda a: frozenset(
+                    {Can.ELASTIC, Can.NEEDS_BRAIN, Can.ADMITS_TENANTS, Can.CHOOSES_PLANS}
+                ),
                 tags=("rubick",),
                 build=_build_rubick,
             )
@@ -365,6 +396,25 @@ def _register_stages() -> None:
             "devices allow, a running job kept where it is when it can (lease renewal)",
             can=lambda a: frozenset({Can.DECISION_PROCESS}),
             tags=("gavel",),
+        )
+    )
+    register(
+        _off(
+            Point.EXECUTION_PLANS,
+            "no plan choice: a job runs its own execution plan unless the allocator chooses one",
+        )
+    )
+    register(
+        Plugin(
+            "rubick",
+            Point.EXECUTION_PLANS,
+            RubickPlansArgs.__doc__ or "",
+            RubickPlansArgs,
+            can=lambda a: frozenset({Can.NEEDS_BRAIN, Can.CHOOSES_PLANS}),
+            tags=("rubick",),
+            build=lambda s, brain: make_rubick_plans(
+                brain, min_gain=s.plan_min_gain, profile=s.plan_profile
+            ),
         )
     )
     register(_off(Point.PLANS, "no resource plans: every job runs on its spec's defaults"))

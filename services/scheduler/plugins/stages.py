@@ -1,6 +1,6 @@
-"""The allocate and collocate stages the scheduler's settings name, built from the plugin
-registry (gearshift.scheduler.plugins.registry): by the scheduler, and by the decision process
-(decider.py) for its own copy."""
+"""The allocate, collocate and execution-plans stages the scheduler's settings name, built
+from the plugin registry (gearshift.scheduler.plugins.registry): by the scheduler, and (the
+first two) by the decision process (decider.py) for its own copy."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from gearshift.scheduler.plugins.registry import Can, Point, capabilities, plugi
 from gearshift.scheduler.plugins.rubick.guarantees import Guarantees
 from gearshift.scheduler.plugins.rubick.tenants import TenantsFile
 from gearshift.scheduler.round.brain import BrainAdvisor
+from gearshift.scheduler.round.hooks import ChoosesPlans
 from gearshift.scheduler.state.state import SchedulerSettings
 from gearshift.scheduler.types import Allocator, Collocator
 
@@ -19,6 +20,16 @@ def collocator_for(settings: SchedulerSettings) -> Collocator | None:
         return None
     collocator: Collocator = found.build(settings)
     return collocator
+
+
+def execution_plans_for(settings: SchedulerSettings, brain: BrainAdvisor) -> ChoosesPlans | None:
+    """The execution-plans stage the settings name (profile.executionPlans); None when off
+    or without a Brain (its fits come from there)."""
+    found = plugin(Point.EXECUTION_PLANS, settings.execution_plans)
+    if found is None or found.build is None or not brain.address:
+        return None
+    stage: ChoosesPlans = found.build(settings, brain)
+    return stage
 
 
 def allocator_for(

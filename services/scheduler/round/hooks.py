@@ -1,27 +1,32 @@
 """The round's hooks: what a plugin may offer the round, named by what it does, never by
 the plugin (the round names no plugin: tools/check_imports.py).
 
-- `LearnsModels`: an allocate plugin that fits its jobs' models as they run (Rubick's, from
-  the Brain): before a round the round hands it the jobs (under the scheduler's lock) and
-  lets it refresh outside the lock, records its model notes as PLAN events, and asks
-  whether a job's first start should run its profiling run.
+- `LearnsModels`: a plugin that fits its jobs' models as they run (Rubick's, from the
+  Brain; the allocator, or the execution-plans stage): before a round the round hands it
+  the jobs (under the scheduler's lock) and lets it refresh outside the lock, records its
+  model notes as PLAN events, and asks whether a job's first start should run its
+  profiling run.
+- `ChoosesPlans`: the execution-plans stage (profile.executionPlans), after the decision:
+  given the targets and the devices the decision placed them on, it returns the targets
+  with the execution plan each job should run there (`Target.plan`).
 - `execution_plan`: the runtime's execution plan for the plan a target names
   (`Target.plan`, Rubick's `Plan`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from gearshift.common.rubick.plans import Plan, Zero
 from gearshift.scheduler.state.records import JobRecord, WorkerRecord
+from gearshift.scheduler.types import Device, Target
 from gearshift.v1 import common_pb2
 
 
 @runtime_checkable
 class LearnsModels(Protocol):
-    """An allocator that learns its jobs' models while they run (see the module docstring)."""
+    """A plugin that learns its jobs' models while they run (see the module docstring)."""
 
     def prepare(
         self, jobs: Sequence[JobRecord], workers: Sequence[WorkerRecord]
@@ -36,6 +41,21 @@ class LearnsModels(Protocol):
 
     def wants_profile(self, job_id: str) -> bool:
         """Whether the job's first start should run the profiling run its model needs."""
+        ...
+
+
+@runtime_checkable
+class ChoosesPlans(LearnsModels, Protocol):
+    """The execution-plans stage (see the module docstring)."""
+
+    def choose(
+        self,
+        targets: Mapping[str, Target],
+        desired: Mapping[str, Sequence[tuple[Device, int]]],
+        current: Mapping[str, Sequence[tuple[Device, int]]],
+    ) -> dict[str, Target]:
+        """The targets, each job's plan chosen on its `desired` devices (`current`: where
+        the running jobs are now)."""
         ...
 
 

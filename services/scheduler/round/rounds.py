@@ -40,7 +40,7 @@ from gearshift.scheduler.plugins.dlrover.ps_jobs import describe as ps_describe
 from gearshift.scheduler.plugins.dlrover.resource_plans import PlanAsk, ResourcePlans, describe
 from gearshift.scheduler.round.decider import Decider, InProcess
 from gearshift.scheduler.round.estimates import EstimateRequest, Estimates
-from gearshift.scheduler.round.hooks import LearnsModels, execution_plan
+from gearshift.scheduler.round.hooks import ChoosesPlans, LearnsModels, execution_plan
 from gearshift.scheduler.round.placement import count_by_type, workers_of
 from gearshift.scheduler.round.reconcile import Change, diff, hold_back
 from gearshift.scheduler.round.task_control import StartRequests, TaskControl
@@ -187,11 +187,13 @@ class Rounds:
         plans: ResourcePlans | None = None,
         ps_plans: PsPlans | None = None,
         decider: Decider | None = None,
+        execution_plans: ChoosesPlans | None = None,
     ) -> None:
         self.state = state
         self.plans = plans
         self.ps_plans = ps_plans  # parameter-server jobs' plans (ps_jobs.py)
         self.collocator = collocator
+        self.execution_plans = execution_plans  # profile.executionPlans, after the decision
         self.control = control
         self.registry = registry
         self.estimates = estimates
@@ -321,16 +323,16 @@ class Rounds:
                     else []
                 )
                 ps_asks = ps_asks_of(state, jobs) if self.ps_plans is not None else []
-                learns = self.allocator if isinstance(self.allocator, LearnsModels) else None
-                learn = learns.prepare(jobs, list(state.workers.values())) if learns else None
+                learners = self._learners()
+                learn = [x.prepare(jobs, list(state.workers.values())) for x in learners]
             lap = report.lap("asks", lap, time.perf_counter())
             self.estimates.refresh(self.estimates.due(asks, types, now), types, now)
             if self.plans is not None:
                 self.plans.refresh(plan_asks)
             if self.ps_plans is not None:
                 self.ps_plans.refresh(ps_asks)
-            if learn is not None:  # the Brain's fitted models, outside the lock
-                learn(now)
+            for refresh in learn:  # the Brain's fitted models, outside the lock
+                refresh(now)
             lap = report.lap("estimates", lap, time.perf_counter())
             gathered = self.gather(now)
             self._lift_caps(gathered)
@@ -338,11 +340,13 @@ class Rounds:
             snapshot, current = self._snapshot(now, gathered)  # estimates: outside the lock
             lap = report.lap("snapshot", lap, time.perf_counter())
             targets, desired = self.decider.decide(snapshot, current)
+            if self.execution_plans is not None:
+                targets = self.execution_plans.choose(targets, desired, current)
             lap = report.lap("decide", lap, time.perf_counter())
             with state.store.locked_batch(state.lock):
                 report.desired = desired
                 self._plans = self._new_plans(targets)
-                if learns is not None:  # which model each job's plans come from, when it changes
+                for learns in learners:  # which model each job's plans come from, when it changes
                     self._model_notes(learns, [j.job_id for j in jobs])
                 moves = self._reconcile(desired, current, report)
                 self._collocations(targets, desired)
@@ -609,7 +613,8 @@ class Rounds:
         self._collocated = set(roles)
 
     def _new_plans(self, targets: Mapping[str, Target]) -> dict[str, common_pb2.ExecutionPlan]:
-        """The execution plans the allocator chose (Rubick) that differ from the jobs' own
+        """The execution plans the allocator or the execution-plans stage chose (Rubick) that
+        differ from the jobs' own
         (under the lock): a start runs them, and a running job whose plan alone changed is
         restarted on the same devices (the policy weighed the restart: its 0.97 rule)."""
         out: dict[str, common_pb2.ExecutionPlan] = {}
@@ -621,6 +626,11 @@ class Rounds:
             if plan != job.plan:
                 out[job_id] = plan
         return out
+
+    def _learners(self) -> list[LearnsModels]:
+        """The plugins that fit their jobs' models as they run (round/hooks.py)."""
+        found = [self.allocator, self.execution_plans]
+        return [x for x in found if isinstance(x, LearnsModels)]
 
     def _model_notes(self, learns: LearnsModels, job_ids: list[str]) -> None:
         """Record, as a PLAN event, the Rubick model a job's plans now come from (under
@@ -795,9 +805,8 @@ class Rounds:
                 and job.generation == 0
                 and self.estimates.burst(job.job_id) is None
             )
-            learns = self.allocator if isinstance(self.allocator, LearnsModels) else None
-            profile_rubick = (  # Rubick: its rank 0 measures the runs its model needs
-                learns is not None and job.generation == 0 and learns.wants_profile(job.job_id)
+            profile_rubick = job.generation == 0 and any(  # its rank 0 measures its model's runs
+                x.wants_profile(job.job_id) for x in self._learners()
             )
             resources = self.plans.plan(job.job_id) if self.plans is not None else None
             placement, tasks, requests = self.control.prepare_start(

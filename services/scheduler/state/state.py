@@ -91,6 +91,9 @@ class SchedulerSettings:
     min_idle: float = 0.1  # deeppool: least idle share of a lending job's devices
     max_foreground_slowdown: float = 0.2  # deeppool: the worker's pause bound
     tenants_file: str = ""  # tenants' quotas for guaranteed jobs (empty: none)
+    execution_plans: str = "none"  # the execution-plans stage: none or rubick
+    plan_min_gain: float = 0.05  # rubick plans: least predicted gain that restarts a kept job
+    plan_profile: bool = True  # rubick plans: profile a job without a fit at its first start
     resource_plans: bool = True  # DLRover's plans from the Brain (profile.plans: dlrover)
     plan_interval: float = 60.0  # seconds between a running job's resource-plan adjustments
     stragglers: StragglerPolicy = field(default_factory=StragglerPolicy)
