@@ -39,6 +39,17 @@ from gearshift.common.facts import DETERMINISM_PREFIX
 from gearshift.common.jobspec import validate_job_spec
 from gearshift.v1 import common_pb2
 
+# The keys of a job file that are no JobSpec field (docs/reference/jobspec.md lists them).
+FILE_KEYS: dict[str, str] = {
+    "working_dir": "a folder of your own code, packaged whole but for what its .gitignore "
+    "excludes; the entrypoint's module is found in it. Relative to the job file; not with "
+    "entrypoint.path",
+    "entrypoint.path": "one .py file of your own code (entrypoint.module: its name), or a "
+    "folder (entrypoint.module required). Relative to the job file",
+    "entrypoint.config": "a mapping, passed to the job's build(config); sent as "
+    "entrypoint.config_json",
+}
+
 # Short enum names accepted in YAML -> the proto enum's prefix.
 _ENUMS: dict[str, tuple[str, Any]] = {
     "determinism": (DETERMINISM_PREFIX, common_pb2.DeterminismLevel),

@@ -75,10 +75,15 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The dashboard's own command line (also walked by docs/reference/cli.md)."""
     parser = argparse.ArgumentParser(
         prog="python -m gearshift.client.dashboard",
         description="Web pages of Gearshift's jobs and cluster (as `gearshift dashboard`).",
     )
     add_options(parser)
-    return serve(parser.parse_args(argv))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return serve(build_parser().parse_args(argv))

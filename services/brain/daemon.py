@@ -92,10 +92,15 @@ def build(config: argparse.Namespace) -> Daemon:
     )
 
 
-def _load_references_main(argv: Sequence[str]) -> int:
+def load_references_parser() -> argparse.ArgumentParser:
+    """`gearshift-brain load-references FILE`'s command line."""
     parser = build_parser(f"{PROG} load-references", DESCRIPTION, tool_options(DEFAULT_DATABASE))
     parser.add_argument("file", help="Gavel-format throughputs JSON")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _load_references_main(argv: Sequence[str]) -> int:
+    args = load_references_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
     try:
         engine = create_engine(open_database(args.database_url, migrate_first=False))

@@ -7,6 +7,7 @@ Imports SQLAlchemy, so only services (never the client) import this module.
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import sys
 import uuid
@@ -250,9 +251,14 @@ def open_database(url: str, *, migrate_first: bool) -> str:
     return rendered
 
 
+def migrate_parser(prog: str, description: str, default_url: str) -> argparse.ArgumentParser:
+    """`<daemon> migrate`'s command line."""
+    return build_parser(f"{prog} migrate", description, tool_options(default_url))
+
+
 def migrate_main(prog: str, description: str, argv: Sequence[str], default_url: str) -> int:
     """`<daemon> migrate [--database-url URL]`: upgrade the schema to head and exit."""
-    args = build_parser(f"{prog} migrate", description, tool_options(default_url)).parse_args(argv)
+    args = migrate_parser(prog, description, default_url).parse_args(argv)
     configure_logging(args.log_level, args.log_format)
     try:
         url = open_database(args.database_url, migrate_first=True)

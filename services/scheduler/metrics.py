@@ -123,6 +123,11 @@ class _ClusterCollector(Collector):
         cluster, job_counts = self.source
         yield from cluster_metrics(cluster(), job_counts())
 
+    def describe(self) -> Iterator[Metric]:
+        """The families without values: the registry checks their names against the other
+        metrics', and docs/reference/metrics.md lists them, before any scrape."""
+        yield from cluster_metrics(scheduler_pb2.ClusterState(), {})
+
 
 _COLLECTOR = _ClusterCollector()
 prometheus_client.REGISTRY.register(_COLLECTOR)

@@ -36,6 +36,8 @@ from gearshift.v1 import shardmanager_pb2, shardmanager_pb2_grpc
 
 log = logging.getLogger("gearshift.shardmanager")
 
+PROG = "gearshift-shardmanager"
+DESCRIPTION = "Gearshift shard manager: dynamic and deterministic data sharding over gRPC."
 DEFAULT_PORT = 50053
 OPTIONS = [
     *server_options(DEFAULT_PORT),
@@ -105,10 +107,4 @@ def build(config: argparse.Namespace) -> Daemon:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_daemon(
-        "gearshift-shardmanager",
-        "Gearshift shard manager: dynamic and deterministic data sharding over gRPC.",
-        OPTIONS,
-        build,
-        argv,
-    )
+    return run_daemon(PROG, DESCRIPTION, OPTIONS, build, argv)
