@@ -3,7 +3,7 @@
 # make test   create .venv if needed, install, run the whole test suite
 # make lint   ruff, mypy and the import rule
 # make protos regenerate the Python code of protos/gearshift/v1/*.proto
-# make reference regenerate docs/reference/ from the code (the scheduler's plugins and file)
+# make reference regenerate docs/reference/ from the code (CLI, job spec, RPCs, metrics, scheduler)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -46,8 +46,7 @@ protos: $(STAMP)
 	$(PY) tools/gen_protos.py
 
 reference: $(STAMP)
-	$(PY) -m gearshift.scheduler.config.cli plugins --markdown > docs/reference/scheduler-plugins.md
-	$(PY) -m gearshift.scheduler.config.cli defaults > docs/reference/scheduler.yaml
+	$(PY) -m tools.reference
 
 clean:
 	rm -rf .typecheck .gearshift .pytest_cache .mypy_cache .ruff_cache build *.egg-info
