@@ -72,3 +72,21 @@ def test_an_element_without_a_comment_is_shown_and_counted() -> None:
     assert rpcs.comment("gearshift.v1.NoSuchMessage.field") == rpcs.NO_COMMENT
     count = len(rpcs.undocumented())
     assert f"Elements without a comment: {count}." in rendered("rpcs.md")
+
+
+def test_every_gearshift_metric_of_the_daemons_is_on_the_metrics_page() -> None:
+    """A metric defined outside the modules metrics.MODULES names would be left off."""
+    import prometheus_client
+
+    from tools.reference import cli, metrics
+
+    assert cli.programs()  # every daemon's modules imported, and with them their metrics
+    documented = {
+        name for module in metrics.MODULES.values() for name, *_ in metrics.metrics(module)
+    }
+    registered = {
+        family.name
+        for family in prometheus_client.REGISTRY.collect()
+        if family.name.startswith("gearshift_")
+    }
+    assert registered <= documented, f"not on metrics.md: {sorted(registered - documented)}"

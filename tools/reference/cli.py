@@ -112,6 +112,8 @@ def _help(action: argparse.Action, prog: str) -> str:
 
 def _default(action: argparse.Action) -> str:
     value = action.default
+    if isinstance(action, argparse.BooleanOptionalAction) and isinstance(value, bool):
+        return code(str(value).lower())  # --x / --no-x: which one holds without either
     if value is None or value is argparse.SUPPRESS or action.nargs == 0:
         return ""
     if "%(default)." in (action.help or ""):  # "%(default).0s": a secret's value is hidden
