@@ -114,6 +114,7 @@ def jobs_table(jobs: Sequence[scheduler_pb2.Job]) -> str:
             job.job_id,
             job.spec.name,
             state_name(job.state),
+            f"#{job.queue_position}" if job.queue_position else "-",
             step_text(job.progress),
             devices_by_type(job.placement),
             ests_per_device(job.placement),
@@ -122,7 +123,7 @@ def jobs_table(jobs: Sequence[scheduler_pb2.Job]) -> str:
         )
         for job in jobs
     ]
-    header = ("ID", "NAME", "STATE", "STEP", "DEVICES", "ESTS/DEVICE", "SAMPLES/S", "AGE")
+    header = ("ID", "NAME", "STATE", "QUEUE", "STEP", "DEVICES", "ESTS/DEVICE", "SAMPLES/S", "AGE")
     return table(rows, header)
 
 
@@ -146,6 +147,20 @@ def ps_job_text(ps: common_pb2.ParameterServerSpec) -> str:
     )
 
 
+def why_line(job: scheduler_pb2.Job, now: float | None = None) -> str:
+    """The `why:` line: the round's reason, since when, the queue position and the
+    estimated start of a waiting job."""
+    now = time.time() if now is None else now
+    reason = job.reason
+    parts = [f"why:        {reason.message} (since {age(reason.since, now)} ago"]
+    if job.queue_position:
+        parts.append(f"; queue position {job.queue_position}")
+    if reason.estimated_start:
+        left = reason.estimated_start - now
+        parts.append("; estimated start " + (f"in {age(now - left, now)}" if left > 0 else "now"))
+    return "".join(parts) + ")"
+
+
 def job_details(job: scheduler_pb2.Job) -> str:
     spec = job.spec
     ps = spec.HasField("parameter_server")
@@ -157,6 +172,7 @@ def job_details(job: scheduler_pb2.Job) -> str:
         f"name        {spec.name}  (tenant {spec.tenant or 'default'}, "
         f"{'guaranteed' if spec.service_class == GUARANTEED else 'best-effort'})",
         f"state       {state_name(job.state)}" + (f": {job.message}" if job.message else ""),
+        *([why_line(job)] if job.HasField("reason") else []),
         f"entrypoint  {spec.entrypoint.module} {spec.entrypoint.config_json or '{}'}",
         f"ests        {spec.num_ests}  global batch {spec.global_batch_size}  {length}",
         f"progress    step {step_text(job.progress)}  epoch {job.progress.epoch}  "

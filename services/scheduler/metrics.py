@@ -15,6 +15,7 @@ import prometheus_client
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gearshift.scheduler.round.why import CODES
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 ROUND_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -40,6 +41,12 @@ STARTS = prometheus_client.Counter(
 PREEMPTIONS = prometheus_client.Counter(
     "gearshift_scheduler_preemptions", "Running jobs sent back to the queue by a round"
 )
+PENDING = prometheus_client.Gauge(
+    "gearshift_jobs_pending",
+    "Queued jobs by the reason the last round gave for their wait (a preempted job's: "
+    "preempted, while it waits)",
+    ["reason"],
+)
 LOST_WORKERS = prometheus_client.Counter(
     "gearshift_scheduler_workers_lost", "Workers declared lost (missed heartbeats)"
 )
@@ -58,6 +65,8 @@ class RoundOutcome(Protocol):
     def lost_workers(self) -> list[str]: ...
     @property
     def phases(self) -> dict[str, float]: ...
+    @property
+    def pending(self) -> Mapping[str, int]: ...
 
 
 def round_finished(report: RoundOutcome, seconds: float) -> None:
@@ -69,6 +78,14 @@ def round_finished(report: RoundOutcome, seconds: float) -> None:
     STARTS.inc(len(report.started))
     PREEMPTIONS.inc(len(report.preempted))
     LOST_WORKERS.inc(len(report.lost_workers))
+    pending_by_reason(report.pending)
+
+
+def pending_by_reason(pending: Mapping[str, int]) -> None:
+    """Every reason the round knows gets a value, 0 included: a reason no job has any more
+    must not keep its last count."""
+    for code in sorted(set(CODES) | set(pending)):
+        PENDING.labels(code).set(pending.get(code, 0))
 
 
 def state_name(state: int) -> str:

@@ -137,6 +137,21 @@ class Snapshot:
         raise KeyError(job_id)
 
 
+@dataclass(frozen=True)
+class Reason:
+    """Why a round left a job waiting, or moved or preempted it: `code` (the metric's label),
+    the `facts` it rests on, and the sentence users read. `subject` is what it names (a
+    tenant, a job, the types): a new code or subject is a new event, new counts are not."""
+
+    code: str
+    message: str
+    facts: Mapping[str, str] = field(default_factory=dict)
+    subject: str = ""
+
+    def same_as(self, other: Reason | None) -> bool:
+        return other is not None and (self.code, self.subject) == (other.code, other.subject)
+
+
 Role = Literal["", "shared", "foreground", "background"]
 
 

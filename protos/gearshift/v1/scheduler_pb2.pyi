@@ -72,6 +72,10 @@ class _JobEventTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobEvent
     the median's); its worker is marked degraded and the job moves off it at a
     round when another placement exists.
     """
+    JOB_EVENT_TYPE_REASON: _JobEventType.ValueType  # 17
+    """The round's reason for the job changed (waiting, moved, preempted); the
+    message says it (Job.reason). One event a change, none while it holds.
+    """
 
 class JobEventType(_JobEventType, metaclass=_JobEventTypeEnumTypeWrapper):
     """Kind of a job lifecycle event."""
@@ -120,6 +124,10 @@ JOB_EVENT_TYPE_STRAGGLER: JobEventType.ValueType  # 16
 the median's); its worker is marked degraded and the job moves off it at a
 round when another placement exists.
 """
+JOB_EVENT_TYPE_REASON: JobEventType.ValueType  # 17
+"""The round's reason for the job changed (waiting, moved, preempted); the
+message says it (Job.reason). One event a change, none while it holds.
+"""
 Global___JobEventType: _TypeAlias = JobEventType  # noqa: Y015
 
 @_typing.final
@@ -144,6 +152,8 @@ class Job(_message.Message):
     PAUSED_FIELD_NUMBER: _builtins.int
     PLAN_FIELD_NUMBER: _builtins.int
     RESOURCE_PLAN_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    QUEUE_POSITION_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Server-assigned id, e.g. "job-7f3a2c"."""
     state: _common_pb2.JobState.ValueType
@@ -174,6 +184,11 @@ class Job(_message.Message):
     """The resource plan (DLRover) its current (or last) placement started with,
     in words, as its last PLAN event says it; empty: none (no Brain).
     """
+    queue_position: _builtins.int
+    """A waiting job's place in the round's queue, from 1: by the objective's
+    priority where it ranks jobs, then by arrival (0: not waiting). Only a
+    job the scheduler holds in memory has one (ListJobs and GetJob alike).
+    """
     @_builtins.property
     def spec(self) -> _common_pb2.JobSpec:
         """The specification as submitted (with defaults filled in)."""
@@ -194,6 +209,12 @@ class Job(_message.Message):
     def plan(self) -> _common_pb2.ExecutionPlan:
         """The execution plan of its current (or last) placement."""
 
+    @_builtins.property
+    def reason(self) -> Global___JobReason:
+        """Why the last round left the job waiting, or moved or preempted it (unset:
+        it runs as the round decided, or no round has looked at it yet).
+        """
+
     def __init__(
         self,
         *,
@@ -213,14 +234,84 @@ class Job(_message.Message):
         paused: _builtins.bool = ...,
         plan: _common_pb2.ExecutionPlan | None = ...,
         resource_plan: _builtins.str = ...,
+        reason: Global___JobReason | None = ...,
+        queue_position: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "placement", b"placement", "plan", b"plan", "progress", b"progress", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "placement", b"placement", "plan", b"plan", "progress", b"progress", "reason", b"reason", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "final_digest", b"final_digest", "finished_at", b"finished_at", "job_id", b"job_id", "last_sequence", b"last_sequence", "message", b"message", "paused", b"paused", "placement", b"placement", "plan", b"plan", "progress", b"progress", "rescale_count", b"rescale_count", "resource_plan", b"resource_plan", "spec", b"spec", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "final_digest", b"final_digest", "finished_at", b"finished_at", "job_id", b"job_id", "last_sequence", b"last_sequence", "message", b"message", "paused", b"paused", "placement", b"placement", "plan", b"plan", "progress", b"progress", "queue_position", b"queue_position", "reason", b"reason", "rescale_count", b"rescale_count", "resource_plan", b"resource_plan", "spec", b"spec", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Job: _TypeAlias = Job  # noqa: Y015
+
+@_typing.final
+class JobReason(_message.Message):
+    """Why the round left a job waiting, or moved or preempted it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class FactsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    FACTS_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    ESTIMATED_START_FIELD_NUMBER: _builtins.int
+    code: _builtins.str
+    """The kind, e.g. "no_free_device", "tenant_guarantee", "gang_not_free",
+    "start_bound", "type_locked", "not_chosen", "preempted", "rescaled",
+    "lent_device", "in_background", "plan_change", "oom_restart",
+    "degraded_worker": the label of the gearshift_jobs_pending metric.
+    """
+    message: _builtins.str
+    """The reason in words, e.g. "preempted by job-ab12 under max_min_fairness
+    (priority 2.1 against its 0.8)".
+    """
+    since: _builtins.float
+    """When the job first had this reason, seconds since the Unix epoch."""
+    estimated_start: _builtins.float
+    """When the simulator, run forward from the live state, expects a waiting
+    job to start, seconds since the Unix epoch (0: no estimate).
+    """
+    @_builtins.property
+    def facts(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The facts it rests on, e.g. {"by": "job-ab12", "objective": ...}."""
+
+    def __init__(
+        self,
+        *,
+        code: _builtins.str = ...,
+        message: _builtins.str = ...,
+        facts: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        since: _builtins.float = ...,
+        estimated_start: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "estimated_start", b"estimated_start", "facts", b"facts", "message", b"message", "since", b"since"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobReason: _TypeAlias = JobReason  # noqa: Y015
 
 @_typing.final
 class SubmitJobRequest(_message.Message):

@@ -157,9 +157,18 @@ class JobsApi:
         limit: int,
         after: tuple[float, str] | None,
     ) -> list[JobRecord]:
-        return self.state.store.list_jobs(
+        """The stored jobs, with what only memory holds of a live one (its reason, queue
+        position and estimated start: round/reasons.py)."""
+        jobs = self.state.store.list_jobs(
             tenant=tenant, states=states, name_prefix=name_prefix, limit=limit, after=after
         )
+        with self.state.lock:
+            live = [self.state.jobs.get(job.job_id) for job in jobs]
+        for job, held in zip(jobs, live, strict=True):
+            if held is not None:
+                job.reason, job.reason_since = held.reason, held.reason_since
+                job.queue_position, job.estimated_start = held.queue_position, held.estimated_start
+        return jobs
 
     def cancel(self, job_id: str, reason: str) -> JobRecord:
         state = self.state

@@ -51,6 +51,22 @@ def job_message(job: JobRecord) -> scheduler_pb2.Job:
         paused=job.paused,
         plan=job.plan,
         resource_plan=job.resource_plan,
+        reason=reason_message(job),
+        queue_position=job.queue_position,
+    )
+
+
+def reason_message(job: JobRecord) -> scheduler_pb2.JobReason | None:
+    """The contract's form of the job's reason (None: it has none)."""
+    reason = job.reason
+    if reason is None:
+        return None
+    return scheduler_pb2.JobReason(
+        code=reason.code,
+        message=reason.message,
+        facts=dict(reason.facts),
+        since=job.reason_since,
+        estimated_start=job.estimated_start,
     )
 
 

@@ -51,6 +51,15 @@ class GavelRounds:
         """Whether the policy pairs jobs on devices (the round then tells it pair rates)."""
         return bool(getattr(self.mechanism.policy, "space_sharing", False))
 
+    def priorities(self) -> dict[str, float]:
+        """Each job's best priority over the types in the last round (round/hooks.Ranks)."""
+        out: dict[str, float] = {}
+        for per_type in self.mechanism.scores.values():
+            for combo, score in per_type.items():
+                for job_id in combo:
+                    out[job_id] = max(out.get(job_id, score), score)
+        return out
+
     def allocate(self, snapshot: Snapshot) -> dict[str, Target]:
         mech = self.mechanism
         types = snapshot.worker_types

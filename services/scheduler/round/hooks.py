@@ -9,6 +9,10 @@ the plugin (the round names no plugin: tools/check_imports.py).
 - `ChoosesPlans`: the execution-plans stage (profile.executionPlans), after the decision:
   given the targets and the devices the decision placed them on, it returns the targets
   with the execution plan each job should run there (`Target.plan`).
+- `Ranks`: an allocate plugin that ranks jobs (Gavel's priorities): the round's reasons
+  and queue positions quote them.
+- `Explains`: a plugin that knows why it left a job waiting better than the round does (a
+  tenant's guarantee): its reasons replace the round's (round/why.py).
 - `execution_plan`: the runtime's execution plan for the plan a target names
   (`Target.plan`, Rubick's `Plan`).
 """
@@ -20,7 +24,7 @@ from typing import Protocol, runtime_checkable
 
 from gearshift.common.rubick.plans import Plan, Zero
 from gearshift.scheduler.state.records import JobRecord, WorkerRecord
-from gearshift.scheduler.types import Device, Target
+from gearshift.scheduler.types import Device, Reason, Snapshot, Target
 from gearshift.v1 import common_pb2
 
 
@@ -56,6 +60,25 @@ class ChoosesPlans(LearnsModels, Protocol):
     ) -> dict[str, Target]:
         """The targets, each job's plan chosen on its `desired` devices (`current`: where
         the running jobs are now)."""
+        ...
+
+
+@runtime_checkable
+class Ranks(Protocol):
+    """An allocator that ranks jobs each round."""
+
+    def priorities(self) -> Mapping[str, float]:
+        """Each job's priority in its last round (higher goes first; absent: not ranked)."""
+        ...
+
+
+@runtime_checkable
+class Explains(Protocol):
+    """A plugin that says why it left jobs waiting."""
+
+    def reasons(self, snapshot: Snapshot, targets: Mapping[str, Target]) -> dict[str, Reason]:
+        """Its reasons for the jobs of `snapshot` that `targets` (its last decision) leaves
+        without devices; the others keep the round's."""
         ...
 
 

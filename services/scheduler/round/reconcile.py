@@ -50,6 +50,11 @@ def diff(desired: Mapping[str, Assignment], running: Mapping[str, Assignment]) -
     return out
 
 
+def starts_past(changes: Sequence[Change], starts: int) -> list[str]:
+    """The jobs whose starts come past the first `starts`: those the bound holds back."""
+    return [c.job_id for c in changes if c.kind == "start"][starts:]
+
+
 def hold_back(
     changes: Sequence[Change], running: Mapping[str, Assignment], starts: int
 ) -> tuple[list[Change], int]:
@@ -59,8 +64,7 @@ def hold_back(
     idle). A preemption is kept when a kept start or a rescale needs one of its devices, or
     when the job holds none. Returns the changes to apply and the number of starts held
     back."""
-    fresh = [c for c in changes if c.kind == "start"]
-    later = {c.job_id for c in fresh[starts:]}
+    later = set(starts_past(changes, starts))
     if not later:
         return list(changes), 0
     wanted = {

@@ -40,11 +40,19 @@ from gearshift.scheduler.plugins.dlrover.ps_jobs import describe as ps_describe
 from gearshift.scheduler.plugins.dlrover.resource_plans import PlanAsk, ResourcePlans, describe
 from gearshift.scheduler.round.decider import Decider, InProcess
 from gearshift.scheduler.round.estimates import EstimateRequest, Estimates
-from gearshift.scheduler.round.hooks import ChoosesPlans, LearnsModels, execution_plan
+from gearshift.scheduler.round.hooks import (
+    ChoosesPlans,
+    Explains,
+    LearnsModels,
+    Ranks,
+    execution_plan,
+)
 from gearshift.scheduler.round.placement import count_by_type, workers_of
-from gearshift.scheduler.round.reconcile import Change, diff, hold_back
+from gearshift.scheduler.round.reasons import JobReasons
+from gearshift.scheduler.round.reconcile import Change, diff, hold_back, starts_past
 from gearshift.scheduler.round.task_control import StartRequests, TaskControl
 from gearshift.scheduler.round.views import HeldAssignments, LiveDevices
+from gearshift.scheduler.round.why import Outcome
 from gearshift.scheduler.state.records import JobRecord, TaskRecord
 from gearshift.scheduler.state.state import (
     ONE_TYPE_LEVELS,
@@ -94,6 +102,9 @@ class RoundReport:
     lost_workers: list[str] = field(default_factory=list)
     desired: dict[str, Assignment] = field(default_factory=dict)
     deferred: int = 0  # starts over --max-starts-per-round, left to the next round
+    held_back: list[str] = field(default_factory=list)  # those jobs
+    restarts: dict[str, str] = field(default_factory=dict)  # job -> why it restarts in place
+    pending: Counter[str] = field(default_factory=Counter)  # waiting jobs by reason (why.py)
     # seconds each of ROUND_PHASES took (the metrics' round phase histogram)
     phases: dict[str, float] = field(default_factory=dict)
 
@@ -220,6 +231,7 @@ class Rounds:
         self._placed_at: dict[str, float] = {}  # job -> when its current placement started
         self._devices = LiveDevices()
         self._held = HeldAssignments()
+        self.reasons = JobReasons(state)
 
     # The loop -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -353,6 +365,7 @@ class Rounds:
                 self._cpus = {j: t.cpus_per_device for j, t in targets.items()}
                 self.last_round_at = now
             state.store.set_state("round", str(self.round))  # its own commit: not under the lock
+            self._explain(snapshot, targets, desired, current, report)
             lap = report.lap("reconcile", lap, time.perf_counter())
             proceed = self._stop_all(moves)
             lap = report.lap("stop", lap, time.perf_counter())
@@ -364,6 +377,26 @@ class Rounds:
             for observer in self.observers:
                 observer(report, self.last_round_ended_at - started)
             return report
+
+    def _explain(
+        self,
+        snapshot: Snapshot,
+        targets: Mapping[str, Target],
+        desired: Mapping[str, Assignment],
+        current: Mapping[str, Assignment],
+        report: RoundReport,
+    ) -> None:
+        """Why each job waits, moved or was preempted (round/why.py, round/reasons.py)."""
+        allocator = self.allocator
+        ranks = allocator.priorities() if isinstance(allocator, Ranks) else {}
+        offered = allocator.reasons(snapshot, targets) if isinstance(allocator, Explains) else {}
+        outcome = Outcome(
+            report.started, report.rescaled, report.preempted, report.held_back, report.restarts
+        )
+        context = self.reasons.context(snapshot, allocator.name, ranks)
+        report.pending = self.reasons.update(
+            snapshot, targets, desired, current, outcome=outcome, context=context, offered=offered
+        )
 
     def _asks_of(self, jobs: list[JobRecord]) -> list[EstimateRequest]:
         """What to ask the Brain of each job (under the lock), kept per job: what it is
@@ -673,7 +706,9 @@ class Rounds:
         for task in state.tasks.values():
             tasks.setdefault(task.job_id, []).append(task)
         bound = state.settings.max_starts_per_round or len(desired)
-        changes, deferred = hold_back(diff(desired, running), running, bound)
+        found_changes = diff(desired, running)
+        changes, deferred = hold_back(found_changes, running, bound)
+        report.held_back = starts_past(found_changes, bound) if deferred else []
         for found in changes:
             job = state.jobs.get(found.job_id)
             if job is None or job.terminal:
@@ -684,6 +719,8 @@ class Rounds:
             placed = found.kind == "renew" and bool(desired.get(found.job_id))
             replan = self._restart_reason(job.job_id) if placed else None
             change = Change(job.job_id, "rescale", found.assignment) if replan else found
+            if replan:
+                report.restarts[job.job_id] = replan
             if change.kind == "renew":
                 report.renewed.append(job.job_id)
                 for task in tasks.get(job.job_id, ()):

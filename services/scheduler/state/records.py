@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gearshift.common.facts import ENDED_TASK_STATES, TERMINAL_STATES
+from gearshift.scheduler.types import Reason
 from gearshift.v1 import common_pb2
 
 
@@ -48,6 +49,14 @@ class JobRecord:
     paused: bool = False
     # The resource plan its placement started with, in words (not stored).
     resource_plan: str = ""
+    # Why the last round left it waiting, moved or preempted it (round/why.py), since when,
+    # its place in the round's queue while it waits (0: not waiting), and when the
+    # simulator expects it to start (0: no estimate). Not stored: each round decides them
+    # again; the changes of reason are stored as REASON events.
+    reason: Reason | None = None
+    reason_since: float = 0.0
+    queue_position: int = 0
+    estimated_start: float = 0.0
 
     @property
     def terminal(self) -> bool:

@@ -177,8 +177,18 @@ class SchedulerState:
     def open_tasks(self, job_id: str) -> list[TaskRecord]:
         return [t for t in self.tasks.values() if t.job_id == job_id]
 
-    def record(self, job: JobRecord, kind: int, message: str, *, placement: bool = False) -> None:
-        """Append an event and save the job with it (one transaction); wake watchers."""
+    def record(
+        self,
+        job: JobRecord,
+        kind: int,
+        message: str,
+        *,
+        placement: bool = False,
+        keep_message: bool = False,
+    ) -> None:
+        """Append an event and save the job with it (one transaction); wake watchers. The
+        event's message becomes the job's, unless `keep_message` (a progress or reason
+        event: the job's message says why it is in its state)."""
         job.last_sequence += 1
         event = EventRecord(
             job_id=job.job_id,
@@ -190,7 +200,7 @@ class SchedulerState:
             progress=copy_message(job.progress),
             placement=copy_message(job.placement) if placement else None,
         )
-        if kind != S.JOB_EVENT_TYPE_PROGRESS:
+        if kind != S.JOB_EVENT_TYPE_PROGRESS and not keep_message:
             job.message = message
         self.store.save_job(job, [event])
         self.track(job)

@@ -186,6 +186,7 @@ class ElasticRounds:
     stale: bool = True
     solves: int = 0
     _solving: _Solve | None = None  # the recomputation under way beside the rounds
+    _ranked: dict[str, float] = field(default_factory=dict)  # each job's best priority (step 2)
     _known: dict[str, object] = field(default_factory=dict)
     _types: tuple[str, ...] = ()
     # Per job, what step 1 made of its snapshot last round: reused while the round hands in
@@ -204,6 +205,10 @@ class ElasticRounds:
     @property
     def name(self) -> str:
         return self.policy.name
+
+    def priorities(self) -> Mapping[str, float]:
+        """Each job's best priority in the last round (round/hooks.Ranks: its reasons)."""
+        return self._ranked
 
     # The stage -----------------------------------------------------------------
     def allocate(self, snapshot: Snapshot) -> dict[str, Target]:
@@ -447,6 +452,10 @@ class ElasticRounds:
                 deficit = share * elapsed - got.get(config, 0.0)
                 ranked.append((priority, deficit, share, -order, job.job_id, config))
         ranked.sort(key=lambda c: c[:4], reverse=True)
+        best: dict[str, float] = {}
+        for priority, *_, job_id, _config in ranked:
+            best.setdefault(job_id, priority)  # sorted: the first is its best
+        self._ranked = best
         free = dict(capacity)
         chosen: dict[str, Config] = {}
         room = _room(free)

@@ -324,6 +324,7 @@ class RoundScheduler:
         self.stale = True
         self.solves = 0
         self._type_rng = random.Random(seed + 5)
+        self.scores: dict[str, dict[Combo, float]] = {}  # the last round's priorities (step 2)
         self._seed = seed
         self._entity_weights = dict(entity_weights or {})
         self._entity_policies = dict(entity_policies or {})
@@ -473,7 +474,7 @@ class RoundScheduler:
 
     def _select(self, capacity: Mapping[str, int]) -> dict[str, list[Combo]]:
         size, runnable = self._combo_info(capacity)
-        scores = priorities(self.allocation, self.ledger, runnable)
+        scores = self.scores = priorities(self.allocation, self.ledger, runnable)
         rng = None if self.policy.heterogeneity_aware else self._type_rng
         order = type_order(
             [t for t in capacity if capacity[t] > 0], self._type_speed(capacity), rng

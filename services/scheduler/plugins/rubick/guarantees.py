@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gearshift.scheduler.plugins.rubick.rubick_policy import RubickAdmission
 from gearshift.scheduler.plugins.rubick.tenants import Quotas
 from gearshift.scheduler.round.ests import elastic_job, split_ests
-from gearshift.scheduler.types import Allocator, JobSnapshot, Snapshot, Target
+from gearshift.scheduler.round.why import TENANT_GUARANTEE
+from gearshift.scheduler.types import Allocator, JobSnapshot, Reason, Snapshot, Target
 
 log = logging.getLogger("gearshift.scheduler")
 
@@ -80,6 +82,53 @@ def _without(snapshot: Snapshot, admitted: dict[str, Admission]) -> Snapshot:
     )
 
 
+def guarantee_reasons(
+    snapshot: Snapshot,
+    targets: Mapping[str, Target],
+    admitted: Mapping[str, Admission],
+    quotas: Quotas,
+) -> dict[str, Reason]:
+    """The jobs left without devices because guaranteed jobs hold them: for each, the tenant
+    whose admitted jobs reserve the most devices of the types it accepts, with that tenant's
+    use against its quota."""
+    if not admitted:
+        return {}
+    tenant_of = {j.job_id: j.entity for j in snapshot.jobs}
+    reserved: dict[str, Counter[str]] = {}  # tenant -> devices its admitted jobs hold, by type
+    for job_id, a in admitted.items():
+        reserved.setdefault(tenant_of.get(job_id, ""), Counter())[a.accelerator_type] += a.devices
+    free = Counter(snapshot.capacity)
+    for target in targets.values():
+        for kind, count in target.devices:
+            free[kind] -= count
+    out: dict[str, Reason] = {}
+    for job in snapshot.jobs:
+        if job.job_id in targets:
+            continue
+        room = (
+            sum(free[k] for k in job.types)
+            if job.mixing
+            else max((free[k] for k in job.types), default=0)
+        )
+        if room >= job.min_devices:
+            continue
+        held = {t: sum(c[k] for k in job.types) for t, c in reserved.items()}
+        tenant = max(sorted(held), key=lambda t: held[t])
+        if held[tenant] <= 0:
+            continue
+        quota = quotas.of(tenant)
+        use = ", ".join(
+            f"{k}: {n} of {quota.get(k, 0)}" for k, n in sorted(reserved[tenant].items())
+        )
+        out[job.job_id] = Reason(
+            TENANT_GUARANTEE,
+            f"waiting behind tenant {tenant}'s guarantee ({use} devices of its quota in use)",
+            {"tenant": tenant, "usage": use},
+            tenant,
+        )
+    return out
+
+
 def _target(job: JobSnapshot, admission: Admission) -> Target:
     config = ((admission.accelerator_type, admission.devices),)
     return Target(job.job_id, config, split_ests(elastic_job(job), config))
@@ -102,6 +151,15 @@ class Guarantees:
     @property
     def replans_on_events(self) -> bool:
         return self.inner.replans_on_events
+
+    def priorities(self) -> Mapping[str, float]:
+        """The inner allocator's priorities, if it ranks (round/hooks.Ranks)."""
+        ranks = getattr(self.inner, "priorities", None)
+        return ranks() if callable(ranks) else {}
+
+    def reasons(self, snapshot: Snapshot, targets: Mapping[str, Target]) -> dict[str, Reason]:
+        """The jobs that wait behind a tenant's guarantee (round/hooks.Explains)."""
+        return guarantee_reasons(snapshot, targets, self.admitted, self.quotas())
 
     def allocate(self, snapshot: Snapshot) -> dict[str, Target]:
         admitted = admit(snapshot, self.quotas())

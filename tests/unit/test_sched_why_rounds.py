@@ -1,0 +1,127 @@
+"""The round's reasons on a real scheduler (in-memory store, simulated workers, a manual
+clock): set on the job, one REASON event a change and none while it holds, the queue
+position, the `gearshift_jobs_pending{reason}` gauge, and the `why:` line."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY
+
+from gearshift.client.render import job_details
+from gearshift.scheduler.api.servicer import job_message
+from gearshift.scheduler.round import why
+from gearshift.scheduler.service import Scheduler, SchedulerSettings
+from gearshift.v1 import common_pb2, scheduler_pb2
+from tests.sched_harness import Clock, job_spec, make_scheduler, register
+
+C = common_pb2
+S = scheduler_pb2
+
+
+def settings(policy: str = "las", **fields: object) -> SchedulerSettings:
+    base: dict[str, object] = {
+        "policy": policy,
+        "round_seconds": 60.0,
+        "heartbeat_interval": 1.0,
+        "heartbeat_timeout": 1000.0,
+    }
+    base.update(fields)
+    return SchedulerSettings(**base)  # type: ignore[arg-type]
+
+
+def reason_events(scheduler: Scheduler, job_id: str) -> list[str]:
+    events = scheduler.state.store.events_after(job_id, 0)
+    return [e.message for e in events if e.type == S.JOB_EVENT_TYPE_REASON]
+
+
+def pending(code: str) -> float | None:
+    return REGISTRY.get_sample_value("gearshift_jobs_pending", {"reason": code})
+
+
+def spec(name: str) -> C.JobSpec:
+    return job_spec(name, 1)
+
+
+def test_a_waiting_job_has_one_event_per_change_a_position_a_metric_and_a_why_line() -> None:
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings("fifo"), clock=clock)
+    try:
+        register(scheduler, "box", {"t4": 1})
+        first = scheduler.submit(spec("first"), "")[0].job_id
+        scheduler.run_round()
+        waiting = [scheduler.submit(spec(f"w{i}"), "")[0].job_id for i in range(2)]
+        for _ in range(3):  # three rounds, the same reason: one event
+            clock.now += 60.0
+            scheduler.heartbeat("box", [])
+            scheduler.run_round()
+        job = scheduler.get(waiting[0])
+        assert job.reason is not None and job.reason.code == why.NO_FREE_DEVICE
+        assert reason_events(scheduler, waiting[0]) == [
+            "no free device of an accepted type (t4: 0 free)"
+        ]
+        assert [scheduler.get(j).queue_position for j in waiting] == [1, 2]
+        assert pending(why.NO_FREE_DEVICE) == 2.0
+        assert pending(why.PREEMPTED) == 0.0
+        message = job_message(job)
+        assert message.reason.code == why.NO_FREE_DEVICE and message.queue_position == 1
+        assert "why:        no free device of an accepted type (t4: 0 free)" in job_details(message)
+        assert "queue position 1" in job_details(message)
+        scheduler.cancel(first, "")  # the device is free: the first waiting job starts
+        clock.now += 60.0
+        scheduler.heartbeat("box", [])
+        scheduler.run_round()
+        started = scheduler.get(waiting[0])
+        assert started.state == C.JOB_STATE_RUNNING
+        assert started.reason is None and started.queue_position == 0
+        assert len(reason_events(scheduler, waiting[0])) == 1  # cleared without an event
+        assert scheduler.get(waiting[1]).queue_position == 1
+        assert pending(why.NO_FREE_DEVICE) == 1.0
+    finally:
+        scheduler.stop()
+
+
+def test_a_preempted_job_names_who_took_its_device_under_which_objective() -> None:
+    """LAS on one device: the new job comes first (Gavel's new-job priority) and takes the
+    running job's device; the running job says by whom, under which objective, with both
+    priorities, and keeps saying it while it waits."""
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings("las", elastic=True), clock=clock)
+    try:
+        register(scheduler, "box", {"t4": 1})
+        old = scheduler.submit(spec("old"), "")[0].job_id
+        scheduler.run_round()
+        clock.now += 60.0
+        scheduler.heartbeat("box", [])
+        scheduler.run_round()
+        new = scheduler.submit(spec("new"), "")[0].job_id
+        clock.now += 60.0
+        scheduler.heartbeat("box", [])
+        report = scheduler.run_round()
+        assert report.preempted == [old] and report.started == [new]
+        reason = scheduler.get(old).reason
+        assert reason is not None and reason.code == why.PREEMPTED
+        assert reason.facts["by"] == new
+        assert reason.facts["objective"] == scheduler.rounds.allocator.name
+        assert float(reason.facts["by_priority"]) > float(reason.facts["priority"])
+        assert reason.message.startswith(f"preempted by {new} under ")
+        assert scheduler.get(old).state == C.JOB_STATE_QUEUED
+        assert scheduler.get(new).reason is None
+    finally:
+        scheduler.stop()
+
+
+def test_starts_over_the_bound_are_held_back_with_a_reason() -> None:
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings(elastic=True, max_starts_per_round=1), clock=clock)
+    try:
+        register(scheduler, "box", {"t4": 4})
+        jobs = [scheduler.submit(spec(f"j{i}"), "")[0].job_id for i in range(3)]
+        report = scheduler.run_round()
+        assert len(report.started) == 1
+        held = [j for j in jobs if j not in report.started]
+        for job_id in held:
+            reason = scheduler.get(job_id).reason
+            assert reason is not None and reason.code == why.START_BOUND
+            assert "round.maxStarts = 1" in reason.message
+        assert pending(why.START_BOUND) == 2.0
+    finally:
+        scheduler.stop()
