@@ -48,7 +48,10 @@ def test_a_waiting_job_has_one_event_per_change_a_position_a_metric_and_a_why_li
         register(scheduler, "box", {"t4": 1})
         first = scheduler.submit(spec("first"), "")[0].job_id
         scheduler.run_round()
-        waiting = [scheduler.submit(spec(f"w{i}"), "")[0].job_id for i in range(2)]
+        waiting = []
+        for i in range(2):  # one after the other: the queue is by arrival at equal priority
+            clock.now += 1.0
+            waiting.append(scheduler.submit(spec(f"w{i}"), "")[0].job_id)
         for _ in range(3):  # three rounds, the same reason: one event
             clock.now += 60.0
             scheduler.heartbeat("box", [])

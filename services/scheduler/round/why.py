@@ -136,8 +136,8 @@ def _waiting(
 ) -> Reason:
     """waiting_reason, shared by the jobs of one kind (a reason that names no priority)."""
     job_id = job.job_id
-    key = (job.types, job.min_devices, job.mixing, context.locked.get(job_id, ""))
-    key += (context.accepted.get(job_id, ()),)
+    key: tuple[object, ...] = (job.types, job.min_devices, job.mixing)
+    key += (context.locked.get(job_id, ""), context.accepted.get(job_id, ()))
     reason = seen.get(key)
     if reason is None or reason.code == NOT_CHOSEN:
         reason = seen[key] = waiting_reason(job, free, capacity, context)
