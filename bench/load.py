@@ -167,6 +167,10 @@ class SimulatedAgents(worker_pb2_grpc.WorkerAgentServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a simulated worker")
         yield C.LogLine()  # never reached: abort raises
 
+    async def ReadStepLog(self, request: Any, context: Any) -> AsyncIterator[C.StepLoss]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a simulated worker")
+        yield C.StepLoss()  # never reached: abort raises
+
     async def DescribeWorker(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a simulated worker")
 

@@ -122,6 +122,12 @@ class Client:
             raise error_from_rpc(exc) from None
 
     @_typed_errors
+    def steps(self, job_id: str, after_step: int = 0) -> list[common_pb2.StepLoss]:
+        """The job's step log: the mean loss of every global step after `after_step`."""
+        request = scheduler_pb2.StreamJobStepsRequest(job_id=job_id, after_step=after_step)
+        return list(self._jobs.StreamJobSteps(request, timeout=self.timeout))
+
+    @_typed_errors
     def get(self, job_id: str) -> Job:
         return self._jobs.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id))
 

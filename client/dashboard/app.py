@@ -24,8 +24,11 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from gearshift.client import timeline
 from gearshift.client.dashboard import views
 from gearshift.client.dashboard.gateway import Gateway
+from gearshift.client.dashboard.loss_view import loss_curve
+from gearshift.client.dashboard.series import LossPoint
 from gearshift.client.render import parse_states
 from gearshift.common.errors import GearshiftError, ValidationError
 
@@ -157,7 +160,14 @@ def create_app(gateway: Gateway) -> Starlette:
                 brain = gateway.brain_samples(value, found.job_id)
             except GearshiftError as exc:
                 brain = f"the Brain at {gateway.brain}: {exc.message}"
-        return views.job_view(found, history, time.time(), brain)
+        out = views.job_view(found, history, time.time(), brain)
+        steps: list[LossPoint] | str
+        try:
+            steps = gateway.steps(value, found)
+        except GearshiftError as exc:
+            steps = exc.message
+        out["loss_curve"] = loss_curve(steps, timeline.progress(history.events, history.seen))
+        return out
 
     def logs(request: Request) -> Any:
         value = token(request)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from gearshift.client.dashboard.series import LossPoint
+from gearshift.client.dashboard.step_cache import StepCache
 from gearshift.client.sdk import Client
 from gearshift.client.timeline import ProgressPoint
 from gearshift.common.auth import ClientTls
@@ -82,6 +84,7 @@ class Gateway:
         self.timeout = timeout
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._history: OrderedDict[str, JobHistory] = OrderedDict()
+        self._steps = StepCache()
         self._lock = threading.Lock()
 
     def session(self, token: str) -> Session:
@@ -157,6 +160,11 @@ class Gateway:
                 p = job.progress
                 cached.seen.append(ProgressPoint(time.time(), step, p.loss, p.samples_per_second))
             return cached.copy()
+
+    def steps(self, token: str, job: scheduler_pb2.Job) -> list[LossPoint]:
+        """Every step of the job's step log so far (cached: only new steps are read)."""
+        client = self.session(token).client
+        return self._steps.read(job.job_id, job.state in TERMINAL_STATES, client.steps)
 
     def cancel(self, token: str, job_id: str, reason: str) -> scheduler_pb2.Job:
         return self.session(token).client.cancel(job_id, reason=reason)

@@ -67,6 +67,7 @@ RULES: Mapping[str, Rule] = {
     _JOBS + "WatchJob": _rule(TENANT, scope="job"),
     _JOBS + "GetClusterState": _rule(TENANT, SERVICE, scope="cluster"),
     _JOBS + "StreamJobLogs": _rule(TENANT, scope="job"),
+    _JOBS + "StreamJobSteps": _rule(TENANT, scope="job"),
     _JOBS + "HasCode": _rule(TENANT),
     _JOBS + "UploadCode": _rule(TENANT, mutates=True),
     _JOBS + "ScaleJob": _rule(TENANT, scope="job", mutates=True),
@@ -82,6 +83,7 @@ RULES: Mapping[str, Rule] = {
     _AGENT + "GetTaskStatus": _rule(SERVICE),
     _AGENT + "DescribeWorker": _rule(SERVICE),
     _AGENT + "StreamTaskLogs": _rule(SERVICE),
+    _AGENT + "ReadStepLog": _rule(SERVICE),
     _BRAIN + "ReportJobEvent": _rule(SERVICE, mutates=True),
     _BRAIN + "ReportSamples": _rule(SERVICE, job="job_id"),  # from training processes
     _BRAIN + "GetJobHistory": _rule(SERVICE),

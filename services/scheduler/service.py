@@ -61,6 +61,7 @@ from gearshift.scheduler.round.rounds import RoundReport, Rounds
 from gearshift.scheduler.round.task_control import TaskControl
 from gearshift.scheduler.round.workers import WorkerAgents
 from gearshift.scheduler.state.job_logs import LogSources, TaskSource, job_log_lines
+from gearshift.scheduler.state.job_steps import job_steps
 from gearshift.scheduler.state.records import EventRecord, JobRecord, WorkerRecord
 from gearshift.scheduler.state.state import SchedulerSettings, SchedulerState
 from gearshift.scheduler.state.store import Store
@@ -304,24 +305,30 @@ class Scheduler:
     ) -> Iterator[common_pb2.LogLine]:
         """The job's training-process output, from the workers (see job_logs)."""
         self.jobs.get(job_id)  # NOT_FOUND before any stream opens
-        state = self.state
-
-        def tasks() -> list[TaskSource]:
-            known = {t.task_id: t for t in state.store.job_tasks(job_id)}
-            with state.lock:
-                known.update({t.task_id: t for t in state.open_tasks(job_id)})
-                addresses = {w: r.address for w, r in state.workers.items()}
-            ordered = sorted(known.values(), key=lambda t: (t.created_at, t.task_id))
-            return [
-                TaskSource(t.task_id, addresses.get(t.worker_id, ""), t.local_ranks, t.ended)
-                for t in ordered
-            ]
 
         def ended() -> bool:
             return self.jobs.get(job_id).state in TERMINAL_STATES
 
-        sources = LogSources(tasks, ended, self.agents.logs, active)
+        sources = LogSources(lambda: self._task_sources(job_id), ended, self.agents.logs, active)
         return job_log_lines(job_id, rank, tail_lines, follow, sources)
+
+    def job_steps(self, job_id: str, after_step: int) -> list[common_pb2.StepLoss]:
+        """The job's step log from `after_step` on, from a worker (see job_steps)."""
+        self.jobs.get(job_id)  # NOT_FOUND for an unknown job
+        return job_steps(job_id, after_step, self._task_sources(job_id), self.agents.step_log)
+
+    def _task_sources(self, job_id: str) -> list[TaskSource]:
+        """The job's tasks, ended ones too, oldest first, with their workers' addresses."""
+        state = self.state
+        known = {t.task_id: t for t in state.store.job_tasks(job_id)}
+        with state.lock:
+            known.update({t.task_id: t for t in state.open_tasks(job_id)})
+            addresses = {w: r.address for w, r in state.workers.items()}
+        ordered = sorted(known.values(), key=lambda t: (t.created_at, t.task_id))
+        return [
+            TaskSource(t.task_id, addresses.get(t.worker_id, ""), t.local_ranks, t.ended)
+            for t in ordered
+        ]
 
     # Workers API -------------------------------------------------------------------------------
     def register_worker(

@@ -31,11 +31,12 @@ from gearshift.v1 import common_pb2, worker_pb2
 from gearshift.worker import metrics, task_logs
 from gearshift.worker.cgroups import Cgroups
 from gearshift.worker.collocation import Policy
-from gearshift.worker.command import CommandSettings, plan_task
+from gearshift.worker.command import STEP_LOG, CommandSettings, plan_task
 from gearshift.worker.devices import device_types
 from gearshift.worker.multiplex import Multiplexer
 from gearshift.worker.resources import CoreAllocator, detect_cores, format_bytes
 from gearshift.worker.spawner import Spawner
+from gearshift.worker.step_log import read_steps
 from gearshift.worker.tasks import Task
 
 log = logging.getLogger("gearshift.worker.agent")
@@ -173,6 +174,11 @@ class Agent:
             yield common_pb2.LogLine(
                 job_id=task.job_id, rank=r, time=time.time(), text=text, task_id=task_id
             )
+
+    def step_log(self, task_id: str, after_step: int) -> list[common_pb2.StepLoss]:
+        """The step log of the task's job (its checkpoint folder is the job's, whichever
+        task of it wrote there), from `after_step` on."""
+        return read_steps(self._task(task_id).plan.checkpoint_dir / STEP_LOG, after_step)
 
     def stop(
         self, task_id: str, *, checkpoint: bool, reason: str, timeout: float

@@ -59,6 +59,13 @@ class WorkerAgentServicer(worker_pb2_grpc.WorkerAgentServicer):
             request.task_id, request.rank, tail, request.follow, context.is_active
         )
 
+    def ReadStepLog(
+        self, request: worker_pb2.ReadStepLogRequest, context: grpc.ServicerContext
+    ) -> Iterator[common_pb2.StepLoss]:
+        require(bool(request.task_id), "task_id", "is required")
+        require(request.after_step >= 0, "after_step", f"must be >= 0 (got {request.after_step})")
+        yield from self.agent.step_log(request.task_id, request.after_step)
+
     def DescribeWorker(
         self, request: worker_pb2.DescribeWorkerRequest, context: grpc.ServicerContext
     ) -> worker_pb2.WorkerDescription:

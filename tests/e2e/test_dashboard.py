@@ -4,11 +4,11 @@ pages driven in Debian's headless Chromium by Playwright.
 With a job running: `curl` of every daemon's metrics shows non-zero RPC counters (and the
 scheduler's job gauge), parsed with prometheus_client's parser; the pages ask for the token
 (a wrong one is refused with a clear message); the jobs page lists the running job; the
-job page's timeline shows a rescale once one happened; the cluster page shows the devices;
-the cancel button, after its confirmation, cancels the job; the JSON endpoints answer as
-documented; `gearshift job ID --plot` writes the job's PNG. Screenshots of every page are
-saved (see the `screenshots` fixture).
-"""
+job page's timeline shows a rescale once one happened, and its loss curve every step of
+the job's step log; the cluster page shows the devices; the cancel button, after its
+confirmation, cancels the job; the JSON endpoints answer as documented; `gearshift job ID
+--plot` writes the job's PNG. Screenshots of every page are saved (see the `screenshots`
+fixture)."""
 
 from __future__ import annotations
 
@@ -142,6 +142,9 @@ def check_api(base: str, job_id: str) -> None:
     assert view["segments"] and view["segments"][0]["slots"], view["segments"]
     assert view["events"][0]["type"] == "submitted"
     assert view["brain"] is not None and "error" not in view["brain"], view["brain"]
+    curve = view["loss_curve"]
+    assert curve["source"] == "steps" and curve["steps"] >= 20, curve["note"]
+    assert curve["points"][-1] == curve["last"] and curve["last"][0] == curve["steps"]
 
     def step_lines() -> list[str]:
         status, logs = http(base, f"/api/jobs/{job_id}/logs?lines=20")
@@ -217,7 +220,10 @@ def test_dashboard_and_metrics_on_a_live_cluster(
             expect(page.locator("#timeline .rescale-label")).to_have_count(2)
             expect(page.locator("#placements tbody tr")).to_have_count(3)
             expect(page.locator("#events tbody")).to_contain_text("rescaled")
-            page.wait_for_selector("#loss path[data-series='loss']")
+            # The loss curve is the step log's: every step, far more than the progress events.
+            loss = page.locator("#loss path[data-series='loss']")
+            expect(page.locator("#loss-note")).to_have_attribute("data-source", "steps")
+            assert int(loss.get_attribute("data-points") or 0) > 100
             page.wait_for_selector("#logs > *")
             page.screenshot(path=str(screenshots / "3-job-rescaled.png"), full_page=True)
             page.screenshot(path=str(screenshots / "3-job-rescaled-top.png"))

@@ -5,6 +5,7 @@ daemon tells it (register, heartbeats with its tasks' progress, leases, TaskFini
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -645,6 +646,11 @@ def test_a_task_runs_a_code_package_fetched_once_and_its_logs_stream(
         request = worker_pb2.StreamTaskLogsRequest(task_id="t-own", rank=0, tail_lines=3)
         lines = [line.text for line in stub.StreamTaskLogs(request, timeout=10)]
         assert lines[0].startswith("step 6/6") and lines[-1].startswith("digest sha256:"), lines
+        steps = list(stub.ReadStepLog(worker_pb2.ReadStepLogRequest(task_id="t-own"), timeout=10))
+        assert [s.step for s in steps] == [1, 2, 3, 4, 5, 6]
+        assert all(math.isfinite(s.loss) and s.time > 0 for s in steps)
+        later = worker_pb2.ReadStepLogRequest(task_id="t-own", after_step=4)
+        assert [s.step for s in stub.ReadStepLog(later, timeout=10)] == [5, 6]
         with pytest.raises(grpc.RpcError) as info:
             list(stub.StreamTaskLogs(worker_pb2.StreamTaskLogsRequest(task_id="t-own", rank=5)))
         assert info.value.code() == grpc.StatusCode.NOT_FOUND

@@ -38,9 +38,21 @@ const Charts = (() => {
     return sx;
   }
 
+  /** A numeric x axis over [start, end] (steps): round ticks, integer labels. */
+  function stepAxis(f, start, end, root) {
+    const sx = (v) => f.x0 + ((v - start) / Math.max(end - start, 1e-9)) * (f.x1 - f.x0);
+    for (const v of ticks(start, end, 6)) {
+      const x = sx(v);
+      root.append(svg("line", { class: "gridline", x1: x, x2: x, y1: f.y1, y2: f.y0 }));
+      root.append(svg("text", { x, y: f.y0 + 14, "text-anchor": "middle" }, String(Math.round(v))));
+    }
+    root.append(svg("line", { class: "axis", x1: f.x0, x2: f.x1, y1: f.y0, y2: f.y0 }));
+    return sx;
+  }
+
   /**
-   * A line chart over time. series: [{name, color, points: [[time, value], ...]}];
-   * options: {start, end, yLabel, digits}.
+   * A line chart over time (or over steps: options.xAxis "step"). series: [{name, color,
+   * points: [[x, value], ...]}], a null value is a gap; options: {start, end, yLabel, digits}.
    */
   function lineChart(container, series, options) {
     const width = 560, height = 210;
@@ -56,7 +68,7 @@ const Charts = (() => {
     if (high === low) high = low + 1;
     high += (high - low) * 0.05;
     const start = options.start, end = Math.max(options.end, start + 1);
-    const sx = timeAxis(f, start, end, root);
+    const sx = (options.xAxis === "step" ? stepAxis : timeAxis)(f, start, end, root);
     const sy = (v) => f.y0 - ((v - low) / (high - low)) * (f.y0 - f.y1);
     for (const v of ticks(low, high, 4)) {
       const y = sy(v);
@@ -67,9 +79,15 @@ const Charts = (() => {
     root.append(svg("text", { class: "label", x: 12, y: (f.y0 + f.y1) / 2, transform: `rotate(-90 12 ${(f.y0 + f.y1) / 2})`, "text-anchor": "middle" }, options.yLabel || ""));
     for (const s of series) {
       if (!s.points.length) continue;
-      const d = s.points.map((p, i) => `${i ? "L" : "M"}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ");
-      root.append(svg("path", { d, fill: "none", stroke: s.color, "stroke-width": 2, "data-series": s.name }));
-      for (const p of s.points.length < 60 ? s.points : []) {
+      let gap = true;
+      const d = s.points.map((p) => {
+        if (p[1] === null || !isFinite(p[1])) return (gap = true), "";
+        const move = gap ? "M" : "L";
+        gap = false;
+        return `${move}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`;
+      }).filter(Boolean).join(" ");
+      root.append(svg("path", { d, fill: "none", stroke: s.color, "stroke-width": options.thin ? 1.25 : 2, "data-series": s.name, "data-points": s.points.length }));
+      for (const p of s.points.length < 60 ? s.points.filter((q) => q[1] !== null) : []) {
         root.append(svg("circle", { cx: sx(p[0]), cy: sy(p[1]), r: 2.5, fill: s.color }));
       }
     }

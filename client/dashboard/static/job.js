@@ -55,11 +55,16 @@
   function renderCurves(view) {
     const start = view.start, end = view.end;
     const progress = view.progress;
+    const curve = view.loss_curve;
+    const steps = curve.points.map((p) => p[0]);
     Charts.lineChart(
       document.getElementById("loss"),
-      [{ name: "loss", color: "#e45756", points: progress.map((p) => [p.time, p.loss]) }],
-      { start, end, yLabel: "loss", digits: 3, empty: "no progress reported yet" },
+      [{ name: "loss", color: "#e45756", points: curve.points }],
+      { xAxis: "step", start: Math.min(0, ...steps), end: Math.max(1, ...steps), yLabel: "loss", digits: 3, thin: curve.source === "steps", empty: "no step run yet" },
     );
+    const note = document.getElementById("loss-note");
+    note.textContent = curve.note;
+    note.dataset.source = curve.source;
     const brain = view.brain && view.brain.samples && view.brain.samples.length ? view.brain.samples : null;
     const points = brain ? brain.map((s) => [s.time, s.samples_per_second]) : progress.map((p) => [p.time, p.samples_per_second]);
     document.getElementById("sps-title").textContent = brain ? "Samples/s (the Brain's samples)" : "Samples/s";

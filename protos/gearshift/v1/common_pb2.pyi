@@ -1187,6 +1187,36 @@ class LogLine(_message.Message):
 Global___LogLine: _TypeAlias = LogLine  # noqa: Y015
 
 @_typing.final
+class StepLoss(_message.Message):
+    """One global step of a job's step log."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    LOSS_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    """The global step (1 is the first)."""
+    time: _builtins.float
+    """When rank 0 finished it, seconds since the Unix epoch."""
+    loss: _builtins.float
+    """Mean over the job's ESTs of their losses at this step."""
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        time: _builtins.float = ...,
+        loss: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["loss", b"loss", "step", b"step", "time", b"time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepLoss: _TypeAlias = StepLoss  # noqa: Y015
+
+@_typing.final
 class CodeChunk(_message.Message):
     """A piece of a code package (a zip archive) on its way to or from the
     scheduler, in order; the first chunk of an upload names the package.

@@ -1291,6 +1291,32 @@ class StreamJobLogsRequest(_message.Message):
 Global___StreamJobLogsRequest: _TypeAlias = StreamJobLogsRequest  # noqa: Y015
 
 @_typing.final
+class StreamJobStepsRequest(_message.Message):
+    """Asks for a job's step log."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    AFTER_STEP_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """Id of the job."""
+    after_step: _builtins.int
+    """Only steps after this one (0: from the first step)."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        after_step: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_step", b"after_step", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamJobStepsRequest: _TypeAlias = StreamJobStepsRequest  # noqa: Y015
+
+@_typing.final
 class HasCodeRequest(_message.Message):
     """Asks whether the scheduler holds a code package."""
 

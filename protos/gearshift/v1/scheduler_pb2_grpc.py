@@ -71,6 +71,11 @@ class JobServiceStub:
                 request_serializer=gearshift_dot_v1_dot_scheduler__pb2.StreamJobLogsRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_common__pb2.LogLine.FromString,
                 _registered_method=True)
+        self.StreamJobSteps = channel.unary_stream(
+                '/gearshift.v1.JobService/StreamJobSteps',
+                request_serializer=gearshift_dot_v1_dot_scheduler__pb2.StreamJobStepsRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_common__pb2.StepLoss.FromString,
+                _registered_method=True)
         self.HasCode = channel.unary_unary(
                 '/gearshift.v1.JobService/HasCode',
                 request_serializer=gearshift_dot_v1_dot_scheduler__pb2.HasCodeRequest.SerializeToString,
@@ -146,6 +151,16 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamJobSteps(self, request, context):
+        """Streams a job's step log: the mean loss of every global step after
+        after_step, in step order, as its rank 0 wrote it (one record per step,
+        unlike the throttled PROGRESS events), read from the worker of its latest
+        task that can answer. A job that never ran streams nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def HasCode(self, request, context):
         """Whether the scheduler holds a code package: a client uploads only what
         it lacks.
@@ -210,6 +225,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.StreamJobLogs,
                     request_deserializer=gearshift_dot_v1_dot_scheduler__pb2.StreamJobLogsRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_common__pb2.LogLine.SerializeToString,
+            ),
+            'StreamJobSteps': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamJobSteps,
+                    request_deserializer=gearshift_dot_v1_dot_scheduler__pb2.StreamJobStepsRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_common__pb2.StepLoss.SerializeToString,
             ),
             'HasCode': grpc.unary_unary_rpc_method_handler(
                     servicer.HasCode,
@@ -417,6 +437,33 @@ class JobService:
             '/gearshift.v1.JobService/StreamJobLogs',
             gearshift_dot_v1_dot_scheduler__pb2.StreamJobLogsRequest.SerializeToString,
             gearshift_dot_v1_dot_common__pb2.LogLine.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamJobSteps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gearshift.v1.JobService/StreamJobSteps',
+            gearshift_dot_v1_dot_scheduler__pb2.StreamJobStepsRequest.SerializeToString,
+            gearshift_dot_v1_dot_common__pb2.StepLoss.FromString,
             options,
             channel_credentials,
             insecure,

@@ -59,6 +59,12 @@ class JobServiceStub:
     the workers that run or ran it: the last tail_lines lines of each selected
     rank, then, with follow, new lines as they are written until the job ends.
     """
+    StreamJobSteps: _grpc.UnaryStreamMultiCallable[_scheduler_pb2.StreamJobStepsRequest, _common_pb2.StepLoss]
+    """Streams a job's step log: the mean loss of every global step after
+    after_step, in step order, as its rank 0 wrote it (one record per step,
+    unlike the throttled PROGRESS events), read from the worker of its latest
+    task that can answer. A job that never ran streams nothing.
+    """
     HasCode: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.HasCodeRequest, _scheduler_pb2.HasCodeResponse]
     """Whether the scheduler holds a code package: a client uploads only what
     it lacks.
@@ -102,6 +108,12 @@ class JobServiceAsyncStub(JobServiceStub):
     """Streams a job's training-process output (stdout and stderr lines), read from
     the workers that run or ran it: the last tail_lines lines of each selected
     rank, then, with follow, new lines as they are written until the job ends.
+    """
+    StreamJobSteps: _aio.UnaryStreamMultiCallable[_scheduler_pb2.StreamJobStepsRequest, _common_pb2.StepLoss]  # type: ignore[assignment]
+    """Streams a job's step log: the mean loss of every global step after
+    after_step, in step order, as its rank 0 wrote it (one record per step,
+    unlike the throttled PROGRESS events), read from the worker of its latest
+    task that can answer. A job that never ran streams nothing.
     """
     HasCode: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.HasCodeRequest, _scheduler_pb2.HasCodeResponse]  # type: ignore[assignment]
     """Whether the scheduler holds a code package: a client uploads only what
@@ -185,6 +197,18 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         """Streams a job's training-process output (stdout and stderr lines), read from
         the workers that run or ran it: the last tail_lines lines of each selected
         rank, then, with follow, new lines as they are written until the job ends.
+        """
+
+    @_abc_1.abstractmethod
+    def StreamJobSteps(
+        self,
+        request: _scheduler_pb2.StreamJobStepsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_common_pb2.StepLoss], _abc.AsyncIterator[_common_pb2.StepLoss]]:
+        """Streams a job's step log: the mean loss of every global step after
+        after_step, in step order, as its rank 0 wrote it (one record per step,
+        unlike the throttled PROGRESS events), read from the worker of its latest
+        task that can answer. A job that never ran streams nothing.
         """
 
     @_abc_1.abstractmethod

@@ -301,6 +301,32 @@ class WorkerDescription(_message.Message):
 Global___WorkerDescription: _TypeAlias = WorkerDescription  # noqa: Y015
 
 @_typing.final
+class ReadStepLogRequest(_message.Message):
+    """Asks for the step log of a task's job."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    AFTER_STEP_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Id of the task."""
+    after_step: _builtins.int
+    """Only steps after this one (0: from the first step)."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        after_step: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_step", b"after_step", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadStepLogRequest: _TypeAlias = ReadStepLogRequest  # noqa: Y015
+
+@_typing.final
 class StreamTaskLogsRequest(_message.Message):
     """Asks for a task's training-process output."""
 

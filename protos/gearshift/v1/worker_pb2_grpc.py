@@ -61,6 +61,11 @@ class WorkerAgentStub:
                 request_serializer=gearshift_dot_v1_dot_worker__pb2.StreamTaskLogsRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_common__pb2.LogLine.FromString,
                 _registered_method=True)
+        self.ReadStepLog = channel.unary_stream(
+                '/gearshift.v1.WorkerAgent/ReadStepLog',
+                request_serializer=gearshift_dot_v1_dot_worker__pb2.ReadStepLogRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_common__pb2.StepLoss.FromString,
+                _registered_method=True)
 
 
 class WorkerAgentServicer:
@@ -110,6 +115,15 @@ class WorkerAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadStepLog(self, request, context):
+        """The step log of a task's job (in the job's checkpoint folder, written by
+        rank 0 at every global step): each step after after_step, in step order;
+        a step run again after a restart is sent once, as last written.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +151,11 @@ def add_WorkerAgentServicer_to_server(servicer, server):
                     servicer.StreamTaskLogs,
                     request_deserializer=gearshift_dot_v1_dot_worker__pb2.StreamTaskLogsRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_common__pb2.LogLine.SerializeToString,
+            ),
+            'ReadStepLog': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadStepLog,
+                    request_deserializer=gearshift_dot_v1_dot_worker__pb2.ReadStepLogRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_common__pb2.StepLoss.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -275,6 +294,33 @@ class WorkerAgent:
             '/gearshift.v1.WorkerAgent/StreamTaskLogs',
             gearshift_dot_v1_dot_worker__pb2.StreamTaskLogsRequest.SerializeToString,
             gearshift_dot_v1_dot_common__pb2.LogLine.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadStepLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gearshift.v1.WorkerAgent/ReadStepLog',
+            gearshift_dot_v1_dot_worker__pb2.ReadStepLogRequest.SerializeToString,
+            gearshift_dot_v1_dot_common__pb2.StepLoss.FromString,
             options,
             channel_credentials,
             insecure,

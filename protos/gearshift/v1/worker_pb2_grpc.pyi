@@ -57,6 +57,11 @@ class WorkerAgentStub:
     selected rank kept on this worker (within its size cap), then, with
     follow, new lines until the task ends.
     """
+    ReadStepLog: _grpc.UnaryStreamMultiCallable[_worker_pb2.ReadStepLogRequest, _common_pb2.StepLoss]
+    """The step log of a task's job (in the job's checkpoint folder, written by
+    rank 0 at every global step): each step after after_step, in step order;
+    a step run again after a restart is sent once, as last written.
+    """
 
 @_typing.type_check_only
 class WorkerAgentAsyncStub(WorkerAgentStub):
@@ -83,6 +88,11 @@ class WorkerAgentAsyncStub(WorkerAgentStub):
     """A task's training-process output: the last tail_lines lines of each
     selected rank kept on this worker (within its size cap), then, with
     follow, new lines until the task ends.
+    """
+    ReadStepLog: _aio.UnaryStreamMultiCallable[_worker_pb2.ReadStepLogRequest, _common_pb2.StepLoss]  # type: ignore[assignment]
+    """The step log of a task's job (in the job's checkpoint folder, written by
+    rank 0 at every global step): each step after after_step, in step order;
+    a step run again after a restart is sent once, as last written.
     """
 
 class WorkerAgentServicer(metaclass=_abc_1.ABCMeta):
@@ -137,6 +147,17 @@ class WorkerAgentServicer(metaclass=_abc_1.ABCMeta):
         """A task's training-process output: the last tail_lines lines of each
         selected rank kept on this worker (within its size cap), then, with
         follow, new lines until the task ends.
+        """
+
+    @_abc_1.abstractmethod
+    def ReadStepLog(
+        self,
+        request: _worker_pb2.ReadStepLogRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_common_pb2.StepLoss], _abc.AsyncIterator[_common_pb2.StepLoss]]:
+        """The step log of a task's job (in the job's checkpoint folder, written by
+        rank 0 at every global step): each step after after_step, in step order;
+        a step run again after a restart is sent once, as last written.
         """
 
 def add_WorkerAgentServicer_to_server(servicer: WorkerAgentServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -210,6 +210,13 @@ class JobServicer(scheduler_pb2_grpc.JobServiceServicer):
             context.is_active,
         )
 
+    def StreamJobSteps(
+        self, request: scheduler_pb2.StreamJobStepsRequest, context: grpc.ServicerContext
+    ) -> Iterator[common_pb2.StepLoss]:
+        check_job_id(request.job_id)
+        require(request.after_step >= 0, "after_step", f"must be >= 0 (got {request.after_step})")
+        yield from self.scheduler.job_steps(request.job_id, request.after_step)
+
     def HasCode(
         self, request: scheduler_pb2.HasCodeRequest, context: grpc.ServicerContext
     ) -> scheduler_pb2.HasCodeResponse:

@@ -57,6 +57,12 @@ class WorkerAgents:
         timeout = None if request.follow else self._timeout
         return self._stub(address).StreamTaskLogs(request, timeout=timeout)
 
+    def step_log(
+        self, address: str, request: worker_pb2.ReadStepLogRequest
+    ) -> list[common_pb2.StepLoss]:
+        """The step log a task's worker reads (grpc.RpcError when it cannot)."""
+        return list(self._stub(address).ReadStepLog(request, timeout=self._timeout))
+
     def start_all(
         self, calls: Sequence[tuple[str, worker_pb2.StartTaskRequest]]
     ) -> list[common_pb2.TaskStatus | Exception]:
