@@ -13,11 +13,11 @@ The scheduler's rooms (DESIGN.md, "Rooms that show the design"; `check_rooms`):
    plugins/ outside its own seed (neither another seed nor the registry's modules, which
    import the seeds). A seed may import the types, state/, round/ (the stages' shared
    helpers: placement, the EST model, estimates) and gearshift.common;
-4. the round names no plugin: no module of round/ imports plugins/<seed>/. The registry's
-   own modules (plugins/registry.py, stages.py, allocators.py) are no seed: the round
-   builds its stages through them. What remains is listed in ROUND_NAMES_PLUGIN, one entry
-   an import, each with its reason: the visible debt. An entry that no longer matches an
-   import is reported too, so the list only shrinks.
+4. the round and the state name no plugin: no module of round/ or state/ imports anything
+   of plugins/, neither a seed nor the registry's modules (plugins/registry.py, stages.py,
+   allocators.py, which import the seeds). A plugin reaches the round through the hooks of
+   round/hooks.py and the protocols of the types; the service wires in what the registry
+   builds. No exceptions.
 """
 
 from __future__ import annotations
@@ -109,21 +109,8 @@ SCHEDULER = "gearshift.scheduler"
 SCHEDULER_FOLDER = "services/scheduler"
 BOTTOM = "gearshift.scheduler.types"
 PLUGINS = "gearshift.scheduler.plugins"
-ROUND = "gearshift.scheduler.round"
-# Rule 4's exceptions: (importer, imported module) -> why it is still there.
-_R = "gearshift.scheduler.round."
-_D = "gearshift.scheduler.plugins.dlrover."
-ROUND_NAMES_PLUGIN: dict[tuple[str, str], str] = {
-    # The round still asks DLRover's plans itself (PlanAsk, ResourcePlans.caps) and lifts
-    # the history caps: to become a plans provider hook the service wires in.
-    (_R + "rounds", _D + "resource_plans"): "plans: asks and describes the resource plans",
-    (_R + "rounds", _D + "history_caps"): "plans: lifts a history plan's device cap",
-    (_R + "rounds", _D + "ps_jobs"): "plans: the parameter-server jobs' asks and restarts",
-    # Starting a task writes its process plan (data-parallel or PS) into the StartTask.
-    (_R + "task_control", _D + "plan_book"): "plans: a placement's stored plan",
-    (_R + "task_control", _D + "ps_jobs"): "plans: a PS job's processes at start",
-    (_R + "task_control", _D + "resource_plans"): "plans: a process's resources at start",
-}
+# Rule 4: the rooms that import nothing of plugins/.
+NO_PLUGINS = ("gearshift.scheduler.round", "gearshift.scheduler.state")
 
 
 @dataclass(frozen=True)
@@ -228,19 +215,14 @@ def _cycles(edges: dict[str, list[tuple[int, str]]]) -> list[list[str]]:
 
 
 def check_rooms(
-    root: Path = ROOT,
-    package: str = SCHEDULER,
-    folder: str = SCHEDULER_FOLDER,
-    round_names_plugin: dict[tuple[str, str], str] | None = None,
+    root: Path = ROOT, package: str = SCHEDULER, folder: str = SCHEDULER_FOLDER
 ) -> list[RoomViolation]:
     """Every break of the scheduler's room rules (the module docstring)."""
-    allowed = ROUND_NAMES_PLUGIN if round_names_plugin is None else round_names_plugin
     bottom = BOTTOM.replace(SCHEDULER, package, 1)
     plugins = PLUGINS.replace(SCHEDULER, package, 1)
-    round_ = ROUND.replace(SCHEDULER, package, 1)
+    rooms = tuple(room.replace(SCHEDULER, package, 1) + "." for room in NO_PLUGINS)
     modules, edges = _scheduler_graph(root, package, folder)
     found: list[RoomViolation] = []
-    used: set[tuple[str, str]] = set()
 
     def seed(module: str) -> str | None:
         return _seed(module.replace(package, SCHEDULER, 1))
@@ -265,15 +247,16 @@ def check_rooms(
                         rel, line, module, imported, "rule 3: plugins never import each other"
                     )
                 )
-            if module.startswith(round_ + ".") and theirs is not None:
-                if (module, imported) in allowed:
-                    used.add((module, imported))
-                else:
-                    found.append(
-                        RoomViolation(
-                            rel, line, module, imported, "rule 4: the round names no plugin"
-                        )
+            if module.startswith(rooms) and (imported + ".").startswith(plugins + "."):
+                found.append(
+                    RoomViolation(
+                        rel,
+                        line,
+                        module,
+                        imported,
+                        "rule 4: the round and the state name no plugin",
                     )
+                )
     for cycle in _cycles(edges):
         first = cycle[0]
         line = next(n for n, m in edges[first] if m in cycle)
@@ -284,16 +267,6 @@ def check_rooms(
                 first,
                 " -> ".join(cycle),
                 "rule 1: an import cycle",
-            )
-        )
-    for importer, imported in sorted(set(allowed) - used):
-        found.append(
-            RoomViolation(
-                Path(folder),
-                0,
-                importer,
-                imported,
-                "rule 4's allow-list names an import that is gone: remove the entry",
             )
         )
     return found

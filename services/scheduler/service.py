@@ -33,7 +33,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 from gearshift.common.errors import NotFoundError
@@ -42,20 +41,20 @@ from gearshift.common.identity import JobTokens
 from gearshift.scheduler import metrics
 from gearshift.scheduler.api.jobs_api import JobsApi
 from gearshift.scheduler.api.registry import WorkerRegistry
-from gearshift.scheduler.plugins.dlrover import plan_book
-from gearshift.scheduler.plugins.dlrover.ps_jobs import PsPlan, PsPlans
-from gearshift.scheduler.plugins.dlrover.resource_plans import ProcessPlan, ResourcePlans
+from gearshift.scheduler.plugins.dlrover.ps_jobs import PsPlans
+from gearshift.scheduler.plugins.dlrover.resource_plans import ResourcePlans
 from gearshift.scheduler.plugins.rubick.guarantees import Admission, Guarantees
 from gearshift.scheduler.plugins.rubick.rubick_live import LiveRubick
 from gearshift.scheduler.plugins.rubick.tenants import Quotas, TenantsFile
 from gearshift.scheduler.plugins.stages import (
     allocator_for,
     collocator_for,
+    decider_for,
     execution_plans_for,
+    plans_for,
 )
 from gearshift.scheduler.round.brain import BrainAdvisor
 from gearshift.scheduler.round.datasets import DatasetKeeper
-from gearshift.scheduler.round.decider import DecisionProcess
 from gearshift.scheduler.round.estimates import Estimates
 from gearshift.scheduler.round.rounds import RoundReport, Rounds
 from gearshift.scheduler.round.task_control import TaskControl
@@ -103,7 +102,10 @@ class Scheduler:
             default_restart_seconds=settings.restart_seconds,
             burst_amp_limit=settings.amp_limit if settings.collocates else 0.0,
         )
-        self.control = TaskControl(self.state, self.agents, job_tokens)
+        # The plans point's stage (DLRover's): the round's resource plans and the task
+        # control's process plans (round/hooks.py).
+        self.plans = plans_for(settings, self.brain, clock, self._pool)
+        self.control = TaskControl(self.state, self.agents, job_tokens, processes=self.plans)
         self.registry = WorkerRegistry(self.state, self.control, self.estimates, self.wake)
         self.rounds = Rounds(
             self.state,
@@ -113,20 +115,9 @@ class Scheduler:
             allocator or allocator_for(settings, self.tenants, self.brain),
             observers=[metrics.round_finished],
             collocator=collocator_for(settings),
-            decider=DecisionProcess(settings) if settings.decision_process else None,
+            decider=decider_for(settings),
             execution_plans=execution_plans_for(settings, self.brain),
-            plans=ResourcePlans(
-                self.brain.plan_resources, settings.plan_interval, clock, self._pool
-            )
-            if self.brain.address and settings.resource_plans
-            else None,  # no Brain or no plans plugin: every job runs on the defaults
-            # PS jobs without a Brain run their spec's counts (ps_jobs.fallback), or the
-            # counts a user sets (ScaleJob).
-            ps_plans=PsPlans(
-                self.brain.plan_resources if self.brain.address else None,
-                settings.plan_interval,
-                clock,
-            ),
+            plans=self.plans,
         )
         self.jobs = JobsApi(
             self.state,
@@ -135,9 +126,19 @@ class Scheduler:
             lambda: self.rounds.round,
             self.rounds.stopped,
             tenancy=self._tenancy,
-            ps_plans=self.rounds.ps_plans,
+            ps_plans=self.plans.ps,
         )
         self.state.ended_listeners.extend([self.estimates.forget, self.rounds.forget])
+
+    @property
+    def resource_plans(self) -> ResourcePlans | None:
+        """The data-parallel jobs' resource plans (None: off)."""
+        return self.plans.resources
+
+    @property
+    def ps_plans(self) -> PsPlans:
+        """The parameter-server jobs' plans."""
+        return self.plans.ps
 
     def _tenancy(self) -> tuple[Quotas, Mapping[str, Admission]]:
         """The quotas and the last round's admission of guaranteed jobs."""
@@ -180,7 +181,7 @@ class Scheduler:
                 if job.state == C.JOB_STATE_RESCALING:
                     job.state = C.JOB_STATE_RUNNING  # the next round finishes the move
                 state.add(job)
-                self._recover_plans(job)
+                self.plans.recover(job)
             for worker in state.store.workers():
                 worker.last_heartbeat_at = max(worker.last_heartbeat_at, now)
                 state.workers[worker.worker_id] = worker
@@ -197,22 +198,6 @@ class Scheduler:
                 "round": self.rounds.round,
             },
         )
-
-    def _recover_plans(self, job: JobRecord) -> None:
-        """The resource plans the job's row keeps (migration 0009), back in memory: its
-        running placement is not planned afresh (nor restarted for it), a pin holds."""
-        running = job.state == C.JOB_STATE_RUNNING
-        plans, ps_plans = self.rounds.plans, self.rounds.ps_plans
-        if plans is not None and (plan := plan_book.load(ProcessPlan, job.process_plan)):
-            # A running job's devices are the allocator's from now on (as after an ADJUST).
-            plans.restore(job.job_id, replace(plan, devices=0) if running else plan)
-        if ps_plans is not None and (job.ps_plan or job.ps_pin):
-            ps_plans.recover(
-                job.job_id,
-                plan_book.load(PsPlan, job.ps_plan),
-                plan_book.load(PsPlan, job.ps_pin),
-                running=running,
-            )
 
     def start(self) -> None:
         """Start the round loop in a background thread."""

@@ -1,8 +1,9 @@
 """The types every stage of the round shares: the bottom of the scheduler.
 
 A device, a configuration (devices per type), what the round knows (`Snapshot`,
-`JobSnapshot`, `Ran`), what it decides (`Target`, `Assignment`), and the two plugin
-protocols of the pipeline (`Allocator`, `Collocator`). Plain data: this module imports no
+`JobSnapshot`, `Ran`), what it decides (`Target`, `Assignment`), the two plugin
+protocols of the pipeline (`Allocator`, `Collocator`), and the plugins' settings that the
+scheduler's settings carry (`EntityPolicy`, `StragglerPolicy`). Plain data: this module imports no
 other module of gearshift.scheduler (tools/check_imports.py), so the round, the state, the
 plugins and the simulator can all build on it without a cycle.
 """
@@ -204,3 +205,26 @@ class Collocator(Protocol):
     def collocate(self, snapshot: Snapshot, targets: Mapping[str, Target]) -> dict[str, Target]:
         """Targets with collocated jobs added."""
         ...
+
+
+EntityPolicy = Literal["fairness", "fifo"]  # how a tenant shares among its jobs (Gavel)
+
+
+@dataclass(frozen=True)
+class StragglerPolicy:
+    """The straggler detection's arguments (plugins/dlrover/stragglers.py; the profile's
+    stragglers point)."""
+
+    margin: float = 0.5  # slow: above (1 + margin) x the median of the other processes
+    reports: int = 3  # consecutive slow reports that make a straggler (and normal: recovered)
+    clear_seconds: float = 300.0  # a degraded mark lasts this long without a new verdict
+    min_gap_s: float = 0.01  # and slower by at least this many seconds a step
+
+    def check(self) -> None:
+        """ValueError naming the flag of a bad value."""
+        if not self.margin > 0:
+            raise ValueError(f"--straggler-margin must be > 0 (got {self.margin})")
+        if self.reports < 1:
+            raise ValueError(f"--straggler-reports must be >= 1 (got {self.reports})")
+        if not self.clear_seconds > 0:
+            raise ValueError(f"--straggler-clear-seconds must be > 0 (got {self.clear_seconds})")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gearshift.scheduler.plugins.dlrover.history_caps import CapView, caps_to_lift, idle_usable
+from gearshift.scheduler.plugins.dlrover.history_caps import caps_to_lift, idle_usable
+from gearshift.scheduler.round.hooks import CapView
 
 ANY: frozenset[str] = frozenset()
 

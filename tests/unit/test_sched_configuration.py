@@ -42,7 +42,7 @@ def test_the_default_is_the_union() -> None:
     assert default.collocation == "deeppool"  # DeepPool's collocation on idle devices
     assert default.execution_plans == "rubick"  # Rubick's plan choice where a spec allows it
     assert (default.plan_min_gain, default.plan_profile) == (0.05, True)
-    assert default.resource_plans and default.plan_interval == 60.0  # DLRover's plans
+    assert default.plans == "dlrover" and default.plan_interval == 60.0  # DLRover's plans
     assert default.tenants_file == ""  # guarantees, once tenants are configured
     assert default.stragglers.reports == 3
     # The round bounds that held 1,000 workers (bench/load.py).
@@ -71,7 +71,7 @@ def test_plugin_arguments_reach_the_settings() -> None:
     assert custom.policy == "hierarchical" and custom.round_seconds == 2.0
     assert custom.tenant_weights == {"research": 1.0, "product": 2.0}
     assert custom.tenant_policies == {"a": "fifo"}
-    assert custom.collocation == "none" and not custom.resource_plans
+    assert custom.collocation == "none" and custom.plans == "none"
     cost = settings(profile(allocate={"name": "min_total_cost", "args": {"prices": {"v100": 3}}}))
     assert cost.prices["v100"] == 3.0 and cost.prices["k80"] == 0.45
     rigid = settings(profile(allocate={"name": "fifo"}))

@@ -16,7 +16,12 @@ from typing import Any
 import pytest
 
 from gearshift.common import logs
-from gearshift.scheduler.plugins.stages import allocator_for, collocator_for
+from gearshift.scheduler.plugins.stages import (
+    allocator_for,
+    collocator_for,
+    decider_for,
+    decision_stages,
+)
 from gearshift.scheduler.round import decider
 from gearshift.scheduler.round.decider import (
     DECISION_NICENESS,
@@ -57,7 +62,7 @@ def test_the_child_decides_as_the_scheduler_would_round_after_round(
     config = settings()
     scheduler, _ = make_scheduler(config, clock=clock)
     here = InProcess(allocator_for(config), collocator_for(config))
-    child = DecisionProcess(config)
+    child = DecisionProcess(config, decision_stages)
     try:
         for i in range(6):
             register(scheduler, f"w{i}", {("v100", "k80")[i % 2]: 2})
@@ -118,13 +123,13 @@ def test_the_child_holds_every_job_as_the_scheduler_sees_it(
 
     def serve() -> None:
         try:
-            decider._serve(there, config)
+            decider._serve(there, config, decision_stages)
         finally:  # a failure here ends the test's wait for an answer (EOFError)
             there.close()
 
     child = threading.Thread(target=serve, daemon=True)
     child.start()
-    sender = DecisionProcess(config)
+    sender = DecisionProcess(config, decision_stages)
     sender._conn = here  # the thread is its child
     try:
         for i in range(4):
@@ -187,7 +192,7 @@ def test_a_killed_child_is_replaced_and_given_the_whole_snapshot() -> None:
     clock = Clock()
     config = settings()
     scheduler, _ = make_scheduler(config, clock=clock)
-    child = DecisionProcess(config)
+    child = DecisionProcess(config, decision_stages)
     try:
         register(scheduler, "w", {"v100": 4})
         for i in range(3):
@@ -238,7 +243,7 @@ def test_allocators_that_need_this_process_are_refused(
     fields: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
-        DecisionProcess(settings(**fields))
+        decider_for(settings(decision_process=True, **fields))
 
 
 @pytest.mark.parametrize("count", [0, 1, decider.CHUNK, 2 * decider.CHUNK + 1])
@@ -263,7 +268,7 @@ def test_the_child_logs_as_the_scheduler_does_and_solves_beside_its_rounds(
     clock = Clock()
     config = settings(recompute_in_background=True)
     scheduler, _ = make_scheduler(config, clock=clock)
-    child = DecisionProcess(config)
+    child = DecisionProcess(config, decision_stages)
     try:
         register(scheduler, "w0", {"v100": 4})
         scheduler.submit(job_spec("first", 2), "")

@@ -436,8 +436,8 @@ def test_a_restarted_scheduler_keeps_the_plan_a_running_job_runs() -> None:
 
         again, _ = make_scheduler(settings, clock=clock, brain=brain, store=scheduler.store)
         again.recover()
-        assert again.rounds.plans is not None
-        assert again.rounds.plans.plan(job.job_id) == replace(runs, devices=0)
+        assert again.resource_plans is not None
+        assert again.resource_plans.plan(job.job_id) == replace(runs, devices=0)
         register(again, "w", {"cpu": 8})
         again.run_round()
         assert brain.plans_asked == asked  # not planned afresh
@@ -466,7 +466,7 @@ def test_a_history_cap_gives_way_to_idle_devices_at_the_next_round_while_nothing
         clock.now += 1.0  # within the workers' heartbeat timeout
         scheduler.run_round()
         assert len(scheduler.get(job.job_id).placement.processes) == 4
-        plan = scheduler.rounds.plans.plan(job.job_id) if scheduler.rounds.plans else None
+        plan = scheduler.resource_plans.plan(job.job_id) if scheduler.resource_plans else None
         assert plan is not None and plan.devices == 0 and plan.source == "history"
     finally:
         scheduler.stop()
@@ -491,7 +491,7 @@ def test_a_history_cap_stands_while_a_job_waits() -> None:
         scheduler.run_round()
         assert len(scheduler.get(job.job_id).placement.processes) == 1
         assert scheduler.get(waiting.job_id).state == common_pb2.JOB_STATE_QUEUED
-        plan = scheduler.rounds.plans.plan(job.job_id) if scheduler.rounds.plans else None
+        plan = scheduler.resource_plans.plan(job.job_id) if scheduler.resource_plans else None
         assert plan is not None and plan.devices == 1
     finally:
         scheduler.stop()

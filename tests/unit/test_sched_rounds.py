@@ -804,8 +804,8 @@ def test_a_restarted_scheduler_keeps_a_ps_jobs_plan_and_its_pin() -> None:
 
         again, _ = make_scheduler(settings(), clock=clock, store=scheduler.store, agents=agents)
         again.recover()
-        ps_plans = again.rounds.ps_plans
-        assert ps_plans is not None and ps_plans.pinned(job.job_id)
+        ps_plans = again.ps_plans
+        assert ps_plans.pinned(job.job_id)
         plan = ps_plans.plan(job.job_id)
         assert plan is not None and (plan.ps, plan.workers) == (2, 3)
         clock.now += 1.0

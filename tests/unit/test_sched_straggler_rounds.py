@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gearshift.scheduler.plugins.dlrover.stragglers import StragglerPolicy
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
+from gearshift.scheduler.types import StragglerPolicy
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.helpers import wait_until
 from tests.sched_harness import Clock, SimulatedAgents, job_spec, make_scheduler, register

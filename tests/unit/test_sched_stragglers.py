@@ -8,13 +8,12 @@ from gearshift.client.dashboard.views import cluster
 from gearshift.client.render import cluster_text
 from gearshift.scheduler.plugins.dlrover.stragglers import (
     Report,
-    StragglerPolicy,
     Track,
     expired,
     observe,
 )
 from gearshift.scheduler.round.placement import place
-from gearshift.scheduler.types import Device, Target
+from gearshift.scheduler.types import Device, StragglerPolicy, Target
 from gearshift.v1 import common_pb2, scheduler_pb2
 
 POLICY = StragglerPolicy(margin=0.5, reports=3, clear_seconds=60.0)

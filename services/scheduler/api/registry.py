@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from gearshift.common.facts import ENDED_TASK_STATES, EXIT_BAD_INPUT
-from gearshift.scheduler.plugins.dlrover.stragglers import Report, expired, observe
+from gearshift.scheduler.plugins.dlrover.stragglers import Report, Track, expired, observe
 from gearshift.scheduler.round.estimates import Estimates
 from gearshift.scheduler.round.process_resources import cannot_fit, memory_text, process_resources
 from gearshift.scheduler.round.task_control import TaskControl
@@ -102,6 +102,10 @@ class WorkerRegistry:
         self.wake = wake
         self.workers_changed: list[Callable[[], None]] = []
         self.rows = WorkerRows()
+        # job -> (placement generation, rank -> its step-time track): the straggler
+        # detection's memory of the running placement (in memory only; under the lock).
+        self._tracks: dict[str, tuple[int, dict[int, Track]]] = {}
+        state.ended_listeners.append(self._forget_tracks)
         self._taskless: dict[str, float] = {}  # job -> when it was first seen running taskless
         self._strays: dict[str, float] = {}  # task -> when it was first seen not running its job
         self._aucs: dict[str, float] = {}  # PS job -> the held-out AUC last announced
@@ -493,10 +497,10 @@ class WorkerRegistry:
         state = self.state
         if job.state != C.JOB_STATE_RUNNING or task.generation != job.generation:
             return
-        generation, tracks = state.timings.get(job.job_id, (-1, {}))
+        generation, tracks = self._tracks.get(job.job_id, (-1, {}))
         if generation != job.generation:
             tracks = {}
-            state.timings[job.job_id] = (job.generation, tracks)
+            self._tracks[job.job_id] = (job.generation, tracks)
         kinds = {p.rank: p.accelerator_type for p in job.placement.processes}
         reports = [
             Report(
@@ -540,6 +544,9 @@ class WorkerRegistry:
                 )
         for worker_id in outcome.recovered:
             self._clear_degraded(worker_id, "its processes report normal step times again")
+
+    def _forget_tracks(self, job_id: str) -> None:
+        self._tracks.pop(job_id, None)
 
     def _clear_degraded(self, worker_id: str, why: str) -> None:
         worker = self.state.workers.get(worker_id)

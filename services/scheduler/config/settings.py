@@ -8,7 +8,6 @@ other.
 from __future__ import annotations
 
 from gearshift.scheduler.config.configuration import Loaded
-from gearshift.scheduler.plugins.dlrover.stragglers import StragglerPolicy
 from gearshift.scheduler.plugins.gavel.prices import GAVEL_PRICES
 from gearshift.scheduler.plugins.registry import (
     Can,
@@ -23,6 +22,7 @@ from gearshift.scheduler.plugins.registry import (
     StragglerArgs,
 )
 from gearshift.scheduler.state.state import SchedulerSettings
+from gearshift.scheduler.types import StragglerPolicy
 
 
 def settings_of(loaded: Loaded) -> SchedulerSettings:
@@ -79,7 +79,7 @@ def settings_of(loaded: Loaded) -> SchedulerSettings:
         else loaded.name(Point.EXECUTION_PLANS),
         plan_min_gain=rubick_plans.min_gain,
         plan_profile=rubick_plans.profile,
-        resource_plans=isinstance(plans, DlroverArgs),
+        plans=loaded.name(Point.PLANS),
         plan_interval=plans.interval_seconds if isinstance(plans, DlroverArgs) else 0.0,
         tenants_file=tenants.file if isinstance(tenants, GuaranteesArgs) else "",
         stragglers=StragglerPolicy(stragglers.margin, stragglers.reports, stragglers.clear_seconds),

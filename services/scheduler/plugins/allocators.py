@@ -27,9 +27,15 @@ from gearshift.scheduler.plugins.easyscale.elastic import (
 from gearshift.scheduler.plugins.gavel.elastic_rounds import ElasticRounds
 from gearshift.scheduler.plugins.gavel.mechanism import Combo, JobView, RoundScheduler
 from gearshift.scheduler.plugins.gavel.policies import make_policy, policy_names
-from gearshift.scheduler.plugins.gavel.policies.base import EntityPolicy
 from gearshift.scheduler.round.ests import elastic_job, split_ests
-from gearshift.scheduler.types import Allocator, JobSnapshot, Snapshot, Target, config_of
+from gearshift.scheduler.types import (
+    Allocator,
+    EntityPolicy,
+    JobSnapshot,
+    Snapshot,
+    Target,
+    config_of,
+)
 
 
 class GavelRounds:

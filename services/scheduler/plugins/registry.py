@@ -12,7 +12,7 @@ means: no module outside a plugin tests a policy's name.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -21,6 +21,7 @@ from pydantic.alias_generators import to_camel
 
 from gearshift.scheduler.plugins.allocators import make_allocator
 from gearshift.scheduler.plugins.deeppool.collocation import Multiplexing
+from gearshift.scheduler.plugins.dlrover.plans_hooks import make_plans
 from gearshift.scheduler.plugins.gavel.policies import describe, policy_names, traits
 from gearshift.scheduler.plugins.rubick.plan_choice import make_rubick_plans
 from gearshift.scheduler.plugins.rubick.rubick_live import make_live_rubick
@@ -226,7 +227,8 @@ class Plugin:
     refuse: Callable[[Any], str | None] = lambda args: None
     tags: tuple[str, ...] = field(default=())  # the seed paper(s) it comes from
     # allocate: (settings, quotas or None, Brain) -> the Allocator; collocate: (settings) ->
-    # the Collocator; executionPlans: (settings, Brain) -> the stage
+    # the Collocator; executionPlans: (settings, Brain) -> the stage; plans: (settings, Brain,
+    # clock, pool) -> the round's plans provider (round/hooks.py)
     # (gearshift.scheduler.plugins.stages builds them)
     build: Callable[..., Any] | None = None
 
@@ -417,7 +419,13 @@ def _register_stages() -> None:
             ),
         )
     )
-    register(_off(Point.PLANS, "no resource plans: every job runs on its spec's defaults"))
+    register(
+        replace(
+            _off(Point.PLANS, "no resource plans: every job runs on its spec's defaults"),
+            # a parameter-server job's launcher needs its counts all the same (DLRover's)
+            build=lambda s, brain, clock, pool: make_plans(s, brain, clock, pool, resources=False),
+        )
+    )
     register(
         Plugin(
             "dlrover",
@@ -426,6 +434,7 @@ def _register_stages() -> None:
             DlroverArgs,
             can=lambda a: frozenset({Can.NEEDS_BRAIN}),
             tags=("dlrover",),
+            build=lambda s, brain, clock, pool: make_plans(s, brain, clock, pool, resources=True),
         )
     )
     register(

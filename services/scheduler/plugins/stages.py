@@ -1,13 +1,20 @@
-"""The allocate, collocate and execution-plans stages the scheduler's settings name, built
-from the plugin registry (gearshift.scheduler.plugins.registry): by the scheduler, and (the
-first two) by the decision process (decider.py) for its own copy."""
+"""The stages the scheduler's settings name, built from the plugin registry
+(gearshift.scheduler.plugins.registry): the allocate and collocate stages, by the scheduler
+and by the decision process (round/decider.py) for its own copy; the execution-plans stage;
+the plans point's provider of the round's hooks (round/hooks.py). The round and the state
+import none of this: the service wires what is built here in (tools/check_imports.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Executor
+
+from gearshift.scheduler.plugins.dlrover.plans_hooks import DlroverPlans
 from gearshift.scheduler.plugins.registry import Can, Point, capabilities, plugin
 from gearshift.scheduler.plugins.rubick.guarantees import Guarantees
 from gearshift.scheduler.plugins.rubick.tenants import TenantsFile
 from gearshift.scheduler.round.brain import BrainAdvisor
+from gearshift.scheduler.round.decider import DecisionProcess
 from gearshift.scheduler.round.hooks import ChoosesPlans
 from gearshift.scheduler.state.state import SchedulerSettings
 from gearshift.scheduler.types import Allocator, Collocator
@@ -51,3 +58,41 @@ def allocator_for(
     if tenants is None or admits:
         return allocator
     return Guarantees(allocator, lambda: tenants.quotas)
+
+
+def decision_stages(settings: SchedulerSettings) -> tuple[Allocator, Collocator | None]:
+    """The decision process's own allocate and collocate stages (module level: the spawned
+    child is handed this function by name)."""
+    return allocator_for(settings), collocator_for(settings)
+
+
+def check_decision_process(settings: SchedulerSettings) -> None:
+    """The allocators a child can run alone (the registry says which: not Rubick's, which ask
+    the Brain), and no tenants' quotas (reloaded on SIGHUP in this process)."""
+    if Can.DECISION_PROCESS not in capabilities(Point.ALLOCATE, settings.policy):
+        raise ValueError(f"decision process: profile.allocate {settings.policy} asks the Brain")
+    if settings.tenants_file:
+        raise ValueError("decision process: not with tenants' quotas (they reload here)")
+
+
+def decider_for(settings: SchedulerSettings) -> DecisionProcess | None:
+    """The decision process the settings ask for (None: the round decides in-process)."""
+    if not settings.decision_process:
+        return None
+    check_decision_process(settings)
+    return DecisionProcess(settings, decision_stages)
+
+
+def plans_for(
+    settings: SchedulerSettings,
+    brain: BrainAdvisor,
+    clock: Callable[[], float],
+    pool: Executor | None = None,
+) -> DlroverPlans:
+    """The plans point's provider (profile.plans): the round's resource plans and the task
+    control's process plans."""
+    found = plugin(Point.PLANS, settings.plans)
+    if found is None or found.build is None:
+        raise ValueError(f"profile.plans: no plans plugin {settings.plans!r}")
+    plans: DlroverPlans = found.build(settings, brain, clock, pool)
+    return plans

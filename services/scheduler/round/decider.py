@@ -16,14 +16,12 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gearshift.common.logs import configure_logging, stderr_logging
-from gearshift.scheduler.plugins.registry import Can, Point, capabilities
-from gearshift.scheduler.plugins.stages import allocator_for, collocator_for
 from gearshift.scheduler.round.pipeline import plan_round
 from gearshift.scheduler.round.reconcile import same_assignment
 from gearshift.scheduler.types import (
@@ -47,6 +45,9 @@ DECISION_NICENESS = 10
 
 Current = Mapping[str, Assignment]
 Decision = tuple[dict[str, Target], dict[str, Assignment]]  # what plan_round returns
+# The child's own allocate and collocate stages from the settings: a module-level function
+# (the spawned child gets it by name), passed in by the wiring (plugins/stages.py).
+Stages = Callable[["SchedulerSettings"], tuple[Allocator, Collocator | None]]
 
 
 class Decider(Protocol):
@@ -69,21 +70,12 @@ class InProcess:
         return None
 
 
-def check_decision_process(settings: SchedulerSettings) -> None:
-    """The allocators a child can run alone (the registry says which: not Rubick's, which ask
-    the Brain), and no tenants' quotas (reloaded on SIGHUP in this process)."""
-    if Can.DECISION_PROCESS not in capabilities(Point.ALLOCATE, settings.policy):
-        raise ValueError(f"decision process: profile.allocate {settings.policy} asks the Brain")
-    if settings.tenants_file:
-        raise ValueError("decision process: not with tenants' quotas (they reload here)")
-
-
 class DecisionProcess:
     """plan_round in a child process; see the module docstring."""
 
-    def __init__(self, settings: SchedulerSettings) -> None:
-        check_decision_process(settings)
+    def __init__(self, settings: SchedulerSettings, stages: Stages) -> None:
         self.settings = settings
+        self.stages = stages
         self._ctx = mp.get_context("spawn")  # grpc threads run here: no fork
         self._conn: Connection | None = None
         self._process: Any = None
@@ -98,7 +90,7 @@ class DecisionProcess:
         parent, child = self._ctx.Pipe()
         self._process = self._ctx.Process(
             target=_serve,
-            args=(child, self.settings, stderr_logging()),
+            args=(child, self.settings, self.stages, stderr_logging()),
             name="gearshift-decisions",
             daemon=True,
         )
@@ -173,15 +165,17 @@ class DecisionProcess:
 
 
 def _serve(
-    conn: Connection, settings: SchedulerSettings, logs: tuple[str, str] | None = None
+    conn: Connection,
+    settings: SchedulerSettings,
+    stages: Stages,
+    logs: tuple[str, str] | None = None,
 ) -> None:
     """The child: one decision per message, the allocator kept between them; it logs to
     the scheduler's stderr as the scheduler does (`logs`: level and format)."""
     if logs is not None:
         configure_logging(*logs)
     os.nice(DECISION_NICENESS)
-    allocator = allocator_for(settings)
-    collocator = collocator_for(settings)
+    allocator, collocator = stages(settings)
     jobs: dict[str, JobSnapshot] = {}
     devices: tuple[Device, ...] = ()
     current: dict[str, Assignment] = {}

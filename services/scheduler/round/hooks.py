@@ -15,17 +15,31 @@ the plugin (the round names no plugin: tools/check_imports.py).
   tenant's guarantee): its reasons replace the round's (round/why.py).
 - `execution_plan`: the runtime's execution plan for the plan a target names
   (`Target.plan`, Rubick's `Plan`).
+- `PlansResources`: a resource-plans provider (DLRover's): before a round it copies its
+  asks under the lock and asks outside it; it may cap the devices of a job's next start
+  (a history plan) and lift the cap when devices idle; a changed plan may be worth a
+  restart; a start that applies a plan is announced by a PLAN event with its text.
+- `PlansProcesses`: a process-plan provider, asked by the task control when it starts a
+  job: the cores, memory and loader processes of each process (`StartPlan`), or a
+  parameter-server job's processes, and what the job's row keeps of them.
+
+The service wires the implementations in (built from the plugin registry); the round and
+the task control know only these protocols and their plain data.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from gearshift.common.rubick.plans import Plan, Zero
 from gearshift.scheduler.state.records import JobRecord, WorkerRecord
 from gearshift.scheduler.types import Device, Reason, Snapshot, Target
 from gearshift.v1 import common_pb2
+
+if TYPE_CHECKING:
+    from gearshift.scheduler.state.state import SchedulerState
 
 
 @runtime_checkable
@@ -95,3 +109,79 @@ def execution_plan(
     out.gradient_checkpointing = plan.gc
     out.offload_optimizer = plan.zero is Zero.OFFLOAD
     return out
+
+
+@dataclass(frozen=True)
+class CapView:
+    """A job as a round found its devices, for a provider's device caps (plain data)."""
+
+    job_id: str
+    cap: int  # the devices its plan caps it to; 0: none
+    held: int  # devices it holds now; 0: it waits
+    most: int  # its spec's most devices (max_devices, at most num_ests)
+    types: frozenset[str]  # the accelerator types it may run on; empty: any
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """What each process of a job's start runs with (0: the default, its worker's share),
+    and the plans its row keeps so that a restarted scheduler need not plan it afresh."""
+
+    cpu_cores: int = 0  # per process, within its worker's share
+    memory_bytes: int = 0
+    loader_procs: int = 0
+    ps: common_pb2.ParameterServerPlan | None = None  # a parameter-server job's processes
+    ps_cores: float = 0.0  # the cores a PS job's launcher asks (at most its slot's)
+    process_plan: str = ""  # JobRecord.process_plan: the stored data-parallel plan
+    ps_plan: str = ""  # JobRecord.ps_plan ("": left as it is)
+
+
+class PlansProcesses(Protocol):
+    """A process-plan provider (see the module docstring)."""
+
+    def start_plan(self, job: JobRecord) -> StartPlan:
+        """Under the lock: what each process of the job's next start runs with."""
+        ...
+
+
+@runtime_checkable
+class PlansResources(Protocol):
+    """A resource-plans provider (see the module docstring)."""
+
+    def prepare(
+        self,
+        state: SchedulerState,
+        jobs: Sequence[JobRecord],
+        restart_seconds: Callable[[str], float],
+    ) -> Callable[[], None]:
+        """Under the scheduler's lock: copy what the asks need of the jobs (and of the
+        state's workers and measurements); the refresh it returns asks outside the lock."""
+        ...
+
+    def device_cap(self, job_id: str) -> int:
+        """The devices the job's next start is capped to (0: none)."""
+        ...
+
+    def caps(self) -> Mapping[str, int]:
+        """Every capped job: job id -> its cap."""
+        ...
+
+    def lift_caps(self, jobs: Sequence[CapView], idle: Mapping[str, int]) -> list[str]:
+        """Lift the caps that leave devices idle (`idle`: free devices by type; `jobs`: the
+        capped jobs and those waiting, at least); the jobs lifted."""
+        ...
+
+    def restart_reason(self, job_id: str) -> str | None:
+        """Why the job, keeping its devices, is restarted for a new plan (None: it is not)."""
+        ...
+
+    def started(self, job_id: str) -> Sequence[str]:
+        """The job (re)started on its plans: the PLAN events' texts of those not yet
+        announced (none: nothing new)."""
+        ...
+
+    def recover(self, job: JobRecord) -> None:
+        """A restarted scheduler: the plans the job's row keeps, back in memory."""
+        ...
+
+    def forget(self, job_id: str) -> None: ...

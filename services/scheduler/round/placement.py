@@ -255,3 +255,9 @@ def consolidate(pool: Mapping[str, Sequence[Device]], size: int) -> tuple[Device
         if len(picked) == size:
             return tuple(picked)
     return None
+
+
+def most_devices(spec: common_pb2.JobSpec) -> int:
+    """The most devices a job can use: its max_devices (0: num_ests), at most num_ests."""
+    most = spec.elastic.max_devices or spec.num_ests
+    return max(1, min(most, max(spec.num_ests, 1)))

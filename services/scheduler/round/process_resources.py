@@ -16,6 +16,7 @@ fails (`cannot_fit`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from gearshift.v1 import common_pb2
@@ -46,6 +47,12 @@ def process_resources(
     if worker_memory > 0:
         memory = min(memory, worker_memory)
     return max(cores, 0), max(memory, 0)
+
+
+def launcher_cores(total_cores: float, slot_cores: int) -> int:
+    """Cores a parameter-server job's one process (its launcher) holds on its worker: its
+    plan's total, whole, at most its slot's (0: the slot is unknown, no limit)."""
+    return max(min(math.ceil(total_cores - 1e-9), slot_cores), 1) if slot_cores > 0 else 0
 
 
 def cannot_fit(memory_had: int, worker_memories: Sequence[int]) -> bool:

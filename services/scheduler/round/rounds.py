@@ -32,22 +32,19 @@ from typing import NamedTuple, TypeVar
 
 from gearshift.common import execplan
 from gearshift.common.errors import ResourceExhaustedError
-from gearshift.common.jobspec import is_ps_job
 from gearshift.scheduler.api.registry import WorkerRegistry
-from gearshift.scheduler.plugins.dlrover.history_caps import CapView, caps_to_lift
-from gearshift.scheduler.plugins.dlrover.ps_jobs import PsPlans, ps_asks_of
-from gearshift.scheduler.plugins.dlrover.ps_jobs import describe as ps_describe
-from gearshift.scheduler.plugins.dlrover.resource_plans import PlanAsk, ResourcePlans, describe
 from gearshift.scheduler.round.decider import Decider, InProcess
 from gearshift.scheduler.round.estimates import EstimateRequest, Estimates
 from gearshift.scheduler.round.hooks import (
+    CapView,
     ChoosesPlans,
     Explains,
     LearnsModels,
+    PlansResources,
     Ranks,
     execution_plan,
 )
-from gearshift.scheduler.round.placement import count_by_type, workers_of
+from gearshift.scheduler.round.placement import count_by_type, most_devices, workers_of
 from gearshift.scheduler.round.reasons import JobReasons
 from gearshift.scheduler.round.reconcile import Change, diff, hold_back, starts_past
 from gearshift.scheduler.round.task_control import StartRequests, TaskControl
@@ -195,14 +192,12 @@ class Rounds:
         *,
         observers: list[Callable[[RoundReport, float], None]] | None = None,
         collocator: Collocator | None = None,
-        plans: ResourcePlans | None = None,
-        ps_plans: PsPlans | None = None,
+        plans: PlansResources | None = None,
         decider: Decider | None = None,
         execution_plans: ChoosesPlans | None = None,
     ) -> None:
         self.state = state
-        self.plans = plans
-        self.ps_plans = ps_plans  # parameter-server jobs' plans (ps_jobs.py)
+        self.plans = plans  # the resource plans (hooks.py; None: every job on the defaults)
         self.collocator = collocator
         self.execution_plans = execution_plans  # profile.executionPlans, after the decision
         self.control = control
@@ -329,20 +324,18 @@ class Rounds:
                 jobs = [j for j in state.jobs.values() if not j.terminal]
                 types = state.types()
                 asks = self._asks_of(jobs)
-                plan_asks = (
-                    self._plan_asks([j for j in jobs if not is_ps_job(j.spec)])
-                    if self.plans is not None
-                    else []
+                plans = self.plans
+                refresh_plans = (
+                    plans.prepare(state, jobs, self.estimates.restart_seconds)
+                    if plans is not None
+                    else None
                 )
-                ps_asks = ps_asks_of(state, jobs) if self.ps_plans is not None else []
                 learners = self._learners()
                 learn = [x.prepare(jobs, list(state.workers.values())) for x in learners]
             lap = report.lap("asks", lap, time.perf_counter())
             self.estimates.refresh(self.estimates.due(asks, types, now), types, now)
-            if self.plans is not None:
-                self.plans.refresh(plan_asks)
-            if self.ps_plans is not None:
-                self.ps_plans.refresh(ps_asks)
+            if refresh_plans is not None:  # the resource plans asked, outside the lock
+                refresh_plans()
             for refresh in learn:  # the Brain's fitted models, outside the lock
                 refresh(now)
             lap = report.lap("estimates", lap, time.perf_counter())
@@ -410,31 +403,6 @@ class Rounds:
                 ask = asks[job.job_id] = _ask(job)
             out.append(ask)
         return out
-
-    def _plan_asks(self, jobs: list[JobRecord]) -> list[PlanAsk]:
-        """What the resource plans need of the jobs (under the lock): the most cores a
-        process can get is the largest per-device share of a live worker."""
-        shares = [
-            w.cpu_cores // max(sum(g.count for g in w.devices), 1)
-            for w in self.state.workers.values()
-            if w.alive
-        ]
-        per = float(max(shares, default=0))
-        return [
-            PlanAsk(
-                job_id=job.job_id,
-                running=job.state == C.JOB_STATE_RUNNING,
-                processes=len(job.placement.processes),
-                steps_left=max(job.progress.total_steps - job.progress.step, 0),
-                steps_per_second=0.0,
-                restart_seconds=self.estimates.restart_seconds(job.job_id),
-                cpu_max_per_process=per,
-                max_devices=_most(job.spec),
-                spec=job.spec,
-                submitted_at=job.submitted_at,
-            )
-            for job in jobs
-        ]
 
     def gather(self, now: float) -> _Gathered:
         """What the snapshot needs of the jobs and devices. Under the lock only the records
@@ -524,8 +492,9 @@ class Rounds:
         return snapshot
 
     def _lift_caps(self, gathered: _Gathered) -> None:
-        """History caps that leave devices idle while no job waits for them give way before
-        the snapshot (history_caps.py): the allocator may grow those jobs this round."""
+        """Device caps (a history plan's) that leave devices idle while no job waits for
+        them give way before the snapshot (the plans provider's rule): the allocator may
+        grow those jobs this round."""
         if self.plans is None:
             return
         held = {d for assignment in gathered.current.values() for d, _ in assignment}
@@ -542,22 +511,20 @@ class Rounds:
                 v.job.job_id,
                 caps.get(v.job.job_id, 0),
                 len({d for d, _ in v.held}),
-                _most(v.job.spec),
+                most_devices(v.job.spec),
                 frozenset((v.locked_type,) if v.locked_type else v.job.spec.accelerator_types),
             )
             for v in gathered.jobs
             if not v.held or v.job.job_id in caps
         ]
-        for job_id in caps_to_lift(views, idle):
-            self.plans.lift_cap(job_id)
+        for job_id in self.plans.lift_caps(views, idle):
             log.info(
                 "history cap lifted: devices idle and no job waits for them",
                 extra={"job_id": job_id, "cap": caps[job_id], "idle": dict(idle)},
             )
 
     def _plan_devices(self, job_id: str) -> int:
-        plan = self.plans.plan(job_id) if self.plans is not None else None
-        return plan.devices if plan is not None else 0
+        return self.plans.device_cap(job_id) if self.plans is not None else 0
 
     def _with_pairs(
         self, jobs: tuple[JobSnapshot, ...], views: list[_JobView]
@@ -577,7 +544,7 @@ class Rounds:
         job, held = view.job, view.held
         spec = job.spec
         n = spec.num_ests
-        most = _most(spec)
+        most = most_devices(spec)
         burst = self.estimates.burst(job.job_id)
         if burst is not None and spec.elastic.max_devices:  # DeepPool: as many as help
             most = max(min(most, burst.elastic_devices), min(spec.elastic.min_devices, most), 1)
@@ -676,14 +643,10 @@ class Rounds:
     def _restart_reason(self, job_id: str) -> str | None:
         """Why a job keeping its devices is restarted on them anyway (None: it is not):
         it starts with other arguments - a new execution plan (Rubick: the policy
-        weighed the restart) or a new resource plan that `restart_pays` for (DLRover)."""
+        weighed the restart) or a new resource plan worth the restart (the plans provider)."""
         if job_id in self._plans:
             return "restarting with a new execution plan"
-        if self.plans is not None and self.plans.restart_wanted(job_id):
-            return "restarting with a new resource plan"
-        if self.ps_plans is not None and self.ps_plans.restart_wanted(job_id):
-            return "restarting with a new resource plan (PS and worker counts)"
-        return None
+        return self.plans.restart_reason(job_id) if self.plans is not None else None
 
     def _reconcile(
         self,
@@ -845,7 +808,6 @@ class Rounds:
             profile_rubick = job.generation == 0 and any(  # its rank 0 measures its model's runs
                 x.wants_profile(job.job_id) for x in self._learners()
             )
-            resources = self.plans.plan(job.job_id) if self.plans is not None else None
             placement, tasks, requests = self.control.prepare_start(
                 job,
                 change.assignment,
@@ -853,8 +815,6 @@ class Rounds:
                 profile_rubick=profile_rubick,
                 plan=self._plans.get(job.job_id),
                 cpus_per_device=self._cpus.get(job.job_id, 0),
-                resources=resources,
-                ps_plan=self.ps_plans.plan(job.job_id) if self.ps_plans else None,
             )
             return _Start(move, job, placement, tasks, requests)
         except ResourceExhaustedError as exc:  # nothing was sent: the job stays queued
@@ -929,15 +889,11 @@ class Rounds:
             + (f"; plan: {execplan.describe(plan)}" if new_plan else ""),
             placement=True,
         )
-        applied = self.plans.started(job.job_id) if self.plans is not None else None
-        if applied is not None:  # what it started with, after the start itself
-            job.resource_plan = describe(applied)
-            state.record(job, S.JOB_EVENT_TYPE_PLAN, job.resource_plan)
-        ps_applied = self.ps_plans.started(job.job_id) if self.ps_plans is not None else None
-        if ps_applied is not None:
+        applied = self.plans.started(job.job_id) if self.plans is not None else ()
+        for text in applied:  # what it started with, after the start itself
             state.ps_metrics.pop(job.job_id, None)  # measured under the previous plan
-            job.resource_plan = ps_describe(ps_applied)
-            state.record(job, S.JOB_EVENT_TYPE_PLAN, job.resource_plan)
+            job.resource_plan = text
+            state.record(job, S.JOB_EVENT_TYPE_PLAN, text)
 
     def _start_failed(
         self, job: JobRecord, tasks: list[TaskRecord], failures: list[str], unreachable: set[str]
@@ -971,9 +927,7 @@ class Rounds:
         self._asks.pop(job_id, None)
         if self.plans is not None:
             self.plans.forget(job_id)
-        if self.ps_plans is not None:
-            self.ps_plans.forget(job_id)
-            self.state.ps_metrics.pop(job_id, None)
+        self.state.ps_metrics.pop(job_id, None)
 
 
 def _sharing(collocation: common_pb2.Collocation) -> str:
@@ -990,13 +944,7 @@ def _ask(job: JobRecord) -> EstimateRequest:
     """What to ask the Brain of a job (its layer profile's keys are derived only where the
     round asks for burst-parallel plans, outside the lock)."""
     spec = job.spec
-    return EstimateRequest(job.job_id, spec.model_type, _most(spec), spec)
-
-
-def _most(spec: common_pb2.JobSpec) -> int:
-    """The most devices a job can use: its max_devices (0: num_ests), at most num_ests."""
-    most = spec.elastic.max_devices or spec.num_ests
-    return max(1, min(most, max(spec.num_ests, 1)))
+    return EstimateRequest(job.job_id, spec.model_type, most_devices(spec), spec)
 
 
 def _moving(state: SchedulerState, change: Change) -> str:

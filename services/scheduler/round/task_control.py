@@ -20,12 +20,9 @@ from gearshift.common import execplan
 from gearshift.common.errors import ResourceExhaustedError, rpc_code, rpc_details
 from gearshift.common.facts import ENDED_TASK_STATES
 from gearshift.common.identity import JobTokens
-from gearshift.common.jobspec import is_ps_job
-from gearshift.scheduler.plugins.dlrover import plan_book, ps_jobs
-from gearshift.scheduler.plugins.dlrover.ps_jobs import PsPlan
-from gearshift.scheduler.plugins.dlrover.resource_plans import ProcessPlan
+from gearshift.scheduler.round.hooks import PlansProcesses, StartPlan
 from gearshift.scheduler.round.placement import build_placement, local_ranks, workers_of
-from gearshift.scheduler.round.process_resources import process_resources
+from gearshift.scheduler.round.process_resources import launcher_cores, process_resources
 from gearshift.scheduler.round.workers import WorkerAgents
 from gearshift.scheduler.state.records import JobRecord, TaskRecord, WorkerRecord
 from gearshift.scheduler.state.state import SchedulerState
@@ -46,11 +43,16 @@ class TaskControl:
     """StartTask and StopTask for the scheduler's jobs."""
 
     def __init__(
-        self, state: SchedulerState, agents: WorkerAgents, job_tokens: JobTokens | None = None
+        self,
+        state: SchedulerState,
+        agents: WorkerAgents,
+        job_tokens: JobTokens | None = None,
+        processes: PlansProcesses | None = None,
     ) -> None:
         self.state = state
         self.agents = agents
         self.job_tokens = job_tokens  # each task's processes call as their job (identity.py)
+        self.processes = processes  # the process plans (hooks.py; None: the worker's share)
         self._last_port: dict[str, int] = {}  # host -> last rendezvous port handed out
         self._ports_in_use: dict[str, set[int]] | None = None  # within ports_indexed()
 
@@ -64,8 +66,6 @@ class TaskControl:
         profile_rubick: bool = False,
         plan: common_pb2.ExecutionPlan | None = None,
         cpus_per_device: int = 0,
-        resources: ProcessPlan | None = None,
-        ps_plan: PsPlan | None = None,
     ) -> tuple[common_pb2.Placement, list[TaskRecord], StartRequests]:
         """Tasks and StartTask requests of a new placement, saved before any is sent
         (under the lock); `profile_first`: rank 0 measures the job's layer profile first;
@@ -73,12 +73,13 @@ class TaskControl:
         `plan`: the execution plan to run (None: the job's current one). A plan the job's
         spec does not allow raises ValidationError naming the plan's field, before anything
         changes. Each process gets its worker's share of cores and memory
-        (process_resources; `cpus_per_device` > 0 sets the cores), or what the job's
-        resource plan `resources` gives, with its loader processes. A parameter-server
-        job runs `ps_plan` (ps_jobs.py; None: its spec's counts, 1 core each), its one
-        process holding the plan's cores, at most its worker's share."""
+        (process_resources; `cpus_per_device` > 0 sets the cores), or what the process
+        plan (`PlansProcesses`) gives, with its loader processes. A parameter-server job
+        runs the processes its plan names, its one process holding the plan's cores, at
+        most its worker's share."""
         plan = job.plan if plan is None else plan
         execplan.check_allowed(job.spec, plan)
+        start = self.processes.start_plan(job) if self.processes is not None else StartPlan()
         state = self.state
         settings = state.settings
         placement = build_placement(assignments)
@@ -115,14 +116,11 @@ class TaskControl:
                 worker.devices,
                 cpus_per_device,
                 state.memory_factor.get(job.job_id, 1),
-                plan_cores=resources.cpu_cores if resources else 0,
-                plan_memory=resources.memory_bytes if resources else 0,
+                plan_cores=start.cpu_cores,
+                plan_memory=start.memory_bytes,
             )
-            ps_task = None
-            if is_ps_job(job.spec):
-                ps_plan = ps_plan or ps_jobs.fallback(job.spec, "no plan yet")
-                ps_task = ps_jobs.to_task(ps_plan)
-                cores = ps_jobs.task_cores(ps_plan, cores or worker.cpu_cores)
+            if start.ps is not None:
+                cores = launcher_cores(start.ps_cores, cores or worker.cpu_cores)
             request = worker_pb2.StartTaskRequest(
                 task_id=task_id,
                 job_id=job.job_id,
@@ -145,14 +143,14 @@ class TaskControl:
                 plan=plan,
                 cpu_cores_per_process=cores,
                 memory_bytes_per_process=memory,
-                loader_procs_per_process=resources.loader_procs if resources else 0,
+                loader_procs_per_process=start.loader_procs,
                 generation=job.generation,
-                ps_plan=ps_task,
+                ps_plan=start.ps,
             )
             requests.append((worker.address, request))
-        job.process_plan = plan_book.dump(resources)  # a restarted scheduler keeps them
-        if ps_plan is not None and is_ps_job(job.spec):
-            job.ps_plan = plan_book.dump(ps_plan)
+        job.process_plan = start.process_plan  # a restarted scheduler keeps them
+        if start.ps_plan:
+            job.ps_plan = start.ps_plan
         state.store.save_tasks(tasks)
         state.store.save_job(job)
         return placement, tasks, requests

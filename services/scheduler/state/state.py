@@ -19,12 +19,11 @@ from typing import TypeVar
 
 from google.protobuf.message import Message
 
-from gearshift.scheduler.plugins.dlrover.stragglers import StragglerPolicy, Track
-from gearshift.scheduler.plugins.gavel.policies.base import EntityPolicy
 from gearshift.scheduler.round.brain import BrainAdvisor
 from gearshift.scheduler.round.datasets import DatasetKeeper
 from gearshift.scheduler.state.records import EventRecord, JobRecord, TaskRecord, WorkerRecord
 from gearshift.scheduler.state.store import Store
+from gearshift.scheduler.types import EntityPolicy, StragglerPolicy
 from gearshift.v1 import brain_pb2, common_pb2, scheduler_pb2
 
 M = TypeVar("M", bound=Message)
@@ -94,7 +93,7 @@ class SchedulerSettings:
     execution_plans: str = "none"  # the execution-plans stage: none or rubick
     plan_min_gain: float = 0.05  # rubick plans: least predicted gain that restarts a kept job
     plan_profile: bool = True  # rubick plans: profile a job without a fit at its first start
-    resource_plans: bool = True  # DLRover's plans from the Brain (profile.plans: dlrover)
+    plans: str = "dlrover"  # the plans point: dlrover (resource plans from the Brain) or none
     plan_interval: float = 60.0  # seconds between a running job's resource-plan adjustments
     stragglers: StragglerPolicy = field(default_factory=StragglerPolicy)
 
@@ -148,9 +147,6 @@ class SchedulerState:
         # job -> multiple of its default memory share, doubled at each out-of-memory failure
         # (in memory only: a restarted scheduler starts again from the share).
         self.memory_factor: dict[str, int] = {}
-        # job -> (placement generation, rank -> its step-time track): the straggler
-        # detection's memory of the running placement (in memory only).
-        self.timings: dict[str, tuple[int, dict[int, Track]]] = {}
         # job -> its PS task's latest measured use (heartbeats; in memory only): ps_jobs.py
         self.ps_metrics: dict[str, common_pb2.ParameterServerMetrics] = {}
         self.ended_listeners: list[Callable[[str], None]] = []
@@ -236,7 +232,6 @@ class SchedulerState:
         self.last_progress_event.pop(job.job_id, None)
         self.started_fresh.pop(job.job_id, None)
         self.memory_factor.pop(job.job_id, None)
-        self.timings.pop(job.job_id, None)
         if self.datasets.address:
             with contextlib.suppress(RuntimeError):  # shutting down
                 self.pool.submit(self.datasets.delete_job, job.job_id)

@@ -15,18 +15,8 @@ cap stands: the devices the guess leaves free are the waiting jobs' first.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class CapView:
-    """A job as the rule sees it."""
-
-    job_id: str
-    cap: int  # the history plan's devices; 0: none
-    held: int  # devices it holds now; 0: it waits
-    most: int  # its spec's most devices (max_devices, at most num_ests)
-    types: frozenset[str]  # the accelerator types it may run on; empty: any
+from gearshift.scheduler.round.hooks import CapView
 
 
 def idle_usable(idle: Mapping[str, int], types: frozenset[str]) -> int:

@@ -42,6 +42,7 @@ from gearshift.common.errors import ValidationError
 from gearshift.common.jobspec import is_ps_job, ps_defaults
 from gearshift.scheduler.plugins.dlrover.plan_book import PlanBook
 from gearshift.scheduler.plugins.dlrover.resource_plans import Asker
+from gearshift.scheduler.round.process_resources import launcher_cores
 from gearshift.v1 import brain_pb2, common_pb2
 
 if TYPE_CHECKING:
@@ -198,7 +199,7 @@ def to_task(plan: PsPlan) -> common_pb2.ParameterServerPlan:
 
 def task_cores(plan: PsPlan, slot_cores: int) -> int:
     """Cores the launcher holds on its worker: the plan's total, at most its slot's."""
-    return max(min(math.ceil(plan.total_cores - 1e-9), slot_cores), 1) if slot_cores > 0 else 0
+    return launcher_cores(plan.total_cores, slot_cores)
 
 
 def measured(

@@ -27,10 +27,15 @@ import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from gearshift.scheduler.plugins.dlrover.plan_book import PlanBook
+from gearshift.scheduler.round.placement import most_devices
 from gearshift.v1 import brain_pb2, common_pb2
+
+if TYPE_CHECKING:
+    from gearshift.scheduler.state.records import JobRecord
+    from gearshift.scheduler.state.state import SchedulerState
 
 log = logging.getLogger("gearshift.scheduler.plans")
 
@@ -201,6 +206,34 @@ class PlanAsk:
     max_devices: int
     spec: common_pb2.JobSpec
     submitted_at: float
+
+
+def plan_asks_of(
+    state: SchedulerState, jobs: Sequence[JobRecord], restart_seconds: Callable[[str], float]
+) -> list[PlanAsk]:
+    """What the resource plans need of the jobs (under the scheduler's lock): the most cores
+    a process can get is the largest per-device share of a live worker."""
+    shares = [
+        w.cpu_cores // max(sum(g.count for g in w.devices), 1)
+        for w in state.workers.values()
+        if w.alive
+    ]
+    per = float(max(shares, default=0))
+    return [
+        PlanAsk(
+            job_id=job.job_id,
+            running=job.state == common_pb2.JOB_STATE_RUNNING,
+            processes=len(job.placement.processes),
+            steps_left=max(job.progress.total_steps - job.progress.step, 0),
+            steps_per_second=0.0,
+            restart_seconds=restart_seconds(job.job_id),
+            cpu_max_per_process=per,
+            max_devices=most_devices(job.spec),
+            spec=job.spec,
+            submitted_at=job.submitted_at,
+        )
+        for job in jobs
+    ]
 
 
 def due(

@@ -32,24 +32,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True)
-class StragglerPolicy:
-    """The scheduler's flags --straggler-margin, --straggler-reports, --straggler-clear-seconds."""
-
-    margin: float = 0.5  # slow: above (1 + margin) x the median of the other processes
-    reports: int = 3  # consecutive slow reports that make a straggler (and normal: recovered)
-    clear_seconds: float = 300.0  # a degraded mark lasts this long without a new verdict
-    min_gap_s: float = 0.01  # and slower by at least this many seconds a step
-
-    def check(self) -> None:
-        """ValueError naming the flag of a bad value."""
-        if not self.margin > 0:
-            raise ValueError(f"--straggler-margin must be > 0 (got {self.margin})")
-        if self.reports < 1:
-            raise ValueError(f"--straggler-reports must be >= 1 (got {self.reports})")
-        if not self.clear_seconds > 0:
-            raise ValueError(f"--straggler-clear-seconds must be > 0 (got {self.clear_seconds})")
+from gearshift.scheduler.types import StragglerPolicy
 
 
 @dataclass(frozen=True)

@@ -58,10 +58,10 @@ from typing import TypeVar
 import numpy as np
 
 from gearshift.scheduler.plugins.gavel.mechanism import NEW_JOB_PRIORITY_SCALE
-from gearshift.scheduler.plugins.gavel.policies.base import EntityPolicy, Policy, PolicyInput
+from gearshift.scheduler.plugins.gavel.policies.base import Policy, PolicyInput
 from gearshift.scheduler.plugins.gavel.policies.configs import Configurations, ElasticAllocation
 from gearshift.scheduler.round.ests import ElasticJob, configurations, elastic_job, rate, split_ests
-from gearshift.scheduler.types import Config, JobSnapshot, Snapshot, Target
+from gearshift.scheduler.types import Config, EntityPolicy, JobSnapshot, Snapshot, Target
 
 Rows = list[tuple[Config, float]]
 log = logging.getLogger("gearshift.scheduler")

@@ -41,13 +41,12 @@ import numpy as np
 
 from gearshift.scheduler.plugins.gavel.policies.base import (
     Allocation,
-    EntityPolicy,
     FloatArray,
     Policy,
     PolicyInput,
 )
 from gearshift.scheduler.round.placement import consolidate
-from gearshift.scheduler.types import Device
+from gearshift.scheduler.types import Device, EntityPolicy
 
 Combo = tuple[str, ...]
 NEW_JOB_PRIORITY_SCALE = 1e9

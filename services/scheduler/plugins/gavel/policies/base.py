@@ -27,11 +27,11 @@ import scipy.sparse as sp
 
 from gearshift.scheduler.plugins.gavel.policies.configs import Configurations, ElasticAllocation
 from gearshift.scheduler.plugins.gavel.policies.cvx import cp
+from gearshift.scheduler.types import EntityPolicy
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.intp]
 ProblemClass = Literal["lp", "lp_vertex", "conic", "milp", "greedy"]
-EntityPolicy = Literal["fairness", "fifo"]
 
 
 class PolicyError(RuntimeError):
