@@ -45,6 +45,20 @@ def test_the_step_log_reads_every_step_once_the_last_record_of_a_rerun_winning(
         (3, 0.5, 103.0),
     ]
     assert [s.step for s in read_steps(log, 2)] == [3]
+    assert [s.step for s in read_steps(log, 2, block=30)] == [3]  # blocks grow from the end
+    assert read_steps(log, 3, block=30) == []
+
+
+def test_a_read_after_a_step_reads_the_tail_of_a_long_log(tmp_path: Path) -> None:
+    log = tmp_path / "steps.jsonl"
+    log.write_text("".join(record(s, 1.0 / s) + "\n" for s in range(1, 2001)))
+    # a restart from step 1990 reran 1991..1995
+    with log.open("a") as f:
+        f.write("".join(record(s, 5.0) + "\n" for s in range(1991, 1996)))
+    assert [(s.step, s.loss) for s in read_steps(log, 1993, block=64)] == [(1994, 5.0), (1995, 5.0)]
+    whole = read_steps(log, 0)
+    assert [s.step for s in whole] == list(range(1, 2001))
+    assert whole[1992].loss == 5.0 and whole[-1].loss == pytest.approx(1 / 2000)
     assert read_steps(tmp_path / "none.jsonl", 0) == []
 
 

@@ -117,8 +117,10 @@ class WorkerAgentServicer:
 
     def ReadStepLog(self, request, context):
         """The step log of a task's job (in the job's checkpoint folder, written by
-        rank 0 at every global step): each step after after_step, in step order;
-        a step run again after a restart is sent once, as last written.
+        rank 0 at every global step): the records written after the last record
+        of a step <= after_step (the log's tail: a restart's reruns replace what
+        they rerun as they are written), in step order, each step once, as last
+        written.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -59,8 +59,10 @@ class WorkerAgentStub:
     """
     ReadStepLog: _grpc.UnaryStreamMultiCallable[_worker_pb2.ReadStepLogRequest, _common_pb2.StepLoss]
     """The step log of a task's job (in the job's checkpoint folder, written by
-    rank 0 at every global step): each step after after_step, in step order;
-    a step run again after a restart is sent once, as last written.
+    rank 0 at every global step): the records written after the last record
+    of a step <= after_step (the log's tail: a restart's reruns replace what
+    they rerun as they are written), in step order, each step once, as last
+    written.
     """
 
 @_typing.type_check_only
@@ -91,8 +93,10 @@ class WorkerAgentAsyncStub(WorkerAgentStub):
     """
     ReadStepLog: _aio.UnaryStreamMultiCallable[_worker_pb2.ReadStepLogRequest, _common_pb2.StepLoss]  # type: ignore[assignment]
     """The step log of a task's job (in the job's checkpoint folder, written by
-    rank 0 at every global step): each step after after_step, in step order;
-    a step run again after a restart is sent once, as last written.
+    rank 0 at every global step): the records written after the last record
+    of a step <= after_step (the log's tail: a restart's reruns replace what
+    they rerun as they are written), in step order, each step once, as last
+    written.
     """
 
 class WorkerAgentServicer(metaclass=_abc_1.ABCMeta):
@@ -156,8 +160,10 @@ class WorkerAgentServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_common_pb2.StepLoss], _abc.AsyncIterator[_common_pb2.StepLoss]]:
         """The step log of a task's job (in the job's checkpoint folder, written by
-        rank 0 at every global step): each step after after_step, in step order;
-        a step run again after a restart is sent once, as last written.
+        rank 0 at every global step): the records written after the last record
+        of a step <= after_step (the log's tail: a restart's reruns replace what
+        they rerun as they are written), in step order, each step once, as last
+        written.
         """
 
 def add_WorkerAgentServicer_to_server(servicer: WorkerAgentServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
