@@ -25,7 +25,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from gearshift.client import timeline
-from gearshift.client.dashboard import views
+from gearshift.client.dashboard import allocation_view, views
 from gearshift.client.dashboard.gateway import Gateway
 from gearshift.client.dashboard.loss_view import loss_curve
 from gearshift.client.dashboard.series import LossPoint
@@ -35,6 +35,8 @@ from gearshift.common.errors import GearshiftError, ValidationError
 STATIC = Path(__file__).parent / "static"
 COOKIE = "gearshift_token"
 MAX_LOG_LINES = 2000
+DEFAULT_WINDOW_SECONDS = 3600
+MAX_WINDOW_SECONDS = 7 * 86400
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.UNAUTHENTICATED: 401,
@@ -193,6 +195,13 @@ def create_app(gateway: Gateway) -> Starlette:
     def cluster(request: Request) -> Any:
         return views.cluster(gateway.cluster(token(request)))
 
+    def over_window(request: Request, shape: Callable[..., Any]) -> Any:
+        """`shape`(cluster, runs, since, now, truncated) over the last ?window= seconds."""
+        seconds = _int(request, "window", DEFAULT_WINDOW_SECONDS, 60, MAX_WINDOW_SECONDS)
+        value, now = token(request), time.time()
+        runs, truncated = gateway.runs(value, now - seconds)
+        return shape(gateway.cluster(value), runs, now - seconds, now, truncated)
+
     def whoami(request: Request) -> Any:
         return {
             "scheduler": gateway.scheduler,
@@ -212,6 +221,8 @@ def create_app(gateway: Gateway) -> Starlette:
         Route("/", page("Jobs", "jobs", "jobs.js")),
         Route("/jobs/{id}", page("Job", "job", "charts.js", "job.js")),
         Route("/cluster", page("Cluster", "cluster", "cluster.js")),
+        Route("/allocation", page("Allocation", "allocation", "charts.js", "allocation.js")),
+        Route("/tenants", page("Tenants", "tenants", "charts.js", "tenants.js")),
         Route("/login", page("Log in", "login", "login.js")),
         Route("/healthz", healthz),
         Route("/api/login", login, methods=["POST"]),
@@ -223,6 +234,8 @@ def create_app(gateway: Gateway) -> Starlette:
         Route("/api/jobs/{id}/logs", api(logs)),
         Route("/api/jobs/{id}/cancel", cancel, methods=["POST"]),
         Route("/api/cluster", api(cluster)),
+        Route("/api/allocation", api(lambda r: over_window(r, allocation_view.allocation))),
+        Route("/api/tenants", api(lambda r: over_window(r, allocation_view.tenants))),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     return Starlette(routes=routes, lifespan=lifespan)

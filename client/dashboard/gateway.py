@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from gearshift.client.dashboard.allocation import JobRun
 from gearshift.client.dashboard.series import LossPoint
 from gearshift.client.dashboard.step_cache import StepCache
 from gearshift.client.sdk import Client
-from gearshift.client.timeline import ProgressPoint
+from gearshift.client.timeline import ProgressPoint, segments
 from gearshift.common.auth import ClientTls
 from gearshift.common.channel import connect
 from gearshift.common.errors import GearshiftError, typed_call
@@ -30,6 +31,12 @@ from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2, scheduler_pb2, s
 
 MAX_SESSIONS = 16
 MAX_CACHED_JOBS = 256
+MAX_WINDOW_JOBS = 200  # jobs the allocation and tenants pages read the events of
+UNFINISHED = [
+    common_pb2.JOB_STATE_QUEUED,
+    common_pb2.JOB_STATE_RUNNING,
+    common_pb2.JOB_STATE_RESCALING,
+]
 LOG_TIMEOUT_SECONDS = 10.0
 
 
@@ -165,6 +172,33 @@ class Gateway:
         """Every step of the job's step log so far (cached: only new steps are read)."""
         client = self.session(token).client
         return self._steps.read(job.job_id, job.state in TERMINAL_STATES, client.steps)
+
+    def runs(self, token: str, since: float) -> tuple[list[JobRun], bool]:
+        """The placements of the jobs that ran at some time after `since` (their events
+        cached as the job page's are), and whether some may be missing: more than
+        MAX_WINDOW_JOBS, or older jobs beyond the newest listed."""
+        client = self.session(token).client
+        recent = client.list(page_size=MAX_WINDOW_JOBS)
+        unfinished = client.list(states=UNFINISHED, page_size=MAX_WINDOW_JOBS)
+        found = {j.job_id: j for j in [*recent.jobs, *unfinished.jobs]}
+        ran = sorted(
+            (
+                j
+                for j in found.values()
+                if j.started_at and (not j.finished_at or j.finished_at >= since)
+            ),
+            key=lambda j: -j.started_at,
+        )
+        truncated = len(ran) > MAX_WINDOW_JOBS or bool(unfinished.next_page_token)
+        if recent.next_page_token and recent.jobs:
+            truncated |= min(j.submitted_at for j in recent.jobs) > since
+        runs = []
+        for job in ran[:MAX_WINDOW_JOBS]:
+            events = self.history(token, job).events
+            runs.append(
+                JobRun(job.job_id, job.spec.name, job.spec.tenant or "default", segments(events))
+            )
+        return runs, truncated
 
     def cancel(self, token: str, job_id: str, reason: str) -> scheduler_pb2.Job:
         return self.session(token).client.cancel(job_id, reason=reason)

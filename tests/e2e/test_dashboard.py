@@ -5,10 +5,11 @@ With a job running: `curl` of every daemon's metrics shows non-zero RPC counters
 scheduler's job gauge), parsed with prometheus_client's parser; the pages ask for the token
 (a wrong one is refused with a clear message); the jobs page lists the running job; the
 job page's timeline shows a rescale once one happened, and its loss curve every step of
-the job's step log; the cluster page shows the devices; the cancel button, after its
-confirmation, cancels the job; the JSON endpoints answer as documented; `gearshift job ID
---plot` writes the job's PNG. Screenshots of every page are saved (see the `screenshots`
-fixture)."""
+the job's step log; the cluster page shows the devices, the allocation page each job's
+devices over time across the workers (by job and by tenant), the tenants page each
+tenant's share and use; the cancel button, after its confirmation, cancels the job; the
+JSON endpoints answer as documented; `gearshift job ID --plot` writes the job's PNG.
+Screenshots of every page are saved (see the `screenshots` fixture)."""
 
 from __future__ import annotations
 
@@ -155,6 +156,8 @@ def check_api(base: str, job_id: str) -> None:
     status, state = http(base, "/api/cluster")
     assert status == 200 and len(state["workers"]) == 2
     assert [a["job"] for a in state["allocations"]] == [job_id]
+    status, body = http(base, "/api/allocation?window=59")
+    assert status == 400 and body["error"].startswith("window:"), body
     status, body = http(base, "/api/jobs/job-nope/cancel", body={})
     assert status == 404, body
 
@@ -200,7 +203,9 @@ def test_dashboard_and_metrics_on_a_live_cluster(
 
             # A job that needs 2 devices arrives: the CNN shrinks to 2 (a rescale); once that
             # job is done, the CNN grows back to 4 (another).
-            other = client.submit(other_spec("takes-two", 2, 300))
+            takes_two = other_spec("takes-two", 2, 300)
+            takes_two.tenant = "team-b"
+            other = client.submit(takes_two)
             wait_until(
                 lambda: client.get(job.job_id).rescale_count >= 1, 120, "the CNN never shrank"
             )
@@ -224,6 +229,7 @@ def test_dashboard_and_metrics_on_a_live_cluster(
             loss = page.locator("#loss path[data-series='loss']")
             expect(page.locator("#loss-note")).to_have_attribute("data-source", "steps")
             assert int(loss.get_attribute("data-points") or 0) > 100
+            page.locator("#loss").screenshot(path=str(screenshots / "3-job-loss.png"))
             page.wait_for_selector("#logs > *")
             page.screenshot(path=str(screenshots / "3-job-rescaled.png"), full_page=True)
             page.screenshot(path=str(screenshots / "3-job-rescaled-top.png"))
@@ -234,6 +240,22 @@ def test_dashboard_and_metrics_on_a_live_cluster(
             expect(page.locator(f'tr[data-job="{job.job_id}"]')).to_be_visible()
             expect(page.locator(".device.busy").first).to_be_visible()
             page.screenshot(path=str(screenshots / "4-cluster.png"), full_page=True)
+
+            # The allocation over time: both jobs' bars across the workers, by job and by
+            # tenant; the tenants page: each tenant's share and devices over time.
+            page.goto(base + "/allocation?window=900")
+            for held in (job.job_id, other.job_id):
+                expect(page.locator(f'#gantt rect.held[data-job="{held}"]').first).to_be_visible()
+            page.screenshot(path=str(screenshots / "4-allocation-by-job.png"), full_page=True)
+            page.check("input[name=color][value=tenant]")
+            expect(page.locator('#gantt .legend [data-key="team-b"]')).to_be_visible()
+            page.screenshot(path=str(screenshots / "4-allocation-by-tenant.png"), full_page=True)
+            page.goto(base + "/tenants?window=900")
+            expect(page.locator('#tenants tr[data-tenant="team-b"]')).to_be_visible()
+            expect(
+                page.locator('#charts [data-tenant="default"] path[data-series]')
+            ).to_be_visible()
+            page.screenshot(path=str(screenshots / "4-tenants.png"), full_page=True)
 
             # The cancel button asks first, then cancels.
             page.goto(f"{base}/jobs/{job.job_id}")

@@ -123,6 +123,8 @@ const Gs = (() => {
         {},
         el("a", { href: "/", class: active === "jobs" ? "active" : "" }, "Jobs"),
         el("a", { href: "/cluster", class: active === "cluster" ? "active" : "" }, "Cluster"),
+        el("a", { href: "/allocation", class: active === "allocation" ? "active" : "" }, "Allocation"),
+        el("a", { href: "/tenants", class: active === "tenants" ? "active" : "" }, "Tenants"),
       ),
       who,
     );

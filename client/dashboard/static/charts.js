@@ -27,12 +27,13 @@ const Charts = (() => {
     return { root, x0: margin.left, x1: width - margin.right, y0: height - margin.bottom, y1: margin.top };
   }
 
-  function timeAxis(f, start, end, root) {
+  /** A time axis over [start, end]: labels are durations from start, or clock times. */
+  function timeAxis(f, start, end, root, clockLabels) {
     const sx = (t) => f.x0 + ((t - start) / Math.max(end - start, 1e-9)) * (f.x1 - f.x0);
     for (const t of ticks(0, end - start, 6)) {
       const x = sx(start + t);
       root.append(svg("line", { class: "gridline", x1: x, x2: x, y1: f.y1, y2: f.y0 }));
-      root.append(svg("text", { x, y: f.y0 + 14, "text-anchor": "middle" }, Gs.duration(t)));
+      root.append(svg("text", { x, y: f.y0 + 14, "text-anchor": "middle" }, clockLabels ? Gs.clock(start + t) : Gs.duration(t)));
     }
     root.append(svg("line", { class: "axis", x1: f.x0, x2: f.x1, y1: f.y0, y2: f.y0 }));
     return sx;
@@ -68,7 +69,7 @@ const Charts = (() => {
     if (high === low) high = low + 1;
     high += (high - low) * 0.05;
     const start = options.start, end = Math.max(options.end, start + 1);
-    const sx = (options.xAxis === "step" ? stepAxis : timeAxis)(f, start, end, root);
+    const sx = (options.xAxis === "step" ? stepAxis : timeAxis)(f, start, end, root, options.clock);
     const sy = (v) => f.y0 - ((v - low) / (high - low)) * (f.y0 - f.y1);
     for (const v of ticks(low, high, 4)) {
       const y = sy(v);
@@ -86,8 +87,10 @@ const Charts = (() => {
         gap = false;
         return `${move}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`;
       }).filter(Boolean).join(" ");
-      root.append(svg("path", { d, fill: "none", stroke: s.color, "stroke-width": options.thin ? 1.25 : 2, "data-series": s.name, "data-points": s.points.length }));
-      for (const p of s.points.length < 60 ? s.points.filter((q) => q[1] !== null) : []) {
+      const attrs = { d, fill: "none", stroke: s.color, "stroke-width": options.thin ? 1.25 : 2, "data-series": s.name, "data-points": s.points.length };
+      if (s.dash) attrs["stroke-dasharray"] = s.dash;
+      root.append(svg("path", attrs));
+      for (const p of s.points.length < 60 && options.dots !== false ? s.points.filter((q) => q[1] !== null) : []) {
         root.append(svg("circle", { cx: sx(p[0]), cy: sy(p[1]), r: 2.5, fill: s.color }));
       }
     }
@@ -149,5 +152,5 @@ const Charts = (() => {
     container.append(Gs.el("div", { class: "legend" }, Object.entries(colors).map(([type, color]) => Gs.el("span", {}, Gs.el("span", { class: "swatch", style: `background:${color}` }), type))));
   }
 
-  return { lineChart, placementTimeline };
+  return { lineChart, placementTimeline, svg, frame, timeAxis, ticks };
 })();
