@@ -232,7 +232,10 @@ def test_dashboard_and_metrics_on_a_live_cluster(
             page.locator("#loss").screenshot(path=str(screenshots / "3-job-loss.png"))
             page.wait_for_selector("#logs > *")
             page.screenshot(path=str(screenshots / "3-job-rescaled.png"), full_page=True)
-            page.screenshot(path=str(screenshots / "3-job-rescaled-top.png"))
+            top = {"x": 0, "y": 0, "width": 1280, "height": 1180}  # down to the curves
+            page.screenshot(
+                path=str(screenshots / "3-job-rescaled-top.png"), clip=top, full_page=True
+            )
 
             # The cluster: workers, devices, which job runs where.
             page.goto(base + "/cluster")
