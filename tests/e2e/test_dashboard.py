@@ -166,7 +166,7 @@ def check_api(base: str, job_id: str) -> None:
 def test_dashboard_and_metrics_on_a_live_cluster(
     cluster: DevCluster, chromium: str, screenshots: Path, tmp_path: Path
 ) -> None:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import FloatRect, expect, sync_playwright
 
     base = cluster.dashboard_url.rstrip("/")
     with Client(cluster.address("scheduler"), TOKEN) as client:
@@ -232,7 +232,7 @@ def test_dashboard_and_metrics_on_a_live_cluster(
             page.locator("#loss").screenshot(path=str(screenshots / "3-job-loss.png"))
             page.wait_for_selector("#logs > *")
             page.screenshot(path=str(screenshots / "3-job-rescaled.png"), full_page=True)
-            top = {"x": 0, "y": 0, "width": 1280, "height": 1180}  # down to the curves
+            top = FloatRect(x=0, y=0, width=1280, height=1180)  # down to the curves
             page.screenshot(
                 path=str(screenshots / "3-job-rescaled-top.png"), clip=top, full_page=True
             )
