@@ -8,9 +8,10 @@ Every job elastic (N = its scale factor ESTs, 1..N devices), on Gavel's 48-GPU c
 - --generated workloads of --jobs jobs each (Gavel section 7.1, Poisson arrivals at
   --jobs-per-hour, seeds 0, 1, 2, ...),
 each under the scheduler's default profile (`default`: elastic LAS with the round bounds
-and DeepPool's multiplexing), elastic LAS chosen by hand, rigid LAS (Gavel) and
-EasyScale's greedy allocator (the scheduler's old default). Prints average and p99 JCT
-per workload and policy, and the default's average JCT over elastic LAS's (target <= 1).
+and DeepPool's multiplexing) and the configuration files of bench/profiles/: elastic LAS
+alone, rigid LAS (Gavel) and EasyScale's greedy allocator (the scheduler's old default).
+Prints average and p99 JCT per workload and profile, and the default's average JCT over
+elastic LAS's (target <= 1).
 """
 
 from __future__ import annotations
@@ -24,26 +25,32 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gearshift.scheduler.sim.simulate import build_parser, run
+from gearshift.scheduler.sim.simulate import parse_args, run
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gavel"
-POLICIES = "default,elastic:las,rigid:las,easyscale"
+PROFILES = Path(__file__).resolve().parent / "profiles"
+CONFIGS = [
+    "default",
+    *(str(PROFILES / f"{n}.yaml") for n in ("elastic-las", "rigid-las", "easyscale")),
+]
 CLUSTER = "v100=8,p100=16,k80=24"
-NAMES = {"default (las elastic)": "default", "las (elastic)": "elastic las", "las": "rigid las"}
+NAMES = {"elastic-las": "elastic las", "rigid-las": "rigid las"}
 
 
 def simulate(workload: list[str], data: Path) -> dict[str, dict[str, float]]:
     """{policy: {avg_jct_h, p99_jct_h, rescales}} of one workload."""
-    args = build_parser().parse_args(
+    args = parse_args(
         [
             *workload,
             *("--throughputs", str(data / "simulation_throughputs.json")),
-            *("--cluster", CLUSTER, "--elastic", "--compare", POLICIES),
+            *("--cluster", CLUSTER),
+            *(flag for config in CONFIGS for flag in ("--config", config)),
         ]
     )
     out: dict[str, dict[str, float]] = {}
     for result in run(args):
-        key = NAMES.get(result.policy, result.policy.split(" (")[0])
+        source = result.policy.split(" (")[0]
+        key = NAMES.get(source, source)
         out[key] = {
             "avg_jct_h": result.average_jct / 3600,
             "p99_jct_h": result.p99_jct / 3600,

@@ -94,9 +94,16 @@ def test_several_results_plot_together(results: list[SimulationResult], tmp_path
         write_plots([], tmp_path / "none")
 
 
+PROFILES = Path(__file__).resolve().parents[2] / "bench" / "profiles"
+
+
 @pytest.mark.parametrize(
     "policy",
-    [["--policy", "max_min_fairness_perf"], ["--elastic"], ["--compare", "las,easyscale"]],
+    [
+        ["--config", str(PROFILES / "rigid-las.yaml")],
+        ["--config", str(PROFILES / "easyscale.yaml")],
+        ["--config", "default", "--config", str(PROFILES / "easyscale.yaml")],
+    ],
 )
 def test_simulate_plot_flag_writes_pngs(
     gavel_data: Path, tmp_path: Path, policy: list[str]

@@ -1,23 +1,30 @@
 """`python -m gearshift.scheduler.sim.simulate` (and `gearshift simulate`): run a workload through
-the
-scheduler's round pipeline (the daemon's allocate and place stages) on simulated time.
+the scheduler's round pipeline (the daemon's allocate and place stages) on simulated time.
 
     gearshift simulate --trace FILE --throughputs FILE --cluster v100=8,p100=16,k80=24 \\
-        --policy las [--elastic] [--round 360] [--seed S] [--json]
-    gearshift simulate ... --compare rigid:las,elastic:las,easyscale,default
-    gearshift simulate ... --config scheduler.yaml      # the file's profile
+        [--config scheduler.yaml] [--seed S] [--json]
+    gearshift simulate ... --config default --config rigid-las.yaml --config easyscale.yaml
 
-`default` (or --config FILE) runs the scheduler's profile as the daemon would: the
-allocate plugin with its arguments, the round's length and bounds (preemptExemptSeconds,
-maxMoves), and DeepPool's multiplexing when the profile collocates with deeppool; every
-allocator is built from the plugin registry, as the daemon builds it.
+How it schedules comes from the scheduler's configuration file alone, read as the daemon
+reads it (the same file drives `gearshift-scheduler --config`, `gearshift up --config` and
+`gearshift simulate --config`): the allocate plugin and its arguments, the round's length
+and bounds (preemptExemptSeconds, maxMoves), and DeepPool's multiplexing when the profile
+collocates with deeppool; the allocator is built from the plugin registry, as the daemon
+builds it. No --config: the default profile. Several: one run each on the same workload,
+one table (`default` names the default profile among them). The flags are the
+simulation's own: the workload, the cluster, what the simulated world charges for a
+restart and a collocation, the seed of the generated workload, and the output. A flag
+that was a scheduler knob (`MOVED_TO_FILE`: --policy, --elastic, --round, ...) is
+refused, naming the file's key that replaced it.
 
 The workload is a Gavel trace (10 tab-separated fields per job) or, with
 --generate N, a Poisson workload generated as in Gavel's evaluation (section
 7.1), optionally saved with --write-trace. Prints average and p99 JCT,
 makespan, utilization, rescales, the worst finish-time-fairness ratio, cost and
-every job's completion time (JSON with --json); --compare prints one row per
-policy.
+every job's completion time (JSON with --json); several profiles print one row
+each. Rubick's traces (--trace-format rubick, --workload rubick) run Rubick's own
+simulator (gearshift.scheduler.sim.rubick_cli), whose variants --policy and --compare
+still choose.
 
 Exit codes: 0 done; 1 the workload cannot finish on the cluster; 2 bad usage
 or input.
@@ -29,22 +36,19 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gearshift.common.errors import ValidationError
 from gearshift.common.gavel import ThroughputTable, load_throughputs
 from gearshift.scheduler.config.configuration import ConfigurationError, Loaded, load
 from gearshift.scheduler.config.settings import settings_of
-from gearshift.scheduler.plugins.gavel.policies import describe, make_policy, policy_names
-from gearshift.scheduler.plugins.gavel.prices import parse_prices
-from gearshift.scheduler.plugins.registry import Can, NoArgs, Point, capabilities, names, plugin
+from gearshift.scheduler.plugins.registry import Can, Point, capabilities, names
 from gearshift.scheduler.plugins.stages import allocator_for
 from gearshift.scheduler.sim.plots import write_plots
 from gearshift.scheduler.sim.rubick_cli import render_rubick, run_rubick
 from gearshift.scheduler.sim.simulator import (
     DETERMINISM_CHOICES,
-    GAVEL_RECOMPUTE_SECONDS,
     Multiplexed,
     SimulationError,
     SimulationResult,
@@ -56,6 +60,38 @@ from gearshift.scheduler.state.state import SchedulerSettings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_CLUSTER = "v100=8,p100=16,k80=24"
+# --config's word for the default profile (a file of that name: ./default).
+DEFAULT_PROFILE = "default"
+# Finish-time fairness is measured against Gavel's isolated policy in Gavel's 6-minute
+# rounds: one yardstick for every profile of a comparison, whatever their round lengths.
+ISOLATED_ROUND_SECONDS = 360.0
+
+# The flags that were the scheduler's knobs -> the file's key that replaced each: how the
+# simulator schedules is the file's, as the daemon's is. (--compare: several --config.)
+MOVED_TO_FILE: dict[str, str] = {
+    "--policy": "profile.allocate.name",
+    "--elastic": "profile.allocate.args.elastic",
+    "--round": "round.seconds",
+    "--recompute-seconds": "profile.allocate.args.minRecomputeSeconds",
+    "--hysteresis": "profile.allocate.args.hysteresis",
+    "--prices": "profile.allocate.args.prices",
+    "--multiplex": "profile.collocate.name",
+}
+
+
+def moved(flag: str) -> ValidationError:
+    """The error for a scheduler knob given as a flag: where it lives now."""
+    if flag == "--compare":
+        return ValidationError(
+            flag,
+            "give each profile as a --config FILE: several run on the same workload, one "
+            "table (`--config default` is the default profile)",
+        )
+    return ValidationError(
+        flag,
+        f"set the configuration file's {MOVED_TO_FILE[flag]} instead and pass --config FILE "
+        "(`gearshift config defaults` prints every key)",
+    )
 
 
 def parse_cluster(text: str, field: str = "--cluster") -> dict[str, int]:
@@ -82,14 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gearshift simulate",
         description="Simulate a workload with the scheduler's round pipeline (the daemon's "
-        "allocate and place stages) on simulated time.",
-        epilog="Policies (Gavel objectives; with --elastic over elastic EST jobs): "
-        + "; ".join(f"{n} ({describe(n)})" for n in policy_names())
-        + ". Greedy elastic allocators: easyscale, easyscale_homo (EasyScale's greedy "
-        "inter-job policy, heterogeneous or one type per job); yarn_cs (rigid FIFO gang "
-        "baseline). Determinism: none (Gavel's world: any type, any time, mixing free), "
-        "D1 (one type per job, kept for its life), D2 (mixing, at EasyScale's D2 cost per "
-        "model family), auto (D2 where it is free, D1 for convolutional models).",
+        "allocate and place stages) on simulated time, scheduled as the scheduler's "
+        "configuration file says.",
+        epilog="A Gavel trace runs any allocate plugin that needs no Brain: "
+        + ", ".join(_simulated())
+        + " (`gearshift config plugins` explains each). Determinism: none (Gavel's world: "
+        "any type, any time, mixing free), D1 (one type per job, kept for its life), D2 "
+        "(mixing, at EasyScale's D2 cost per model family), auto (D2 where it is free, D1 "
+        "for convolutional models). The scheduler's knobs are the file's keys, no flags: "
+        + ", ".join(f"{flag} -> {key}" for flag, key in MOVED_TO_FILE.items())
+        + ".",
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", type=Path, help="Gavel trace file (10 tab-separated fields)")
@@ -98,97 +136,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--throughputs", type=Path, help="Gavel's throughputs JSON (Gavel traces)")
     parser.add_argument(
-        "--trace-format",
-        choices=("gavel", "rubick"),
-        default="gavel",
-        help="gavel: 10 tab-separated fields; rubick: the Rubick paper's CSV traces",
-    )
-    parser.add_argument(
-        "--workload",
-        choices=("gavel", "rubick"),
-        default="gavel",
-        help="--generate: Gavel's section 7.1 jobs, or Rubick's (Table 2 models, tenants)",
-    )
-    parser.add_argument(
-        "--tenants",
-        default="A=64,B=0",
-        help="Rubick: GPU quota per tenant, TENANT=GPUS,... (jobs of a tenant with a quota "
-        "are guaranteed; a trace without a tenant column: is_sla=1 -> A, else B)",
-    )
-    parser.add_argument("--nodes", type=int, default=8, help="Rubick: 8-GPU A800 nodes")
-    parser.add_argument(
-        "--start-seconds",
-        type=float,
-        default=0.0,
-        help="Rubick: what a job's first launch costs (default 0; a restart costs "
-        "--rescale-seconds, 78 by default)",
-    )
-    parser.add_argument(
-        "--rubick-data", type=Path, help="Rubick's data folder (default ../shared/data/rubick)"
-    )
-    parser.add_argument(
-        "--rubick-params",
-        choices=("fit", "history"),
-        default="fit",
-        help="Rubick: Eq. 1's parameters fitted on the measured runs, or history.csv's",
+        "--config",
+        action="append",
+        metavar="FILE",
+        help="the scheduler's configuration file (kind: SchedulerConfiguration), read as the "
+        "daemon reads it; `default` (or no --config): the default profile. Given several "
+        "times: every profile on the same workload, one table",
     )
     parser.add_argument(
         "--cluster",
         default=DEFAULT_CLUSTER,
-        help="devices per type, TYPE=COUNT,... (or Gavel's #v100:#p100:#k80)",
-    )
-    choice = parser.add_mutually_exclusive_group()
-    choice.add_argument(
-        "--policy",
-        default=None,
-        metavar="NAME",
-        help="default (the scheduler's profile: --config's, or the defaults), or one of: "
-        f"{', '.join(_simulated())} (default max_min_fairness_perf; easyscale with --elastic; "
-        "default with --config)",
-    )
-    choice.add_argument(
-        "--compare",
-        metavar="P1,P2,...",
-        help="run several policies on the same workload and print one table; prefix an "
-        "objective with elastic: or rigid: to choose its form (default: --elastic's)",
+        help="devices per type, TYPE=COUNT,... (or Gavel's #v100:#p100:#k80): the simulated "
+        "cluster (the daemon's workers tell it theirs)",
     )
     parser.add_argument(
-        "--config",
-        type=Path,
-        help="the scheduler's configuration file (kind: SchedulerConfiguration): its profile "
-        "is the policy `default`",
-    )
-    parser.add_argument(
-        "--round",
-        type=float,
-        default=None,
-        help="round length, seconds (default 360, or --config's round.seconds)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="random seed")
-    parser.add_argument(
-        "--elastic",
-        action="store_true",
-        help="jobs are elastic EST jobs (N = scale factor ESTs, 1..N devices); Gavel "
-        "objectives then allocate over device configurations",
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of --generate's workload and of the isolated yardstick (the policies' own "
+        "seed is the file's round.seed)",
     )
     parser.add_argument(
         "--determinism",
         choices=DETERMINISM_CHOICES,
         default="none",
-        help="what the jobs' bits must survive (see below; default none, as Gavel)",
-    )
-    parser.add_argument(
-        "--recompute-seconds",
-        type=float,
-        default=GAVEL_RECOMPUTE_SECONDS,
-        help="least time between allocation recomputations (Gavel's simulator: 1920)",
+        help="what the jobs' bits must survive, every job's (a job spec says it; traces do "
+        "not; see below; default none, as Gavel)",
     )
     parser.add_argument(
         "--rescale-seconds",
         type=float,
         default=None,
-        help="elastic jobs: seconds without progress when a job checkpoints and restarts "
-        "(default 10; Rubick: 78, the paper's mean)",
+        help="what a restart costs in the simulated world: seconds an elastic job makes no "
+        "progress when it checkpoints and restarts (a cluster measures it; default: each "
+        "profile's estimates.restartSeconds, the scheduler's guess until measured; Rubick: "
+        "78, the paper's mean)",
     )
     parser.add_argument(
         "--rigid-rescale-seconds",
@@ -196,64 +178,124 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="the same for rigid jobs in Gavel's rounds (Gavel's simulator charges none)",
     )
-    parser.add_argument(
-        "--hysteresis",
-        type=float,
-        default=0.1,
-        help="elastic objectives: least relative gain for which a running job is resized",
+    world = parser.add_argument_group(
+        "collocation in the simulated world (when the profile's collocate is deeppool; the "
+        "trace has no layer profiles to measure these from; bench/multiplex.py measures them)"
     )
-    parser.add_argument(
-        "--prices",
-        default="",
-        help="dollars per device-hour, TYPE=PRICE,... (default Google Cloud's on-demand "
-        "prices that Gavel used: v100=2.48,p100=1.46,k80=0.45,t4=0.35)",
-    )
-    parser.add_argument(
-        "--jobs-per-hour", type=float, default=1.0, help="--generate: Poisson arrival rate"
-    )
-    parser.add_argument(
-        "--single-gpu", action="store_true", help="--generate: every job on one device"
-    )
-    parser.add_argument(
-        "--start-with", type=int, default=0, help="--generate: jobs present at time 0"
-    )
-    parser.add_argument(
-        "--multiplex",
-        action="store_true",
-        help="DeepPool's multiplexing: a waiting one-device job runs in the background on a "
-        "device of a job whose plan idles it (rates below, as bench/multiplex.py measures)",
-    )
-    parser.add_argument(
+    world.add_argument(
         "--idle-fraction",
         type=float,
         default=Multiplexed.idle_fraction,
-        help="--multiplex: the share of its devices' time every job's plan leaves idle "
-        "(the trace has no layer profiles; default %(default)s)",
+        help="the share of its devices' time every job's plan leaves idle (default %(default)s)",
     )
-    parser.add_argument(
+    world.add_argument(
         "--foreground-slowdown",
         type=float,
         default=Multiplexed.foreground_slowdown,
-        help="--multiplex: how much slower a job runs with a background job beside it "
-        "(default %(default)s)",
+        help="how much slower a job runs with a background job beside it (default %(default)s)",
     )
-    parser.add_argument(
+    world.add_argument(
         "--background-share",
         type=float,
         default=Multiplexed.background_share,
-        help="--multiplex: a background job's rate over its rate alone on that device "
-        "(default %(default)s)",
+        help="a background job's rate over its rate alone on that device (default %(default)s)",
     )
-    parser.add_argument("--write-trace", type=Path, help="save the workload as a Gavel trace")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument(
+    generated = parser.add_argument_group("--generate's workload")
+    generated.add_argument("--jobs-per-hour", type=float, default=1.0, help="Poisson arrival rate")
+    generated.add_argument("--single-gpu", action="store_true", help="every job on one device")
+    generated.add_argument("--start-with", type=int, default=0, help="jobs present at time 0")
+    output = parser.add_argument_group("output")
+    output.add_argument("--write-trace", type=Path, help="save the workload as a Gavel trace")
+    output.add_argument("--json", action="store_true", help="print the result as JSON")
+    output.add_argument(
         "--plot",
         type=Path,
         metavar="DIR",
-        help="also write PNG figures there (every --compare policy together): JCT CDF, "
-        "devices in use by type over time, per-job slowdown",
+        help="also write PNG figures there (every profile together): JCT CDF, devices in use "
+        "by type over time, per-job slowdown",
+    )
+    rubick = parser.add_argument_group(
+        "Rubick's traces: Rubick's own simulator (gearshift.scheduler.sim.rubick_cli)"
+    )
+    rubick.add_argument(
+        "--trace-format",
+        choices=("gavel", "rubick"),
+        default="gavel",
+        help="gavel: 10 tab-separated fields; rubick: the Rubick paper's CSV traces",
+    )
+    rubick.add_argument(
+        "--workload",
+        choices=("gavel", "rubick"),
+        default="gavel",
+        help="--generate: Gavel's section 7.1 jobs, or Rubick's (Table 2 models, tenants)",
+    )
+    rubick.add_argument(
+        "--tenants",
+        default="A=64,B=0",
+        help="GPU quota per tenant, TENANT=GPUS,... (jobs of a tenant with a quota are "
+        "guaranteed; a trace without a tenant column: is_sla=1 -> A, else B)",
+    )
+    rubick.add_argument("--nodes", type=int, default=8, help="8-GPU A800 nodes")
+    rubick.add_argument(
+        "--start-seconds",
+        type=float,
+        default=0.0,
+        help="what a job's first launch costs (default 0; a restart costs --rescale-seconds, "
+        "78 by default)",
+    )
+    rubick.add_argument(
+        "--rubick-data", type=Path, help="Rubick's data folder (default ../shared/data/rubick)"
+    )
+    rubick.add_argument(
+        "--rubick-params",
+        choices=("fit", "history"),
+        default="fit",
+        help="Eq. 1's parameters fitted on the measured runs, or history.csv's",
+    )
+    rubick.add_argument(
+        "--policy",
+        metavar="NAME",
+        help="Rubick's variant (rubick, rubick_e, rubick_r, rubick_n) or Gavel's [elastic:]NAME "
+        "on Rubick's iteration times",
+    )
+    rubick.add_argument(
+        "--compare",
+        metavar="P1,P2,...",
+        help="several of --policy's names, one table (default: Rubick and its three variants)",
     )
     return parser
+
+
+def rubick_traces(args: argparse.Namespace) -> bool:
+    """Rubick's traces, which Rubick's own simulator runs."""
+    return args.trace_format == "rubick" or (
+        args.generate is not None and args.workload == "rubick"
+    )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The arguments; a scheduler knob given as a flag is a ValidationError naming the file's
+    key that replaced it (argparse's own exit 2 for anything else it does not know)."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    for token in rest:
+        flag = token.split("=", 1)[0]
+        if flag in MOVED_TO_FILE:
+            raise moved(flag)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if rubick_traces(args):
+        if args.config:
+            raise ValidationError(
+                "--config",
+                "Rubick's traces run Rubick's own simulator, which reads no "
+                "configuration file (its policies: --policy, --compare)",
+            )
+        return args
+    for flag in ("--policy", "--compare"):
+        if getattr(args, flag[2:]) is not None:
+            raise moved(flag)
+    return args
 
 
 def workload_from(args: argparse.Namespace, table: ThroughputTable) -> list[TraceJob]:
@@ -274,9 +316,7 @@ def workload_from(args: argparse.Namespace, table: ThroughputTable) -> list[Trac
 
 
 def check_numbers(args: argparse.Namespace) -> None:
-    if args.round is not None and args.round <= 0:
-        raise ValidationError("--round", f"must be > 0 (got {args.round})")
-    for flag in ("rescale_seconds", "rigid_rescale_seconds", "hysteresis", "recompute_seconds"):
+    for flag in ("rescale_seconds", "rigid_rescale_seconds"):
         if (getattr(args, flag) or 0) < 0:
             raise ValidationError(f"--{flag.replace('_', '-')}", "must be >= 0")
     for flag in ("idle_fraction", "foreground_slowdown", "background_share"):
@@ -289,137 +329,92 @@ def _simulated() -> list[str]:
     return [n for n in names(Point.ALLOCATE) if Can.NEEDS_BRAIN not in capabilities("allocate", n)]
 
 
-def _objective(name: str) -> bool:
-    """A Gavel objective (rigid or elastic), not a greedy allocator."""
-    found = plugin(Point.ALLOCATE, name)
-    return found is not None and found.args is not NoArgs
+@dataclass(frozen=True)
+class Profile:
+    """One run's scheduler: its label in the results, and the validated configuration."""
+
+    label: str
+    loaded: Loaded
+
+    @property
+    def settings(self) -> SchedulerSettings:
+        """The settings the daemon would run with. Simulated time solves in the round: a
+        solve on a thread would race the clock."""
+        return replace(settings_of(self.loaded), recompute_in_background=False)
 
 
-def entries(args: argparse.Namespace) -> list[tuple[str, bool]]:
-    """(policy name, elastic jobs) for every policy to run."""
-    if args.compare is None:
-        fallback = "easyscale" if args.elastic else "max_min_fairness_perf"
-        name = args.policy or ("default" if args.config is not None else fallback)
-        return [(name, args.elastic or not _objective(name))]
-    out: list[tuple[str, bool]] = []
-    for item in filter(None, (part.strip() for part in args.compare.split(","))):
-        form, sep, name = item.partition(":")
-        if not sep:
-            form, name = "", item
-        if form not in ("", "elastic", "rigid"):
-            raise ValidationError("--compare", f"{item!r}: the prefix is elastic: or rigid:")
-        elastic = form == "elastic" or (form == "" and args.elastic) or not _objective(name)
-        out.append((name, elastic))
-    if not out:
-        raise ValidationError("--compare", "names no policy")
-    return out
-
-
-def profile_of(args: argparse.Namespace) -> Loaded:
-    """The scheduler's configuration that `default` runs (--config's, or the defaults)."""
+def profile_of(given: str) -> Profile:
+    """--config's FILE (or `default`) as a Profile; a ValidationError names what is wrong."""
     try:
-        return load(args.config)
+        loaded = load(None if given == DEFAULT_PROFILE else given)
     except ConfigurationError as exc:
         raise ValidationError("--config", str(exc)) from None
-
-
-def settings_for(args: argparse.Namespace, name: str, elastic: bool) -> SchedulerSettings:
-    """The settings the daemon would run `name` with: the file's for `default`, else a
-    profile of that allocator with the simulator's knobs."""
-    if name == "default":
-        chosen = settings_of(profile_of(args))
-        # Simulated time solves in the round: a solve on a thread would race the clock.
-        return replace(
-            chosen,
-            round_seconds=args.round or chosen.round_seconds,
-            recompute_in_background=False,
+    policy = loaded.name(Point.ALLOCATE)
+    if Can.NEEDS_BRAIN in loaded.can(Point.ALLOCATE):
+        raise ValidationError(
+            "--config",
+            f"{given}: profile.allocate {policy} asks the Brain for its fitted models, which "
+            "a Gavel trace has none of: simulate it on Rubick's traces (--trace-format rubick)",
         )
-    return SchedulerSettings(
-        policy=name,
-        elastic=elastic and _objective(name),
-        round_seconds=args.round or 360.0,
-        min_recompute_seconds=args.recompute_seconds,
-        seed=args.seed,
-        hysteresis=args.hysteresis,
-        prices=parse_prices(args.prices),
-    )
+    source = DEFAULT_PROFILE if given == DEFAULT_PROFILE else Path(given).stem
+    described = policy + (" elastic" if settings_of(loaded).elastic else "")
+    return Profile(source if source == described else f"{source} ({described})", loaded)
 
 
 def run_one(
     args: argparse.Namespace,
+    profile: Profile,
     workload: list[TraceJob],
     cluster: dict[str, int],
     table: ThroughputTable,
-    *,
-    name: str,
-    elastic: bool,
 ) -> SimulationResult:
-    settings = settings_for(args, name, elastic)
-    if args.rescale_seconds is None:
-        args.rescale_seconds = settings.restart_seconds if name == "default" else 10.0
+    settings = profile.settings
     allocator = allocator_for(settings)
-    rigid_rounds = not allocator.replans_on_events
-    can = capabilities(Point.ALLOCATE, settings.policy)
-    label = f"{name} (elastic)" if elastic and _objective(name) else name
-    if name == "default":
-        label = f"default ({settings.policy}{' elastic' if settings.elastic else ''})"
-    multiplex = args.multiplex or (name == "default" and settings.collocates)
+    can = profile.loaded.can(Point.ALLOCATE)
+    restart = settings.restart_seconds if args.rescale_seconds is None else args.rescale_seconds
     return simulate_pipeline(
         workload,
         cluster,
         table,
         allocator,
         round_seconds=settings.round_seconds,
-        rescale_seconds=args.rigid_rescale_seconds if rigid_rounds else args.rescale_seconds,
-        elastic=Can.ELASTIC in can and (settings.elastic or not _objective(name)),
+        rescale_seconds=restart if allocator.replans_on_events else args.rigid_rescale_seconds,
+        elastic=Can.ELASTIC in can,
         determinism=args.determinism,
         space_sharing=Can.SPACE_SHARING in can,
         prices=settings.prices,
-        name=label if args.compare is not None or name == "default" else name,
+        name=profile.label,
         multiplexed=Multiplexed(
             idle_fraction=args.idle_fraction,
             foreground_slowdown=args.foreground_slowdown,
             background_share=args.background_share,
         )
-        if multiplex
+        if settings.collocates
         else None,
     )
 
 
 def run(args: argparse.Namespace) -> list[SimulationResult]:
-    """Run the simulations the arguments describe; ValidationError on bad input."""
+    """Every --config's profile on the workload (parse_args's arguments); ValidationError on
+    bad input, every file checked before anything runs."""
     cluster = parse_cluster(args.cluster)
     check_numbers(args)
-    parse_prices(args.prices)
     if args.throughputs is None:
         raise ValidationError("--throughputs", "Gavel traces need Gavel's throughputs JSON")
+    profiles = [profile_of(given) for given in args.config or [DEFAULT_PROFILE]]
     table = load_throughputs(args.throughputs)
     workload = workload_from(args, table)
     unknown = sorted({t for t in cluster if t not in table.worker_types})
     if unknown:
         raise ValidationError("--cluster", f"no throughputs for types {unknown}")
-    plan = entries(args)
-    field = "--compare" if args.compare is not None else "--policy"
-    for name, elastic in plan:  # every name checked before anything runs
-        if name == "default":
-            profile_of(args)
-        elif plugin(Point.ALLOCATE, name) is None or name not in _simulated():
-            make_policy(name, field=field)  # names the known ones
-            raise ValidationError(field, f"{name!r} needs Rubick's traces (--trace-format)")
-        elif elastic and _objective(name):
-            found = plugin(Point.ALLOCATE, name)
-            assert found is not None
-            why = found.refuse(found.args.model_validate({"elastic": True}))
-            if why:
-                raise ValidationError(field, why)
     if args.write_trace is not None:
         write_trace(workload, args.write_trace)
     isolated = isolated_reference(
-        workload, cluster, table, round_seconds=args.round or 360.0, seed=args.seed
+        workload, cluster, table, round_seconds=ISOLATED_ROUND_SECONDS, seed=args.seed
     )
     return [
-        run_one(args, workload, cluster, table, name=name, elastic=elastic).with_isolated(isolated)
-        for name, elastic in plan
+        run_one(args, profile, workload, cluster, table).with_isolated(isolated)
+        for profile in profiles
     ]
 
 
@@ -466,11 +461,10 @@ def render_comparison(results: list[SimulationResult]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.trace_format == "rubick" or (args.generate is not None and args.workload == "rubick"):
-        return _main_rubick(args)
     try:
+        args = parse_args(argv)
+        if rubick_traces(args):
+            return _main_rubick(args)
         results = run(args)
     except ValidationError as exc:
         print(f"gearshift simulate: error: {exc.message}", file=sys.stderr)
@@ -478,12 +472,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SimulationError as exc:
         print(f"gearshift simulate: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    several = len(results) > 1
     if args.json:
-        payload: object = (
-            [r.to_json() for r in results] if args.compare is not None else results[0].to_json()
-        )
+        payload: object = [r.to_json() for r in results] if several else results[0].to_json()
         print(json.dumps(payload, indent=2))
-    elif args.compare is not None:
+    elif several:
         print(render_comparison(results))
     else:
         print(render(results[0]))
