@@ -235,8 +235,8 @@ def test_a_scheduler_with_a_decision_process_starts_jobs_and_stops_it() -> None:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"policy": "rubick", "elastic": False}, "profile.allocate rubick asks the Brain"),
-        ({"tenants_file": "tenants.yaml"}, "not with tenants' quotas"),
+        ({"policy": "rubick", "elastic": False}, "profile.allocate rubick .it asks the Brain"),
+        ({"tenants_file": "tenants.yaml"}, "profile.tenants guarantees .its quotas reload"),
     ],
 )
 def test_allocators_that_need_this_process_are_refused(

@@ -23,7 +23,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from gearshift.scheduler.plugins.registry import Args, Can, Point, names, plugin
+from gearshift.scheduler.plugins.registry import (
+    DECISION_POINTS,
+    Args,
+    Can,
+    Point,
+    decision_process_refusals,
+    names,
+    plugin,
+)
 
 API_VERSION: Literal["gearshift.dev/v1alpha1"] = "gearshift.dev/v1alpha1"
 KIND: Literal["SchedulerConfiguration"] = "SchedulerConfiguration"
@@ -351,13 +359,11 @@ def _problems(exc: ValidationError, prefix: Loc, lines: Mapping[Loc, int]) -> li
     return out
 
 
-def _child_refusals(loaded: Loaded) -> list[tuple[Point, str]]:
+def _child_refusals(loaded: Loaded) -> list[tuple[Point, str, str]]:
     """The plugins of the decision (and tenants, which wrap it) that cannot run in a child."""
-    return [
-        (point, loaded.name(point))
-        for point in (Point.ALLOCATE, Point.COLLOCATE, Point.PLACE, Point.TENANTS)
-        if Can.DECISION_PROCESS not in loaded.can(point)
-    ]
+    return decision_process_refusals(
+        (point, loaded.name(point), loaded.args[point]) for point in DECISION_POINTS
+    )
 
 
 def _compatibility(loaded: Loaded, lines: Mapping[Loc, int]) -> list[Problem]:
@@ -368,12 +374,7 @@ def _compatibility(loaded: Loaded, lines: Mapping[Loc, int]) -> list[Problem]:
         out.append(Problem(_dotted(loc), _line_of(lines, loc), message))
 
     if loaded.config.round.decision_process is True:
-        for point, name in _child_refusals(loaded):
-            why = (
-                "its quotas reload on SIGHUP in the scheduler's process"
-                if point == Point.TENANTS
-                else "it asks the Brain from the scheduler's process"
-            )
+        for point, name, why in _child_refusals(loaded):
             problem(
                 ("round", "decisionProcess"),
                 f"true: profile.{point.key} {name} cannot run in the decision process "

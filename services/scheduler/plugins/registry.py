@@ -11,7 +11,7 @@ means: no module outside a plugin tests a policy's name.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -266,6 +266,32 @@ def capabilities(point: Point | str, name: str, args: Any = None) -> frozenset[C
     if found is None:
         return frozenset()
     return found.can(args if args is not None else found.args())
+
+
+# The points whose plugins make a round's decision (tenants wraps the allocator): what a
+# decision process runs in its child.
+DECISION_POINTS = (Point.ALLOCATE, Point.COLLOCATE, Point.PLACE, Point.TENANTS)
+
+
+def decision_process_refusals(
+    chosen: Iterable[tuple[Point, str, Any]],
+) -> list[tuple[Point, str, str]]:
+    """(point, plugin, why) for each chosen plugin (point, name, its arguments or None for
+    the defaults) of the decision's points that cannot decide in the scheduler's child
+    process: the one rule behind the file's round.decisionProcess and the decision
+    process's own check."""
+    out = []
+    for point, name, args in chosen:
+        if point not in DECISION_POINTS or Can.DECISION_PROCESS in capabilities(point, name, args):
+            continue
+        if plugin(point, name) is None:
+            why = f"no {point.value} plugin {name!r}"
+        elif point == Point.TENANTS:
+            why = "its quotas reload on SIGHUP in the scheduler's process"
+        else:
+            why = "it asks the Brain from the scheduler's process"
+        out.append((point, name, why))
+    return out
 
 
 # The allocate point: Gavel's objectives, EasyScale's greedy allocators, Rubick's Algorithm 1.

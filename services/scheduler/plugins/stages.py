@@ -10,7 +10,14 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 
 from gearshift.scheduler.plugins.dlrover.plans_hooks import DlroverPlans
-from gearshift.scheduler.plugins.registry import Can, Point, capabilities, plugin
+from gearshift.scheduler.plugins.registry import (
+    Can,
+    GuaranteesArgs,
+    Point,
+    capabilities,
+    decision_process_refusals,
+    plugin,
+)
 from gearshift.scheduler.plugins.rubick.guarantees import Guarantees
 from gearshift.scheduler.plugins.rubick.tenants import TenantsFile
 from gearshift.scheduler.round.brain import BrainAdvisor
@@ -55,9 +62,9 @@ def allocator_for(
     allocator: Allocator = found.build(
         settings, quotas if admits else None, brain or BrainAdvisor()
     )
-    if tenants is None or admits:
+    if quotas is None or admits:
         return allocator
-    return Guarantees(allocator, lambda: tenants.quotas)
+    return Guarantees(allocator, quotas)
 
 
 def decision_stages(settings: SchedulerSettings) -> tuple[Allocator, Collocator | None]:
@@ -67,12 +74,19 @@ def decision_stages(settings: SchedulerSettings) -> tuple[Allocator, Collocator 
 
 
 def check_decision_process(settings: SchedulerSettings) -> None:
-    """The allocators a child can run alone (the registry says which: not Rubick's, which ask
-    the Brain), and no tenants' quotas (reloaded on SIGHUP in this process)."""
-    if Can.DECISION_PROCESS not in capabilities(Point.ALLOCATE, settings.policy):
-        raise ValueError(f"decision process: profile.allocate {settings.policy} asks the Brain")
-    if settings.tenants_file:
-        raise ValueError("decision process: not with tenants' quotas (they reload here)")
+    """Only plugins a child can run alone: the registry's rule, which the file's
+    round.decisionProcess check asks too (the place stage is consolidate's, which every
+    child runs)."""
+    chosen = [
+        (Point.ALLOCATE, settings.policy, None),
+        (Point.COLLOCATE, settings.collocation, None),
+        (Point.TENANTS, "guarantees", GuaranteesArgs(file=settings.tenants_file)),
+    ]
+    refused = [
+        f"profile.{p.value} {name} ({why})" for p, name, why in decision_process_refusals(chosen)
+    ]
+    if refused:
+        raise ValueError("decision process: cannot run " + "; ".join(refused))
 
 
 def decider_for(settings: SchedulerSettings) -> DecisionProcess | None:
