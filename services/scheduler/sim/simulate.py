@@ -186,24 +186,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--idle-fraction",
         type=float,
         default=Multiplexed.idle_fraction,
-        help="the share of its devices' time every job's plan leaves idle (default %(default)s)",
+        help="profile.collocate deeppool: the share of its devices' time every job's plan leaves "
+        "idle (default %(default)s)",
     )
     world.add_argument(
         "--foreground-slowdown",
         type=float,
         default=Multiplexed.foreground_slowdown,
-        help="how much slower a job runs with a background job beside it (default %(default)s)",
+        help="profile.collocate deeppool: how much slower a job runs with a background job beside "
+        "it (default %(default)s)",
     )
     world.add_argument(
         "--background-share",
         type=float,
         default=Multiplexed.background_share,
-        help="a background job's rate over its rate alone on that device (default %(default)s)",
+        help="profile.collocate deeppool: a background job's rate over its rate alone on that "
+        "device (default %(default)s)",
     )
     generated = parser.add_argument_group("--generate's workload")
-    generated.add_argument("--jobs-per-hour", type=float, default=1.0, help="Poisson arrival rate")
-    generated.add_argument("--single-gpu", action="store_true", help="every job on one device")
-    generated.add_argument("--start-with", type=int, default=0, help="jobs present at time 0")
+    generated.add_argument(
+        "--jobs-per-hour", type=float, default=1.0, help="--generate: Poisson arrival rate"
+    )
+    generated.add_argument(
+        "--single-gpu", action="store_true", help="--generate: every job on one device"
+    )
+    generated.add_argument(
+        "--start-with", type=int, default=0, help="--generate: jobs present at time 0"
+    )
     output = parser.add_argument_group("output")
     output.add_argument("--write-trace", type=Path, help="save the workload as a Gavel trace")
     output.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -232,16 +241,16 @@ def build_parser() -> argparse.ArgumentParser:
     rubick.add_argument(
         "--tenants",
         default="A=64,B=0",
-        help="GPU quota per tenant, TENANT=GPUS,... (jobs of a tenant with a quota are "
+        help="Rubick: GPU quota per tenant, TENANT=GPUS,... (jobs of a tenant with a quota are "
         "guaranteed; a trace without a tenant column: is_sla=1 -> A, else B)",
     )
-    rubick.add_argument("--nodes", type=int, default=8, help="8-GPU A800 nodes")
+    rubick.add_argument("--nodes", type=int, default=8, help="Rubick: 8-GPU A800 nodes")
     rubick.add_argument(
         "--start-seconds",
         type=float,
         default=0.0,
-        help="what a job's first launch costs (default 0; a restart costs --rescale-seconds, "
-        "78 by default)",
+        help="Rubick: what a job's first launch costs (default 0; a restart costs "
+        "--rescale-seconds, 78 by default)",
     )
     rubick.add_argument(
         "--rubick-data", type=Path, help="Rubick's data folder (default ../shared/data/rubick)"
@@ -250,18 +259,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--rubick-params",
         choices=("fit", "history"),
         default="fit",
-        help="Eq. 1's parameters fitted on the measured runs, or history.csv's",
+        help="Rubick: Eq. 1's parameters fitted on the measured runs, or history.csv's",
     )
     rubick.add_argument(
         "--policy",
         metavar="NAME",
-        help="Rubick's variant (rubick, rubick_e, rubick_r, rubick_n) or Gavel's [elastic:]NAME "
-        "on Rubick's iteration times",
+        help="Rubick's traces: Rubick's variant (rubick, rubick_e, rubick_r, rubick_n) or "
+        "Gavel's [elastic:]NAME on Rubick's iteration times",
     )
     rubick.add_argument(
         "--compare",
         metavar="P1,P2,...",
-        help="several of --policy's names, one table (default: Rubick and its three variants)",
+        help="Rubick's traces: several of --policy's names, one table (default: Rubick and its "
+        "three variants)",
     )
     return parser
 
