@@ -1,7 +1,7 @@
 # Gearshift: every target sets itself up; a fresh machine needs only Python 3.11 and pip.
 # make demo   create .venv, install, run the demo
 # make test   create .venv if needed, install, run the whole test suite
-# make lint   ruff, mypy and the import rule
+# make lint   ruff, mypy, the import rule and the docs site (mkdocs build --strict)
 # make protos regenerate the Python code of protos/gearshift/v1/*.proto
 # make reference regenerate docs/reference/ from the code (CLI, job spec, RPCs, metrics, scheduler)
 
@@ -41,6 +41,8 @@ lint: $(STAMP)
 		--cache-dir ../.mypy_cache -p gearshift
 	MYPYPATH=.typecheck $(BIN)/mypy --cache-dir .mypy_cache tests tools bench
 	$(PY) tools/check_imports.py
+	# The docs site: a broken link, anchor or a page left out of mkdocs.yml's nav fails.
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 protos: $(STAMP)
 	$(PY) tools/gen_protos.py
@@ -49,4 +51,4 @@ reference: $(STAMP)
 	$(PY) -m tools.reference
 
 clean:
-	rm -rf .typecheck .gearshift .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf site .typecheck .gearshift .pytest_cache .mypy_cache .ruff_cache build *.egg-info
