@@ -22,8 +22,8 @@ allocator reads it) predicts fastest, among the plans that fit the devices' memo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from gearshift.common.rubick.perf import Choice, ModelPerf, PerfSource
 from gearshift.common.rubick.plans import Plan, Zero
@@ -132,6 +132,9 @@ class RubickPlans:
     fits: FitBook
     min_gain: float = 0.05
     profile: bool = True
+    # job -> (what its choice was made of, the choice): the same inputs, round after round,
+    # need no pricing again (0.38 ms a job; 380 ms a round at 1,000 jobs, uncached)
+    _chosen: dict[str, tuple[Hashable, Plan | None]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -164,19 +167,23 @@ class RubickPlans:
         """The targets with the plan of each job whose spec allows one (see plan_for)."""
         facts, fits, memory = self.fits.view()
         out = dict(targets)
+        chosen, self._chosen = self._chosen, {}
         for job_id, assignment in desired.items():
             f, fit, target = facts.get(job_id), fits.get(job_id), targets.get(job_id)
             if f is None or fit is None or target is None or target.plan is not None:
                 continue
             gpus = any(d.worker_type != "cpu" for d, _ in assignment)
             held = current.get(job_id)
-            plan = plan_for(
-                model_perf(f, fit, memory, gpus),
-                f,
-                assignment,
-                kept=held is not None and same_assignment(assignment, held),
-                min_gain=self.min_gain,
-            )
+            kept = held is not None and same_assignment(assignment, held)
+            runs = (f.plan.gradient_checkpointing, f.plan.offload_optimizer)
+            key = (fit, memory, shape_of(assignment), gpus, kept, f.gc, f.offload, runs)
+            hit = chosen.get(job_id)
+            if hit is not None and hit[0] == key:
+                plan = hit[1]
+            else:
+                model = model_perf(f, fit, memory, gpus)
+                plan = plan_for(model, f, assignment, kept=kept, min_gain=self.min_gain)
+            self._chosen[job_id] = (key, plan)
             if plan is not None:
                 out[job_id] = dataclasses.replace(target, plan=plan)
         return out
