@@ -2,18 +2,25 @@
 union of the papers, not one seed behind its switch.
 
 One cluster (two workers of one CPU slot each), 1 s rounds as a dev cluster runs them, the
-scheduler's defaults except the tenants' quota file (a tenants plugin needs its quotas).
+scheduler's defaults except the tenants' quota file (a tenants plugin needs its quotas) and
+DeepPool's minIdle at 0 (any placed job lends a device: the idle share of a plan over layer
+timings measured on a busy host differs from run to run).
 The jobs are the sleepy model (tests/e2e/plan_jobs.py: each EST's step sleeps 0.1 s), so
 that a second device doubles a job's measured throughput however busy the host is, and
 the elastic objective, which weighs measured throughputs, finds growing worth it:
 - an elastic job starts on both devices, shrinks when a second job arrives (the elastic
   LAS objective shares the cluster) and grows back when it ends (at the next
   recomputation of the allocation, 30 s apart), then ends with the digest of its fixed
-  run on 2 processes;
+  run on 2 processes. The second job comes once the first has run 30 s, when a
+  recomputation is due: it runs in the background on the first job's device only until
+  the objective gives it a device (a round or two), not until it ends;
 - a second run of the same model starts on its history plan (DLRover's plan from similar
   finished jobs);
-- on a full cluster, a guaranteed job of a tenant with quota is placed before a best-effort
-  job submitted first.
+- on a full cluster, a one-device best-effort job runs at once in the background on a
+  running job's idle device (DeepPool's collocation: the objective's allocation stands
+  until its next recomputation, 30 s later), and a guaranteed job of a tenant with quota
+  is placed before a best-effort job submitted first (of two ESTs, so that it cannot run
+  in the background).
 """
 
 from __future__ import annotations
@@ -66,9 +73,13 @@ def cluster(
         heartbeat_timeout=5.0,
         report_interval=0.5,
         metrics=False,
-        # Nothing of the profile: the tenants' quotas, and this test's own rendezvous ports.
+        # The profile's plugins, with the tenants' quotas and DeepPool's minIdle at 0 (see the
+        # module docstring); this test's own rendezvous ports.
         scheduler={
-            "profile": {"tenants": {"args": {"file": str(tenants)}}},
+            "profile": {
+                "collocate": {"args": {"minIdle": 0}},
+                "tenants": {"args": {"file": str(tenants)}},
+            },
             "cluster": {"rendezvousPortBase": rendezvous_base()},
         },
     )
@@ -112,6 +123,8 @@ def test_the_default_profile_is_the_union(
         for event in client.watch(a):
             if len(event.placement.processes) == 2:
                 break
+        # 300 steps of 0.1 s each: 30 s on two devices at least, so a recomputation is due.
+        wait_until(lambda: client.get(a).progress.step >= STEPS // 2, WAIT, f"{a} ran 30 s")
         b = client.submit(sleepy_spec("b", SHORT, ests=1)).job_id
         assert client.wait(b, timeout=WAIT).state == C.JOB_STATE_SUCCEEDED
         done = client.wait(a, timeout=WAIT)
@@ -131,12 +144,17 @@ def test_the_default_profile_is_the_union(
         assert plans()[0].startswith("initial plan from history: "), plans()
         assert "similar finished job" in plans()[0], plans()
 
-        # A full cluster: a guaranteed job of a tenant with quota is placed before a
-        # best-effort job submitted first.
+        # A full cluster: a one-device best-effort job runs in the background on an idle
+        # device of a running job's (DeepPool's collocation) ...
         for event in client.watch(c):
             if sum(len(p.est_ids) > 0 for p in event.placement.processes) == 2:
                 break
-        x_spec = sleepy_spec("x", SHORT, ests=1)
+        e = client.submit(sleepy_spec("e", SHORT, ests=1)).job_id
+        first = next(ev for ev in client.watch(e) if ev.type == S.JOB_EVENT_TYPE_STARTED)
+        assert f"in the background on {c}'s device" in first.message, first.message
+        # ... and a guaranteed job of a tenant with quota is placed before a best-effort job
+        # submitted first.
+        x_spec = sleepy_spec("x", SHORT, ests=2)
         x_spec.tenant = "b"
         x = client.submit(x_spec).job_id
         g_spec = sleepy_spec("g", SHORT, ests=1)
@@ -145,6 +163,6 @@ def test_the_default_profile_is_the_union(
         placed_g = first_placed(client, g)
         placed_x = first_placed(client, x)
         assert placed_g <= placed_x, (placed_g, placed_x)
-        for job_id in (c, x, g):
+        for job_id in (c, e, x, g):
             job = client.wait(job_id, timeout=WAIT)
             assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.log_tails()

@@ -614,9 +614,9 @@ class Rounds:
 
     def _new_plans(self, targets: Mapping[str, Target]) -> dict[str, common_pb2.ExecutionPlan]:
         """The execution plans the allocator or the execution-plans stage chose (Rubick) that
-        differ from the jobs' own
-        (under the lock): a start runs them, and a running job whose plan alone changed is
-        restarted on the same devices (the policy weighed the restart: its 0.97 rule)."""
+        differ from the jobs' own (under the lock): a start runs them, and a running job whose
+        plan alone changed is restarted on the same devices (the chooser weighed the restart:
+        the policy's 0.97 rule, the stage's minGain)."""
         out: dict[str, common_pb2.ExecutionPlan] = {}
         for job_id, target in targets.items():
             job = self.state.jobs.get(job_id)
