@@ -4,7 +4,7 @@ The service split: a service package never imports another service package. Only
 gearshift.v1 (the contracts) and gearshift.common are shared. The client imports no
 service either.
 
-The scheduler's rooms (DESIGN.md, "Rooms that show the design"; `check_rooms`):
+The scheduler's rooms (docs/architecture/round-hooks.md; `check_rooms`):
 
 1. no import cycle among gearshift.scheduler's modules, imports under TYPE_CHECKING and
    inside functions included;

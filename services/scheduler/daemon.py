@@ -49,7 +49,7 @@ PROG = "gearshift-scheduler"
 # Python hands the interpreter to a waiting thread after 5 ms: every reply from the network
 # or the database waited up to that, several times a call, behind a round's or a cluster
 # view's computation. At 1 ms the p99 of heartbeats and submissions at 1,000 workers fell
-# by about a third (bench/load.py, README "Load").
+# by about a third (bench/load.py; docs/results/load.md).
 GIL_SWITCH_MS = 1.0
 DEFAULT_PORT = 50051
 DEFAULT_DATABASE = "sqlite:///.gearshift/scheduler.db"

@@ -82,6 +82,21 @@ def test_every_block_is_run_or_says_which_test_runs_it() -> None:
                 assert re.search(r"tests/|CI|rewrite", block.skip), f"{name}: {block.skip}"
 
 
+def commands(parts: list[Block]) -> set[str]:
+    lines = (line.split("#")[0].strip() for b in parts for line in b.body.splitlines())
+    return {" ".join(line.split()) for line in lines if line}
+
+
+def test_the_readme_runs_only_commands_the_pages_run() -> None:
+    """The README's blocks are copies of the tested pages' commands, so they cannot drift."""
+    readme = commands([b for b in blocks(REPO / "README.md") if b.language == "sh"])
+    pages = commands(shell(REPO / "docs" / "tour.md"))
+    pages |= commands(
+        [b for b in blocks(REPO / "docs" / "getting-started.md") if b.language == "sh"]
+    )
+    assert readme and readme <= pages, sorted(readme - pages)
+
+
 def test_getting_started_runs_as_written(tmp_path: Path) -> None:
     result = run(script(shell(REPO / "docs" / "getting-started.md")), REPO, environment())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -3,7 +3,7 @@
 Real PS and worker processes (torch.distributed.rpc), as `run.py --phases` runs them.
 The workers are bound by a per-batch read (`read_ms`, the stand-in for fetching a batch
 from remote storage), which more workers overlap; the training set is large enough that
-no batch repeats, so more batches trained = higher held-out AUC (README, "PS mode").
+no batch repeats, so more batches trained = higher held-out AUC (docs/results/parameter-server.md).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ DATA = ClickConfig(train_blocks=20_000)
 MODEL = ModelConfig()
 READ_MS = 40.0
 TIMEOUT_S = 120.0
-# Measured on 2 shared cores, 3 runs: gain 0.0056 each time (README); asserted with room.
+# Measured on 2 shared cores, 3 runs: gain 0.0056 each time (docs/results/parameter-server.md);
+# asserted with room.
 MIN_AUC_GAIN = 0.003
 
 

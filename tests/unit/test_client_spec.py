@@ -77,7 +77,7 @@ def test_missing_file_is_named(tmp_path: Path) -> None:
 
 
 def test_the_readme_example_job_file_loads() -> None:
-    """The README's `gearshift submit examples/digits-cnn.yaml` must keep working."""
+    """The job file docs/user-guide/job-spec.md submits must keep loading."""
     path = Path(__file__).resolve().parents[2] / "examples" / "digits-cnn.yaml"
     spec = load_spec(path)
     assert spec.name == "digits-cnn"
