@@ -226,6 +226,17 @@ SERVICES = ("brain", "shardmanager", "scheduler")  # in start order
 _OFFSETS = {"scheduler": 0, "brain": 1, "shardmanager": 2}  # places in the port plan
 
 
+def _config_problems(path: Path) -> str:
+    """`gearshift config check`'s problems with the file at `path` (empty: it is valid)."""
+    check = subprocess.run(
+        [sys.executable, "-m", CONFIG_MODULE, "check", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return check.stderr.strip() if check.returncode != 0 else ""
+
+
 def wait_all(daemons: Sequence[DaemonProcess], timeout: float) -> None:
     """Wait for several daemons at once (each start-up is mostly imports: they overlap)."""
     with ThreadPoolExecutor(max_workers=max(len(daemons), 1)) as pool:
@@ -328,6 +339,21 @@ class DevCluster:
     def scheduler_file(self) -> Path:
         return (self.config.run_dir / "scheduler.yaml").resolve()
 
+    def dev_settings(self) -> dict[str, Any]:
+        """What the dev cluster lays under the user's file: its round and heartbeats."""
+        c = self.config
+        # A placement is kept 10 s (or two rounds), not a minute: a dev cluster's jobs last
+        # minutes, and a shorter keep lets LAS's time shares swap two jobs every few rounds,
+        # each swap a restart.
+        exempt = max(DEV_EXEMPT_SECONDS, 2 * c.round_seconds)
+        return {
+            "round": {"seconds": c.round_seconds, "preemptExemptSeconds": exempt},
+            "heartbeats": {
+                "intervalSeconds": c.heartbeat_interval,
+                "timeoutSeconds": c.heartbeat_timeout,
+            },
+        }
+
     def scheduler_configuration(self, *, wired: bool = True) -> dict[str, Any]:
         """The scheduler's file as this cluster runs it: the dev cluster's round and
         heartbeats, the user's file over them, this cluster's addresses (once its services
@@ -341,17 +367,6 @@ class DevCluster:
                 raise ValidationError("--config", f"{c.scheduler_config}: {exc}") from None
             if not isinstance(user, Mapping):
                 raise ValidationError("--config", f"{c.scheduler_config}: not a mapping of keys")
-        # A placement is kept 10 s (or two rounds), not a minute: a dev cluster's jobs last
-        # minutes, and a shorter keep lets LAS's time shares swap two jobs every few rounds,
-        # each swap a restart.
-        exempt = max(DEV_EXEMPT_SECONDS, 2 * c.round_seconds)
-        dev = {
-            "round": {"seconds": c.round_seconds, "preemptExemptSeconds": exempt},
-            "heartbeats": {
-                "intervalSeconds": c.heartbeat_interval,
-                "timeoutSeconds": c.heartbeat_timeout,
-            },
-        }
         wiring: dict[str, Any] = {}
         if wired:
             wiring["cluster"] = {
@@ -359,22 +374,36 @@ class DevCluster:
                 "shardManagerAddress": self.address("shardmanager"),
                 "checkpointRoot": str(self.checkpoint_root),
             }
-        return merged(merged(merged(dev, user), wiring), c.scheduler)
+        return merged(merged(merged(self.dev_settings(), user), wiring), c.scheduler)
 
     def check_scheduler_file(self) -> None:
-        """Check the scheduler's file (`gearshift config check`) before anything starts: a
-        bad one is a ValidationError naming each problem's key and line."""
+        """Check the user's scheduler file before anything starts, as this cluster will run
+        it (the dev settings under it, `scheduler` over it): a file valid alone can clash with
+        them (heartbeats.intervalSeconds past the dev 6 s timeout). A bad one is a
+        ValidationError naming each problem's key: at its line in the user's file when the
+        file alone is wrong. The client imports no scheduler (tools/check_imports.py), so the
+        check is `gearshift config check` in a subprocess, and it runs only for a user's
+        file: the dev settings alone are valid, and `scheduler` overrides given in code are
+        refused by the scheduler's own start (its log's tail in the DaemonError)."""
         user = self.config.scheduler_config
-        # The user's own file when there is one, so that each problem names its line there.
-        path = user if user is not None else self._write_scheduler_file(wired=False)
-        check = subprocess.run(
-            [sys.executable, "-m", CONFIG_MODULE, "check", str(path)],
-            capture_output=True,
-            text=True,
-            check=False,
+        if user is None:
+            return
+        problems = _config_problems(self._write_scheduler_file(wired=False))
+        if not problems:
+            return
+        alone = _config_problems(user)  # the file's own lines, when it is wrong by itself
+        if alone:
+            raise ValidationError("--config", alone)
+        dev = ", ".join(
+            f"{section}.{key}: {value:g}"
+            for section, keys in self.dev_settings().items()
+            for key, value in keys.items()
         )
-        if check.returncode != 0:
-            raise ValidationError("--config", check.stderr.strip())
+        raise ValidationError(
+            "--config",
+            f"{user} is valid alone but not with gearshift up's dev settings under it "
+            f"({dev}; the file's keys win: set the clashing ones there too):\n{problems}",
+        )
 
     def _write_scheduler_file(self, *, wired: bool) -> Path:
         path = self.scheduler_file
