@@ -107,15 +107,16 @@ class Scheduler:
         self.plans = plans_for(settings, self.brain, clock, self._pool)
         self.control = TaskControl(self.state, self.agents, job_tokens, processes=self.plans)
         self.registry = WorkerRegistry(self.state, self.control, self.estimates, self.wake)
+        allocator = allocator or allocator_for(settings, self.tenants, self.brain)
         self.rounds = Rounds(
             self.state,
             self.control,
             self.registry,
             self.estimates,
-            allocator or allocator_for(settings, self.tenants, self.brain),
+            allocator,
             observers=[metrics.round_finished],
             collocator=collocator_for(settings),
-            decider=decider_for(settings),
+            decider=decider_for(settings, allocator),
             execution_plans=execution_plans_for(settings, self.brain),
             plans=self.plans,
         )

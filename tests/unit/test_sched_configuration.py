@@ -163,14 +163,6 @@ round:
             ],
         ),
         (
-            "round:\n  decisionProcess: true\nprofile:\n  allocate: {name: rubick}\n",
-            ["2: round.decisionProcess: true: profile.allocate rubick cannot run in the decision"],
-        ),
-        (
-            "round:\n  decisionProcess: true\nprofile:\n  tenants:\n    args: {file: t.yaml}\n",
-            ["2: round.decisionProcess: true: profile.tenants guarantees cannot run in the"],
-        ),
-        (
             "profile:\n  allocate: {name: rubick}\n  executionPlans: {name: rubick}\n",
             ["3: profile.executionPlans.name: rubick cannot choose plans beside profile.allocate"],
         ),
@@ -190,11 +182,14 @@ def test_bad_files_name_the_key_and_line(text: str, expected: list[str]) -> None
         assert part in message, message
 
 
-def test_auto_decision_process_stays_home_for_plugins_that_cannot_leave() -> None:
-    assert not settings(profile(allocate={"name": "rubick"})).decision_process
-    assert not settings(
-        profile(tenants={"name": "guarantees", "args": {"file": "t"}})
-    ).decision_process
+def test_the_decision_process_composes_with_rubick_and_tenants() -> None:
+    """They ship what they keep to the child (round/hooks.KeepsDecisionState): auto takes
+    the child, and true is no longer refused."""
+    assert settings(profile(allocate={"name": "rubick"})).decision_process
+    tenants = profile(tenants={"name": "guarantees", "args": {"file": "t"}})
+    assert settings(tenants).decision_process
+    both = {**profile(allocate={"name": "rubick"}), "round": {"decisionProcess": True}}
+    assert settings(both).decision_process
     assert not settings({"round": {"decisionProcess": False}}).decision_process
 
 

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from gearshift.common import logs
+from gearshift.common.rubick.model import A800
+from gearshift.scheduler.plugins.rubick.fits import Fitted
 from gearshift.scheduler.plugins.stages import (
     allocator_for,
     collocator_for,
-    decider_for,
     decision_stages,
 )
 from gearshift.scheduler.round import decider
@@ -37,6 +38,12 @@ from gearshift.v1 import common_pb2
 from tests.helpers import wait_until
 from tests.sched_harness import Clock, job_spec, make_scheduler, register
 from tests.unit.test_elastic_policies import job as job_snapshot
+from tests.unit.test_rubick_live import ACTIVATIONS, PARAMS
+from tests.unit.test_rubick_live import devices as rubick_devices
+from tests.unit.test_rubick_live import facts as rubick_facts
+from tests.unit.test_rubick_live import live as rubick_live
+from tests.unit.test_rubick_live import snap as rubick_snap
+from tests.unit.test_rubick_live import worker as rubick_worker
 from tests.unit.test_sched_scale import settings as elastic_las
 
 C = common_pb2
@@ -232,18 +239,26 @@ def test_a_scheduler_with_a_decision_process_starts_jobs_and_stops_it() -> None:
     assert not process.is_alive()
 
 
-@pytest.mark.parametrize(
-    ("fields", "message"),
-    [
-        ({"policy": "rubick", "elastic": False}, "profile.allocate rubick .it asks the Brain"),
-        ({"tenants_file": "tenants.yaml"}, "profile.tenants guarantees .its quotas reload"),
-    ],
-)
-def test_allocators_that_need_this_process_are_refused(
-    fields: dict[str, Any], message: str
-) -> None:
-    with pytest.raises(ValueError, match=message):
-        decider_for(settings(decision_process=True, **fields))
+def test_rubick_decides_in_the_child_from_the_models_this_process_refreshed() -> None:
+    """The scheduler's LiveRubick refreshes the fitted models (here from a dict, in the
+    daemon from the Brain) and ships them with the snapshot; the child's copy, with no
+    Brain, decides as this process would: GC turned on, which only a fitted job gets
+    where GC off does not fit (tests/unit/test_rubick_live.py)."""
+    here = rubick_live({"j": Fitted("job j", ACTIVATIONS, PARAMS, A800)})
+    workers = [rubick_worker("w", 4, 4.0)]
+    here.refresh([rubick_facts("j", gc=True)], workers, 0.0)
+    snapshot = Snapshot(0.0, rubick_devices(workers), (rubick_snap("j"),))
+    config = SchedulerSettings(policy="rubick", collocation="none")
+    child = DecisionProcess(config, decision_stages, here)
+    try:
+        there = child.decide(snapshot, {})
+        expected = InProcess(here, None).decide(snapshot, {})
+        assert there == expected
+        plan = there[0]["j"].plan
+        assert plan is not None and plan.gc and there[0]["j"].size == 4
+        assert child.decide(snapshot, {}) == expected  # nothing re-shipped: the same
+    finally:
+        child.close()
 
 
 @pytest.mark.parametrize("count", [0, 1, decider.CHUNK, 2 * decider.CHUNK + 1])

@@ -11,6 +11,7 @@ from gearshift.common.errors import ValidationError
 from gearshift.scheduler.plugins.allocators import make_allocator
 from gearshift.scheduler.plugins.rubick.guarantees import Admission, Guarantees, admit
 from gearshift.scheduler.plugins.rubick.tenants import Quotas, TenantsFile, parse_quotas
+from gearshift.scheduler.round.decider import DecisionProcess
 from gearshift.scheduler.service import SchedulerSettings
 from gearshift.scheduler.types import Device, JobSnapshot, Snapshot
 from gearshift.v1 import common_pb2
@@ -114,7 +115,7 @@ def test_past_its_quota_a_guaranteed_job_is_served_as_best_effort() -> None:
     assert out["g"].size >= 1 and out["b1"].size >= 1  # the policy shares: nobody is first
 
 
-def tenant_settings(path: Path) -> SchedulerSettings:
+def tenant_settings(path: Path, decision_process: bool = False) -> SchedulerSettings:
     """Elastic max-min fairness with the tenants file at `path`."""
     return SchedulerSettings(
         policy="max_min_fairness",
@@ -123,15 +124,22 @@ def tenant_settings(path: Path) -> SchedulerSettings:
         heartbeat_interval=1.0,
         heartbeat_timeout=5.0,
         tenants_file=str(path),
+        decision_process=decision_process,
     )
 
 
-def test_the_daemon_admits_against_a_reloaded_file_and_shows_tenants(tmp_path: Path) -> None:
+@pytest.mark.parametrize("decision_process", [False, True])
+def test_the_daemon_admits_against_a_reloaded_file_and_shows_tenants(
+    tmp_path: Path, decision_process: bool
+) -> None:
+    """In the scheduler's process or in the decision process, which the reloaded quotas
+    reach with the next snapshot and whose admissions the tenants view shows."""
     path = tmp_path / "tenants.yaml"
     path.write_text("tenants: {a: {quota: {cpu: 0}}, b: {}}\n")
-    settings = tenant_settings(path)
+    settings = tenant_settings(path, decision_process)
     clock = Clock()
     scheduler, agents = make_scheduler(settings, clock=clock)
+    assert isinstance(scheduler.rounds.decider, DecisionProcess) is decision_process
     try:
         register(scheduler, "w", {"cpu": 4})
         b, _ = scheduler.submit(job_spec("b", 4, tenant="b"), "")
@@ -189,18 +197,23 @@ def test_a_guaranteed_job_arriving_as_a_best_effort_job_ends_gets_its_request(
         scheduler.stop()
 
 
+@pytest.mark.parametrize("decision_process", [False, True])
 def test_under_rubick_the_tenants_view_shows_admissions_and_whom_they_preempted(
-    tmp_path: Path,
+    tmp_path: Path, decision_process: bool
 ) -> None:
     """`--policy rubick`, no fits (each job runs its own plan on its request): the guaranteed
     job of tenant a is admitted on its 2 devices at its requested speed, and tenant b's
     best-effort job, which cannot run on fewer than its 4, is preempted for it - both shown
-    in the tenants view (ClusterState.tenants[].rubick_admissions)."""
+    in the tenants view (ClusterState.tenants[].rubick_admissions), also when the decision
+    process admits them."""
     path = tmp_path / "tenants.yaml"
     path.write_text("tenants: {a: {quota: {cpu: 2}}, b: {}}\n")
-    settings = dataclasses.replace(tenant_settings(path), policy="rubick", elastic=False)
+    settings = dataclasses.replace(
+        tenant_settings(path, decision_process), policy="rubick", elastic=False
+    )
     clock = Clock()
     scheduler, _ = make_scheduler(settings, clock=clock)
+    assert isinstance(scheduler.rounds.decider, DecisionProcess) is decision_process
     try:
         register(scheduler, "w", {"cpu": 4})
         b, _ = scheduler.submit(job_spec("b", 4, tenant="b"), "")

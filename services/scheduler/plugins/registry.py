@@ -286,10 +286,8 @@ def decision_process_refusals(
             continue
         if plugin(point, name) is None:
             why = f"no {point.value} plugin {name!r}"
-        elif point == Point.TENANTS:
-            why = "its quotas reload on SIGHUP in the scheduler's process"
-        else:
-            why = "it asks the Brain from the scheduler's process"
+        else:  # none registered today: Rubick's and the tenants' ship what they keep there
+            why = "it keeps state in the scheduler's process that it does not ship"
         out.append((point, name, why))
     return out
 
@@ -390,8 +388,15 @@ def _register_allocators() -> None:
                 name,
                 Point.ALLOCATE,
                 doc,
+                # the decision process is shipped the fitted models by this process's copy
                 can=lambda a: frozenset(
-                    {Can.ELASTIC, Can.NEEDS_BRAIN, Can.ADMITS_TENANTS, Can.CHOOSES_PLANS}
+                    {
+                        Can.ELASTIC,
+                        Can.NEEDS_BRAIN,
+                        Can.ADMITS_TENANTS,
+                        Can.CHOOSES_PLANS,
+                        Can.DECISION_PROCESS,
+                    }
                 ),
                 tags=("rubick",),
                 build=_build_rubick,
@@ -469,8 +474,9 @@ def _register_stages() -> None:
             Point.TENANTS,
             GuaranteesArgs.__doc__ or "",
             GuaranteesArgs,
-            # Quotas reload on SIGHUP in the scheduler's process.
-            can=lambda a: frozenset({Can.DECISION_PROCESS} if not a.file else set()),
+            # Quotas reload on SIGHUP in the scheduler's process, which ships them to the
+            # decision process with the snapshots that follow.
+            can=lambda a: frozenset({Can.DECISION_PROCESS}),
             tags=("rubick",),
         )
     )

@@ -19,7 +19,7 @@ from gearshift.scheduler.plugins.registry import (
     plugin,
 )
 from gearshift.scheduler.plugins.rubick.guarantees import Guarantees
-from gearshift.scheduler.plugins.rubick.tenants import TenantsFile
+from gearshift.scheduler.plugins.rubick.tenants import Quotas, TenantsFile
 from gearshift.scheduler.round.brain import BrainAdvisor
 from gearshift.scheduler.round.decider import DecisionProcess
 from gearshift.scheduler.round.hooks import ChoosesPlans
@@ -54,14 +54,18 @@ def allocator_for(
     """The allocate stage the settings name (profile.allocate), with guaranteed jobs admitted
     first when there are tenants' quotas; a plugin that admits tenants itself (Rubick's) is
     handed the quotas instead."""
+    quotas = (lambda: tenants.quotas) if tenants is not None else None
+    return _allocator(settings, quotas, brain or BrainAdvisor())
+
+
+def _allocator(
+    settings: SchedulerSettings, quotas: Callable[[], Quotas] | None, brain: BrainAdvisor
+) -> Allocator:
     found = plugin(Point.ALLOCATE, settings.policy)
     if found is None or found.build is None:
         raise ValueError(f"profile.allocate: no allocate plugin {settings.policy!r}")
-    quotas = (lambda: tenants.quotas) if tenants is not None else None
     admits = Can.ADMITS_TENANTS in capabilities(Point.ALLOCATE, settings.policy)
-    allocator: Allocator = found.build(
-        settings, quotas if admits else None, brain or BrainAdvisor()
-    )
+    allocator: Allocator = found.build(settings, quotas if admits else None, brain)
     if quotas is None or admits:
         return allocator
     return Guarantees(allocator, quotas)
@@ -69,8 +73,11 @@ def allocator_for(
 
 def decision_stages(settings: SchedulerSettings) -> tuple[Allocator, Collocator | None]:
     """The decision process's own allocate and collocate stages (module level: the spawned
-    child is handed this function by name)."""
-    return allocator_for(settings), collocator_for(settings)
+    child is handed this function by name). No Brain and no tenants file here: what its
+    allocator needs of them, the scheduler's copy ships (round/hooks.KeepsDecisionState);
+    until then, no quotas."""
+    quotas = Quotas if settings.tenants_file else None
+    return _allocator(settings, quotas, BrainAdvisor()), collocator_for(settings)
 
 
 def check_decision_process(settings: SchedulerSettings) -> None:
@@ -89,12 +96,13 @@ def check_decision_process(settings: SchedulerSettings) -> None:
         raise ValueError("decision process: cannot run " + "; ".join(refused))
 
 
-def decider_for(settings: SchedulerSettings) -> DecisionProcess | None:
-    """The decision process the settings ask for (None: the round decides in-process)."""
+def decider_for(settings: SchedulerSettings, allocator: Allocator) -> DecisionProcess | None:
+    """The decision process the settings ask for (None: the round decides in-process);
+    `allocator`, the scheduler's own, ships it what it keeps."""
     if not settings.decision_process:
         return None
     check_decision_process(settings)
-    return DecisionProcess(settings, decision_stages)
+    return DecisionProcess(settings, decision_stages, allocator)
 
 
 def plans_for(

@@ -8,7 +8,13 @@ and what it worked out between rounds; each round it gets only the job snapshots
 changed (the rounds hand over the same object for a job while nothing it is made of
 changed), so that what the allocator keeps per job stays valid there too. A child that
 dies is started again with a fresh allocator and the whole snapshot: its state is a cache
-of the snapshots (Gavel's time ledger starts afresh, as after a recomputation)."""
+of the snapshots (Gavel's time ledger starts afresh, as after a recomputation).
+
+An allocator whose decision reads state the scheduler's process keeps (hooks.py,
+`KeepsDecisionState`: tenants' quotas, which SIGHUP reloads there; Rubick's fitted models,
+which the scheduler's copy refreshes from the Brain outside the lock) ships that state with
+the snapshot, whenever it changed, and the child's copy says back its admissions after
+each decision: the child needs no Brain and no tenants file of its own."""
 
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gearshift.common.logs import configure_logging, stderr_logging
+from gearshift.scheduler.round.hooks import KeepsDecisionState
 from gearshift.scheduler.round.pipeline import plan_round
 from gearshift.scheduler.round.reconcile import same_assignment
 from gearshift.scheduler.types import (
@@ -70,12 +77,22 @@ class InProcess:
         return None
 
 
-class DecisionProcess:
-    """plan_round in a child process; see the module docstring."""
+_NOTHING = object()  # nothing shipped yet (a new child)
 
-    def __init__(self, settings: SchedulerSettings, stages: Stages) -> None:
+
+class DecisionProcess:
+    """plan_round in a child process; see the module docstring. `allocator`: the
+    scheduler's own copy, whose state is shipped when it keeps any (`KeepsDecisionState`)."""
+
+    def __init__(
+        self, settings: SchedulerSettings, stages: Stages, allocator: Allocator | None = None
+    ) -> None:
         self.settings = settings
         self.stages = stages
+        self.keeps: KeepsDecisionState | None = (
+            allocator if isinstance(allocator, KeepsDecisionState) else None
+        )
+        self._shipped: object = _NOTHING  # what the child's copy was last shipped
         self._ctx = mp.get_context("spawn")  # grpc threads run here: no fork
         self._conn: Connection | None = None
         self._process: Any = None
@@ -99,6 +116,7 @@ class DecisionProcess:
         self._conn = parent
         self._sent, self._sent_devices, self._sent_current = {}, None, {}
         self._targets = {}
+        self._shipped = _NOTHING
 
     @property
     def pid(self) -> int | None:
@@ -123,9 +141,14 @@ class DecisionProcess:
         # stand (views.py): sent only when new (4,000 devices and 2,200 assignments took
         # 14 ms a round to pickle and unpickle, offline)
         new_devices = snapshot.devices is not self._sent_devices
-        conn.send((replace(snapshot, jobs=(), devices=(), ran=()), new_devices))
+        shipment = self.keeps.shipment() if self.keeps is not None else None
+        ship = self.keeps is not None and shipment != self._shipped
+        conn.send((replace(snapshot, jobs=(), devices=(), ran=()), new_devices, ship))
         if new_devices:
             send_chunks(conn, snapshot.devices)
+        if ship:
+            conn.send(shipment)
+            self._shipped = shipment
         ids = [j.job_id for j in snapshot.jobs]
         sent_current = self._sent_current
         placed = [(k, v) for k, v in current.items() if sent_current.get(k) is not v]
@@ -137,6 +160,9 @@ class DecisionProcess:
         if failed is not None:
             raise failed
         target_ids, new_targets, desired_ids, moved_to = (recv_chunks(conn) for _ in range(4))
+        outcome = conn.recv()
+        if self.keeps is not None:
+            self.keeps.told(outcome)
         known = self._targets
         known.update(new_targets)
         self._targets = targets = {job_id: known[job_id] for job_id in target_ids}
@@ -176,6 +202,9 @@ def _serve(
         configure_logging(*logs)
     os.nice(DECISION_NICENESS)
     allocator, collocator = stages(settings)
+    keeps: KeepsDecisionState | None = (
+        allocator if isinstance(allocator, KeepsDecisionState) else None
+    )
     jobs: dict[str, JobSnapshot] = {}
     devices: tuple[Device, ...] = ()
     current: dict[str, Assignment] = {}
@@ -185,9 +214,13 @@ def _serve(
             message = conn.recv()
             if message is None:
                 return
-            header, new_devices = message
+            header, new_devices, shipped = message
             if new_devices:
                 devices = tuple(recv_chunks(conn))
+            if shipped:
+                shipment = conn.recv()
+                assert keeps is not None, "shipped to an allocator that keeps nothing"
+                keeps.take(shipment)
             ran, ids, changed, moved, running, placed = (recv_chunks(conn) for _ in range(6))
         except EOFError:  # the scheduler is gone
             return
@@ -207,6 +240,7 @@ def _serve(
         conn.send(None)
         for items in _answer(sent_targets, targets, current, desired):
             send_chunks(conn, items)
+        conn.send(keeps.outcome() if keeps is not None else None)
         sent_targets = targets
 
 

@@ -13,6 +13,11 @@ the plugin (the round names no plugin: tools/check_imports.py).
   and queue positions quote them.
 - `Explains`: a plugin that knows why it left a job waiting better than the round does (a
   tenant's guarantee): its reasons replace the round's (round/why.py).
+- `KeepsDecisionState`: an allocate plugin whose decision reads state the scheduler's
+  process keeps (tenants' quotas, reloaded there on SIGHUP; fitted models, refreshed there
+  from the Brain): with the decision in a child process (round/decider.py) the
+  scheduler's copy ships that state, plain data, to the child's copy before each decision,
+  and the child's says back what the scheduler shows of it (the admissions).
 - `execution_plan`: the runtime's execution plan for the plan a target names
   (`Target.plan`, Rubick's `Plan`).
 - `PlansResources`: a resource-plans provider (DLRover's): before a round it copies its
@@ -93,6 +98,28 @@ class Explains(Protocol):
     def reasons(self, snapshot: Snapshot, targets: Mapping[str, Target]) -> dict[str, Reason]:
         """Its reasons for the jobs of `snapshot` that `targets` (its last decision) leaves
         without devices; the others keep the round's."""
+        ...
+
+
+@runtime_checkable
+class KeepsDecisionState(Protocol):
+    """An allocator whose decision may run in a child process (see the module docstring)."""
+
+    def shipment(self) -> object:
+        """In the scheduler's process, before a decision: what the child's copy needs
+        (picklable plain data; sent only when it differs from the last one sent)."""
+        ...
+
+    def take(self, shipment: object) -> None:
+        """In the child: the scheduler's `shipment`, before the decision."""
+        ...
+
+    def outcome(self) -> object:
+        """In the child, after a decision: what the scheduler's copy is to hold of it."""
+        ...
+
+    def told(self, outcome: object) -> None:
+        """In the scheduler's process: the child's `outcome` of the last decision."""
         ...
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gearshift.common.rubick.model import A800, Env, ForwardSample, Params, Workload
@@ -248,6 +248,13 @@ class FitBook:
         """Copies of the facts and fits, and the live devices' least memory (GB)."""
         with self._lock:
             return dict(self._facts), dict(self._fits), self._memory_gb
+
+    def take(
+        self, facts: Mapping[str, JobFacts], fits: Mapping[str, Fitted], memory_gb: float
+    ) -> None:
+        """Another copy's `view` (a decision process's book: it asks no Brain itself)."""
+        with self._lock:
+            self._facts, self._fits, self._memory_gb = dict(facts), dict(fits), memory_gb
 
     def facts_of(self, job_id: str) -> JobFacts | None:
         with self._lock:

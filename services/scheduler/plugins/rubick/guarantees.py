@@ -161,6 +161,22 @@ class Guarantees:
         """The jobs that wait behind a tenant's guarantee (round/hooks.Explains)."""
         return guarantee_reasons(snapshot, targets, self.admitted, self.quotas())
 
+    # KeepsDecisionState (round/hooks.py): the quotas go to a decision process, the
+    # admissions come back (the tenants view and the reasons read them here).
+    def shipment(self) -> Quotas:
+        return self.quotas()
+
+    def take(self, shipment: object) -> None:
+        assert isinstance(shipment, Quotas)
+        self.quotas = lambda: shipment
+
+    def outcome(self) -> dict[str, Admission]:
+        return dict(self.admitted)
+
+    def told(self, outcome: object) -> None:
+        assert isinstance(outcome, dict)
+        self.admitted = outcome
+
     def allocate(self, snapshot: Snapshot) -> dict[str, Target]:
         admitted = admit(snapshot, self.quotas())
         for job_id in admitted.keys() - self.admitted.keys():

@@ -56,7 +56,7 @@ from gearshift.scheduler.plugins.rubick.fits import (
     wants_profile,
 )
 from gearshift.scheduler.plugins.rubick.guarantees import Admission
-from gearshift.scheduler.plugins.rubick.rubick_policy import VARIANTS, RubickPolicy
+from gearshift.scheduler.plugins.rubick.rubick_policy import VARIANTS, RubickAdmission, RubickPolicy
 from gearshift.scheduler.plugins.rubick.tenants import Quotas
 from gearshift.scheduler.round.brain import BrainAdvisor
 from gearshift.scheduler.round.ests import elastic_job, split_ests
@@ -65,6 +65,17 @@ from gearshift.scheduler.types import Device, JobSnapshot, Snapshot, Target
 
 log = logging.getLogger("gearshift.scheduler.rubick")
 LIVE_VARIANTS = tuple(sorted(VARIANTS))
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """What a decision process's copy needs of the scheduler's (LiveRubick.shipment): the
+    quotas, and the facts, fits and device memory the last refresh kept."""
+
+    quotas: Quotas
+    facts: Mapping[str, JobFacts]
+    fits: Mapping[str, Fitted]
+    memory_gb: float
 
 
 def _gpus_per_node(devices: Sequence[Device]) -> int:
@@ -133,6 +144,25 @@ class LiveRubick:
     def new_notes(self, job_ids: Sequence[str]) -> dict[str, str]:
         """The model notes of these jobs that changed since last asked (their events)."""
         return self.fits.new_notes(job_ids, lambda fit: model_note(fit, self.variant))
+
+    # KeepsDecisionState (round/hooks.py): the scheduler's copy refreshes (the Brain's
+    # fits, outside its lock) and ships; a decision process's copy, with no Brain of its
+    # own, decides from what it is shipped and says back its admissions.
+    def shipment(self) -> Shipment:
+        facts, fits, memory = self.fits.view()
+        return Shipment(self.quotas(), facts, fits, memory)
+
+    def take(self, shipment: object) -> None:
+        assert isinstance(shipment, Shipment)
+        self.quotas = lambda: shipment.quotas
+        self.fits.take(shipment.facts, shipment.fits, shipment.memory_gb)
+
+    def outcome(self) -> dict[str, RubickAdmission]:
+        return dict(self.policy.admitted)
+
+    def told(self, outcome: object) -> None:
+        assert isinstance(outcome, dict)
+        self.policy.admitted = outcome
 
     # The allocate stage ------------------------------------------------------------------
     def allocate(self, snapshot: Snapshot) -> dict[str, Target]:
