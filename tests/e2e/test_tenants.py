@@ -41,7 +41,10 @@ def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevClu
         "allocate": {"name": "max_min_fairness", "args": GAVEL_TIMING},
         "tenants": {"name": "guarantees", "args": {"file": str(tenants)}},
     }
-    cluster = e2e_cluster(tmp_path, postgres_db, redis_url, scheduler={"profile": profile})
+    # The decision in the child process: the SIGHUP reload reaches it with the next round
+    # (in-process tenants: tests/unit/test_sched_tenants.py).
+    scheduler = {"profile": profile, "round": {"decisionProcess": True}}
+    cluster = e2e_cluster(tmp_path, postgres_db, redis_url, scheduler=scheduler)
     try:
         yield cluster
     finally:
