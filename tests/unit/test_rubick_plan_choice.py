@@ -137,3 +137,31 @@ def test_the_stage_sets_plans_only_for_jobs_that_allow_them(rubick_data: Path) -
     assert stage.wants_profile("u") and not stage.wants_profile("g")
     assert not stage.wants_profile("x")  # a job the stage does not know
     assert not RubickPlans(stage.fits, profile=False).wants_profile("u")
+
+
+def test_memory_is_that_of_the_workers_a_job_was_placed_on(rubick_data: Path) -> None:
+    """A 16 GB worker beside an 80 GB one: ViT on the 16 GB one needs GC, on the 80 GB one
+    it does not (the smallest device of the whole cluster is not the job's)."""
+    vit = fitted(rubick_data, "vit")
+    stage = RubickPlans(FitBook({"s": vit, "b": vit}.get))
+    jobs = [JobFacts(j, "", 4, 1, 4, True, False, C.ExecutionPlan()) for j in "sb"]
+    workers = [
+        WorkerRecord(
+            name,
+            "127.0.0.1:1",
+            "h",
+            [C.DeviceGroup(accelerator_type="v100", count=4, memory_bytes=gb * 10**9)],
+            True,
+            0.0,
+            0.0,
+        )
+        for name, gb in (("small", 16), ("big", 80))
+    ]
+    stage.fits.refresh(jobs, workers, 0.0)
+    assert stage.fits.memory_of(["big"]) == 80.0 and stage.fits.memory_of(["gone"]) == 16.0
+    desired = {
+        j: [(Device(w, k, "v100"), 1) for k in range(4)] for j, w in (("s", "small"), ("b", "big"))
+    }
+    targets = {j: Target(j, (("v100", 4),), {"v100": (1,) * 4}) for j in desired}
+    out = stage.choose(targets, desired, {})
+    assert out["s"].plan == Plan(dp=4, gc=True) and out["b"].plan is None

@@ -8,9 +8,11 @@ runtime executes.
   asked again every `refresh_seconds` (what the Brain learns reaches running jobs) and every
   `retry_seconds` while the job has no fit of its own (a profiling run may store its runs at
   any time). A fit the Brain gave stays when it cannot answer.
-- Memory: the smallest device memory among live workers (a device group's registered
-  memory, else its worker's memory over its devices - a CPU slot's share) replaces the
-  fit's GPU memory; the bandwidths are the fit's.
+- Memory: a device's is its group's registered memory, else its worker's memory over its
+  devices (a CPU slot's share). The smallest among live workers replaces the fit's GPU
+  memory for the `rubick` allocator (one fit prices every type alike); the plan choice
+  reads the smallest on the workers a job was placed on (`FitBook.memory_of`). The
+  bandwidths are the fit's.
 - Plans: only what the runtime executes (gearshift.common.rubick.perf.Runtime): data
   parallel over the ESTs, gradient checkpointing where the spec allows it, optimizer
   offload (ZeRO-Offload) where it allows it and the devices are GPUs; never TP, PP or
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gearshift.common.rubick.model import A800, Env, ForwardSample, Params, Workload
@@ -148,20 +150,28 @@ def runtime_limits(facts: JobFacts, *, gpus: bool, fitted: bool) -> Runtime:
     )
 
 
-def device_memory_gb(workers: Sequence[WorkerRecord]) -> float:
-    """The smallest memory of a live worker's device, GB (0: none known); see the module
-    docstring."""
-    sizes: list[float] = []
+def worker_memory_gb(workers: Sequence[WorkerRecord]) -> dict[str, float]:
+    """Each live worker's smallest device memory, GB (workers with none known left out);
+    see the module docstring."""
+    out: dict[str, float] = {}
     for worker in workers:
         if not worker.alive:
             continue
         count = sum(g.count for g in worker.devices)
+        sizes: list[float] = []
         for group in worker.devices:
             if group.memory_bytes > 0:
                 sizes.append(group.memory_bytes / GB)
             elif worker.memory_bytes > 0 and count > 0:
                 sizes.append(worker.memory_bytes / count / GB)
-    return min(sizes, default=0.0)
+        if sizes:
+            out[worker.worker_id] = min(sizes)
+    return out
+
+
+def device_memory_gb(workers: Sequence[WorkerRecord]) -> float:
+    """The smallest memory of a live worker's device, GB (0: none known)."""
+    return min(worker_memory_gb(workers).values(), default=0.0)
 
 
 def model_perf(facts: JobFacts, fit: Fitted | None, memory_gb: float, gpus: bool) -> ModelPerf:
@@ -206,6 +216,7 @@ class FitBook:
     _fits: dict[str, Fitted] = field(default_factory=dict)
     _asked: dict[str, float] = field(default_factory=dict)
     _memory_gb: float = 0.0
+    _worker_memory: dict[str, float] = field(default_factory=dict)  # worker -> GB
     _notes: dict[str, str] = field(default_factory=dict)  # job -> the model note last given
 
     def refresh(
@@ -214,7 +225,8 @@ class FitBook:
         """Keep the jobs' facts, and ask the Brain for the fits that are due (RPCs)."""
         with self._lock:
             self._facts = {f.job_id: f for f in facts}
-            self._memory_gb = device_memory_gb(workers)
+            self._worker_memory = worker_memory_gb(workers)
+            self._memory_gb = min(self._worker_memory.values(), default=0.0)
             for gone in [j for j in self._asked if j not in self._facts]:
                 self._asked.pop(gone, None)
                 self._fits.pop(gone, None)
@@ -255,6 +267,13 @@ class FitBook:
         """Another copy's `view` (a decision process's book: it asks no Brain itself)."""
         with self._lock:
             self._facts, self._fits, self._memory_gb = dict(facts), dict(fits), memory_gb
+
+    def memory_of(self, worker_ids: Iterable[str]) -> float:
+        """The smallest device memory on these workers, GB; the smallest of any live
+        worker's where none of them is known (0: none known at all)."""
+        with self._lock:
+            known = [self._worker_memory[w] for w in worker_ids if w in self._worker_memory]
+            return min(known, default=self._memory_gb)
 
     def facts_of(self, job_id: str) -> JobFacts | None:
         with self._lock:

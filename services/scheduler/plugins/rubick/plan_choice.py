@@ -1,7 +1,8 @@
 """Rubick's plan choice beside another objective (`profile.executionPlans: {name: rubick}`):
 once the objective and the place stage have chosen a job's devices, the execution plan on
 them that the job's fitted model (Rubick's Eq. 1, the Brain's fit: fits.py, as the `rubick`
-allocator reads it) predicts fastest, among the plans that fit the devices' memory.
+allocator reads it) predicts fastest, among the plans that fit the memory of its devices (the
+smallest on the workers it was placed on).
 
 - Which jobs: those whose spec allows a plan dimension (gradient checkpointing, or
   optimizer offload on GPUs). Every other job keeps its own plan, untouched; so does a job
@@ -165,7 +166,7 @@ class RubickPlans:
         current: Mapping[str, Sequence[tuple[Device, int]]],
     ) -> dict[str, Target]:
         """The targets with the plan of each job whose spec allows one (see plan_for)."""
-        facts, fits, memory = self.fits.view()
+        facts, fits, _ = self.fits.view()
         out = dict(targets)
         chosen, self._chosen = self._chosen, {}
         for job_id, assignment in desired.items():
@@ -175,6 +176,7 @@ class RubickPlans:
             gpus = any(d.worker_type != "cpu" for d, _ in assignment)
             held = current.get(job_id)
             kept = held is not None and same_assignment(assignment, held)
+            memory = self.fits.memory_of({d.worker_id for d, _ in assignment})
             runs = (f.plan.gradient_checkpointing, f.plan.offload_optimizer)
             key = (fit, memory, shape_of(assignment), gpus, kept, f.gc, f.offload, runs)
             hit = chosen.get(job_id)
