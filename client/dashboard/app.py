@@ -25,7 +25,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from gearshift.client import timeline
-from gearshift.client.dashboard import allocation_view, views
+from gearshift.client.dashboard import allocation_view, queue, views
 from gearshift.client.dashboard.gateway import Gateway
 from gearshift.client.dashboard.loss_view import loss_curve
 from gearshift.client.dashboard.series import LossPoint
@@ -192,6 +192,11 @@ def create_app(gateway: Gateway) -> Starlette:
             return error_response(exc, f"the scheduler at {gateway.scheduler}")
         return JSONResponse({"job": views.job_detail(cancelled)})
 
+    def waiting(request: Request) -> Any:
+        states = parse_states("queued")
+        listing = gateway.jobs(token(request), states=states, tenant="", name_prefix="", limit=1000)
+        return queue.queue(listing.jobs, time.time())
+
     def cluster(request: Request) -> Any:
         return views.cluster(gateway.cluster(token(request)))
 
@@ -223,6 +228,7 @@ def create_app(gateway: Gateway) -> Starlette:
         Route("/cluster", page("Cluster", "cluster", "cluster.js")),
         Route("/allocation", page("Allocation", "allocation", "charts.js", "allocation.js")),
         Route("/tenants", page("Tenants", "tenants", "charts.js", "tenants.js")),
+        Route("/queue", page("Queue", "queue", "queue.js")),
         Route("/login", page("Log in", "login", "login.js")),
         Route("/healthz", healthz),
         Route("/api/login", login, methods=["POST"]),
@@ -236,6 +242,7 @@ def create_app(gateway: Gateway) -> Starlette:
         Route("/api/cluster", api(cluster)),
         Route("/api/allocation", api(lambda r: over_window(r, allocation_view.allocation))),
         Route("/api/tenants", api(lambda r: over_window(r, allocation_view.tenants))),
+        Route("/api/queue", api(waiting)),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     return Starlette(routes=routes, lifespan=lifespan)

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from typing import Any
 
 from gearshift.client import timeline
+from gearshift.client.dashboard import queue
 from gearshift.client.dashboard.gateway import JobHistory
 from gearshift.client.render import event_name, state_name
 from gearshift.common.facts import DETERMINISM_PREFIX, TERMINAL_STATES
@@ -56,6 +57,8 @@ def job_row(job: scheduler_pb2.Job) -> Json:
         "started_at": job.started_at,
         "finished_at": job.finished_at,
         "message": job.message,
+        "reason": queue.reason(job),
+        "queue_position": job.queue_position,
     }
 
 

@@ -43,6 +43,7 @@ from gearshift.scheduler.api.jobs_api import JobsApi
 from gearshift.scheduler.api.registry import WorkerRegistry
 from gearshift.scheduler.plugins.dlrover.ps_jobs import PsPlans
 from gearshift.scheduler.plugins.dlrover.resource_plans import ResourcePlans
+from gearshift.scheduler.plugins.registry import Can, Point, capabilities
 from gearshift.scheduler.plugins.rubick.guarantees import Admission, Guarantees
 from gearshift.scheduler.plugins.rubick.rubick_live import LiveRubick
 from gearshift.scheduler.plugins.rubick.tenants import Quotas, TenantsFile
@@ -55,10 +56,12 @@ from gearshift.scheduler.plugins.stages import (
 )
 from gearshift.scheduler.round.brain import BrainAdvisor
 from gearshift.scheduler.round.datasets import DatasetKeeper
+from gearshift.scheduler.round.decider import InProcess
 from gearshift.scheduler.round.estimates import Estimates
 from gearshift.scheduler.round.rounds import RoundReport, Rounds
 from gearshift.scheduler.round.task_control import TaskControl
 from gearshift.scheduler.round.workers import WorkerAgents
+from gearshift.scheduler.sim.forward import Bounds, LiveEstimates, copy_allocator
 from gearshift.scheduler.state.job_logs import LogSources, TaskSource, job_log_lines
 from gearshift.scheduler.state.job_steps import job_steps
 from gearshift.scheduler.state.records import EventRecord, JobRecord, WorkerRecord
@@ -120,6 +123,7 @@ class Scheduler:
             execution_plans=execution_plans_for(settings, self.brain),
             plans=self.plans,
         )
+        self.starts = self._start_estimates(settings)
         self.jobs = JobsApi(
             self.state,
             self.control,
@@ -140,6 +144,36 @@ class Scheduler:
     def ps_plans(self) -> PsPlans:
         """The parameter-server jobs' plans."""
         return self.plans.ps
+
+    def _start_estimates(self, settings: SchedulerSettings) -> LiveEstimates | None:
+        """The waiting jobs' estimated starts after a round, at most every
+        round.estimateStartsSeconds, by a fresh allocator of the configured kind; none for
+        one that asks the Brain (its decisions need RPCs)."""
+        if settings.estimate_starts_seconds <= 0:
+            return None
+        if Can.DECISION_PROCESS not in capabilities(Point.ALLOCATE, settings.policy):
+            return None
+        estimates = LiveEstimates(
+            self.state,
+            lambda: self._forward_allocator(settings),
+            self._pool,
+            lambda: collocator_for(settings),
+            bounds=Bounds(round_seconds=max(settings.round_seconds, 10.0), max_rounds=1000),
+            every_seconds=settings.estimate_starts_seconds,
+        )
+        self.rounds.observers.append(
+            lambda report, _: estimates.round_done(report.snapshot, report.current)
+        )
+        return estimates
+
+    def _forward_allocator(self, settings: SchedulerSettings) -> Allocator:
+        """A copy of the live allocator where it decides in this process (its memory of
+        past rounds makes the estimate the round's), else a fresh one (sim/forward.py)."""
+        if isinstance(self.rounds.decider, InProcess):
+            copied = copy_allocator(self.rounds.allocator)
+            if copied is not None:
+                return copied
+        return allocator_for(settings)
 
     def _tenancy(self) -> tuple[Quotas, Mapping[str, Admission]]:
         """The quotas and the last round's admission of guaranteed jobs."""

@@ -122,6 +122,7 @@ const Gs = (() => {
         "nav",
         {},
         el("a", { href: "/", class: active === "jobs" ? "active" : "" }, "Jobs"),
+        el("a", { href: "/queue", class: active === "queue" ? "active" : "" }, "Queue"),
         el("a", { href: "/cluster", class: active === "cluster" ? "active" : "" }, "Cluster"),
         el("a", { href: "/allocation", class: active === "allocation" ? "active" : "" }, "Allocation"),
         el("a", { href: "/tenants", class: active === "tenants" ? "active" : "" }, "Tenants"),

@@ -13,6 +13,17 @@
     return pairs.flatMap(([key, value]) => [el("dt", {}, key), el("dd", {}, value)]);
   }
 
+  function whyText(job, now) {
+    const r = job.reason;
+    const parts = [r.message];
+    if (job.queue_position) parts.push(`queue position ${job.queue_position}`);
+    if (r.estimated_start) {
+      const left = r.estimated_start - now;
+      parts.push(left > 0 ? `estimated start in ${duration(left)}` : "estimated start now");
+    }
+    return el("span", { id: "why", "data-reason": r.code }, parts.join(" · "));
+  }
+
   function renderSummary(view) {
     const job = view.job;
     document.getElementById("state").replaceChildren(badge(job.state));
@@ -23,6 +34,7 @@
     document.getElementById("summary").replaceChildren(
       ...kv([
         ["state", job.message ? `${job.state}: ${job.message}` : job.state],
+        ...(job.reason ? [["why", whyText(job, view.now)]] : []),
         ["step", job.total_steps ? `${job.step} of ${job.total_steps}` : String(job.step)],
         ["loss", job.step ? number(job.loss, 4) : "–"],
         ["samples/s", job.samples_per_second ? number(job.samples_per_second) : "–"],

@@ -85,6 +85,12 @@ class RoundConfig(Section):
         "plugin of the profile can run there",
     )
     seed: int = Field(0, description="random seed of the policies (type shuffle, FIFO draws)")
+    estimate_starts_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="estimate the waiting jobs' starts (the pipeline run forward on simulated "
+        "time from the live state, off the round) at most this often, seconds; 0: never",
+    )
 
 
 class HeartbeatConfig(Section):

@@ -57,6 +57,7 @@ def settings_of(loaded: Loaded) -> SchedulerSettings:
         preempt_exempt_seconds=c.round.preempt_exempt_seconds,
         decision_process=loaded.decision_process,
         seed=c.round.seed,
+        estimate_starts_seconds=c.round.estimate_starts_seconds,
         heartbeat_interval=c.heartbeats.interval_seconds,
         heartbeat_timeout=c.heartbeats.timeout_seconds,
         estimate_refresh_seconds=c.estimates.refresh_seconds,

@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gearshift.common.logs import configure_logging, stderr_logging
-from gearshift.scheduler.round.hooks import KeepsDecisionState
+from gearshift.scheduler.round.hooks import KeepsDecisionState, Ranks
 from gearshift.scheduler.round.pipeline import plan_round
 from gearshift.scheduler.round.reconcile import same_assignment
 from gearshift.scheduler.types import (
@@ -60,6 +60,11 @@ Stages = Callable[["SchedulerSettings"], tuple[Allocator, Collocator | None]]
 class Decider(Protocol):
     def decide(self, snapshot: Snapshot, current: Current) -> Decision: ...
 
+    def priorities(self) -> Mapping[str, float]:
+        """The allocator's priorities in the last decision (hooks.Ranks; empty: it does
+        not rank): the round's reasons quote them."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -72,6 +77,9 @@ class InProcess:
 
     def decide(self, snapshot: Snapshot, current: Current) -> Decision:
         return plan_round(snapshot, self.allocator, current, self.collocator)
+
+    def priorities(self) -> Mapping[str, float]:
+        return self.allocator.priorities() if isinstance(self.allocator, Ranks) else {}
 
     def close(self) -> None:
         return None
@@ -101,6 +109,7 @@ class DecisionProcess:
         self._sent_devices: tuple[Device, ...] | None = None
         self._sent_current: dict[str, Assignment] = {}
         self._targets: dict[str, Target] = {}  # the child's last answer, as it stands here
+        self._priorities: dict[str, float] = {}  # the child's allocator's, last decision
         self.restarts = 0
 
     def _start(self) -> None:
@@ -117,6 +126,9 @@ class DecisionProcess:
         self._sent, self._sent_devices, self._sent_current = {}, None, {}
         self._targets = {}
         self._shipped = _NOTHING
+
+    def priorities(self) -> Mapping[str, float]:
+        return self._priorities
 
     @property
     def pid(self) -> int | None:
@@ -159,7 +171,10 @@ class DecisionProcess:
         self._sent_devices, self._sent_current = snapshot.devices, dict(current)
         if failed is not None:
             raise failed
-        target_ids, new_targets, desired_ids, moved_to = (recv_chunks(conn) for _ in range(4))
+        target_ids, new_targets, desired_ids, moved_to, ranks = (
+            recv_chunks(conn) for _ in range(5)
+        )
+        self._priorities = dict(ranks)
         outcome = conn.recv()
         if self.keeps is not None:
             self.keeps.told(outcome)
@@ -240,6 +255,8 @@ def _serve(
         conn.send(None)
         for items in _answer(sent_targets, targets, current, desired):
             send_chunks(conn, items)
+        ranks = allocator.priorities() if isinstance(allocator, Ranks) else {}
+        send_chunks(conn, list(ranks.items()))  # the reasons quote them (hooks.Ranks)
         conn.send(keeps.outcome() if keeps is not None else None)
         sent_targets = targets
 

@@ -102,6 +102,9 @@ class RoundReport:
     held_back: list[str] = field(default_factory=list)  # those jobs
     restarts: dict[str, str] = field(default_factory=dict)  # job -> why it restarts in place
     pending: Counter[str] = field(default_factory=Counter)  # waiting jobs by reason (why.py)
+    # what the round decided from: the estimated starts run forward from it (sim/forward.py)
+    snapshot: Snapshot | None = None
+    current: dict[str, Assignment] = field(default_factory=dict)
     # seconds each of ROUND_PHASES took (the metrics' round phase histogram)
     phases: dict[str, float] = field(default_factory=dict)
 
@@ -359,6 +362,7 @@ class Rounds:
                 self.last_round_at = now
             state.store.set_state("round", str(self.round))  # its own commit: not under the lock
             self._explain(snapshot, targets, desired, current, report)
+            report.snapshot, report.current = snapshot, current
             lap = report.lap("reconcile", lap, time.perf_counter())
             proceed = self._stop_all(moves)
             lap = report.lap("stop", lap, time.perf_counter())
@@ -381,7 +385,10 @@ class Rounds:
     ) -> None:
         """Why each job waits, moved or was preempted (round/why.py, round/reasons.py)."""
         allocator = self.allocator
-        ranks = allocator.priorities() if isinstance(allocator, Ranks) else {}
+        ranked = getattr(self.decider, "priorities", None)  # where the allocator ran
+        ranks = ranked() if callable(ranked) else {}
+        if not ranks and isinstance(allocator, Ranks):
+            ranks = allocator.priorities()
         offered = allocator.reasons(snapshot, targets) if isinstance(allocator, Explains) else {}
         outcome = Outcome(
             report.started, report.rescaled, report.preempted, report.held_back, report.restarts

@@ -363,11 +363,13 @@ def simulate_pipeline(
     on_round: Callable[[float, dict[str, Config]], None] | None = None,
     max_rounds: int | None = None,
     multiplexed: Multiplexed | None = None,
+    on_snapshot: Callable[[Snapshot, Mapping[str, Assignment]], None] | None = None,
 ) -> SimulationResult:
     """Run `workload` (arrival order) to completion through `allocator` and the place stage;
     see the module docstring. `on_round(now, configs)` sees every round's decision (the
     devices per type of every job that got some); `max_rounds` ends the run early (the
-    result then holds only the jobs that finished)."""
+    result then holds only the jobs that finished); `on_snapshot(snapshot, current)` sees
+    what every round decides from (bench/estimated_start.py)."""
     started = time.perf_counter()
     types = sorted(t for t, n in cluster.items() if n > 0)
     capacity = {t: cluster[t] for t in types}
@@ -418,6 +420,8 @@ def simulate_pipeline(
         ran = []
         current = {job_id: r.assignment for job_id, r in active.items() if r.assignment}
         collocator = multiplexed.collocator() if multiplexed is not None else None
+        if on_snapshot is not None:
+            on_snapshot(snapshot, current)
         targets, desired = plan_round(snapshot, allocator, current, collocator)
         if on_round is not None:
             on_round(
