@@ -29,7 +29,7 @@ if __package__ in (None, ""):
 from gearshift.common.gavel import load_throughputs
 from gearshift.scheduler.plugins.stages import allocator_for
 from gearshift.scheduler.sim.forward import Bounds, copy_allocator, estimate_starts
-from gearshift.scheduler.sim.simulate import build_parser, settings_for
+from gearshift.scheduler.sim.simulate import DEFAULT_PROFILE, profile_of
 from gearshift.scheduler.sim.simulator import Multiplexed, simulate_pipeline
 from gearshift.scheduler.sim.trace import generate_workload
 from gearshift.scheduler.types import Allocator, Assignment, Snapshot
@@ -46,7 +46,7 @@ def percentile(values: list[float], q: float) -> float:
 def one_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     table = load_throughputs(args.data / "simulation_throughputs.json")
     workload = generate_workload(table, args.jobs, args.jobs_per_hour, seed=seed)
-    settings = settings_for(build_parser().parse_args(["--generate", "1"]), "default", True)
+    settings = profile_of(DEFAULT_PROFILE).settings
     multiplexed = Multiplexed()
     taken: list[tuple[Snapshot, dict[str, Assignment], Allocator | None]] = []
     allocator = allocator_for(settings)
