@@ -4,6 +4,9 @@ position, the `gearshift_jobs_pending{reason}` gauge, and the `why:` line."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from prometheus_client import REGISTRY
 
 from gearshift.client.render import job_details
@@ -82,12 +85,17 @@ def test_a_waiting_job_has_one_event_per_change_a_position_a_metric_and_a_why_li
         scheduler.stop()
 
 
-def test_a_preempted_job_names_who_took_its_device_under_which_objective() -> None:
+@pytest.mark.parametrize("decision_process", [False, True])
+def test_a_preempted_job_names_who_took_its_device_under_which_objective(
+    decision_process: bool,
+) -> None:
     """LAS on one device: the new job comes first (Gavel's new-job priority) and takes the
     running job's device; the running job says by whom, under which objective, with both
-    priorities, and keeps saying it while it waits."""
+    priorities (from the decision process too, where the allocator runs there)."""
     clock = Clock()
-    scheduler, _ = make_scheduler(settings("las", elastic=True), clock=clock)
+    scheduler, _ = make_scheduler(
+        settings("las", elastic=True, decision_process=decision_process), clock=clock
+    )
     try:
         register(scheduler, "box", {"t4": 1})
         old = scheduler.submit(spec("old"), "")[0].job_id
@@ -126,5 +134,94 @@ def test_starts_over_the_bound_are_held_back_with_a_reason() -> None:
             assert reason is not None and reason.code == why.START_BOUND
             assert "round.maxStarts = 1" in reason.message
         assert pending(why.START_BOUND) == 2.0
+    finally:
+        scheduler.stop()
+
+
+def only_reason(scheduler: Scheduler, job_id: str) -> tuple[str, str]:
+    """The job's reason (code, message), and it was said once."""
+    reason = scheduler.get(job_id).reason
+    assert reason is not None
+    assert reason_events(scheduler, job_id) == [reason.message]
+    return reason.code, reason.message
+
+
+def test_a_gang_of_devices_not_yet_free() -> None:
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings("easyscale"), clock=clock)
+    try:
+        register(scheduler, "box", {"t4": 2})
+        scheduler.submit(job_spec("one", 1), "")
+        scheduler.run_round()
+        clock.now += 1.0  # it arrives after the running job (ties go by id)
+        gang = job_spec("gang", 2)
+        gang.elastic.min_devices = 2  # rigid: both devices at once
+        waiting = scheduler.submit(gang, "")[0].job_id
+        for _ in range(2):
+            clock.now += 60.0
+            scheduler.heartbeat("box", [])
+            scheduler.run_round()
+        assert only_reason(scheduler, waiting) == (
+            why.GANG_NOT_FREE,
+            "a gang of 2 devices is not yet free (t4: 1 free)",
+        )
+        assert pending(why.GANG_NOT_FREE) == 1.0
+    finally:
+        scheduler.stop()
+
+
+def test_a_d1_job_waits_for_its_first_type_while_others_are_free() -> None:
+    """The v100 is taken; a D1 job whose first placement was on v100 (its locked type, as a
+    restarted scheduler loads it) waits though both t4 are free."""
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings("easyscale"), clock=clock)
+    try:
+        register(scheduler, "a", {"v100": 1})
+        register(scheduler, "b", {"t4": 2})
+        scheduler.submit(job_spec("holder", 1, accelerator_types=["v100"]), "")
+        scheduler.run_round()
+        clock.now += 1.0  # it arrives after the holder (ties go by id)
+        d1 = scheduler.submit(job_spec("d1", 1, determinism=C.DETERMINISM_LEVEL_D1), "")[0]
+        with scheduler.state.lock:
+            scheduler.state.jobs[d1.job_id].locked_type = "v100"
+        clock.now += 60.0
+        for worker in ("a", "b"):
+            scheduler.heartbeat(worker, [])
+        scheduler.run_round()
+        code, message = only_reason(scheduler, d1.job_id)
+        assert code == why.TYPE_LOCKED
+        assert message == (
+            "kept on its first type v100 (D0/D1 keep a job on one type); "
+            "0 v100 free, 2 of other accepted types"
+        )
+    finally:
+        scheduler.stop()
+
+
+def test_a_best_effort_job_waits_behind_a_tenants_guarantee(tmp_path: Path) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants: {acme: {quota: {t4: 2}}}\n")
+    clock = Clock()
+    scheduler, _ = make_scheduler(
+        settings("max_min_fairness", elastic=True, tenants_file=str(path)), clock=clock
+    )
+    try:
+        register(scheduler, "box", {"t4": 2})
+        guaranteed = job_spec("g", 2, tenant="acme", service_class=C.SERVICE_CLASS_GUARANTEED)
+        g = scheduler.submit(guaranteed, "")[0].job_id
+        clock.now += 1.0
+        best_effort = scheduler.submit(job_spec("be", 1, tenant="other"), "")[0].job_id
+        scheduler.run_round()
+        assert scheduler.get(g).state == C.JOB_STATE_RUNNING
+        code, message = only_reason(scheduler, best_effort)
+        assert code == why.TENANT_GUARANTEE
+        assert message == (
+            "waiting behind tenant acme's guarantee (t4: 2 of 2 devices of its quota in use)"
+        )
+        assert scheduler.get(best_effort).reason.facts == {  # type: ignore[union-attr]
+            "tenant": "acme",
+            "usage": "t4: 2 of 2",
+        }
+        assert pending(why.TENANT_GUARANTEE) == 1.0
     finally:
         scheduler.stop()
