@@ -73,3 +73,13 @@ def test_a_pending_job_says_why_once_and_the_cli_prints_it(
         check=True,
     )
     assert "why:        no free device of an accepted type (cpu: 0 free)" in shown.stdout
+    listed_cli = subprocess.run(
+        [sys.executable, "-m", "gearshift.client.cli", "jobs", "--address", address],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    assert "QUEUE" in listed_cli[0].split()
+    row = next(line for line in listed_cli if line.startswith(second.job_id))
+    assert "#1" in row.split()

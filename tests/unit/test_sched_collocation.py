@@ -165,6 +165,8 @@ def test_the_daemon_starts_a_background_job_on_a_lent_device_and_records_its_pau
         assert shown.role == C.COLLOCATION_ROLE_FOREGROUND and shown.partner_job_id == bg.job_id
         started_msg = [m for k, m in events(scheduler, bg.job_id) if k == S.JOB_EVENT_TYPE_STARTED]
         assert f"in the background on {fg.job_id}'s device" in started_msg[-1]
+        codes = {j: getattr(scheduler.get(j).reason, "code", "") for j in (fg.job_id, bg.job_id)}
+        assert codes == {fg.job_id: "lent_device", bg.job_id: "in_background"}  # round/why.py
 
         task = next(t for t in scheduler.state.tasks.values() if t.job_id == bg.job_id)
 

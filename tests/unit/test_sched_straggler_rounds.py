@@ -93,6 +93,8 @@ def test_the_job_moves_off_a_straggler_worker_and_the_mark_expires(
     scheduler.run_round()
     moving = [m for t, m in events(scheduler, job_id) if t == S.JOB_EVENT_TYPE_RESCALING]
     assert moving == [f"moving to a new placement, off degraded worker {slow}"]
+    why = scheduler.get(job_id).reason  # round/why.py: the move's reason
+    assert why is not None and why.code == "degraded_worker" and why.facts == {"workers": slow}
     wait_until(lambda: not scheduler.state.stopping, 10.0, "the old tasks stopped")
     clock.now += 2.0
     scheduler.run_round()

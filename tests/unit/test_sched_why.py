@@ -210,6 +210,8 @@ def test_what_a_job_keeps_from_round_to_round() -> None:
     assert fewer.same_as(waiting)  # new counts, the same reason: no new event
     assert not preempted.same_as(waiting)
     assert why.carry(waiting, None, running=True) is None  # it runs: the wait is over
-    assert why.carry(preempted, None, running=True) is preempted  # the last move's reason
+    moved = Reason(why.DEGRADED_WORKER, "moved off degraded worker w", {}, "w")
+    assert why.carry(moved, None, running=True) is moved  # the last move's reason
+    assert why.carry(preempted, None, running=True) is None  # running again
     assert why.carry(preempted, waiting, running=False) is preempted  # who preempted it
     assert why.carry(None, waiting, running=False) is waiting

@@ -14,6 +14,7 @@ from gearshift.scheduler.api.servicer import job_message
 from gearshift.scheduler.round import why
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
 from gearshift.v1 import common_pb2, scheduler_pb2
+from tests.helpers import wait_until
 from tests.sched_harness import Clock, job_spec, make_scheduler, register
 
 C = common_pb2
@@ -116,6 +117,8 @@ def test_a_preempted_job_names_who_took_its_device_under_which_objective(
         assert reason.message.startswith(f"preempted by {new} under ")
         assert scheduler.get(old).state == C.JOB_STATE_QUEUED
         assert scheduler.get(new).reason is None
+        events = scheduler.state.store.events_after(old, 0)
+        assert [e.message for e in events if e.type == S.JOB_EVENT_TYPE_REASON] == [reason.message]
     finally:
         scheduler.stop()
 
@@ -223,5 +226,59 @@ def test_a_best_effort_job_waits_behind_a_tenants_guarantee(tmp_path: Path) -> N
             "usage": "t4: 2 of 2",
         }
         assert pending(why.TENANT_GUARANTEE) == 1.0
+    finally:
+        scheduler.stop()
+
+
+def test_an_oom_restart_says_its_memory_was_doubled() -> None:
+    clock = Clock()
+    scheduler, agents = make_scheduler(settings("fifo", round_seconds=1.0), clock=clock)
+    try:
+        scheduler.register_worker(
+            "a", "127.0.0.1:1001", "test", [C.DeviceGroup(accelerator_type="cpu", count=2)], [],
+            cpu_cores=4, memory_bytes=8 << 30,
+        )  # fmt: skip
+        job_id = scheduler.submit(job_spec("m", 2), "")[0].job_id
+        scheduler.run_round()
+        first = agents.started[-1]
+        oom = C.TaskStatus(
+            task_id=first.task_id, job_id=job_id, state=C.TASK_STATE_FAILED, exit_code=137,
+            out_of_memory=True, message="out of memory",
+        )  # fmt: skip
+        scheduler.task_finished("a", oom)
+        wait_until(lambda: not scheduler.state.stopping, 10.0, "the job's tasks stopped")
+        clock.now += 2.0
+        scheduler.run_round()
+        assert scheduler.get(job_id).state == C.JOB_STATE_RUNNING
+        assert only_reason(scheduler, job_id) == (
+            why.OOM_RESTART,
+            "restarted after running out of memory, with 2x its memory share",
+        )
+    finally:
+        scheduler.stop()
+
+
+def test_a_restart_for_a_new_plan_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job kept on its devices and restarted there for a new plan (the reconcile's
+    restart reason) says which plan."""
+    clock = Clock()
+    scheduler, _ = make_scheduler(settings("fifo"), clock=clock)
+    try:
+        register(scheduler, "box", {"t4": 1})
+        job_id = scheduler.submit(job_spec("p", 1), "")[0].job_id
+        scheduler.run_round()
+        monkeypatch.setattr(
+            scheduler.rounds,
+            "_restart_reason",
+            lambda j: "restarting with a new execution plan" if j == job_id else None,
+        )
+        clock.now += 60.0
+        scheduler.heartbeat("box", [])
+        report = scheduler.run_round()
+        assert report.rescaled == [job_id]
+        assert only_reason(scheduler, job_id) == (
+            why.PLAN_CHANGE,
+            "restarted with a new execution plan",
+        )
     finally:
         scheduler.stop()

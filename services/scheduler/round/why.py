@@ -331,11 +331,14 @@ def queue_order(
 
 def carry(before: Reason | None, now: Reason | None, running: bool) -> Reason | None:
     """The job's reason after this round: this round's, else a move reason kept (it still
-    explains the last move; a preempted job's while it waits too), else none once it runs."""
+    explains the last move; a preempted job's while it waits, until it runs again), else
+    none once it runs."""
     if now is not None:
         if before is not None and before.code == PREEMPTED and not running and now.code in WAITING:
             return before  # who preempted it says more than what it waits for now
         return now
+    if before is not None and before.code == PREEMPTED:
+        return None if running else before  # running again: its wait is over
     if before is not None and before.code in MOVES:
         return before
     return None if running else before
