@@ -3,7 +3,9 @@
 - profile/<model>/config.csv + data.csv: the profiled runs (one node each), times in ms;
   zero_type 0/1/2 = plain DP / ZeRO-Offload / ZeRO-DP; forward_time is a GPU's whole
   forward pass in the iteration.
-- profile/history.csv: the artifact's own fitted parameters (a reference, not an oracle).
+- profile/history.csv: the artifact's own fitted parameters (a reference, not an oracle),
+  for the artifact's form of Eq. 1 (`artifact_model`: k_off and k_swap are additive ms
+  there, not overlap degrees).
 - placements/<file>.csv: iteration time (seconds; converted to ms here) per plan code and
   placement. Plan codes: 'ga' (DP, GA allowed), 'gc', 'zero-dp', 'zero-offload',
   'zero-offload+gc', 'tp+ga', and 3-digit 'ptd' (PP, TP, DP sizes). Their component
@@ -58,6 +60,11 @@ class Measurement:
     config: Config
     iter_ms: float
     source: str  # 'profile' or 'placements'
+    # The profile's parts (ms), for the artifact's joint fit: this run's own forward pass,
+    # T_cc (backward and gradient sync, after the forward) and T_opt. None in placements.
+    forward_ms: float | None = None
+    tcc_ms: float | None = None
+    topt_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -103,8 +110,7 @@ def load_history(root: Path) -> dict[str, Params]:
     """The artifact's fitted parameters per model (names lower-cased, e.g. 'llama7b')."""
     out = {}
     for row in _read(Path(root) / "profile" / "history.csv"):
-        k = [float(row[c]) for c in HISTORY_COLUMNS]
-        out[row["model"].lower()] = Params(k[0], k[1], k[2], k[3], k[5], k[6], k[4])
+        out[row["model"].lower()] = Params(*(float(row[c]) for c in HISTORY_COLUMNS))
     return out
 
 
@@ -123,7 +129,8 @@ def load_profile(root: Path, model: str) -> tuple[Workload, tuple[Measurement, .
             raise ValueError(f"{folder}: only single-node DP-family profiles are read")
         plan = Plan(dp=gpus, zero=_zero(c["zero_type"]))
         res = Resources((gpus,), int(c["num_cpu_threads"]))
-        runs.append(Measurement(Config(plan, res), float(m["iter_time"]), "profile"))
+        parts = (float(m["forward_time"]), float(m["Tcc"]), float(m["Topt"]))
+        runs.append(Measurement(Config(plan, res), float(m["iter_time"]), "profile", *parts))
         forward.append(ForwardSample(batch / gpus, float(m["forward_time"])))
     c0 = cfgs[0]
     workload = Workload(
