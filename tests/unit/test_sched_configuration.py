@@ -153,7 +153,7 @@ round:
         ),
         (
             "profile:\n  allocate:\n    name: las_packed\n",
-            ["2: profile.allocate.args: las_packed shares devices, which elastic objectives"],
+            ["2: profile.allocate.args: 'las_packed' shares devices (space sharing) and elastic"],
         ),
         (
             "profile:\n  allocate:\n    name: las_packed\n    args: {elastic: false}\n",

@@ -26,7 +26,7 @@ from gearshift.scheduler.plugins.easyscale.elastic import (
 )
 from gearshift.scheduler.plugins.gavel.elastic_rounds import ElasticRounds
 from gearshift.scheduler.plugins.gavel.mechanism import Combo, JobView, RoundScheduler
-from gearshift.scheduler.plugins.gavel.policies import make_policy, policy_names
+from gearshift.scheduler.plugins.gavel.policies import elastic_refusal, make_policy, policy_names
 from gearshift.scheduler.round.ests import elastic_job, split_ests
 from gearshift.scheduler.types import (
     Allocator,
@@ -185,12 +185,10 @@ def make_allocator(
         return Greedy(make_elastic_policy(name))
     policy = make_policy(name, seed=seed, field=field_name)
     if elastic:
-        if not policy.has_elastic_form:
-            forms = sorted(n for n in policy_names() if make_policy(n).has_elastic_form)
-            raise ValidationError(
-                field_name,
-                f"{name!r} has no elastic form; elastic objectives: {', '.join(forms)}",
-            )
+        why = elastic_refusal(name)
+        if why is not None:
+            forms = sorted(n for n in policy_names() if elastic_refusal(n) is None)
+            raise ValidationError(field_name, f"{why}; elastic objectives: {', '.join(forms)}")
         return ElasticRounds(
             policy,
             round_seconds=round_seconds,

@@ -22,7 +22,12 @@ from pydantic.alias_generators import to_camel
 from gearshift.scheduler.plugins.allocators import make_allocator
 from gearshift.scheduler.plugins.deeppool.collocation import Multiplexing
 from gearshift.scheduler.plugins.dlrover.plans_hooks import make_plans
-from gearshift.scheduler.plugins.gavel.policies import describe, policy_names, traits
+from gearshift.scheduler.plugins.gavel.policies import (
+    describe,
+    elastic_refusal,
+    policy_names,
+    traits,
+)
 from gearshift.scheduler.plugins.rubick.plan_choice import make_rubick_plans
 from gearshift.scheduler.plugins.rubick.rubick_live import make_live_rubick
 
@@ -324,10 +329,8 @@ def _objective(name: str) -> Plugin:
         return frozenset(out)
 
     def refuse(a: ObjectiveArgs) -> str | None:
-        if a.elastic and not elastic_form:
-            return f"{name!r} has no elastic form: set elastic: false, or choose an elastic one"
-        if a.elastic and space_sharing:
-            return f"{name} shares devices, which elastic objectives do not: set elastic: false"
+        if a.elastic and (why := elastic_refusal(name)) is not None:
+            return why
         if a.recompute_in_background and not a.elastic:
             return "recomputeInBackground: only elastic objectives solve in the background"
         return None

@@ -34,6 +34,7 @@ __all__ = [
     "Policy",
     "PolicyError",
     "PolicyInput",
+    "elastic_refusal",
     "make_policy",
     "policy_names",
     "traits",
@@ -132,6 +133,24 @@ def traits(name: str) -> tuple[bool, bool]:
     cvxpy: the plugin registry reads them when it is imported."""
     policy = _POLICIES[name][0](0)
     return policy.has_elastic_form, bool(getattr(policy, "space_sharing", False))
+
+
+def elastic_refusal(name: str) -> str | None:
+    """Why the policy called `name` cannot allocate elastic jobs (None: it can): the one
+    message the plugin registry and make_allocator both give, naming the policy and the
+    elastic mode."""
+    policy = _POLICIES[name][0](0)
+    if not policy.has_elastic_form:
+        return f"{name!r} has no elastic form: {policy.no_elastic_form_because}"
+    if getattr(policy, "space_sharing", False):
+        return (
+            f"{name!r} shares devices (space sharing) and elastic allocation does not: "
+            "elastic rows are one job's configurations of whole devices, and pairs are "
+            "measured only at one equal scale factor, so the two do not compose; share "
+            f"devices with elastic: false, or choose {name.removesuffix('_packed')!r} to be "
+            "elastic"
+        )
+    return None
 
 
 def make_policy(name: str, *, seed: int = 0, field: str = "policy") -> Policy:

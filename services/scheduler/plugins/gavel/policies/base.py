@@ -232,6 +232,9 @@ class Policy(abc.ABC):
     heterogeneity_aware: bool = True
     skip_zero_priority: ClassVar[bool] = False
     has_elastic_form: ClassVar[bool] = False
+    # Why a policy without an elastic form has none (docs/concepts/policies.md), said in the
+    # refusal of an elastic allocator by this name.
+    no_elastic_form_because: ClassVar[str] = "it is not written over device configurations"
 
     @abc.abstractmethod
     def solve(self, inp: PolicyInput) -> Allocation:

@@ -94,6 +94,11 @@ class QueueFifo(Policy):
     name: str = "fifo"
     problem_class: ClassVar[ProblemClass] = "greedy"
     skip_zero_priority: ClassVar[bool] = True
+    no_elastic_form_because: ClassVar[str] = (
+        "it is Gavel's queue, not an objective: a job holds one type at its scale factor "
+        "until it completes, so there is no device count to choose; the elastic FIFO is "
+        "fifo_lp, the paper's FIFO objective over device configurations"
+    )
 
     def __init__(
         self,

@@ -32,6 +32,11 @@ class Isolated(Policy):
 
     name: str = "isolated"
     problem_class: ClassVar[ProblemClass] = "greedy"
+    no_elastic_form_because: ClassVar[str] = (
+        "it is the yardstick finish-time fairness is measured against (1/M of every type), "
+        "not an objective: elastic finish_time_fairness computes its own isolated share "
+        "(1/M of each type, at most the job's maximum devices)"
+    )
 
     def solve(self, inp: PolicyInput) -> Allocation:
         return Allocation.singles(inp, isolated_share(inp))

@@ -43,6 +43,12 @@ class ShortestJobFirst(Policy):
 
     name: str = "shortest_job_first"
     problem_class: ClassVar[ProblemClass] = "greedy"
+    no_elastic_form_because: ClassVar[str] = (
+        "its per-job step is a fractional knapsack that a greedy fill of the fastest types "
+        "solves exactly at one scale factor; over configurations of several device counts "
+        "and types that step is an LP per job per pass, which is not built; for short "
+        "completion times over configurations choose makespan or fifo_lp"
+    )
 
     def solve(self, inp: PolicyInput) -> Allocation:
         free = inp.num_workers.astype(np.float64).copy()
