@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gearshift.scheduler.config.cli import render_defaults, render_plugins
-from tools.reference import cli, jobspec, metrics, rpcs
+from tools.reference import cli, helm, jobspec, metrics, rpcs
 from tools.reference.markdown import page, table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +31,11 @@ CONTENT: dict[str, tuple[str, str, Callable[[], str]]] = {
         "Scheduler plugins",
         "the scheduler's plugin registry and each plugin's argument class",
         lambda: render_plugins(markdown=True),
+    ),
+    "helm-values.md": (
+        "Helm chart values",
+        "deploy/helm/gearshift's values.schema.json and values.yaml",
+        helm.render,
     ),
     "scheduler.yaml": (
         "Scheduler configuration file (defaults)",
