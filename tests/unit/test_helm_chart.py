@@ -159,6 +159,15 @@ def test_every_manifest_is_valid_kubernetes(
             pytest.fail(f"{where}: {exc.message} at {list(exc.path)}")
 
 
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_helm_lint_is_clean(helm: Any, version: str) -> None:
+    """`helm lint --strict --kube-version`: nothing above "info" at any values set."""
+    for name, values in VALUE_SETS.items():
+        report = helm.lint(str(CHART), values, strict=True, kube_version=f"v{version}")
+        findings = [m for m in report["messages"] if m["severity"] > 1]
+        assert not findings and not report["errors"], (name, findings, report["errors"])
+
+
 def test_the_control_plane_runs_as_deployments_with_grpc_probes(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
