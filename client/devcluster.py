@@ -201,6 +201,11 @@ class ClusterConfig:
     # More flags, after the launcher's own (so they win): by daemon name ("scheduler",
     # "brain", "shardmanager", a worker's name) or group ("services", "workers").
     flags: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # By daemon name: the host it listens on instead of `host` (a worker in its own network
+    # namespace listens on, and so advertises, that namespace's address), and a command it
+    # runs under (e.g. `ip netns exec NS`, which must exec the daemon: its pid is the daemon's).
+    listen_hosts: Mapping[str, str] = field(default_factory=dict)
+    wrappers: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -279,9 +284,12 @@ class DevCluster:
     def address(self, name: str) -> str:
         return self.daemons[name].address
 
-    def _listen(self, offset: int) -> str:
+    def _host(self, name: str) -> str:
+        return self.config.listen_hosts.get(name, self.config.host)
+
+    def _listen(self, name: str, offset: int) -> str:
         port = self.config.base_port + offset if self.config.base_port else 0
-        return f"{self.config.host}:{port}"
+        return f"{self._host(name)}:{port}"
 
     def _env(self) -> dict[str, str]:
         return {"GEARSHIFT_TOKEN": self.config.token} if self.config.token else {}
@@ -291,14 +299,14 @@ class DevCluster:
             return self.config.postgres_url
         return f"sqlite:///{(self.config.run_dir / f'{name}.db').resolve()}"
 
-    def _common(self, offset: int) -> list[str]:
+    def _common(self, name: str, offset: int) -> list[str]:
         """Flags of every daemon; `offset` is its place in the port plan (see _listen)."""
         flags = ["--log-format", "text", "--log-level", self.config.log_level]
         if self.config.metrics:
             port = (
                 self.config.base_port + METRICS_PORT_OFFSET + offset if self.config.base_port else 0
             )
-            flags += ["--metrics-listen", f"{self.config.host}:{port}"]
+            flags += ["--metrics-listen", f"{self._host(name)}:{port}"]
         if self.config.tls is not None:
             flags += self.config.tls.flags()
         return flags
@@ -419,12 +427,13 @@ class DevCluster:
         known = previous.address if previous else ""
         daemon = start_daemon(
             name,
-            [*self._args(name), *self._common(offset), *self._extra(name)],
+            [*self._args(name), *self._common(name, offset), *self._extra(name)],
             run_dir=self.logs,
             env=self._env(),
             module="gearshift.worker" if worker else None,
-            listen=known or self._listen(offset),
+            listen=known or self._listen(name, offset),
             tls=self.client_tls,
+            wrapper=self.config.wrappers.get(name, ()),
         )
         daemon.address = known  # callers keep dialling it while it comes back
         self.daemons[name] = daemon

@@ -123,13 +123,16 @@ def start_daemon(
     listen: str = "127.0.0.1:0",
     tls: ClientTls | None = None,
     http: bool = False,
+    wrapper: Sequence[str] = (),
 ) -> DaemonProcess:
-    """Start `python -m gearshift.<name>` with logs in run_dir/<name>.log (text format)."""
+    """Start `python -m gearshift.<name>` with logs in run_dir/<name>.log (text format),
+    under `wrapper` when given (a command that execs the rest, such as `ip netns exec NS`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / f"{name}.log"
     ready_file = run_dir / f"{name}.ready"
     ready_file.unlink(missing_ok=True)
     command = [
+        *wrapper,
         sys.executable,
         "-m",
         module or f"gearshift.{name}",

@@ -34,10 +34,12 @@ from gearshift.worker.ps import checkpoint as ckpt
 from gearshift.worker.ps import server
 from gearshift.worker.ps.data import ClickConfig, ClickData
 from gearshift.worker.ps.feed import CounterFeed, Feed, ShardFeed, ShardSource, call_out_of_process
+from gearshift.worker.ps.meet import Meeting, check_roles, init_method, serve_store
 from gearshift.worker.ps.model import DenseNet, ModelConfig, init_rows
 from gearshift.worker.ps.sharding import repartition
 from gearshift.worker.ps.task import PS0_PROGRESS, STOP_FILE, UseMeter, read_json, write_json_atomic
 from gearshift.worker.ps.trainer import ps_name, train, worker_name
+from gearshift.worker.runtime.interface import GLOO_IFNAME, TENSORPIPE_IFNAME, set_interface
 
 
 @dataclass(frozen=True)
@@ -93,15 +95,22 @@ class _Proc:
     cores: tuple[int, ...] = ()  # pinned to these (empty: the launcher's affinity)
     read_ms: float = 0.0  # a worker's stand-in fetch time per batch (see trainer.train)
     stop_at: float | None = None  # PS 0: wall clock (time.time) to stop handing out batches
+    meeting: Meeting | None = None  # across hosts: the TCP store (None: the file store)
 
 
 def _init_rpc(p: _Proc, name: str, rank: int) -> None:
     # A file store, not tcp://: with tcp the store lives in rank 0, and rank 0 may leave
     # rpc.shutdown() while another rank still syncs its call counts through the store
-    # (seen: "Connection reset by peer" in a peer's shutdown, the phase lost).
-    store = Path(p.root) / ckpt.gen_folder(p.generation) / "rpc.store"
+    # (seen: "Connection reset by peer" in a peer's shutdown, the phase lost). Across
+    # hosts, the coordinator launcher's TCP store (meet.py), for the same reason.
+    if p.meeting is not None:
+        method = init_method(p.meeting, p.generation)
+        for variable in (TENSORPIPE_IFNAME, GLOO_IFNAME):  # rpc makes a gloo group too
+            set_interface(p.meeting.store, variable)  # peers must reach our address
+    else:
+        method = f"file://{Path(p.root) / ckpt.gen_folder(p.generation) / 'rpc.store'}"
     opts = rpc.TensorPipeRpcBackendOptions(
-        init_method=f"file://{store}",
+        init_method=method,
         num_worker_threads=8,
         rpc_timeout=120,
         _transports=["uv"],
@@ -251,6 +260,21 @@ def _wait_all(procs: list[Any], deadline: float, tick: Callable[[], None] | None
             return
 
 
+def _wait_for(ready: Callable[[], bool], deadline: float, what: str) -> None:
+    """Until `ready()`, polling every TICK_S / 5; RuntimeError naming `what` at the deadline."""
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"PS launcher: timed out waiting for {what} on the other hosts")
+        time.sleep(TICK_S / 5)
+
+
+def _published(root: Path, generation: int) -> ckpt.Manifest:
+    manifest = ckpt.read_manifest(root)
+    if manifest is None or manifest.generation != generation:
+        raise RuntimeError(f"PS phase {generation}: the coordinator published another checkpoint")
+    return manifest
+
+
 def _warm_up() -> None:
     """Pay once, in the launcher, for what torch imports lazily on first use (the first
     optimizer pulls in torch._dynamo, seconds), so forked PS processes start at once."""
@@ -270,6 +294,7 @@ def run_phase(
     on_tick: Callable[[UseMeter, dict[str, Any]], None] | None = None,
     read_ms: float = 0.0,
     stop_after_s: float | None = None,
+    meeting: Meeting | None = None,
 ) -> PhaseResult:
     """Train one phase from the checkpoint in `root` (if any) and checkpoint it there.
 
@@ -280,6 +305,10 @@ def run_phase(
     from remote storage (what bounds DLRover's workers; see trainer.train).
     `stop_after_s`: PS 0 hands out no batch later than this many seconds after launch
     (the phase then drains and checkpoints like a stop request): a wall-time budget.
+    `meeting`: the phase spans launchers on several hosts sharing `root` (meet.py); this
+    one runs the processes its roles name. The one that serves the store cleans the
+    generation's folder, waits for every process's result and publishes the checkpoint;
+    the others wait for that checkpoint, and all return the same PhaseResult.
     """
     if not (math.isfinite(read_ms) and read_ms >= 0):
         raise ValueError(f"read_ms must be a finite number >= 0, got {read_ms}")
@@ -296,8 +325,12 @@ def run_phase(
     first_batch = prev.next_batch if prev is not None else 0
     gen_dir = root / ckpt.gen_folder(generation)
     gen_dir.mkdir(parents=True, exist_ok=True)
-    for stale in gen_dir.iterdir():  # a phase that died before its manifest
-        stale.unlink()
+    publisher = meeting is None or meeting.serve
+    if publisher:
+        for stale in gen_dir.iterdir():  # a phase that died before its manifest
+            stale.unlink()
+    if meeting is not None and meeting.roles is not None:
+        check_roles(meeting.roles, phase.ps, phase.workers)
     _warm_up()
     if shards is not None:
         call_out_of_process(shards, "create", train_blocks=data.train_blocks, seed=data.seed)
@@ -311,20 +344,24 @@ def run_phase(
     ]  # fmt: skip
     if cores is not None:
         specs = [replace(s, cores=tuple(c)) for s, c in zip(specs, cores, strict=True)]
+    result_names = [f"{s.role}-{s.index}" for s in specs]  # every process's, on every host
+    if meeting is not None:
+        specs = [replace(s, meeting=meeting) for s in specs if meeting.runs(s.role, s.index)]
     # fork: the children inherit torch already imported, which keeps a restart short.
     ctx = mp.get_context("fork")
     launched = time.time()
     stop_at = launched + stop_after_s if stop_after_s is not None else None
     specs = [replace(s, read_ms=read_ms, stop_at=stop_at) for s in specs]
+    deadline = time.monotonic() + timeout_s
+    store = serve_store(meeting, timeout_s) if meeting is not None and meeting.serve else None
     procs = [
         ctx.Process(target=_child, args=(s,), name=f"gearshift-{s.role}{s.index}") for s in specs
     ]
     for proc in procs:
         proc.start()
-    deadline = time.monotonic() + timeout_s
     meter = UseMeter(
-        [int(pr.pid or 0) for pr in procs[: phase.ps]],
-        [int(pr.pid or 0) for pr in procs[phase.ps :]],
+        [int(pr.pid or 0) for s, pr in zip(specs, procs, strict=True) if s.role == "ps"],
+        [int(pr.pid or 0) for s, pr in zip(specs, procs, strict=True) if s.role == "worker"],
     )
 
     def tick() -> None:
@@ -342,6 +379,9 @@ def run_phase(
         if failed:
             names = ", ".join(f"{s.role}{s.index} (exit {code})" for s, code in failed)
             raise RuntimeError(f"PS phase {generation} failed within {timeout_s:.0f} s: {names}")
+        if publisher:  # the other hosts' processes too
+            results = [gen_dir / f"{n}.json" for n in result_names]
+            _wait_for(lambda: all(r.exists() for r in results), deadline, f"phase {generation}")
     except BaseException:
         _kill(procs)
         if shards is not None:  # their uncovered acks are undone: those shards are read again
@@ -351,23 +391,37 @@ def run_phase(
         raise
     finally:
         _kill(procs)
+        if store is not None:
+            del store  # every process has its result: none needs the store any more
+    if not publisher:
+
+        def published() -> bool:
+            done = ckpt.read_manifest(root)
+            return done is not None and done.generation >= generation
+
+        _wait_for(published, deadline, f"phase {generation}'s checkpoint")
     stopped = time.time()
     ps_res = [json.loads((gen_dir / f"ps-{i}.json").read_text()) for i in range(phase.ps)]
     w_res = [json.loads((gen_dir / f"worker-{i}.json").read_text()) for i in range(phase.workers)]
     acked = sum(int(w["updates_acked"]) for w in w_res)
     applied = sum(int(r["updates"]) for r in ps_res) + int(ps_res[0]["dense_updates"])
-    manifest = ckpt.Manifest(
-        generation=generation,
-        num_ps=phase.ps,
-        next_batch=int(ps_res[0]["next_batch"]),
-        data=asdict(data),
-        model=asdict(model),
-        updates_acked=(prev.updates_acked if prev else 0) + acked,
-        updates_applied=(prev.updates_applied if prev else 0) + applied,
+    manifest = (
+        _published(root, generation)
+        if not publisher
+        else ckpt.Manifest(
+            generation=generation,
+            num_ps=phase.ps,
+            next_batch=int(ps_res[0]["next_batch"]),
+            data=asdict(data),
+            model=asdict(model),
+            updates_acked=(prev.updates_acked if prev else 0) + acked,
+            updates_applied=(prev.updates_applied if prev else 0) + applied,
+        )
     )
-    ckpt.write_manifest(root, manifest)
     covered = 0
-    if shards is not None:
+    if publisher:
+        ckpt.write_manifest(root, manifest)
+    if shards is not None and publisher:
         for w in w_res:
             covered += call_out_of_process(shards, "cover", holder=w["holder"], shards=w["shards"])
     stepped = [w for w in w_res if w["steps"] > 0]

@@ -36,6 +36,7 @@ from gearshift.worker.ps.checkpoint import evaluate, read_manifest
 from gearshift.worker.ps.data import ClickConfig
 from gearshift.worker.ps.feed import ShardSource
 from gearshift.worker.ps.launch import Phase, PhaseResult, run_phase
+from gearshift.worker.ps.meet import Meeting, parse_roles
 from gearshift.worker.ps.model import ModelConfig
 
 
@@ -62,12 +63,21 @@ def run(
     timeout_s: float = 300.0,
     shards: ShardSource | None = None,
     read_ms: float = 0.0,
+    meeting: Meeting | None = None,
 ) -> list[PhaseResult]:
-    """Every phase in turn on one checkpoint folder, with the held-out AUC after each."""
+    """Every phase in turn on one checkpoint folder, with the held-out AUC after each;
+    `meeting`: this launcher's part of phases spread over hosts (meet.py)."""
     results = []
     for phase in phases:
         res = run_phase(
-            root, phase, data, model, timeout_s=timeout_s, shards=shards, read_ms=read_ms
+            root,
+            phase,
+            data,
+            model,
+            timeout_s=timeout_s,
+            shards=shards,
+            read_ms=read_ms,
+            meeting=meeting,
         )
         res = replace(res, auc=evaluate(root, eval_blocks) if eval_blocks else None)
         results.append(res)
@@ -268,6 +278,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object per phase")
     ap.add_argument(
+        "--store",
+        help="HOST:PORT of the TCP store where the processes of launchers on several hosts "
+        "meet (one launcher serves it: --serve-store; default: one host, a file store)",
+    )
+    ap.add_argument(
+        "--serve-store",
+        action="store_true",
+        help="--store: serve it here, and publish each phase's checkpoint",
+    )
+    ap.add_argument(
+        "--roles",
+        help="--store: the processes this launcher runs, e.g. ps:0,worker:0 (default: all)",
+    )
+    ap.add_argument(
         "--task", action="store_true", help="run as a worker daemon's task (see task.py)"
     )
     ap.add_argument("--total-steps", type=int, help="--task: train up to this global batch")
@@ -312,6 +336,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             train_blocks=args.train_blocks,
         )
         model = ModelConfig(dim=args.dim, lr=args.lr)
+        meeting = None
+        if args.store:
+            roles = parse_roles(args.roles) if args.roles else None
+            meeting = Meeting(args.store, args.serve_store, roles)
+        elif args.serve_store or args.roles:
+            raise ValueError("--serve-store and --roles need --store")
+        if meeting is not None and (args.task or args.shard_manager):
+            raise ValueError("--store is for the plain launcher (no --task, no --shard-manager)")
     except ValueError as exc:
         ap.error(str(exc))
     torch.set_num_threads(1)  # the launcher only evaluates; its children fork from it
@@ -333,6 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             timeout_s=args.timeout,
             shards=shards,
             read_ms=args.read_ms,
+            meeting=meeting,
         ):
             print(json.dumps(asdict(res)) if args.json else describe(res), flush=True)
     except (RuntimeError, ValueError) as exc:

@@ -25,6 +25,7 @@ from gearshift.worker.runtime.backend import choose_device
 from gearshift.worker.runtime.comm import Comm
 from gearshift.worker.runtime.control import ProgressCallback
 from gearshift.worker.runtime.data import DataSource
+from gearshift.worker.runtime.interface import set_interface
 from gearshift.worker.runtime.job import load_job
 from gearshift.worker.runtime.pause import PauseGate
 from gearshift.worker.runtime.priority import device_stream
@@ -132,6 +133,8 @@ def run_process(
     if spec.pause_file is not None:
         pause = PauseGate.from_file(spec.pause_file, say=lambda text: print(text, flush=True))
     if procs > 1:
+        if backend == "gloo":
+            set_interface(spec.master_addr)
         dist.init_process_group(
             backend,
             store=rendezvous_store(spec, procs),

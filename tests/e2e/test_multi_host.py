@@ -1,0 +1,151 @@
+"""Jobs across hosts, for real (issue 46 point 4): worker daemons each in its own network
+namespace (tests/netns.py), the scheduler, Brain and shard manager in the root namespace
+listening on the bridge address. Every byte between hosts crosses a real TCP stack and the
+bridge; a worker advertises its namespace's address, and 127.0.0.1 in a namespace is that
+host's own.
+
+- An EST job (the digits CNN, 4 ESTs on 2 hosts) trains with gloo across the namespaces and
+  ends with the digest of the same job on a fixed 4 processes.
+- A PS job spans two hosts, its PS and worker processes meeting through a TCP store.
+- Killing one host (every process in its namespace) moves the job to the others, which end
+  it with the same digest.
+
+Skipped with the reason when namespaces cannot be made; a failure under
+GEARSHIFT_REQUIRE_SERVICES=1 (CI runs as root).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gearshift.client.devcluster import DevCluster
+from gearshift.v1 import common_pb2, scheduler_pb2
+from tests import netns
+from tests.conftest import REQUIRE_SERVICES
+from tests.e2e.worker_cluster import (
+    CHECKPOINT_EVERY,
+    Reference,
+    client_of,
+    digits_spec,
+    e2e_cluster,
+    reference,
+    running_on,
+    started,
+    step_log,
+)
+from tests.helpers import wait_until
+
+C = common_pb2
+S = scheduler_pb2
+STEPS = 40
+WAIT = 120.0
+
+
+@pytest.fixture
+def hosts_possible() -> None:
+    reason = netns.unavailable()
+    if reason:
+        if REQUIRE_SERVICES:
+            pytest.fail(f"{reason} (GEARSHIFT_REQUIRE_SERVICES=1)")
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / (
+        "gearshift-worker-reference"
+    )
+    return reference(shared, STEPS)
+
+
+def hosts_cluster(root: Path, database: str, redis_url: str, net: netns.Network) -> DevCluster:
+    """Services on the bridge address; worker `w<i>` (2 CPU slots) in host i's namespace."""
+    workers = tuple((f"w{i}", "cpu:2") for i in range(1, len(net.hosts) + 1))
+    cluster = e2e_cluster(root, database, redis_url, workers=workers)
+    cluster.config.host = net.bridge_address
+    cluster.config.listen_hosts = {
+        name: h.address for (name, _), h in zip(workers, net.hosts, strict=True)
+    }
+    cluster.config.wrappers = {
+        name: h.command(()) for (name, _), h in zip(workers, net.hosts, strict=True)
+    }
+    return cluster
+
+
+@pytest.fixture
+def two_hosts(
+    hosts_possible: None, tmp_path: Path, postgres_db: str, redis_url: str
+) -> Iterator[tuple[DevCluster, netns.Network]]:
+    with netns.network(2) as net:
+        cluster = hosts_cluster(tmp_path, postgres_db, redis_url, net)
+        try:
+            yield started(cluster), net
+        finally:
+            cluster.stop()
+
+
+@pytest.fixture
+def three_hosts(
+    hosts_possible: None, tmp_path: Path, postgres_db: str, redis_url: str
+) -> Iterator[tuple[DevCluster, netns.Network]]:
+    with netns.network(3) as net:
+        cluster = hosts_cluster(tmp_path, postgres_db, redis_url, net)
+        try:
+            yield started(cluster), net
+        finally:
+            cluster.stop()
+
+
+def test_an_est_job_spans_two_hosts(
+    two_hosts: tuple[DevCluster, netns.Network], ref: Reference
+) -> None:
+    cluster, net = two_hosts
+    # Each worker advertises its own namespace's address, the services the bridge's.
+    for i, host in enumerate(net.hosts, start=1):
+        assert cluster.address(f"w{i}").rpartition(":")[0] == host.address
+        assert cluster.daemons[f"w{i}"].process.pid in host.pids()
+    assert cluster.address("scheduler").startswith(net.bridge_address + ":")
+    with client_of(cluster) as client:
+        job_id = client.submit(digits_spec("across", STEPS)).job_id
+        job = client.wait(job_id, timeout=WAIT)
+        began = next(e for e in client.watch(job_id) if e.type == S.JOB_EVENT_TYPE_STARTED)
+    assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.log_tails()
+    assert running_on(S.Job(placement=began.placement)) == {"w1": 2, "w2": 2}
+    assert job.final_digest == ref.digest
+    assert step_log(cluster.checkpoint_root / job_id / "steps.jsonl") == ref.losses
+
+
+def test_a_lost_host_moves_the_job_to_the_others(
+    three_hosts: tuple[DevCluster, netns.Network], ref: Reference
+) -> None:
+    cluster, net = three_hosts
+    with client_of(cluster) as client:
+        job_id = client.submit(digits_spec("survivor", STEPS)).job_id
+
+        def checkpointed() -> S.Job | None:
+            job = client.get(job_id)
+            return job if job.progress.step > CHECKPOINT_EVERY else None
+
+        job = wait_until(checkpointed, WAIT, "the job passes its first checkpoint")
+        assert job is not None
+        # Rank 0's host: its worker holds the rendezvous too.
+        victim = job.placement.processes[0].worker_id
+        host = net.hosts[int(victim.removeprefix("w")) - 1]
+        killed = host.kill_all()
+        assert cluster.daemons[victim].process.pid in killed
+        done = client.wait(job_id, timeout=WAIT)
+        workers = {w.worker_id: w.alive for w in client.cluster().workers}
+        starts = [e for e in client.watch(job_id) if e.type == S.JOB_EVENT_TYPE_STARTED]
+    assert done.state == C.JOB_STATE_SUCCEEDED, done.message + cluster.log_tails()
+    assert workers[victim] is False
+    # It started again on the other hosts, from its checkpoint, and ended as a fixed run.
+    assert len(starts) >= 2
+    last = running_on(S.Job(placement=starts[-1].placement))
+    assert last and victim not in last, last
+    assert done.final_digest == ref.digest
+    assert step_log(cluster.checkpoint_root / job_id / "steps.jsonl") == ref.losses
