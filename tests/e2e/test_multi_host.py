@@ -16,7 +16,10 @@ GEARSHIFT_REQUIRE_SERVICES=1 (CI runs as root).
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +27,7 @@ import pytest
 
 from gearshift.client.devcluster import DevCluster
 from gearshift.v1 import common_pb2, scheduler_pb2
+from gearshift.worker.ps import checkpoint as ckpt
 from tests import netns
 from tests.conftest import REQUIRE_SERVICES
 from tests.e2e.worker_cluster import (
@@ -43,6 +47,8 @@ C = common_pb2
 S = scheduler_pb2
 STEPS = 40
 WAIT = 120.0
+PS_STEPS = 100  # global batches of 128 samples: about a second of training
+PS_STORE_PORT = 29555  # in host 1's own namespace: no other program can hold it
 
 
 @pytest.fixture
@@ -118,6 +124,52 @@ def test_an_est_job_spans_two_hosts(
     assert running_on(S.Job(placement=began.placement)) == {"w1": 2, "w2": 2}
     assert job.final_digest == ref.digest
     assert step_log(cluster.checkpoint_root / job_id / "steps.jsonl") == ref.losses
+
+
+@pytest.fixture
+def two_bare_hosts(hosts_possible: None) -> Iterator[netns.Network]:
+    with netns.network(2) as net:
+        yield net
+
+
+def test_a_ps_job_spans_two_hosts_through_a_tcp_store(
+    two_bare_hosts: netns.Network, tmp_path: Path
+) -> None:
+    """2 PS x 2 workers, PS 0 and worker 0 on host 1 (whose launcher serves the store and
+    publishes the checkpoint), PS 1 and worker 1 on host 2: every lookup and push between
+    them crosses the bridge."""
+    h1, h2 = two_bare_hosts.hosts
+    root = tmp_path / "ps"
+    launcher = [
+        sys.executable, "-m", "gearshift.worker.ps.run", "--ps", "2", "--workers", "2",
+        "--steps", str(PS_STEPS), "--checkpoint-dir", str(root), "--train-blocks", "100",
+        "--vocab", "2000", "--fields", "4", "--eval-blocks", "0", "--timeout", "90", "--json",
+        "--store", f"{h1.address}:{PS_STORE_PORT}",
+    ]  # fmt: skip
+    runs = [
+        subprocess.Popen(
+            host.command([*launcher, *extra]), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for host, extra in (
+            (h1, ["--serve-store", "--roles", "ps:0,worker:0"]),
+            (h2, ["--roles", "ps:1,worker:1"]),
+        )
+    ]
+    outputs = [run.communicate(timeout=120) for run in runs]
+    for run, (out, err) in zip(runs, outputs, strict=True):
+        assert run.returncode == 0, (out + err).decode(errors="replace")[-3000:]
+    first, second = (json.loads(out.decode().splitlines()[-1]) for out, _ in outputs)
+    # Each launcher ran its half (one PS, one worker), and both report the whole phase.
+    assert first["metrics"]["ps"] == first["metrics"]["workers"] == 1
+    assert second["metrics"]["ps"] == second["metrics"]["workers"] == 1
+    for res in (first, second):
+        assert (res["ps"], res["workers"], res["end_batch"]) == (2, 2, PS_STEPS)
+        assert res["batches_missing"] == res["batches_repeated"] == 0
+        assert res["updates_acked"] == res["updates_applied"] > 0
+    manifest = ckpt.read_manifest(root)
+    assert manifest is not None and manifest.num_ps == 2 and manifest.next_batch == PS_STEPS
+    # No file store: the processes met through the TCP store.
+    assert not list(root.rglob("rpc.store"))
 
 
 def test_a_lost_host_moves_the_job_to_the_others(
