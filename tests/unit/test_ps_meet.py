@@ -4,7 +4,7 @@ coordinator serves, reached through the scheme rpc.init_rpc is given."""
 from __future__ import annotations
 
 import pytest
-import torch.distributed as dist
+from torch.distributed.rendezvous import rendezvous
 
 from gearshift.common.ports import free_port_in
 from gearshift.worker.ps.meet import Meeting, check_roles, init_method, parse_roles, serve_store
@@ -30,7 +30,7 @@ def test_a_meeting_needs_host_and_port() -> None:
 def test_processes_meet_in_the_coordinators_store_under_their_generation() -> None:
     meeting = Meeting(f"127.0.0.1:{free_port_in(20000, 29000)}", serve=True)
     served = serve_store(meeting, timeout_s=10)
-    store, rank, world = next(dist.rendezvous(init_method(meeting, 3), rank=1, world_size=2))
+    store, rank, world = next(rendezvous(init_method(meeting, 3), rank=1, world_size=2))
     assert (rank, world) == (1, 2)
     store.set("seen", "yes")
     assert served.get("g3/seen") == b"yes"  # keys of one phase cannot meet another's
