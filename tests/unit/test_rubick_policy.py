@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from gearshift.common.errors import ValidationError
 from gearshift.common.gavel import JobKey
 from gearshift.common.rubick.perf import PerfSource, load_perf
-from gearshift.common.rubick.plans import consolidated
+from gearshift.common.rubick.plans import Plan, consolidated
 from gearshift.scheduler.plugins.rubick.rubick_policy import (
     CpuShare,
     make_curve,
@@ -18,8 +20,13 @@ from gearshift.scheduler.plugins.rubick.rubick_policy import (
 )
 from gearshift.scheduler.round.placement import place
 from gearshift.scheduler.sim.rubick_gavel import gavel_table, job_type, run_gavel
-from gearshift.scheduler.sim.rubick_sim import simulate_rubick
-from gearshift.scheduler.sim.rubick_trace import generate_rubick_workload, read_rubick_trace
+from gearshift.scheduler.sim.rubick_sim import ARTIFACT_OVERHEADS, simulate_rubick
+from gearshift.scheduler.sim.rubick_trace import (
+    RubickJob,
+    generate_rubick_workload,
+    read_rubick_trace,
+)
+from gearshift.scheduler.sim.simulate import main
 from gearshift.scheduler.types import Device, Target
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "rubick"
@@ -28,7 +35,7 @@ needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"no Rubick data at {D
 
 @pytest.fixture(scope="module")
 def perf() -> PerfSource:
-    return load_perf(DATA)
+    return load_perf(DATA, "fit")  # the CLI's call, so that it finds the cache
 
 
 def test_curve_is_monotone_with_slopes() -> None:
@@ -149,3 +156,67 @@ def test_cpu_reclaim_takes_from_the_gentlest_slope_above_its_min_res() -> None:
     free = {"a": 0, "b": 0}
     assert share_cpus([off_a, wide], free) == {"off": 3, "wide": 1}
     assert free == {"a": 0, "b": 2}
+
+
+def _vit(name: str, at: float, gpus: int, steps: int, *, guaranteed: bool = False) -> RubickJob:
+    return RubickJob(
+        name, at, 0.0, "vit", gpus, gpus, "ga", Plan(dp=gpus), steps, guaranteed,
+        "A" if guaranteed else "B",
+    )  # fmt: skip
+
+
+@needs_data
+def test_artifact_clock_rounds_at_ticks_and_frees_gpus_at_them(perf: PerfSource) -> None:
+    """--overheads rubick-artifact on one 8-GPU node: a arrives at 10 s, is placed at the
+    60 s tick and starts 260 s later; b (arrived at 20 s) gets the node at the tick after
+    a ends, not when it ends, and pays 260 s too."""
+    ms = perf.iter_ms("vit", Plan(dp=8), (8,), 1)
+    assert ms is not None
+    jobs = [_vit("a", 10.0, 8, 1000), _vit("b", 20.0, 8, 1000)]
+    costs = ARTIFACT_OVERHEADS
+    run = simulate_rubick(
+        jobs,
+        perf,
+        make_rubick(perf, "rubick_n"),
+        nodes=1,
+        rescale_seconds=costs.rescale_seconds,
+        start_seconds=costs.start_seconds,
+        tick_seconds=costs.tick_seconds,
+    )
+    a, b = run.result.jobs
+    assert a.start_time == 60.0 and a.finish_time == pytest.approx(320.0 + ms)
+    tick = 60.0 * math.ceil(a.finish_time / 60.0)
+    assert b.start_time == tick and b.finish_time == pytest.approx(tick + 260.0 + ms)
+    event = simulate_rubick(jobs, perf, make_rubick(perf, "rubick_n"), nodes=1).result.jobs
+    assert event[0].finish_time == pytest.approx(10.0 + ms)
+    assert event[1].start_time == pytest.approx(event[0].finish_time)
+
+
+@needs_data
+def test_without_reclaim_a_guaranteed_job_waits_for_free_gpus(perf: PerfSource) -> None:
+    """The artifact's reclaim loop never runs: with reclaim off, a guaranteed job does not
+    take GPUs from a running best-effort one; with it on, it starts on arrival."""
+    jobs = [_vit("be", 0.0, 8, 20000), _vit("guar", 100.0, 4, 1000, guaranteed=True)]
+    starts = {}
+    for reclaim in (True, False):
+        policy = make_rubick(perf, "rubick", quotas={"A": 8}, reclaim=reclaim)
+        be, guar = simulate_rubick(jobs, perf, policy, nodes=1).result.jobs
+        starts[reclaim] = (guar.start_time, be.finish_time)
+    assert starts[True][0] == 100.0
+    assert starts[False][0] == pytest.approx(starts[False][1])
+
+
+@needs_data
+def test_rubick_artifact_overheads_on_the_cli(
+    perf: PerfSource, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--overheads rubick-artifact runs Rubick's traces on the artifact's clock; it sets the
+    start and restart costs itself, so giving them too is an error naming the flag. (Here,
+    not in test_simulator_cli: `perf` has already fitted the models in this process.)"""
+    common = ["--workload", "rubick", "--generate", "6", "--rubick-data", str(DATA)]
+    artifact = [*common, "--overheads", "rubick-artifact", "--policy", "rubick_n", "--json"]
+    assert main(artifact) == 0
+    (report,) = json.loads(capsys.readouterr().out)
+    assert report["policy"] == "rubick_n" and report["average_jct_seconds"] >= 260
+    assert main([*artifact, "--rescale-seconds", "78"]) == 2
+    assert "--rescale-seconds: --overheads rubick-artifact sets it" in capsys.readouterr().err

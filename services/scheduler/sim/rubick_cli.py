@@ -2,7 +2,10 @@
 generated ones like them) under `rubick`, `rubick_e`, `rubick_r` and `rubick_n`, one row
 per policy, with the guaranteed and best-effort JCTs apart and the worst guarantee ratio.
 Gavel's policies run beside them from the same iteration times (`--compare
-rubick,max_min_fairness_perf,elastic:las`; gearshift.scheduler.sim.rubick_gavel)."""
+rubick,max_min_fairness_perf,elastic:las`; gearshift.scheduler.sim.rubick_gavel).
+`--overheads rubick-artifact` runs the artifact simulator's clock (60 s rounds, 260 s per
+placement) and `--rubick-reclaim off` its policy's reclaim loop that never runs
+(docs/papers/rubick.md compares both modes with Table 4)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,13 @@ from gearshift.common.rubick.perf import load_perf
 from gearshift.scheduler.plugins.gavel.policies import make_policy
 from gearshift.scheduler.plugins.rubick.rubick_policy import VARIANTS, make_rubick
 from gearshift.scheduler.sim.rubick_gavel import run_gavel
-from gearshift.scheduler.sim.rubick_sim import RubickRun, simulate_rubick
+from gearshift.scheduler.sim.rubick_sim import (
+    ARTIFACT_OVERHEADS,
+    RECONFIGURE_SECONDS,
+    Overheads,
+    RubickRun,
+    simulate_rubick,
+)
 from gearshift.scheduler.sim.rubick_trace import (
     generate_rubick_workload,
     parse_tenants,
@@ -26,6 +35,25 @@ from gearshift.scheduler.sim.rubick_trace import (
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 DEFAULT_DATA = Path(os.environ.get("GEARSHIFT_SHARED_DIR", SHARED)) / "data" / "rubick"
 DEFAULT_POLICIES = "rubick,rubick_r,rubick_e,rubick_n"
+
+
+def overheads(args: argparse.Namespace) -> Overheads:
+    """--overheads' clock and costs; --start-seconds and --rescale-seconds set them by hand
+    and do not combine with a preset."""
+    if args.overheads == "rubick-artifact":
+        for flag in ("start_seconds", "rescale_seconds"):
+            if getattr(args, flag) is not None:
+                raise ValidationError(
+                    "--" + flag.replace("_", "-"),
+                    "--overheads rubick-artifact sets it (260 s, the artifact's own)",
+                )
+        return ARTIFACT_OVERHEADS
+    return Overheads(
+        start_seconds=args.start_seconds or 0.0,
+        rescale_seconds=RECONFIGURE_SECONDS
+        if args.rescale_seconds is None
+        else args.rescale_seconds,
+    )
 
 
 def run_rubick(args: argparse.Namespace) -> list[RubickRun]:
@@ -55,7 +83,9 @@ def run_rubick(args: argparse.Namespace) -> list[RubickRun]:
             )
         if name not in VARIANTS:
             make_policy(policy, field=field)
-    delta = 78.0 if args.rescale_seconds is None else args.rescale_seconds
+    costs = overheads(args)
+    delta = costs.rescale_seconds
+    reclaim = args.rubick_reclaim == "on"
     runs = []
     for name in names:
         if name in VARIANTS:
@@ -63,10 +93,11 @@ def run_rubick(args: argparse.Namespace) -> list[RubickRun]:
                 simulate_rubick(
                     jobs,
                     perf,
-                    make_rubick(perf, name, quotas=tenants),
+                    make_rubick(perf, name, quotas=tenants, reclaim=reclaim),
                     nodes=args.nodes,
                     rescale_seconds=delta,
-                    start_seconds=args.start_seconds,
+                    start_seconds=costs.start_seconds,
+                    tick_seconds=costs.tick_seconds,
                 )
             )
         else:

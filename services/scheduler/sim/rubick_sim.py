@@ -15,6 +15,11 @@ guarantee: >= 1 for guaranteed jobs). The speed is the one of the plan, GPUs per
 CPUs the job holds after each round; the `rescale_seconds` pause of a reconfiguration is
 not counted as a slowdown, and a job preempted after its first start counts 0. A job's
 first start waits `start_seconds` (launch; 0 by default).
+
+`tick_seconds` > 0 runs the artifact's clock instead (its `simulator/simulator.py`): a
+round every tick (arrivals wait for the next one), and a job that ends between ticks
+records its exact end but holds its GPUs until the tick (`ARTIFACT_OVERHEADS`: 60 s ticks,
+260 s for every placement, the first start included).
 """
 
 from __future__ import annotations
@@ -34,6 +39,19 @@ from gearshift.scheduler.types import Allocator, Assignment, Device, JobSnapshot
 
 GPU_TYPE = "a800"
 RECONFIGURE_SECONDS = 78.0  # the paper's mean checkpoint-relaunch-resume time (section 7)
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """The simulator's clock and what starts and restarts cost (seconds)."""
+
+    tick_seconds: float = 0.0  # 0: a round at every arrival and completion
+    start_seconds: float = 0.0
+    rescale_seconds: float = RECONFIGURE_SECONDS
+
+
+# The artifact's simulator: `--interval 60`, `reallocate_time = 260` at every placement.
+ARTIFACT_OVERHEADS = Overheads(tick_seconds=60.0, start_seconds=260.0, rescale_seconds=260.0)
 
 
 def rubick_devices(nodes: int, gpus_per_node: int, kind: str = GPU_TYPE) -> tuple[Device, ...]:
@@ -89,9 +107,17 @@ def simulate_rubick(
     gpus_per_node: int = 8,
     rescale_seconds: float = RECONFIGURE_SECONDS,
     start_seconds: float = 0.0,
+    tick_seconds: float = 0.0,
     name: str | None = None,
 ) -> RubickRun:
     """Run `jobs` (arrival order) to completion; see the module docstring."""
+    if tick_seconds < 0 or start_seconds < 0 or rescale_seconds < 0:
+        raise SimulationError("tick, start and rescale seconds must be >= 0")
+
+    def tick_at(t: float) -> float:
+        """The first tick at or after t (the artifact's first round is at one tick)."""
+        return max(tick_seconds, math.ceil(t / tick_seconds) * tick_seconds)
+
     started = time.perf_counter()
     devices = rubick_devices(nodes, gpus_per_node)
     capacity = len(devices)
@@ -109,6 +135,8 @@ def simulate_rubick(
     rounds = rescales = 0
     now = jobs[pending[0]].arrival_time if pending else 0.0
     begin = now
+    if tick_seconds:
+        now = tick_at(now)
     while pending or active:
         while pending and jobs[pending[0]].arrival_time <= now:
             i = pending.popleft()
@@ -120,6 +148,7 @@ def simulate_rubick(
             active[str(i)] = _State(job, float(job.steps), base or 1.0)
         if not active:
             now = jobs[pending[0]].arrival_time
+            now = tick_at(now) if tick_seconds else now
             continue
         snapshot = Snapshot(
             now,
@@ -166,13 +195,24 @@ def simulate_rubick(
                 f"{s.job.name}({s.job.gpus} GPUs, {s.job.plan_code})" for s in active.values()
             )
             raise SimulationError(f"no job can run at t={now:.0f}s and none will arrive: {stuck}")
-        end = jobs[pending[0]].arrival_time if pending else math.inf
-        for s in running:
-            end = min(end, max(now, s.resume_at) + s.remaining / s.rate)
-        end = max(end, now + 1e-9)
+        done_at: dict[int, float] = {}  # id(state) -> its exact end
+        if tick_seconds:
+            end = now + tick_seconds
+            for s in running:
+                t = max(now, s.resume_at) + s.remaining / s.rate
+                if t <= end:
+                    done_at[id(s)] = t
+        else:
+            end = jobs[pending[0]].arrival_time if pending else math.inf
+            for s in running:
+                end = min(end, max(now, s.resume_at) + s.remaining / s.rate)
+            end = max(end, now + 1e-9)
         usage.append((now, {GPU_TYPE: sum(len(s.assignment) for s in running)}))
         for s in running:
-            s.remaining -= s.rate * max(0.0, end - max(now, s.resume_at))
+            if id(s) in done_at:  # ended between ticks: holds its GPUs until the tick
+                s.remaining = 0.0
+            else:
+                s.remaining -= s.rate * max(0.0, end - max(now, s.resume_at))
             s.attained += end - now
             busy += (end - now) * len(s.assignment)
         for job_id in [
@@ -185,7 +225,7 @@ def simulate_rubick(
                 s.job.gpus,
                 s.job.arrival_time,
                 s.first_run if s.first_run is not None else end,
-                end,
+                done_at.get(id(s), end),
                 rescales=s.rescales,
             )
             worst[job_id] = s.worst

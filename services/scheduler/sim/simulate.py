@@ -248,9 +248,23 @@ def build_parser() -> argparse.ArgumentParser:
     rubick.add_argument(
         "--start-seconds",
         type=float,
-        default=0.0,
         help="Rubick: what a job's first launch costs (default 0; a restart costs "
         "--rescale-seconds, 78 by default)",
+    )
+    rubick.add_argument(
+        "--overheads",
+        choices=("none", "rubick-artifact"),
+        default="none",
+        help="Rubick: rubick-artifact runs the artifact simulator's clock: a round every 60 s "
+        "(arrivals wait for it, GPUs are freed at it) and 260 s for every placement, the "
+        "first start included; none (default): a round at every arrival and completion",
+    )
+    rubick.add_argument(
+        "--rubick-reclaim",
+        choices=("on", "off"),
+        default="on",
+        help="Rubick: off reproduces the artifact's policy, whose reclaim loop never runs "
+        '(`if "llama" or "3B" in ...` is always true): no job takes GPUs from another',
     )
     rubick.add_argument(
         "--rubick-data", type=Path, help="Rubick's data folder (default ../shared/data/rubick)"
@@ -505,7 +519,7 @@ def _main_rubick(args: argparse.Namespace) -> int:
         check_numbers(args)
         if args.nodes < 1:
             raise ValidationError("--nodes", "must be >= 1")
-        if args.start_seconds < 0:
+        if args.start_seconds is not None and args.start_seconds < 0:
             raise ValidationError("--start-seconds", "must be >= 0")
         runs = run_rubick(args)
     except ValidationError as exc:

@@ -188,6 +188,9 @@ class RubickPolicy:
     min_gain: float = 0.02
     starvation_seconds: float = 4 * 3600.0
     replans_on_events: bool = True
+    # False: no job takes GPUs from another, as in the artifact's policy, whose reclaim
+    # loop never runs (`if "llama" or "3B" in targeted_job ...: continue` is always true).
+    reclaim: bool = True
     decisions: int = 0
     decision_seconds: list[float] = field(default_factory=list)
     admitted: dict[str, RubickAdmission] = field(default_factory=dict)
@@ -313,11 +316,11 @@ class RubickPolicy:
         chosen = {id(j) for j in privileged}
         covered += [j.snap.job_id for j in privileged]
         for job in privileged:
-            ctx.schedule(job, reclaim=True)
+            ctx.schedule(job, reclaim=self.reclaim)
         rest = [j for j in jobs.values() if id(j) not in chosen and not j.frozen]
         rest.sort(key=lambda j: self._order(j, snapshot.now))
         for job in rest:
-            ctx.schedule(job, reclaim=True)
+            ctx.schedule(job, reclaim=self.reclaim)
         for job in jobs.values():
             ctx.trim(job)
         for job in sorted(rest, key=lambda j: self._order(j, snapshot.now)):
@@ -638,10 +641,15 @@ def share_cpus(
 
 
 def make_rubick(
-    perf: PerfSource, variant: str = "rubick", *, quotas: Mapping[str, int] | None = None
+    perf: PerfSource,
+    variant: str = "rubick",
+    *,
+    quotas: Mapping[str, int] | None = None,
+    reclaim: bool = True,
 ) -> RubickPolicy:
-    """The `rubick`, `rubick_e`, `rubick_r` or `rubick_n` allocator."""
-    return RubickPolicy(perf, variant, quotas=dict(quotas or {}))
+    """The `rubick`, `rubick_e`, `rubick_r` or `rubick_n` allocator (`reclaim=False`: the
+    artifact's behaviour, see `RubickPolicy.reclaim`)."""
+    return RubickPolicy(perf, variant, quotas=dict(quotas or {}), reclaim=reclaim)
 
 
 def rubick_names() -> Sequence[str]:
