@@ -12,9 +12,10 @@ objectives fed from it), so their differences come from the policies, not the nu
   optimizer step reads the CPUs).
 - Predicted: Eq. 1 with per-model parameters. `load_perf(params="fit")` (the default) fits
   them by RMSLE on every measured run of the model (profile and placements; < 0.1 s a
-  model); `params="history"` takes the artifact's history.csv, which our Eq. 1 reads with
-  a 31-84% median error against the measured runs (the fit: 8-47%), so it is not the
-  default.
+  model); `params="history"` takes the artifact's history.csv. Those parameters belong to
+  the artifact's form of Eq. 1 (`artifact_model`: additive k_off and k_swap), so our Eq. 1
+  reads them with a 37-83% median error against the measured runs (the fit: 8-47%), and
+  they are not the default.
 
 Which plans a job may use (`Mode`): ANY (Rubick: every plan enumerate_plans gives, plus the
 job's original plan shape), DP (Rubick-R, as Sia: the original TP, PP, ZeRO and GC kept,
