@@ -8,13 +8,15 @@ process started with `Host.command(...)` (`ip netns exec`) sees only its host's 
 its 127.0.0.1 is its own, and a peer is reached over TCP through the bridge. The file
 system is shared, as a cluster's shared storage would be.
 
-Everything made is removed when the `network` context exits, a failed test included.
+Everything made is removed when the `network` context exits, a failed test included;
+what a killed test session left (its pid is in every name) is removed by the next one.
 Making namespaces needs root (CAP_NET_ADMIN) and `ip`; `unavailable()` says why not.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,6 +27,8 @@ from dataclasses import dataclass
 from tests.helpers import wait_until
 
 SUBNET_PREFIX = "10.231"  # the tests' own addresses: nothing outside this machine is routed there
+NAMESPACE = re.compile(r"^gs(\d+)h\d+$")  # gs<pid>h<i>: host i of test process <pid>
+BRIDGE = re.compile(r"^gsbr(\d+)$")  # gsbr<pid>: its bridge
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -101,7 +105,8 @@ def network(count: int) -> Iterator[Network]:
     removed on exit, whatever happened inside."""
     if not 1 <= count <= 50:
         raise ValueError(f"count must be between 1 and 50 hosts, got {count}")
-    tag = f"{os.getpid() % 100000}"
+    _sweep()
+    tag = str(os.getpid())  # link names stay within 15 characters up to 7-digit pids
     octet = _octet()
     bridge = f"gsbr{tag}"
     net = Network(
@@ -129,6 +134,33 @@ def network(count: int) -> Iterator[Network]:
         yield net
     finally:
         _remove(net)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sweep() -> None:
+    """Remove namespaces and bridges of test processes that are gone (SIGKILLed sessions)."""
+    spaces = [line.split()[0] for line in _ip("netns", "list").stdout.splitlines() if line]
+    links = [line.split()[1].rstrip(":") for line in _ip("-o", "link").stdout.splitlines()]
+    for name in spaces:
+        found = NAMESPACE.match(name)
+        if found and not _alive(int(found.group(1))):
+            stale = Host(name, "")
+            if stale.pids():
+                stale.kill_all()
+            _ip("netns", "del", name, check=False)
+    for name in links:
+        found = BRIDGE.match(name)
+        if found and not _alive(int(found.group(1))):
+            _ip("link", "del", name, check=False)
 
 
 def _remove(net: Network) -> None:
