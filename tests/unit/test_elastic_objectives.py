@@ -187,6 +187,8 @@ def test_fifo_lp_by_hand() -> None:
         ("fifo_strict", "fifo_lp"),
         ("sjf", "fractional knapsack"),
         ("isolated", "yardstick"),
+        ("fifo_packed", "fifo_lp"),
+        ("allox", "one-device"),
     ],
 )
 def test_objectives_without_an_elastic_form_are_refused_with_the_reason(
@@ -201,7 +203,17 @@ def test_objectives_without_an_elastic_form_are_refused_with_the_reason(
     assert entry.refuse(entry.args.model_validate({"elastic": True})) == why
 
 
-@pytest.mark.parametrize("name", ["las_packed", "max_min_fairness_packed"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "las_packed",
+        "max_min_fairness_packed",
+        "makespan_packed",
+        "min_total_duration_packed",
+        "max_sum_throughput_packed",
+        "finish_time_fairness_packed",
+    ],
+)
 def test_space_sharing_with_an_elastic_objective_is_refused_naming_both(name: str) -> None:
     """Before, make_allocator built an elastic LAS that silently dropped the pairs."""
     why = elastic_refusal(name)

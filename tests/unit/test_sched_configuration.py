@@ -137,7 +137,7 @@ round:
         ),
         (
             "profile:\n  allocate:\n    name: nope\n",
-            ["3: profile.allocate.name: unknown allocate plugin 'nope'; one of: easyscale"],
+            ["3: profile.allocate.name: unknown allocate plugin 'nope'; one of: allox, easyscale"],
         ),
         (
             "profile:\n  allocate:\n    name: fifo\n    args:\n      elastic: true\n",

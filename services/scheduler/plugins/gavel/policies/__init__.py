@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gearshift.common.errors import ValidationError
+from gearshift.scheduler.plugins.gavel.policies.allox import AlloX
 from gearshift.scheduler.plugins.gavel.policies.base import (
     Allocation,
     Policy,
@@ -20,6 +21,7 @@ from gearshift.scheduler.plugins.gavel.policies.base import (
 )
 from gearshift.scheduler.plugins.gavel.policies.cvx import load_cvxpy
 from gearshift.scheduler.plugins.gavel.policies.fifo import Fifo, QueueFifo
+from gearshift.scheduler.plugins.gavel.policies.fifo_packed import PackedFifo
 from gearshift.scheduler.plugins.gavel.policies.finish_time_fairness import FinishTimeFairness
 from gearshift.scheduler.plugins.gavel.policies.isolated import Isolated
 from gearshift.scheduler.plugins.gavel.policies.makespan import Makespan
@@ -54,6 +56,22 @@ _POLICIES: dict[str, tuple[Factory, str]] = {
         "LAS, heterogeneity-aware, with space sharing (pairs of jobs on a device)",
     ),
     "max_sum_throughput": (lambda s: MaxSumThroughput(), "maximize total throughput"),
+    "max_sum_throughput_packed": (
+        lambda s: MaxSumThroughput(space_sharing=True),
+        "maximize total throughput, with space sharing (pairs of jobs on a device)",
+    ),
+    "finish_time_fairness_packed": (
+        lambda s: FinishTimeFairness(space_sharing=True),
+        "Gavel: finish-time fairness, heterogeneity-aware, with space sharing",
+    ),
+    "makespan_packed": (
+        lambda s: Makespan(space_sharing=True),
+        "minimize the time to finish every active job, with space sharing",
+    ),
+    "min_total_duration_packed": (
+        lambda s: Makespan(space_sharing=True),
+        "Gavel: minimize makespan with space sharing",
+    ),
     "finish_time_fairness": (
         lambda s: FinishTimeFairness(),
         "finish-time fairness (Themis), heterogeneity-aware",
@@ -103,6 +121,16 @@ _POLICIES: dict[str, tuple[Factory, str]] = {
         "Gavel: finish-time fairness, heterogeneity-aware",
     ),
     "isolated": (lambda s: Isolated(), "Gavel: equal share of every type"),
+    "fifo_packed": (
+        lambda s: PackedFifo(),
+        "Gavel: FIFO queue on the fastest type with room, waiting jobs paired with placed "
+        "ones (space sharing)",
+    ),
+    "allox": (
+        lambda s: AlloX(),
+        "Gavel's AlloX baseline: one-device jobs matched to devices, least total "
+        "completion time (Hungarian method)",
+    ),
     "max_sum_throughput_perf": (lambda s: MaxSumThroughput(), "Gavel: maximize total throughput"),
     "max_sum_throughput_normalized_by_cost_perf": (
         lambda s: MinTotalCost(),

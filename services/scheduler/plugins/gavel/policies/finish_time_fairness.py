@@ -18,6 +18,10 @@ Heterogeneity-agnostic (Gavel's variant): every type counts as fast as the
 job's mean throughput over the types it can run on, so steps / throughput stay
 seconds.
 
+With space sharing (Gavel's `finish_time_fairness_packed`) the rows of X are job
+combinations (base.Combos), a job's throughput summing its share of each; the
+isolated throughput stays the job's alone.
+
 Elastic (policies.configs): throughput(m, x) over configuration rows; the
 isolated share is 1/M of each type's devices, at most the job's maximum device
 count, at its one-device rate per type.
@@ -32,6 +36,7 @@ import numpy as np
 from gearshift.scheduler.plugins.gavel.policies import solvers
 from gearshift.scheduler.plugins.gavel.policies.base import (
     Allocation,
+    Combos,
     FloatArray,
     Policy,
     PolicyInput,
@@ -66,8 +71,9 @@ class FinishTimeFairness(Policy):
     problem_class: ClassVar[ProblemClass] = "conic"
     has_elastic_form: ClassVar[bool] = True
 
-    def __init__(self, *, heterogeneity_aware: bool = True) -> None:
+    def __init__(self, *, heterogeneity_aware: bool = True, space_sharing: bool = False) -> None:
         self.heterogeneity_aware = heterogeneity_aware
+        self.space_sharing = space_sharing
         self.isolated_time: dict[str, float] = {}
         self._last: dict[str, tuple[float, float]] = {}  # job -> (steps left, isolated rate)
 
@@ -109,12 +115,13 @@ class FinishTimeFairness(Policy):
     def solve(self, inp: PolicyInput) -> Allocation:
         speeds = self._speeds(inp)
         steps, denom = self._denominators(inp, speeds)
-        x = cp.Variable((inp.num_jobs, inp.num_types))
-        rate = scaled_throughputs(x, speeds, np.ones(inp.num_jobs))
+        combos = Combos.build(inp, speeds, self.space_sharing and self.heterogeneity_aware)
+        x = cp.Variable((len(combos.rows), inp.num_types))
+        rate = scaled_throughputs(x, speeds, np.ones(inp.num_jobs), combos)
         r, rho = self._problem(inp, rate, steps, denom)
-        problem = cp.Problem(cp.Minimize(r), [*validity_constraints(x, inp), *rho])
+        problem = cp.Problem(cp.Minimize(r), [*validity_constraints(x, inp, combos), *rho])
         solvers.solve(problem, "conic", what=self.name)
-        return Allocation.singles(inp, np.asarray(x.value, dtype=np.float64))
+        return combos.allocation(inp, np.asarray(x.value, dtype=np.float64))
 
     def solve_elastic(self, inp: PolicyInput) -> ElasticAllocation:
         assert inp.configs is not None

@@ -5,7 +5,9 @@ becomes one LP: maximize u subject to throughput(m, X) >= steps_m * u for every
 job (Gavel's reference bisects on the makespan instead; the LP gives the same
 optimum in one solve). Coefficients are rescaled by the longest isolated
 duration so that u is of order 1. Elastic: the same LP over configuration rows
-(policies.configs), a job's fastest configuration setting its scale.
+(policies.configs), a job's fastest configuration setting its scale. With space
+sharing (Gavel's `min_total_duration_packed`) the rows of X are job combinations
+(base.Combos) and a job's throughput sums its share of each.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from gearshift.scheduler.plugins.gavel.policies import solvers
 from gearshift.scheduler.plugins.gavel.policies.base import (
     Allocation,
+    Combos,
     FloatArray,
     IntArray,
     Policy,
@@ -36,6 +39,9 @@ class Makespan(Policy):
     problem_class: ClassVar[ProblemClass] = "lp"
     has_elastic_form: ClassVar[bool] = True
 
+    def __init__(self, *, space_sharing: bool = False) -> None:
+        self.space_sharing = space_sharing
+
     @staticmethod
     def _factor(inp: PolicyInput, best: FloatArray) -> tuple[FloatArray, IntArray]:
         """(scale / steps per job, runnable job indices)."""
@@ -46,14 +52,15 @@ class Makespan(Policy):
 
     def solve(self, inp: PolicyInput) -> Allocation:
         factor, runnable = self._factor(inp, inp.throughputs.max(axis=1))
-        x = cp.Variable((inp.num_jobs, inp.num_types))
+        combos = Combos.build(inp, inp.throughputs, self.space_sharing)
+        x = cp.Variable((len(combos.rows), inp.num_types))
         u = cp.Variable()
-        rate = scaled_throughputs(x, inp.throughputs, factor)
-        constraints = validity_constraints(x, inp)
+        rate = scaled_throughputs(x, inp.throughputs, factor, combos)
+        constraints = validity_constraints(x, inp, combos)
         if runnable.size:
             constraints.append(rate[runnable] >= u)
         solvers.solve(cp.Problem(cp.Maximize(u), constraints), "lp", what=self.name)
-        return Allocation.singles(inp, np.asarray(x.value, dtype=np.float64))
+        return combos.allocation(inp, np.asarray(x.value, dtype=np.float64))
 
     def solve_elastic(self, inp: PolicyInput) -> ElasticAllocation:
         assert inp.configs is not None

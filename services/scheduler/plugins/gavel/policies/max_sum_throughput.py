@@ -2,7 +2,9 @@
 
 Throughputs are summed as measured (steps/s), as in the paper and Gavel's
 `max_sum_throughput_perf`; jobs whose steps are cheap therefore weigh more.
-Elastic: the same sum over configuration rows (policies.configs).
+Elastic: the same sum over configuration rows (policies.configs). With space
+sharing the rows of X are job combinations (base.Combos); Gavel's reference has
+no packed form of this objective to compare with.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 from gearshift.scheduler.plugins.gavel.policies import solvers
 from gearshift.scheduler.plugins.gavel.policies.base import (
     Allocation,
+    Combos,
     Policy,
     PolicyInput,
     ProblemClass,
@@ -31,13 +34,19 @@ class MaxSumThroughput(Policy):
     problem_class: ClassVar[ProblemClass] = "lp"
     has_elastic_form: ClassVar[bool] = True
 
+    def __init__(self, *, space_sharing: bool = False) -> None:
+        self.space_sharing = space_sharing
+
     def solve(self, inp: PolicyInput) -> Allocation:
-        x = cp.Variable((inp.num_jobs, inp.num_types))
-        total = cp.sum(scaled_throughputs(x, inp.throughputs, np.ones(inp.num_jobs)))
+        combos = Combos.build(inp, inp.throughputs, self.space_sharing)
+        x = cp.Variable((len(combos.rows), inp.num_types))
+        total = cp.sum(scaled_throughputs(x, inp.throughputs, np.ones(inp.num_jobs), combos))
         solvers.solve(
-            cp.Problem(cp.Maximize(total), validity_constraints(x, inp)), "lp", what=self.name
+            cp.Problem(cp.Maximize(total), validity_constraints(x, inp, combos)),
+            "lp",
+            what=self.name,
         )
-        return Allocation.singles(inp, np.asarray(x.value, dtype=np.float64))
+        return combos.allocation(inp, np.asarray(x.value, dtype=np.float64))
 
     def solve_elastic(self, inp: PolicyInput) -> ElasticAllocation:
         assert inp.configs is not None

@@ -1,0 +1,95 @@
+"""Gavel's remaining policies on cases solved by hand: AlloX's matching, FIFO with packing,
+and the packed forms of makespan, max-sum-throughput and finish-time fairness (issue 48
+point 4). Their fidelity to Gavel's own simulator: test_simulator_fidelity.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gearshift.scheduler.plugins.gavel.policies import PolicyError, make_policy
+from gearshift.scheduler.plugins.gavel.policies.base import PolicyInput
+
+
+def test_allox_puts_the_short_job_first_and_keeps_what_it_placed() -> None:
+    """One V100; a has 100 steps, b 10, both at 1 step/s, neither has waited. On one device
+    the order (b, a) completes at 10 and 110 (sum 120), (a, b) at 100 and 110 (sum 210):
+    b runs. At the next call b keeps its device even though a has waited longer."""
+    policy = make_policy("allox")
+    inp = PolicyInput.create(["a", "b"], ["v100"], [[1.0], [1.0]], [1], steps_remaining=[100, 10])
+    assert policy.allocate(inp).job_totals() == {"a": {"v100": 0.0}, "b": {"v100": 1.0}}
+    later = PolicyInput.create(
+        ["a", "b"],
+        ["v100"],
+        [[1.0], [1.0]],
+        [1],
+        steps_remaining=[100, 5],
+        times_since_start=[500, 5],
+    )
+    assert policy.allocate(later).job_totals()["b"] == {"v100": 1.0}
+
+
+def test_allox_minimizes_the_sum_of_completion_times_even_leaving_a_device_idle() -> None:
+    """One V100 and one K80; 100 steps each; a runs 10x faster on the V100 (10 s there,
+    100 s on the K80), b 1.25x (80 s, 100 s). a on the V100 and b on the K80 complete at
+    10 and 100 (sum 110); a then b on the V100 at 10 and 90 (sum 100), the least: a runs
+    on the V100, b waits behind it and the K80 idles."""
+    inp = PolicyInput.create(
+        ["a", "b"],
+        ["k80", "v100"],
+        [[1.0, 10.0], [1.0, 1.25]],
+        [1, 1],
+        steps_remaining=[100, 100],
+    )
+    totals = make_policy("allox").allocate(inp).job_totals()
+    assert totals == {"a": {"k80": 0.0, "v100": 1.0}, "b": {"k80": 0.0, "v100": 0.0}}
+
+
+def test_allox_refuses_a_job_on_several_devices() -> None:
+    inp = PolicyInput.create(["a"], ["v100"], [[1.0]], [2], scale_factors=[2])
+    with pytest.raises(PolicyError, match="one-device jobs only"):
+        make_policy("allox").allocate(inp)
+
+
+def packed_input(pair_rates: tuple[float, float]) -> PolicyInput:
+    """One V100, three 1-step/s jobs; a and b (arrived first) may share it at `pair_rates`."""
+    return PolicyInput.create(
+        ["a", "b", "c"],
+        ["v100"],
+        [[1.0], [1.0], [1.0]],
+        [1],
+        colocated={(0, 1): np.array([pair_rates]), (0, 2): np.array([[0.5, 0.5]])},
+    )
+
+
+@pytest.mark.parametrize(("pair", "shared"), [((0.9, 0.8), True), ((0.8, 0.6), False)])
+def test_fifo_packed_pairs_the_next_job_only_above_the_threshold(
+    pair: tuple[float, float], shared: bool
+) -> None:
+    """a takes the V100; b waits. Packed with a, the two run at 0.9 + 0.8 = 1.7 of their
+    speeds alone (> 1.5: shared) or 0.8 + 0.6 = 1.4 (not). c never jumps ahead of b, even
+    though a and c would not pair either (0.5 + 0.5 = 1)."""
+    result = make_policy("fifo_packed").allocate(packed_input(pair))
+    expected = (("a", "b"), ("c",)) if shared else (("a",), ("b",), ("c",))
+    assert result.combos == expected
+    assert result.fractions.tolist() == [[1.0]] + [[0.0]] * (len(expected) - 1)
+
+
+def test_packed_objectives_use_a_pair_that_beats_time_sharing() -> None:
+    """One V100, two 1-step/s jobs of 100 steps that run at 0.75 each when sharing it.
+    Time sharing gives 0.5 each at best, so the pair row takes all the time: makespan
+    100 / 0.75 = 133 s (200 s without), a sum of 1.5 steps/s (1 without), and each job's
+    FTF ratio 0.5 / 0.75 = 2/3 of its isolated share's time."""
+    inp = PolicyInput.create(
+        ["a", "b"],
+        ["v100"],
+        [[1.0], [1.0]],
+        [1],
+        steps_remaining=[100, 100],
+        colocated={(0, 1): np.array([[0.75, 0.75]])},
+    )
+    for name in ("makespan_packed", "max_sum_throughput_packed", "finish_time_fairness_packed"):
+        result = make_policy(name).allocate(inp)
+        assert result.effective_throughputs(inp) == pytest.approx([0.75, 0.75], abs=1e-4), name
+    alone = make_policy("makespan").allocate(inp)
+    assert alone.effective_throughputs(inp) == pytest.approx([0.5, 0.5], abs=1e-4)
