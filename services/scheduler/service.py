@@ -56,12 +56,11 @@ from gearshift.scheduler.plugins.stages import (
 )
 from gearshift.scheduler.round.brain import BrainAdvisor
 from gearshift.scheduler.round.datasets import DatasetKeeper
-from gearshift.scheduler.round.decider import InProcess
 from gearshift.scheduler.round.estimates import Estimates
 from gearshift.scheduler.round.rounds import RoundReport, Rounds
 from gearshift.scheduler.round.task_control import TaskControl
 from gearshift.scheduler.round.workers import WorkerAgents
-from gearshift.scheduler.sim.forward import Bounds, LiveEstimates, copy_allocator
+from gearshift.scheduler.sim.forward import Bounds, LiveEstimates, standalone
 from gearshift.scheduler.state.job_logs import LogSources, TaskSource, job_log_lines
 from gearshift.scheduler.state.job_steps import job_steps
 from gearshift.scheduler.state.records import EventRecord, JobRecord, WorkerRecord
@@ -167,13 +166,10 @@ class Scheduler:
         return estimates
 
     def _forward_allocator(self, settings: SchedulerSettings) -> Allocator:
-        """A copy of the live allocator where it decides in this process (its memory of
-        past rounds makes the estimate the round's), else a fresh one (sim/forward.py)."""
-        if isinstance(self.rounds.decider, InProcess):
-            copied = copy_allocator(self.rounds.allocator)
-            if copied is not None:
-                return copied
-        return allocator_for(settings)
+        """A copy of the allocator that decides, in this process or in the decision process
+        (its memory of past rounds makes the estimate the round's), else a fresh one."""
+        lent = self.rounds.decider.lend_allocator()
+        return standalone(lent) if lent is not None else allocator_for(settings)
 
     def _tenancy(self) -> tuple[Quotas, Mapping[str, Admission]]:
         """The quotas and the last round's admission of guaranteed jobs."""

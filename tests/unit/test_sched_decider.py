@@ -306,3 +306,35 @@ def test_the_child_logs_as_the_scheduler_does_and_solves_beside_its_rounds(
         logs.configure_logging("info", "text", io.StringIO())  # stderr's setup forgotten
         root.setLevel(saved[0])
         root.handlers[:] = saved[1]
+
+
+def test_the_child_lends_a_copy_of_its_allocator_that_decides_as_it_does() -> None:
+    """Estimated starts run the pipeline forward with the allocator that decides: the
+    child's, memory of past rounds included, pickled across; running the copy leaves the
+    child's own decisions as they were."""
+    clock = Clock()
+    config = settings()
+    scheduler, _ = make_scheduler(config, clock=clock)
+    child = DecisionProcess(config, decision_stages)
+    try:
+        assert child.lend_allocator() is None, "no child before its first decision"
+        for i in range(4):
+            register(scheduler, f"w{i}", {("v100", "k80")[i % 2]: 2})
+        for i in range(8):
+            scheduler.submit(job_spec(f"j{i}", 1 + i % 3), "")
+        for _ in range(3):
+            clock.now += 20.0
+            snapshot, current = snapshot_of(scheduler, clock.now)
+            child.decide(snapshot, current)
+            scheduler.run_round()
+        lent = child.lend_allocator()
+        assert lent is not None
+        clock.now += 20.0
+        snapshot, current = snapshot_of(scheduler, clock.now)
+        copied = InProcess(lent, collocator_for(config)).decide(snapshot, current)
+        assert child.decide(snapshot, current) == copied
+        assert copied[1], "a round that places nothing proves little"
+        assert child.restarts == 0
+    finally:
+        child.close()
+        scheduler.stop()

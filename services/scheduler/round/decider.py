@@ -19,9 +19,11 @@ each decision: the child needs no Brain and no tenants file of its own."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import multiprocessing as mp
 import os
+import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from multiprocessing.connection import Connection
@@ -65,7 +67,18 @@ class Decider(Protocol):
         not rank): the round's reasons quote them."""
         ...
 
+    def lend_allocator(self) -> Allocator | None:
+        """A copy of the allocator with its memory of past rounds, for estimates that run
+        the pipeline forward (sim/forward.py); None when it cannot be copied. Called in
+        the round's thread, between decisions."""
+        ...
+
     def close(self) -> None: ...
+
+
+# What the scheduler asks the child for, instead of a decision: its allocator, pickled
+# on the way (a copy made between decisions, so a forward run never touches the live one).
+LEND = "lend-allocator"
 
 
 class InProcess:
@@ -80,6 +93,9 @@ class InProcess:
 
     def priorities(self) -> Mapping[str, float]:
         return self.allocator.priorities() if isinstance(self.allocator, Ranks) else {}
+
+    def lend_allocator(self) -> Allocator | None:
+        return copy_at_rest(self.allocator)
 
     def close(self) -> None:
         return None
@@ -133,6 +149,20 @@ class DecisionProcess:
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
+
+    def lend_allocator(self) -> Allocator | None:
+        """The child's allocator, pickled there and unpickled here (its time ledger makes
+        the estimates the live decisions'); None before the first decision, when the
+        child cannot pickle it, or when the child is gone (the next decision restarts it)."""
+        if self._conn is None:
+            return None
+        try:
+            self._conn.send(LEND)
+            lent: Allocator | None = pickle.loads(self._conn.recv_bytes())
+        except (EOFError, OSError):
+            self._stop_child()
+            return None
+        return lent
 
     def decide(self, snapshot: Snapshot, current: Current) -> Decision:
         try:
@@ -229,6 +259,9 @@ def _serve(
             message = conn.recv()
             if message is None:
                 return
+            if message == LEND:
+                conn.send_bytes(_pickled_at_rest(allocator))
+                continue
             header, new_devices, shipped = message
             if new_devices:
                 devices = tuple(recv_chunks(conn))
@@ -259,6 +292,27 @@ def _serve(
         send_chunks(conn, list(ranks.items()))  # the reasons quote them (hooks.Ranks)
         conn.send(keeps.outcome() if keeps is not None else None)
         sent_targets = targets
+
+
+def copy_at_rest(allocator: Allocator) -> Allocator | None:
+    """A deep copy of an allocator between decisions; None while a recomputation runs in a
+    thread (not at rest) or when a plugin holds what cannot be copied (a lock, a channel)."""
+    if getattr(allocator, "_solving", None) is not None:
+        return None
+    try:
+        return copy.deepcopy(allocator)
+    except (TypeError, copy.Error):
+        return None
+
+
+def _pickled_at_rest(allocator: Allocator) -> bytes:
+    """The child's allocator pickled (the scheduler's copy of it), or a pickled None."""
+    if getattr(allocator, "_solving", None) is None:
+        try:
+            return pickle.dumps(allocator)
+        except (TypeError, AttributeError, pickle.PicklingError):
+            pass
+    return pickle.dumps(None)
 
 
 def _changes(

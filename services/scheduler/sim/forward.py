@@ -18,7 +18,6 @@ most once every `every_seconds`.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import threading
@@ -27,6 +26,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+from gearshift.scheduler.round.decider import copy_at_rest
 from gearshift.scheduler.round.ests import elastic_job, rate
 from gearshift.scheduler.round.pipeline import plan_round
 from gearshift.scheduler.round.placement import count_by_type
@@ -118,16 +118,16 @@ def copy_allocator(allocator: Allocator) -> Allocator | None:
     """A copy of a live allocator, with its memory of past rounds (Gavel's time ledger), to
     run forward without touching the original; None when it cannot be copied (a
     recomputation under way in a thread, a plugin holding a lock or a connection)."""
-    if getattr(allocator, "_solving", None) is not None:
-        return None
-    try:
-        copied = copy.deepcopy(allocator)
-    except (TypeError, copy.Error):
-        return None
-    for part in (copied, getattr(copied, "inner", None)):  # Guarantees wraps the objective
+    copied = copy_at_rest(allocator)
+    return standalone(copied) if copied is not None else None
+
+
+def standalone(allocator: Allocator) -> Allocator:
+    """A lent copy made to recompute in the forward run itself, never in a thread."""
+    for part in (allocator, getattr(allocator, "inner", None)):  # Guarantees wraps it
         if part is not None and hasattr(part, "in_background"):
-            part.in_background = False  # recompute in the run itself, no thread
-    return copied
+            part.in_background = False
+    return allocator
 
 
 def _config(assignment: Assignment) -> tuple[tuple[str, int], ...]:
