@@ -23,7 +23,8 @@ def add_scheduler_options(
     parser.add_argument(
         "--address",
         default=os.environ.get("GEARSHIFT_SCHEDULER", DEFAULT_SCHEDULER),
-        help="scheduler host:port [env GEARSHIFT_SCHEDULER] (default %(default)s)",
+        help="scheduler host:port, or several IP:PORT comma-separated (a leader and its "
+        "standbys) [env GEARSHIFT_SCHEDULER] (default %(default)s)",
     )
     add_token_option(parser, token_help)
     add_tls_options(parser)

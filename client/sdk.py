@@ -52,7 +52,10 @@ def _typed_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
 
 class Client:
-    """Talks to a Gearshift scheduler. Use as a context manager, or call close()."""
+    """Talks to a Gearshift scheduler. Use as a context manager, or call close().
+
+    `address` may name a leader and its standbys, IP:PORT comma-separated: calls go to
+    the one that serves, and after a takeover to the new leader (channel_target)."""
 
     def __init__(
         self,

@@ -7,6 +7,7 @@ policy cannot drift from the .proto files.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Callable
 from functools import cache
@@ -16,6 +17,7 @@ from typing import Generic, TypeVar
 import grpc
 
 from gearshift.common.auth import ClientDefaultsInterceptor, ClientTls
+from gearshift.common.errors import ValidationError
 from gearshift.v1 import (
     brain_pb2,
     common_pb2,
@@ -69,6 +71,41 @@ def retry_service_config(max_attempts: int = 5) -> str:
     return json.dumps(config)
 
 
+def channel_target(address: str) -> str:
+    """The gRPC target of an address, or of several separated by commas (a scheduler and
+    its standbys): gRPC's static list, which a channel tries in order and keeps the first
+    that accepts (pick_first), trying the list again once that one fails. A standby does
+    not listen until it leads, so calls reach the leader. Several addresses must be IP
+    literals (gRPC's ipv4:/ipv6: lists); a host name that resolves to them all is one
+    address."""
+    parts = [part.strip() for part in address.split(",")]
+    if len(parts) == 1:
+        return address
+    families = {_ip_family(part) for part in parts}
+    if None in families or len(families) != 1:
+        raise ValidationError(
+            "address",
+            f"{address!r}: several addresses must be IP:PORT of one family, comma-separated "
+            "(a host name that resolves to them all can stand alone)",
+        )
+    family = families.pop()
+    return f"{family}:" + ",".join(parts)
+
+
+def _ip_family(address: str) -> str | None:
+    """'ipv4' or 'ipv6' for an IP:PORT ([IPv6]:PORT), None for anything else."""
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        return None
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+    if ip.version == 6 and not host.startswith("["):
+        return None
+    return f"ipv{ip.version}"
+
+
 def plain_channel(
     address: str,
     *,
@@ -84,9 +121,10 @@ def plain_channel(
     share one reconnect backoff among every channel to an address.
     """
     options = channel_options(retry=retry, max_message_bytes=max_message_bytes)
+    target = channel_target(address)
     if tls:
-        return grpc.secure_channel(address, tls.credentials(), options=options)
-    return grpc.insecure_channel(address, options=options)
+        return grpc.secure_channel(target, tls.credentials(), options=options)
+    return grpc.insecure_channel(target, options=options)
 
 
 def aio_channel(
@@ -99,9 +137,10 @@ def aio_channel(
     """plain_channel on grpc.aio: its calls are answered on the event loop that makes them
     (create it there), not on a thread of its own as a plain channel's futures are."""
     options = channel_options(retry=retry, max_message_bytes=max_message_bytes)
+    target = channel_target(address)
     if tls:
-        return grpc.aio.secure_channel(address, tls.credentials(), options=options)
-    return grpc.aio.insecure_channel(address, options=options)
+        return grpc.aio.secure_channel(target, tls.credentials(), options=options)
+    return grpc.aio.insecure_channel(target, options=options)
 
 
 def channel_options(

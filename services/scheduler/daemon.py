@@ -23,6 +23,7 @@ from gearshift.common.daemon import (
     server_options,
 )
 from gearshift.common.db import database_options, migrate_main, open_database
+from gearshift.common.db import database_url as database_url_of
 from gearshift.common.errors import GearshiftError, ValidationError
 from gearshift.common.server import register
 from gearshift.scheduler import metrics
@@ -40,6 +41,7 @@ from gearshift.scheduler.round.brain import BrainAdvisor
 from gearshift.scheduler.round.datasets import DatasetKeeper
 from gearshift.scheduler.round.workers import WorkerAgents
 from gearshift.scheduler.service import Scheduler
+from gearshift.scheduler.state.leader import Leadership, elects, next_epoch
 from gearshift.scheduler.state.store import SqlStore
 from gearshift.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -113,10 +115,14 @@ def build(config: argparse.Namespace, loaded: Loaded | None = None) -> Daemon:
         datasets=DatasetKeeper(settings.shard_manager_address, token=token, tls=tls),
         job_tokens=job_tokens(config),
     )
+    relays = relays_of(config, loaded.config.heartbeats)
+    # Built first, so that a standby's takeover is only the lock, the epoch and the recovery.
+    leadership = _lead(config.database_url)  # a standby waits here, serving nothing
+    if leadership is not None:
+        scheduler.state.epoch = next_epoch(store)
+        log.info("leading", extra={"epoch": scheduler.state.epoch})
     scheduler.recover()
     metrics.watch(scheduler.cluster_state, store.job_counts)
-
-    relays = relays_of(config, loaded.config.heartbeats)
     services = scheduler_pb2.DESCRIPTOR.services_by_name
     return Daemon(
         [
@@ -131,8 +137,13 @@ def build(config: argparse.Namespace, loaded: Loaded | None = None) -> Daemon:
                 services["WorkerRegistry"].full_name,
             ),
         ],
-        on_start=lambda server: _start(scheduler, relays, server.address),
-        on_stop=[relays.stop, scheduler.stop, store.close],
+        on_start=lambda server: _start(scheduler, relays, server.address, leadership),
+        on_stop=[
+            relays.stop,
+            scheduler.stop,
+            store.close,
+            *([leadership.close] if leadership is not None else []),
+        ],
         # The relays re-read the tokens file with it (without one, SIGHUP would end them).
         on_reload=[
             lambda: _reload_tenants(scheduler),
@@ -163,9 +174,36 @@ def relays_of(config: argparse.Namespace, heartbeats: HeartbeatConfig) -> Heartb
     return HeartbeatRelays(heartbeats.relays, host, env, heartbeats.relay_port)
 
 
-def _start(scheduler: Scheduler, relays: HeartbeatRelays, address: str) -> None:
+def _start(
+    scheduler: Scheduler, relays: HeartbeatRelays, address: str, leadership: Leadership | None
+) -> None:
     scheduler.start()
     relays.start(address)
+    if leadership is not None:
+        leadership.watch(_deposed)
+
+
+def _lead(database_url: str) -> Leadership | None:
+    """On PostgreSQL: wait until this scheduler leads (state/leader.py); None on SQLite,
+    where one scheduler runs alone."""
+    try:
+        url = database_url_of(database_url)
+    except ValidationError as exc:
+        raise ValueError(exc.message) from None
+    if not elects(url):
+        return None
+    leadership = Leadership(url)
+    waited = leadership.acquire()
+    log.info("elected leader", extra={"waited_s": round(waited, 3)})
+    return leadership
+
+
+def _deposed(why: str) -> None:
+    """The leader lock is lost: another scheduler may lead already. Stop acting at once
+    (no clean stop: it would write to the store); the workers fence off anything in flight."""
+    log.critical("leadership lost; exiting", extra={"error": why})
+    logging.shutdown()
+    os._exit(3)
 
 
 def _reload_tenants(scheduler: Scheduler) -> None:

@@ -33,6 +33,7 @@ from gearshift.worker.cgroups import Cgroups
 from gearshift.worker.collocation import Policy
 from gearshift.worker.command import STEP_LOG, CommandSettings, plan_task
 from gearshift.worker.devices import device_types
+from gearshift.worker.fence import EpochFence
 from gearshift.worker.multiplex import Multiplexer
 from gearshift.worker.resources import CoreAllocator, detect_cores, format_bytes
 from gearshift.worker.spawner import Spawner
@@ -90,11 +91,14 @@ class Agent:
         self.cores = CoreAllocator(detect_cores() if cores is None else cores)
         self.memory_bytes = memory_bytes  # host memory offered (0: unknown)
         self.cgroups = cgroups  # set up by the daemon when it may create cgroups
+        self.fence = EpochFence()  # the newest scheduler leader heard from (fence.py)
 
     # -- RPCs ----------------------------------------------------------------------
 
     def start(self, request: worker_pb2.StartTaskRequest) -> common_pb2.TaskStatus:
-        """Start a task, or return the status of the one with that id."""
+        """Start a task, or return the status of the one with that id (refused from a
+        deposed scheduler leader: fence.py)."""
+        self.fence.admit(request.epoch, "StartTask")
         plan = plan_task(request, self.worker_id, self._types)
         self._check_resources(request)
         with self._lock:
@@ -181,9 +185,11 @@ class Agent:
         return read_steps(self._task(task_id).plan.checkpoint_dir / STEP_LOG, after_step)
 
     def stop(
-        self, task_id: str, *, checkpoint: bool, reason: str, timeout: float
+        self, task_id: str, *, checkpoint: bool, reason: str, timeout: float, epoch: int = 0
     ) -> common_pb2.TaskStatus:
-        """Stop a task and wait (bounded) for its processes; an ended task's status as is."""
+        """Stop a task and wait (bounded) for its processes; an ended task's status as is
+        (refused from a deposed scheduler leader: fence.py)."""
+        self.fence.admit(epoch, "StopTask")
         task = self._task(task_id)
         task.stop(checkpoint=checkpoint, reason=reason, timeout=timeout or DEFAULT_STOP_TIMEOUT_S)
         return task.status()

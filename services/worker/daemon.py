@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gearshift.common.auth import TOKEN_VARIABLE
+from gearshift.common.channel import channel_target
 from gearshift.common.config import Option, host_port, parse_bool
 from gearshift.common.daemon import Daemon, outgoing_tls, run_daemon, server_options
 from gearshift.common.errors import GearshiftError
@@ -40,7 +41,9 @@ OPTIONS = [
     *server_options(DEFAULT_PORT),
     Option(
         "scheduler",
-        "scheduler host:port to register with (empty: serve WorkerAgent without registering)",
+        "scheduler host:port to register with, or the leader's and its standbys' IP:PORT "
+        "comma-separated (the one serving is used; empty: serve WorkerAgent without "
+        "registering)",
         "",
     ),
     Option(
@@ -162,9 +165,13 @@ def _check(config: argparse.Namespace) -> None:
         value = getattr(config, flag)
         if value:
             try:
-                host_port(value)
+                for address in value.split(",") if flag == "scheduler" else [value]:
+                    host_port(address.strip())
+                channel_target(value)  # several schedulers: IP literals (channel.py)
             except ValueError as exc:
                 raise ValueError(f"--{flag.replace('_', '-')}: {exc}") from None
+            except GearshiftError as exc:
+                raise ValueError(f"--{flag.replace('_', '-')}: {exc.message}") from None
     for flag in ("checkpoint_every", "log_every"):
         if getattr(config, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1")

@@ -186,6 +186,8 @@ class SchedulerLink:
 
     def _use_relay(self, port: int) -> None:
         """Heartbeat at this port of the scheduler's host from now on (0: the scheduler)."""
+        if port and "," in self.scheduler:
+            port = 0  # which of the schedulers answered is not known here: no relay
         relay = f"{self.scheduler.rpartition(':')[0]}:{port}" if port else ""
         if relay == self.relay:
             return
@@ -270,6 +272,12 @@ class SchedulerLink:
             self._apply_lease(task, reply)
 
     def _apply_lease(self, task: Task, reply: scheduler_pb2.RenewLeaseResponse) -> None:
+        if not self.agent.fence.current(reply.epoch):
+            log.warning(
+                "lease answer from a deposed scheduler leader ignored",
+                extra={"task_id": task.task_id, "epoch": reply.epoch},
+            )
+            return
         if reply.renewed:
             task.lease_expires_at = reply.lease.expires_at
             return

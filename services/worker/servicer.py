@@ -41,7 +41,11 @@ class WorkerAgentServicer(worker_pb2_grpc.WorkerAgentServicer):
         )
         require(len(request.reason) <= 1024, "reason", "at most 1024 characters")
         return self.agent.stop(
-            request.task_id, checkpoint=request.checkpoint, reason=request.reason, timeout=timeout
+            request.task_id,
+            checkpoint=request.checkpoint,
+            reason=request.reason,
+            timeout=timeout,
+            epoch=request.epoch,
         )
 
     def GetTaskStatus(

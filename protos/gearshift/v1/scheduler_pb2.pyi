@@ -1185,6 +1185,7 @@ class RenewLeaseResponse(_message.Message):
 
     RENEWED_FIELD_NUMBER: _builtins.int
     LEASE_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     renewed: _builtins.bool
     """False when the scheduler no longer holds the task for this worker: it
     never knew it, or gave it up (the worker was declared lost, the job's
@@ -1192,6 +1193,11 @@ class RenewLeaseResponse(_message.Message):
     worker then terminates the task at once, without a checkpoint: the job
     may run elsewhere, and a checkpoint could overwrite that placement's.
     This is how a stop that could not reach the worker still ends.
+    """
+    epoch: _builtins.int
+    """The answering scheduler's leader epoch (see StartTaskRequest.epoch). A
+    worker that has seen a higher one ignores the answer (neither extends the
+    lease nor stops the task on it): only the current leader's word counts.
     """
     @_builtins.property
     def lease(self) -> _common_pb2.Lease:
@@ -1202,10 +1208,11 @@ class RenewLeaseResponse(_message.Message):
         *,
         renewed: _builtins.bool = ...,
         lease: _common_pb2.Lease | None = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "renewed", b"renewed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "lease", b"lease", "renewed", b"renewed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

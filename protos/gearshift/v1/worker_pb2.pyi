@@ -77,6 +77,7 @@ class StartTaskRequest(_message.Message):
     PS_PLAN_FIELD_NUMBER: _builtins.int
     PROFILE_RUBICK_FIELD_NUMBER: _builtins.int
     GENERATION_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id, unique per scheduler."""
     job_id: _builtins.str
@@ -121,6 +122,13 @@ class StartTaskRequest(_message.Message):
     gN of the task id; 0: not known, unfenced). A dynamic-mode job's processes
     send it on every shard-manager call for their ESTs' holders, so that once a
     newer placement released a holder, this one's calls for it are refused.
+    """
+    epoch: _builtins.int
+    """The sending scheduler's leader epoch (fencing; 0: a scheduler that runs
+    alone, without an election). Each election through the database raises it
+    by one. The worker keeps the highest epoch it has seen and refuses, with
+    FAILED_PRECONDITION, a call that carries a lower one: a deposed leader that
+    still runs can neither start nor stop a task.
     """
     @_builtins.property
     def spec(self) -> _common_pb2.JobSpec:
@@ -184,10 +192,11 @@ class StartTaskRequest(_message.Message):
         ps_plan: _common_pb2.ParameterServerPlan | None = ...,
         profile_rubick: _builtins.bool = ...,
         generation: _builtins.int = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "endpoints", b"endpoints", "lease", b"lease", "placement", b"placement", "plan", b"plan", "ps_plan", b"ps_plan", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "collocation", b"collocation", "cpu_cores_per_process", b"cpu_cores_per_process", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "generation", b"generation", "job_id", b"job_id", "job_token", b"job_token", "lease", b"lease", "loader_procs_per_process", b"loader_procs_per_process", "local_ranks", b"local_ranks", "memory_bytes_per_process", b"memory_bytes_per_process", "placement", b"placement", "plan", b"plan", "profile_first", b"profile_first", "profile_rubick", b"profile_rubick", "ps_plan", b"ps_plan", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "collocation", b"collocation", "cpu_cores_per_process", b"cpu_cores_per_process", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "epoch", b"epoch", "generation", b"generation", "job_id", b"job_id", "job_token", b"job_token", "lease", b"lease", "loader_procs_per_process", b"loader_procs_per_process", "local_ranks", b"local_ranks", "memory_bytes_per_process", b"memory_bytes_per_process", "placement", b"placement", "plan", b"plan", "profile_first", b"profile_first", "profile_rubick", b"profile_rubick", "ps_plan", b"ps_plan", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -203,6 +212,7 @@ class StopTaskRequest(_message.Message):
     CHECKPOINT_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     checkpoint: _builtins.bool
@@ -211,6 +221,10 @@ class StopTaskRequest(_message.Message):
     """Why, for the log and the job's events."""
     timeout_seconds: _builtins.float
     """Seconds to wait for a clean exit before killing (0: 60)."""
+    epoch: _builtins.int
+    """The sending scheduler's leader epoch (see StartTaskRequest.epoch): refused
+    when lower than the highest this worker has seen.
+    """
     def __init__(
         self,
         *,
@@ -218,10 +232,11 @@ class StopTaskRequest(_message.Message):
         checkpoint: _builtins.bool = ...,
         reason: _builtins.str = ...,
         timeout_seconds: _builtins.float = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "reason", b"reason", "task_id", b"task_id", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "epoch", b"epoch", "reason", b"reason", "task_id", b"task_id", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -303,7 +303,9 @@ class WorkerRegistryServicer(scheduler_pb2_grpc.WorkerRegistryServicer):
         check_name(request.worker_id, "worker_id")
         require(bool(request.task_id), "task_id", "is required")
         renewed, lease = self.scheduler.renew_lease(request.worker_id, request.task_id)
-        return scheduler_pb2.RenewLeaseResponse(renewed=renewed, lease=lease)
+        return scheduler_pb2.RenewLeaseResponse(
+            renewed=renewed, lease=lease, epoch=self.scheduler.state.epoch
+        )
 
     def TaskFinished(
         self, request: scheduler_pb2.TaskFinishedRequest, context: grpc.ServicerContext

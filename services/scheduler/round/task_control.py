@@ -146,6 +146,7 @@ class TaskControl:
                 loader_procs_per_process=start.loader_procs,
                 generation=job.generation,
                 ps_plan=start.ps,
+                epoch=state.epoch,
             )
             requests.append((worker.address, request))
         job.process_plan = start.process_plan  # a restarted scheduler keeps them
@@ -253,6 +254,7 @@ class TaskControl:
                     checkpoint=checkpoint,
                     reason=reason,
                     timeout_seconds=timeout,
+                    epoch=state.epoch,
                 ),
             )
             for tasks, checkpoint, reason in groups

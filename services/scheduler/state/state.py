@@ -155,6 +155,9 @@ class SchedulerState:
         # passes through `record`), so that a submission's --max-queued-jobs check does not
         # walk thousands of jobs under the lock.
         self.queued: dict[str, set[str]] = {}
+        # The leader epoch this scheduler was elected with (leader.py; 0: it runs alone),
+        # sent with every StartTask, StopTask and lease renewal: workers refuse a lower one.
+        self.epoch = 0
 
     def add(self, job: JobRecord) -> None:
         """A job enters memory (submitted, or reloaded by a restarted scheduler)."""
