@@ -41,7 +41,7 @@ from gearshift.scheduler.round.brain import BrainAdvisor
 from gearshift.scheduler.round.datasets import DatasetKeeper
 from gearshift.scheduler.round.workers import WorkerAgents
 from gearshift.scheduler.service import Scheduler
-from gearshift.scheduler.state.leader import Leadership, elects, next_epoch
+from gearshift.scheduler.state.leader import Leadership, elects, epoch_is, next_epoch
 from gearshift.scheduler.state.store import SqlStore
 from gearshift.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -137,7 +137,7 @@ def build(config: argparse.Namespace, loaded: Loaded | None = None) -> Daemon:
                 services["WorkerRegistry"].full_name,
             ),
         ],
-        on_start=lambda server: _start(scheduler, relays, server.address, leadership),
+        on_start=lambda server: _start(scheduler, relays, server.address, leadership, store),
         on_stop=[
             relays.stop,
             scheduler.stop,
@@ -175,12 +175,17 @@ def relays_of(config: argparse.Namespace, heartbeats: HeartbeatConfig) -> Heartb
 
 
 def _start(
-    scheduler: Scheduler, relays: HeartbeatRelays, address: str, leadership: Leadership | None
+    scheduler: Scheduler,
+    relays: HeartbeatRelays,
+    address: str,
+    leadership: Leadership | None,
+    store: SqlStore,
 ) -> None:
     scheduler.start()
     relays.start(address)
     if leadership is not None:
-        leadership.watch(_deposed)
+        epoch = scheduler.state.epoch
+        leadership.watch(lambda: epoch_is(store, epoch), _deposed)
 
 
 def _lead(database_url: str) -> Leadership | None:
@@ -199,7 +204,7 @@ def _lead(database_url: str) -> Leadership | None:
 
 
 def _deposed(why: str) -> None:
-    """The leader lock is lost: another scheduler may lead already. Stop acting at once
+    """Another scheduler leads, or led while this one's lock was lost. Stop acting at once
     (no clean stop: it would write to the store); the workers fence off anything in flight."""
     log.critical("leadership lost; exiting", extra={"error": why})
     logging.shutdown()

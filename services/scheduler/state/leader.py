@@ -8,8 +8,11 @@ once: a standby takes it, raises the leader epoch in the store, and starts as a 
 scheduler does, from the store (Scheduler.recover). The epoch fences the deposed leader at
 the workers (gearshift.worker.fence).
 
-A leader that loses its lock connection (the database restarted, a partition) can no
-longer know it leads: it exits at once (`on_lost`); the fence covers the moment before.
+A leader that loses its lock connection (the database restarted, a partition) takes the
+lock again once the database answers, and leads on if no other scheduler raised the epoch
+meanwhile; otherwise it exits at once (`on_lost`), and the fence covers the moment before.
+While the database is away it cannot start a task anyway: tasks are saved before any
+StartTask is sent.
 SQLite, the embedded default, has no such lock: a single scheduler runs there, epoch 0.
 """
 
@@ -48,6 +51,11 @@ CONNECT_ARGS = {
 def elects(url: str | sa.URL) -> bool:
     """Whether schedulers on this database elect a leader (PostgreSQL) or run alone."""
     return sa.make_url(url).get_backend_name() == "postgresql"
+
+
+def epoch_is(store: Store, epoch: int) -> bool:
+    """Whether `epoch` is still the last leader's (no other scheduler led since)."""
+    return int(store.get_state(EPOCH_KEY) or 0) == epoch
 
 
 def next_epoch(store: Store) -> int:
@@ -112,25 +120,56 @@ class Leadership:
         connection.close()
         return False
 
-    def watch(self, on_lost: Callable[[str], None], every: float = CHECK_SECONDS) -> None:
-        """Check the lock connection every `every` seconds, in a thread; `on_lost(why)`
-        once it fails (the lock may be another's by then)."""
+    def watch(
+        self,
+        still_ours: Callable[[], bool],
+        on_lost: Callable[[str], None],
+        every: float = CHECK_SECONDS,
+    ) -> None:
+        """Check the lock connection every `every` seconds, in a thread. When it fails (a
+        database restart), take the lock again as soon as the database answers: if
+        `still_ours()` (no other scheduler raised the epoch meanwhile) this one leads on,
+        else `on_lost(why)`; as it is too when another scheduler holds the lock."""
         self._watch = threading.Thread(
-            target=self._check, args=(on_lost, every), name="leader-watch", daemon=True
+            target=self._check, args=(still_ours, on_lost, every), name="leader-watch", daemon=True
         )
         self._watch.start()
 
-    def _check(self, on_lost: Callable[[str], None], every: float) -> None:
+    def _check(
+        self, still_ours: Callable[[], bool], on_lost: Callable[[str], None], every: float
+    ) -> None:
         while not self._closed.wait(every):
             connection = self._connection
             if connection is None:
                 return
             try:
                 connection.execute(sa.text("SELECT 1"))
+                continue
             except sa.exc.SQLAlchemyError as exc:
+                log.warning("leader lock lost; taking it again", extra={"error": str(exc)})
+            self._connection = None
+            with contextlib.suppress(sa.exc.SQLAlchemyError):
+                connection.close()
+            why = self._retake(still_ours)
+            if why:
                 if not self._closed.is_set():
-                    on_lost(f"the leader lock's connection failed: {exc}")
+                    on_lost(why)
                 return
+
+    def _retake(self, still_ours: Callable[[], bool]) -> str:
+        """Take the lock again once the database answers: "" when this scheduler still
+        leads, else why it does not."""
+        while not self._closed.wait(self.poll_seconds):
+            try:
+                if not self._try():
+                    return "another scheduler holds the leader lock"
+                if still_ours():
+                    log.info("leader lock taken again; still leading")
+                    return ""
+                return "another scheduler led while the lock was lost"
+            except sa.exc.SQLAlchemyError:
+                continue  # the database is not back yet
+        return ""
 
     def close(self) -> None:
         """Stop waiting or watching and let the lock go (closing its connection frees it)."""
