@@ -4,6 +4,7 @@
 # make lint   ruff, mypy, the import rule and the docs site (mkdocs build --strict)
 # make protos regenerate the Python code of protos/gearshift/v1/*.proto
 # make reference regenerate docs/reference/ from the code (CLI, job spec, RPCs, metrics, scheduler)
+#                and deploy/crds/ (the GearshiftJob CRD, from the JobSpec proto)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -49,6 +50,7 @@ protos: $(STAMP)
 
 reference: $(STAMP)
 	$(PY) -m tools.reference
+	$(PY) -m tools.crd
 
 clean:
 	rm -rf site .typecheck .gearshift .pytest_cache .mypy_cache .ruff_cache build *.egg-info
