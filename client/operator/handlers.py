@@ -191,13 +191,17 @@ def _mirroring(status: kopf.Status, **_: Any) -> bool:
 def mirror(
     *, body: kopf.Body, status: kopf.Status, patch: kopf.Patch, memo: kopf.Memo, **_: Any
 ) -> None:
-    """The job's state into status, its new scheduler events into Kubernetes Events."""
+    """The job's state into status, its new scheduler events into Kubernetes Events.
+
+    One GetJob a tick; the event stream is read only when the job has new events, and
+    status is patched only where it changed (every write is a watch event for every
+    watcher of GearshiftJobs)."""
     client: Client = memo.client
     job_id = str(status["jobId"])
     after = int(status.get("lastSequence") or 0)
     try:
-        events = client.events(job_id, after_sequence=after)
         job = client.get(job_id)
+        events = client.events(job_id, after_sequence=after) if job.last_sequence > after else []
     except NotFoundError:
         patch.status["conditions"] = _conditions(
             status, condition(SUBMITTED, False, "JobNotFound", f"the scheduler has no {job_id}")
@@ -210,9 +214,12 @@ def mirror(
         kind, reason, message = event_record(event)
         kopf.event(body, type=kind, reason=reason, message=message)
         after = max(after, event.sequence)
-    patch.status.update(job_status(job))
-    patch.status["lastSequence"] = after
-    patch.status["conditions"] = _conditions(status, *job_conditions(job))
+    fresh = {
+        **job_status(job),
+        "lastSequence": after,
+        "conditions": _conditions(status, *job_conditions(job)),
+    }
+    patch.status.update({key: value for key, value in fresh.items() if status.get(key) != value})
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

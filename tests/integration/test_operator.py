@@ -34,7 +34,7 @@ JOBS = "/apis/gearshift.dev/v1alpha1/namespaces/default/gearshiftjobs"
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 EVENTS = "/api/v1/namespaces/default/events"
 _LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-WAIT = 8.0
+WAIT = 30.0
 
 
 class Emulator(kmock.KubernetesEmulator):
