@@ -103,6 +103,10 @@ def code_maps(*, namespace: str | None, name: str, body: kopf.Body, **_: Any) ->
     return {(namespace, name): {"metadata": {"name": name}, **dict(body)}}
 
 
+class CodeNotFoundError(Exception):
+    """The spec's ConfigMap is not (yet) there: retried, as it may be created after the job."""
+
+
 def _code_sha256(
     client: Client,
     spec: Mapping[str, Any],
@@ -115,9 +119,8 @@ def _code_sha256(
         return ""
     found = list(code_maps.get((namespace, name), []))
     if not found:
-        raise kopf.TemporaryError(
-            f"ConfigMap {namespace}/{name} not found (or not labelled {CODE_LABEL}=true)",
-            delay=RETRY_SECONDS,
+        raise CodeNotFoundError(
+            f"ConfigMap {namespace}/{name} not found (or not labelled {CODE_LABEL}=true)"
         )
     with tempfile.TemporaryDirectory(prefix="gearshift-code-") as folder:
         write_code(found[0], Path(folder))
@@ -168,6 +171,13 @@ def submit(
     except ValidationError as exc:  # the spec, its code, or the scheduler's own checks
         _invalid(body, status, patch, exc)
         return
+    except CodeNotFoundError as exc:
+        patch.status["conditions"] = _conditions(
+            status,
+            condition(VALID, True, "Valid"),
+            condition(SUBMITTED, False, "CodeNotFound", str(exc)),
+        )
+        raise kopf.TemporaryError(str(exc), delay=RETRY_SECONDS) from None
     except _UNREACHABLE as exc:
         message = f"scheduler {client.address} unreachable: {exc}"
         patch.status["conditions"] = _conditions(

@@ -290,20 +290,6 @@ def test_create_mirror_and_delete_through_the_finalizer(
     tmp_path: Path,
 ) -> None:
     code = {"train.py": "from gearshift.examples.mlp import build  # noqa: F401\n"}
-    cluster.call(
-        "POST",
-        CONFIGMAPS,
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": "train-code",
-                "namespace": "default",
-                "labels": {"gearshift.dev/code": "true"},
-            },
-            "data": code,
-        },
-    )
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "train.py").write_text(code["train.py"])
     with Client(scheduler) as client, operator(scheduler, monkeypatch) as runner:
@@ -315,6 +301,25 @@ def test_create_mirror_and_delete_through_the_finalizer(
                 entrypoint={"module": "train", "config": {"width": 8}},
                 code={"configMap": "train-code"},
             ),
+        )
+        # Its code's ConfigMap comes later: the job waits for it, and says so.
+        obj = cluster.wait_job(
+            "op-lifecycle", lambda j: condition(j, "Submitted"), "the job waits for its code"
+        )
+        assert condition(obj, "Submitted")["reason"] == "CodeNotFound"
+        cluster.call(
+            "POST",
+            CONFIGMAPS,
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": "train-code",
+                    "namespace": "default",
+                    "labels": {"gearshift.dev/code": "true"},
+                },
+                "data": code,
+            },
         )
         obj = cluster.wait_job("op-lifecycle", _submitted, "the operator submitted the job")
         job_id = obj["status"]["jobId"]
