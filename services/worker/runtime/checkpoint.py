@@ -24,7 +24,7 @@ _FINAL = re.compile(r"^ckpt-(\d{8,})\.pt$")
 RECORD = "checkpoints.log"
 
 
-def _name(step: int) -> str:
+def file_name(step: int) -> str:
     return f"ckpt-{step:08d}.pt"
 
 
@@ -69,7 +69,7 @@ def save(directory: Path, step: int, payload: dict[str, Any], keep: int = 2) -> 
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob(".ckpt-*.tmp-*"):
         stale.unlink(missing_ok=True)
-    final = directory / _name(step)
+    final = directory / file_name(step)
     tmp = directory / f".{final.name}.tmp-{os.getpid()}"
     try:
         with tmp.open("wb") as out:

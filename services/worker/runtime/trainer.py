@@ -8,6 +8,8 @@ scheduler step, and keep EST 0's buffers. Checkpoints are taken only at global
 step boundaries, so a restart with any placement continues the same run.
 A background task's loop also passes a pause gate before each global step
 (pause.py); paused time does not count in the reported samples per second.
+Checkpoints are written off the critical path by default (writer.py): the step waits only
+for a host-memory copy of the state, and `run()` returns once the file is durable.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from gearshift.worker.runtime.rng import derive_seed, from_plain, seeded, to_pla
 from gearshift.worker.runtime.settings import Determinism, RunSettings
 from gearshift.worker.runtime.stop import Outcome, StopFlag
 from gearshift.worker.runtime.tree import ReductionTree, check_partition
+from gearshift.worker.runtime.writer import CheckpointWriter, host_copy
 
 log = logging.getLogger("gearshift.worker.runtime")
 
@@ -78,6 +81,7 @@ class RunResult:
     device: str = ""  # where the ESTs trained (cpu, cuda:I)
     backend: str = ""  # the process group's backend (gloo, nccl; none for one process)
     paused_s: float = 0.0  # time held at the pause gate (a background task), in wall_s
+    checkpoint_pause_s: float = 0.0  # time the loop stood still for checkpoints, in wall_s
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -117,6 +121,7 @@ class Trainer:
         record_losses: bool = False,
         pause: PauseGate | None = None,
         step_delay: float = 0.0,
+        async_checkpoint: bool = True,
     ) -> None:
         settings.validate()
         check_partition(settings.num_ests, placement)
@@ -138,6 +143,9 @@ class Trainer:
         # For tests only: sleep this long in each step's compute, so this process is a
         # straggler on purpose (it changes no value the job computes).
         self.step_delay = step_delay
+        # Snapshot-and-write checkpoints in the loop (writer.py); False: write, then go on.
+        self.async_checkpoint = async_checkpoint
+        self.writer = CheckpointWriter()
         self.cuda = self.device.type == "cuda"
         self.model = job.model.to(self.device)
         if settings.gradient_checkpointing:
@@ -235,14 +243,18 @@ class Trainer:
         log.info("resumed from %s at step %d", path, self.step)
         return [context_from_plain(by_est[est]) for est in self.my_ests]
 
-    def save_checkpoint(self) -> Path | None:
+    def save_checkpoint(self, *, wait: bool = True) -> Path | None:
         """All processes call this at the same step boundary; rank 0 writes.
 
-        A CheckpointAware source's reads for the steps it holds travel to rank 0 with the
-        ESTs' contexts; rank 0 hands them back to it as soon as the file is durable, before
-        the barrier, so a peer killed in the barrier cannot leave them provisional.
+        With `wait=False` rank 0 copies the state into host memory and a background thread
+        writes the file (writer.py): the path is returned before it is durable, and `run()`
+        (or `writer.wait()`) waits for it. A CheckpointAware source's reads for the steps it
+        holds travel to rank 0 with the ESTs' contexts; rank 0 hands them back to it as soon
+        as the file is durable, before the barrier, so a peer killed in the barrier cannot
+        leave them provisional: with such a source the write is always synchronous.
         """
         aware = self.aware
+        background = not wait and aware is None
         pending = aware.pending_before(self.step) if aware is not None else {}
         contexts = [context_to_plain(c) for c in self.contexts]
         gathered = self.comm.gather_to_first((contexts, pending))
@@ -272,9 +284,16 @@ class Trainer:
                 "job_rng": to_plain(self.job_slot.rng),
                 "ests": ests,
             }
-            path = checkpoint.save(
-                self.checkpoint_dir, self.step, payload, self.settings.keep_checkpoints
-            )
+            keep = self.settings.keep_checkpoints
+            if background:
+                # The live state only: the contexts and RNG states are fresh copies already.
+                live = ("model", "optimizer", "lr_scheduler")
+                snapshot = payload | {key: host_copy(payload[key]) for key in live}
+                path = self.writer.submit(self.checkpoint_dir, self.step, snapshot, keep)
+                self.comm.barrier()
+                return path
+            self.writer.wait()  # a write in flight lands first: files in step order
+            path = checkpoint.save(self.checkpoint_dir, self.step, payload, keep)
             if aware is not None:
                 written = path.stat()
                 try:
@@ -337,8 +356,11 @@ class Trainer:
         start_step = self.step
         result = RunResult(Outcome.COMPLETED, self.step, "", grad_bytes=self.layout.nbytes)
         began = time.perf_counter()
-        if self.step < settings.total_steps:
-            result.outcome = self._train(result)
+        try:
+            if self.step < settings.total_steps:
+                result.outcome = self._train(result)
+        finally:
+            self.writer.wait()  # the last checkpoint is durable before the run returns
         result.step = self.step
         result.steps_run = self.step - start_step
         result.wall_s = time.perf_counter() - began
@@ -403,7 +425,9 @@ class Trainer:
                     )
                 every = settings.checkpoint_every
                 if done or stop or (every and self.step % every == 0):
-                    result.checkpoint = self.save_checkpoint()
+                    held = time.perf_counter()
+                    result.checkpoint = self.save_checkpoint(wait=not self.async_checkpoint)
+                    result.checkpoint_pause_s += time.perf_counter() - held
                 if stop and not done:
                     return Outcome.STOPPED
             return Outcome.COMPLETED
