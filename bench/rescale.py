@@ -4,7 +4,8 @@ daemons, CPU only; every figure measured in this run.
 1. Rescale latency: from the scheduler's decision (the job's RESCALING event) to the first
    training step on the new devices (the step log's time of the first step the new
    placement runs), split at the moment the old processes had checkpointed and exited
-   (CHECKPOINTED) and the new ones were spawned (RESCALED). Mean and max of 3 rescales.
+   (CHECKPOINTED) and the new ones were spawned (RESCALED). Mean and max of 3 rescales,
+   beside the scheduler's own measure of the same interval (Job.rescale_cost).
 2. One checkpoint + restore inside a process: Trainer.save_checkpoint (written, synced,
    renamed) and loading it back into model, optimizer, LR scheduler and EST contexts;
    median of --repeats (target: checkpoint + restore under 5 s on CPU).
@@ -164,6 +165,17 @@ def _latencies(cluster: DevCluster, client: Client, job_id: str) -> list[float]:
     return out
 
 
+def scheduler_costs(client: Client, job_id: str) -> list[float]:
+    """Each rescale's cost as the scheduler measured and said it ("rescale cost 1.23 s ...":
+    an ended job's Job message no longer carries the figure, its events do)."""
+    prefix = "rescale cost "
+    return [
+        float(e.message[len(prefix) :].split()[0])
+        for e in _events(client, job_id)
+        if e.type == S.JOB_EVENT_TYPE_PROGRESS and e.message.startswith(prefix)
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=300, help="global steps of each job")
@@ -193,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cluster.start(timeout=120)
             with Client(cluster.address("scheduler")) as client:
                 rescaled, parts = rescaled_run(cluster, client, args.steps)
+                measured = scheduler_costs(client, rescaled.job_id)
                 assert rescaled.state == C.JOB_STATE_SUCCEEDED, rescaled.message
                 base_id = client.submit(spec("fixed", args.steps)).job_id
                 fixed = client.wait(base_id, timeout=TIMEOUT_S)
@@ -213,6 +226,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for label, values in rows:
         print(f"  {label:<50} mean {statistics.mean(values):5.2f} s")
     print(f"  total: mean {statistics.mean(totals):5.2f} s, max {max(totals):5.2f} s")
+    if measured:  # what the scheduler measured itself, decision -> first step
+        print(
+            f"  the scheduler's own figures (its events): mean {statistics.mean(measured):5.2f} s"
+            f", max {max(measured):5.2f} s over {len(measured)}"
+        )
     print(f"\nthroughput, {args.steps} steps, start to end:")
     print(f"  {rescaled.rescale_count} rescales: {with_rescales:6.2f} steps/s")
     print(f"  no rescale:  {without:6.2f} steps/s")

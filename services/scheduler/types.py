@@ -153,6 +153,21 @@ class Reason:
         return other is not None and (self.code, self.subject) == (other.code, other.subject)
 
 
+@dataclass(frozen=True)
+class RescaleCost:
+    """Measured rescales: seconds from the decision to the first step of the new placement
+    (state/rescale_costs.py measures them, per job and per model type)."""
+
+    count: int
+    last_s: float
+    mean_s: float
+
+    def plus(self, seconds: float) -> RescaleCost:
+        """With one more measured rescale."""
+        count = self.count + 1
+        return RescaleCost(count, seconds, self.mean_s + (seconds - self.mean_s) / count)
+
+
 Role = Literal["", "shared", "foreground", "background"]
 
 

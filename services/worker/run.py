@@ -181,7 +181,11 @@ def run_one(p: ProcessSettings) -> int:
                 flush=True,
             )
             wiring.progress(
-                progress.step, progress.total_steps, progress.loss, progress.samples_per_s
+                progress.step,
+                progress.total_steps,
+                progress.loss,
+                progress.samples_per_s,
+                first_step_at=progress.first_step_at,
             )
 
     spec = ProcessSpec(

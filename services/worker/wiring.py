@@ -142,8 +142,17 @@ class Wiring:
         managed.create()
         return managed
 
-    def progress(self, step: int, total: int, loss: float, samples_per_s: float) -> None:
-        """Rank 0's progress callback: a sample for the Brain, the file for the daemon."""
+    def progress(
+        self,
+        step: int,
+        total: int,
+        loss: float,
+        samples_per_s: float,
+        *,
+        first_step_at: float = 0.0,
+    ) -> None:
+        """Rank 0's progress callback: a sample for the Brain, the file for the daemon (with
+        the time of this run's first step: the scheduler times rescales by it)."""
         if self.reporter is not None:
             self.reporter.record(step, samples_per_s)
         if self.progress_file is not None:
@@ -156,6 +165,7 @@ class Wiring:
                         "loss": loss,
                         "samples_per_s": samples_per_s,
                         "started_fresh": self.started_fresh,
+                        "first_step_at": first_step_at,
                     },
                 )
             except OSError as exc:  # the daemon's view is a convenience, never a reason to stop

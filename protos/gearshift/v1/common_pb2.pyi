@@ -857,6 +857,7 @@ class JobProgress(_message.Message):
     LOSS_FIELD_NUMBER: _builtins.int
     SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
     STARTED_FRESH_FIELD_NUMBER: _builtins.int
+    FIRST_STEP_AT_FIELD_NUMBER: _builtins.int
     step: _builtins.int
     """Global steps completed."""
     total_steps: _builtins.int
@@ -871,6 +872,11 @@ class JobProgress(_message.Message):
     """The running placement was to resume but found no checkpoint (the job never
     wrote one): it started again at step 0.
     """
+    first_step_at: _builtins.float
+    """When the running placement's rank 0 finished its first global step, seconds
+    since the Unix epoch (0: not yet). The scheduler measures each rescale's cost
+    from its decision to this time.
+    """
     def __init__(
         self,
         *,
@@ -880,10 +886,11 @@ class JobProgress(_message.Message):
         loss: _builtins.float = ...,
         samples_per_second: _builtins.float = ...,
         started_fresh: _builtins.bool = ...,
+        first_step_at: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "loss", b"loss", "samples_per_second", b"samples_per_second", "started_fresh", b"started_fresh", "step", b"step", "total_steps", b"total_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "first_step_at", b"first_step_at", "loss", b"loss", "samples_per_second", b"samples_per_second", "started_fresh", b"started_fresh", "step", b"step", "total_steps", b"total_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -154,6 +154,7 @@ class Job(_message.Message):
     RESOURCE_PLAN_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     QUEUE_POSITION_FIELD_NUMBER: _builtins.int
+    RESCALE_COST_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Server-assigned id, e.g. "job-7f3a2c"."""
     state: _common_pb2.JobState.ValueType
@@ -215,6 +216,10 @@ class Job(_message.Message):
         it runs as the round decided, or no round has looked at it yet).
         """
 
+    @_builtins.property
+    def rescale_cost(self) -> Global___RescaleCost:
+        """What the job's rescales cost, measured (unset: none measured yet)."""
+
     def __init__(
         self,
         *,
@@ -236,14 +241,47 @@ class Job(_message.Message):
         resource_plan: _builtins.str = ...,
         reason: Global___JobReason | None = ...,
         queue_position: _builtins.int = ...,
+        rescale_cost: Global___RescaleCost | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "placement", b"placement", "plan", b"plan", "progress", b"progress", "reason", b"reason", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "placement", b"placement", "plan", b"plan", "progress", b"progress", "reason", b"reason", "rescale_cost", b"rescale_cost", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "final_digest", b"final_digest", "finished_at", b"finished_at", "job_id", b"job_id", "last_sequence", b"last_sequence", "message", b"message", "paused", b"paused", "placement", b"placement", "plan", b"plan", "progress", b"progress", "queue_position", b"queue_position", "reason", b"reason", "rescale_count", b"rescale_count", "resource_plan", b"resource_plan", "spec", b"spec", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "final_digest", b"final_digest", "finished_at", b"finished_at", "job_id", b"job_id", "last_sequence", b"last_sequence", "message", b"message", "paused", b"paused", "placement", b"placement", "plan", b"plan", "progress", b"progress", "queue_position", b"queue_position", "reason", b"reason", "rescale_cost", b"rescale_cost", "rescale_count", b"rescale_count", "resource_plan", b"resource_plan", "spec", b"spec", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Job: _TypeAlias = Job  # noqa: Y015
+
+@_typing.final
+class RescaleCost(_message.Message):
+    """A job's measured rescales: from the scheduler's decision (the RESCALING event) to
+    the first global step of the new placement. Kept in the scheduler's memory only.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COUNT_FIELD_NUMBER: _builtins.int
+    LAST_SECONDS_FIELD_NUMBER: _builtins.int
+    MEAN_SECONDS_FIELD_NUMBER: _builtins.int
+    count: _builtins.int
+    """Rescales measured."""
+    last_seconds: _builtins.float
+    """The latest one, seconds."""
+    mean_seconds: _builtins.float
+    """Their mean, seconds."""
+    def __init__(
+        self,
+        *,
+        count: _builtins.int = ...,
+        last_seconds: _builtins.float = ...,
+        mean_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "last_seconds", b"last_seconds", "mean_seconds", b"mean_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RescaleCost: _TypeAlias = RescaleCost  # noqa: Y015
 
 @_typing.final
 class JobReason(_message.Message):

@@ -473,6 +473,8 @@ class WorkerRegistry:
         throughputs and is recorded as a PROGRESS event now and then (under the lock)."""
         if progress.started_fresh:
             self._started_fresh(job, task.generation)
+        if progress.first_step_at and task.generation == job.generation:
+            self._first_step(job, progress.first_step_at)
         if not _advances(job.progress, progress):
             return
         job.progress.CopyFrom(progress)
@@ -483,6 +485,22 @@ class WorkerRegistry:
         if now - last >= state.settings.progress_event_seconds:
             state.last_progress_event[job.job_id] = now
             state.record(job, S.JOB_EVENT_TYPE_PROGRESS, "")
+
+    def _first_step(self, job: JobRecord, at: float) -> None:
+        """The running placement's first step: it closes an open rescale decision, whose
+        cost is kept and said in a PROGRESS event (under the lock)."""
+        state = self.state
+        measured = state.rescale_costs.first_step(job.job_id, job.spec.model_type, at)
+        if measured is None:
+            return
+        seconds, cost = measured
+        job.rescale_cost = cost
+        state.record(
+            job,
+            S.JOB_EVENT_TYPE_PROGRESS,
+            f"rescale cost {seconds:.2f} s from the decision to the first step "
+            f"(mean {cost.mean_s:.2f} s over {cost.count})",
+        )
 
     def _timings(
         self,

@@ -53,6 +53,13 @@ def job_message(job: JobRecord) -> scheduler_pb2.Job:
         resource_plan=job.resource_plan,
         reason=reason_message(job),
         queue_position=job.queue_position,
+        rescale_cost=None
+        if job.rescale_cost is None
+        else scheduler_pb2.RescaleCost(
+            count=job.rescale_cost.count,
+            last_seconds=job.rescale_cost.last_s,
+            mean_seconds=job.rescale_cost.mean_s,
+        ),
     )
 
 

@@ -709,6 +709,7 @@ class Rounds:
                 self.estimates.stopping(job.job_id, now)
             if change.kind == "rescale":
                 job.state = C.JOB_STATE_RESCALING
+                state.rescale_costs.decided(job.job_id, state.clock())
                 state.record(
                     job,
                     S.JOB_EVENT_TYPE_RESCALING,

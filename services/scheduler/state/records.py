@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gearshift.common.facts import ENDED_TASK_STATES, TERMINAL_STATES
-from gearshift.scheduler.types import Reason
+from gearshift.scheduler.types import Reason, RescaleCost
 from gearshift.v1 import common_pb2
 
 
@@ -57,6 +57,9 @@ class JobRecord:
     reason_since: float = 0.0
     queue_position: int = 0
     estimated_start: float = 0.0
+    # Its rescales' measured cost, decision to first step (state/rescale_costs.py; not
+    # stored: a restarted scheduler measures again).
+    rescale_cost: RescaleCost | None = None
 
     @property
     def terminal(self) -> bool:

@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 from gearshift.scheduler.round.brain import BrainAdvisor
 from gearshift.scheduler.round.datasets import DatasetKeeper
 from gearshift.scheduler.state.records import EventRecord, JobRecord, TaskRecord, WorkerRecord
+from gearshift.scheduler.state.rescale_costs import RescaleCosts
 from gearshift.scheduler.state.store import Store
 from gearshift.scheduler.types import EntityPolicy, StragglerPolicy
 from gearshift.v1 import brain_pb2, common_pb2, scheduler_pb2
@@ -150,7 +151,9 @@ class SchedulerState:
         self.memory_factor: dict[str, int] = {}
         # job -> its PS task's latest measured use (heartbeats; in memory only): ps_jobs.py
         self.ps_metrics: dict[str, common_pb2.ParameterServerMetrics] = {}
-        self.ended_listeners: list[Callable[[str], None]] = []
+        # Each rescale's measured cost, per job and per model type (in memory only).
+        self.rescale_costs = RescaleCosts()
+        self.ended_listeners: list[Callable[[str], None]] = [self.rescale_costs.forget]
         # Each tenant's queued jobs, kept by `track` on every change of a job (every change
         # passes through `record`), so that a submission's --max-queued-jobs check does not
         # walk thousands of jobs under the lock.

@@ -28,6 +28,9 @@ class Progress:
     # data, forward and backward, without the gradient exchange (where fast processes
     # wait for slow ones). Every process reports it; the straggler detection compares.
     compute_s: float = 0.0
+    # When this run finished its first global step (time.time()): the end of a (re)start,
+    # from which the scheduler measures what a rescale cost.
+    first_step_at: float = 0.0
 
 
 ProgressCallback = Callable[[Progress], None]

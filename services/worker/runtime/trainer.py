@@ -393,6 +393,7 @@ class Trainer:
         self.model.train()
         window_start, window_steps, window_paused = time.perf_counter(), 0, 0.0
         window_compute = 0.0
+        first_step_at = 0.0
         try:
             while self.step < settings.total_steps:
                 if self.pause is not None:
@@ -401,6 +402,7 @@ class Trainer:
                 local = self._local_steps(loader, grads)
                 window_compute += time.perf_counter() - computing
                 stop, losses = self._global_step(local)
+                first_step_at = first_step_at or time.time()
                 window_steps += 1
                 if self.record_losses:
                     result.est_losses.append(losses)
@@ -420,7 +422,13 @@ class Trainer:
                     mean = sum(losses) / len(losses)
                     self.on_progress(
                         Progress(
-                            self.step, settings.total_steps, mean, rate, tuple(losses), compute
+                            self.step,
+                            settings.total_steps,
+                            mean,
+                            rate,
+                            tuple(losses),
+                            compute,
+                            first_step_at,
                         )
                     )
                 every = settings.checkpoint_every

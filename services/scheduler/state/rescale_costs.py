@@ -1,0 +1,62 @@
+"""What rescales cost, measured: from the scheduler's decision to the new placement's first
+step, per job and, as a prior for jobs not yet rescaled, per model type.
+
+The round notes each decision (`decided`, at the RESCALING event); the first progress of
+the new placement that carries its rank 0's first-step time closes it (`first_step`). A
+first step from before the decision (the old placement's, reported late) never closes it.
+The times are the scheduler's clock and the worker's wall clock: on one machine, or
+machines whose clocks agree (NTP), the difference is the cost. Kept in memory only: a
+restarted scheduler measures again. Allocators and the simulator read `seconds`.
+"""
+
+from __future__ import annotations
+
+from gearshift.scheduler.types import RescaleCost
+
+
+class RescaleCosts:
+    """Open decisions and the measured figures (under the scheduler's lock)."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, float] = {}  # job -> time of its pending rescale decision
+        self._jobs: dict[str, RescaleCost] = {}
+        self._models: dict[str, RescaleCost] = {}
+
+    def decided(self, job_id: str, at: float) -> None:
+        """The round decided to rescale the job at `at` (a later decision replaces it: the
+        cost is that of the placement that runs)."""
+        self._open[job_id] = at
+
+    def first_step(
+        self, job_id: str, model_type: str, at: float
+    ) -> tuple[float, RescaleCost] | None:
+        """The job's new placement finished its first step at `at`: (its cost, the job's
+        figures) when that closes an open decision, else None."""
+        decided = self._open.get(job_id)
+        if decided is None or at < decided:
+            return None
+        del self._open[job_id]
+        seconds = at - decided
+        none = RescaleCost(0, 0.0, 0.0)
+        cost = self._jobs[job_id] = self._jobs.get(job_id, none).plus(seconds)
+        if model_type:
+            self._models[model_type] = self._models.get(model_type, none).plus(seconds)
+        return seconds, cost
+
+    def of_job(self, job_id: str) -> RescaleCost | None:
+        return self._jobs.get(job_id)
+
+    def of_model(self, model_type: str) -> RescaleCost | None:
+        """The prior: every measured rescale of jobs of this model type."""
+        return self._models.get(model_type)
+
+    def seconds(self, job_id: str, model_type: str) -> float | None:
+        """What a rescale of the job is expected to cost: its own mean, else its model
+        type's, else None (nothing measured: the caller's default applies)."""
+        cost = self._jobs.get(job_id) or self._models.get(model_type)
+        return cost.mean_s if cost is not None else None
+
+    def forget(self, job_id: str) -> None:
+        """The job ended: its open decision goes; its figures stay in the model's prior."""
+        self._open.pop(job_id, None)
+        self._jobs.pop(job_id, None)
