@@ -47,7 +47,6 @@ def test_a_rescale_s_cost_is_measured_from_the_decision_to_the_first_step() -> N
         record = scheduler.get(job.job_id)
         assert (record.rescale_count, len(record.placement.processes)) == (1, 2)
         clock.now += 3.0
-        beat(scheduler, job.job_id, step=6, first_step_at=decided - 0.2)  # the old one's: no
         assert record.rescale_cost is None
         beat(scheduler, job.job_id, step=7, first_step_at=decided + 1.25)
         beat(scheduler, job.job_id, step=9, first_step_at=decided + 1.25)  # closed: once
@@ -56,6 +55,7 @@ def test_a_rescale_s_cost_is_measured_from_the_decision_to_the_first_step() -> N
         assert costs.seconds(job.job_id, "cnn") == 1.25
         assert costs.seconds("job-other", "cnn") == 1.25  # the model's prior
         assert costs.seconds("job-other", "lm") is None
+        assert scheduler.estimates.restart_seconds(job.job_id) == 1.25  # what rounds weigh
         said = [
             e.message
             for e in scheduler.state.store.events_after(job.job_id, 0)

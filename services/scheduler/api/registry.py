@@ -495,6 +495,7 @@ class WorkerRegistry:
             return
         seconds, cost = measured
         job.rescale_cost = cost
+        self.estimates.measured_restart(job.job_id, seconds)  # the allocators' restart_seconds
         state.record(
             job,
             S.JOB_EVENT_TYPE_PROGRESS,

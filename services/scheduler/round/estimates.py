@@ -145,6 +145,15 @@ class Estimates:
         with self._lock:
             self._stopped_at[job_id] = now
 
+    def measured_restart(self, job_id: str, seconds: float) -> None:
+        """A rescale's cost as the job's first step dates it (state/rescale_costs.py): it
+        replaces the coarser measure to the first heartbeat that the restart clock would
+        take for this move, blended into the job's restart seconds like it."""
+        with self._lock:
+            self._stopped_at.pop(job_id, None)
+            self._restart[job_id] = _blend(self._restart.get(job_id), seconds, self.alpha)
+            self._bump(job_id)
+
     def restart_seconds(self, job_id: str) -> float:
         with self._lock:
             return self._restart.get(job_id, self.default_restart_seconds)
