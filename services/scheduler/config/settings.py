@@ -18,6 +18,7 @@ from gearshift.scheduler.plugins.registry import (
     HierarchicalArgs,
     ObjectiveArgs,
     Point,
+    RestartArgs,
     RubickPlansArgs,
     StragglerArgs,
 )
@@ -40,6 +41,7 @@ def settings_of(loaded: Loaded) -> SchedulerSettings:
     stragglers = loaded.plugin_args(Point.STRAGGLERS)
     assert isinstance(stragglers, StragglerArgs)
     deeppool = collocate if isinstance(collocate, DeepPoolArgs) else DeepPoolArgs()
+    restart = allocate.restart_cost() if isinstance(allocate, RestartArgs) else None
     return SchedulerSettings(
         policy=loaded.name(Point.ALLOCATE),
         elastic=bool(objective and objective.elastic),
@@ -62,6 +64,7 @@ def settings_of(loaded: Loaded) -> SchedulerSettings:
         heartbeat_timeout=c.heartbeats.timeout_seconds,
         estimate_refresh_seconds=c.estimates.refresh_seconds,
         restart_seconds=c.estimates.restart_seconds,
+        restart_cost=restart,
         max_queued_jobs=c.limits.max_queued_jobs,
         max_restarts=c.limits.max_restarts,
         stop_timeout_seconds=c.limits.stop_timeout_seconds,

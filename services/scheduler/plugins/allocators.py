@@ -22,12 +22,14 @@ from gearshift.common.errors import ValidationError
 from gearshift.scheduler.plugins.easyscale.elastic import (
     ELASTIC_POLICIES,
     ElasticPolicy,
+    Left,
     make_elastic_policy,
 )
 from gearshift.scheduler.plugins.gavel.elastic_rounds import ElasticRounds
 from gearshift.scheduler.plugins.gavel.mechanism import Combo, JobView, RoundScheduler
 from gearshift.scheduler.plugins.gavel.policies import elastic_refusal, make_policy, policy_names
 from gearshift.scheduler.round.ests import elastic_job, split_ests
+from gearshift.scheduler.round.restart_cost import RestartCost
 from gearshift.scheduler.types import (
     Allocator,
     EntityPolicy,
@@ -43,8 +45,9 @@ class GavelRounds:
 
     replans_on_events = False
 
-    def __init__(self, mechanism: RoundScheduler) -> None:
+    def __init__(self, mechanism: RoundScheduler, restart: RestartCost | None = None) -> None:
         self.mechanism = mechanism
+        self.restart = restart or RestartCost.off()
         self._last: dict[str, Combo] = {}
         self._capacity: dict[str, int] = {}
 
@@ -90,7 +93,7 @@ class GavelRounds:
                 mech.update_job(view, types)
             else:
                 mech.add_job(view, types)
-        chosen = mech.choose(snapshot.capacity, snapshot.now)
+        chosen = mech.choose(snapshot.capacity, snapshot.now, self._pinned(snapshot))
         self._last = {job: combo for combo in chosen for job in combo}
         by_id = {job.job_id: job for job in snapshot.jobs}
         out: dict[str, Target] = {}
@@ -105,6 +108,18 @@ class GavelRounds:
                     tuple(j for j in combo if j != job_id),
                     "shared" if len(combo) > 1 else "",
                 )
+        return out
+
+    def _pinned(self, snapshot: Snapshot) -> dict[Combo, str]:
+        """The running combinations within their residency, on their type: Gavel's
+        priorities would otherwise swap a job out the round after it paid to start."""
+        out: dict[Combo, str] = {}
+        for job in snapshot.jobs:
+            combo = self._last.get(job.job_id)
+            if combo is None or not job.current:
+                continue
+            if self.restart.resident(job.placed_at, snapshot.now, job.restart_seconds):
+                out[combo] = job.current[0][0]
         return out
 
     def _view(self, job: JobSnapshot, snapshot: Snapshot) -> JobView:
@@ -143,7 +158,12 @@ class Greedy:
     def allocate(self, snapshot: Snapshot) -> dict[str, Target]:
         models = [elastic_job(job) for job in snapshot.jobs]
         current = {job.job_id: dict(job.current) for job in snapshot.jobs if job.current}
-        decision = self.policy.allocate(models, snapshot.capacity, current)
+        left = {
+            job.job_id: Left(job.steps_remaining, job.restart_seconds)
+            for job in snapshot.jobs
+            if job.current
+        }
+        decision = self.policy.allocate(models, snapshot.capacity, current, left)
         self.decisions += 1
         by_id = {m.job_id: m for m in models}
         out: dict[str, Target] = {}
@@ -176,13 +196,15 @@ def make_allocator(
     prices: Mapping[str, float] | None = None,
     entity_weights: Mapping[str, float] | None = None,
     entity_policies: Mapping[str, EntityPolicy] | None = None,
+    restart: RestartCost | None = None,
     field_name: str = "policy",
 ) -> Allocator:
     """The allocator called `name`: a greedy elastic allocator, a Gavel objective in rounds
     (rigid), or with `elastic` the objective over elastic configurations. ValidationError
-    (naming `field_name`) for an unknown name or an objective without an elastic form."""
+    (naming `field_name`) for an unknown name or an objective without an elastic form.
+    `restart`: how moves are weighed against their restarts (None: moves are free)."""
     if name in GREEDY:
-        return Greedy(make_elastic_policy(name))
+        return Greedy(make_elastic_policy(name, restart))
     policy = make_policy(name, seed=seed, field=field_name)
     if elastic:
         why = elastic_refusal(name)
@@ -201,6 +223,7 @@ def make_allocator(
             entity_weights=dict(entity_weights or {}),
             entity_policies=dict(entity_policies or {}),
             seed=seed,
+            restart=restart or RestartCost.off(),
         )
     return GavelRounds(
         RoundScheduler(
@@ -211,5 +234,6 @@ def make_allocator(
             entity_weights=entity_weights,
             entity_policies=entity_policies,
             costs=prices,
-        )
+        ),
+        restart,
     )

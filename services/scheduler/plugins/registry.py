@@ -30,6 +30,7 @@ from gearshift.scheduler.plugins.gavel.policies import (
 )
 from gearshift.scheduler.plugins.rubick.plan_choice import make_rubick_plans
 from gearshift.scheduler.plugins.rubick.rubick_live import make_live_rubick
+from gearshift.scheduler.round.restart_cost import RestartCost
 
 
 class Point(StrEnum):
@@ -73,7 +74,40 @@ class NoArgs(Args):
     """This plugin takes no arguments."""
 
 
-class ObjectiveArgs(Args):
+class RestartArgs(Args):
+    """How an allocator weighs a move against its restart (round/restart_cost.py)."""
+
+    restart_aware: bool = Field(
+        True,
+        description="a running job is started elsewhere, resized or preempted only when the "
+        "gain over its horizon exceeds its restart seconds, and a new placement is kept for "
+        "its residency; false: moves are free, as in Gavel's and EasyScale's papers",
+    )
+    residency: float = Field(
+        30.0,
+        ge=0,
+        description="restartAware: a placement is kept at least this many times its job's "
+        "restart seconds (Gavel's time-fraction priorities do not flip it out sooner)",
+    )
+    horizon_seconds: float = Field(
+        3600.0,
+        gt=0,
+        description="restartAware: the most seconds of a job's expected remaining time over "
+        "which a move's gain is counted against its restart",
+    )
+
+    def restart_cost(self) -> RestartCost | None:
+        """The rule these arguments ask for (None: moves are free)."""
+        if not self.restart_aware:
+            return None
+        return RestartCost(self.residency, self.horizon_seconds)
+
+
+class GreedyArgs(RestartArgs):
+    """EasyScale's greedy allocator: it starts from the current placement when restart-aware."""
+
+
+class ObjectiveArgs(RestartArgs):
     """A Gavel objective solved over the allocation matrix, in Gavel's rounds."""
 
     elastic: bool = Field(
@@ -356,6 +390,7 @@ def _build_rounds(settings: Any, quotas: Any, brain: Any) -> Any:
         prices=settings.prices,
         entity_weights=settings.tenant_weights,
         entity_policies=settings.tenant_policies,
+        restart=settings.restart_cost,
     )
 
 
@@ -380,6 +415,7 @@ def _register_allocators() -> None:
                 name,
                 Point.ALLOCATE,
                 doc,
+                NoArgs if name == "yarn_cs" else GreedyArgs,
                 can=_constant(elastic),
                 tags=("easyscale",),
                 build=_build_rounds,

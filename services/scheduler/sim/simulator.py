@@ -112,6 +112,7 @@ class JobResult:
     finish_time: float
     isolated_seconds: float = 0.0  # its JCT under the isolated policy (see with_isolated)
     rescales: int = 0
+    restart_seconds_lost: float = 0.0  # seconds it held devices while restarting
 
     @property
     def jct(self) -> float:
@@ -155,6 +156,15 @@ class SimulationResult:
     def worst_ftf(self) -> float:
         return max((j.ftf for j in self.jobs), default=0.0)
 
+    @property
+    def rescales_per_job(self) -> float:
+        return sum(j.rescales for j in self.jobs) / len(self.jobs) if self.jobs else 0.0
+
+    @property
+    def restart_seconds_lost(self) -> float:
+        """Seconds all jobs together spent restarting (first starts included when charged)."""
+        return sum(j.restart_seconds_lost for j in self.jobs)
+
     def with_isolated(self, isolated: SimulationResult) -> SimulationResult:
         """This result with each job's finish-time-fairness yardstick: its JCT in `isolated`
         (the same workload under the `isolated` policy)."""
@@ -179,6 +189,8 @@ class SimulationResult:
             "rounds": self.rounds,
             "allocations_computed": self.allocations,
             "rescales": self.rescales,
+            "rescales_per_job": self.rescales_per_job,
+            "restart_seconds_lost": self.restart_seconds_lost,
             "wall_seconds": self.wall_seconds,
             "jobs": [{**asdict(j), "jct": j.jct, "ftf": j.ftf} for j in self.jobs],
         }
@@ -310,12 +322,15 @@ class _Running:
     resume_at: float = 0.0
     rescales: int = 0
     attained: float = 0.0
+    placed_at: float = -math.inf
+    restart_seconds: float = 0.0  # what each of its restarts costs (its model's prior)
+    lost: float = 0.0  # seconds spent restarting so far
 
 
 def _snapshot(
     run: _Running,
     colocated: Mapping[tuple[str, str], float],
-    restart_seconds: float,
+    restart_seconds: float | None = None,
     multiplexed: Multiplexed | None = None,
 ) -> JobSnapshot:
     job = run.job
@@ -339,12 +354,22 @@ def _snapshot(
         entity=job.trace.entity,
         current=run.held,
         attained_seconds=run.attained,
-        restart_seconds=restart_seconds,
+        placed_at=run.placed_at,
+        restart_seconds=run.restart_seconds if restart_seconds is None else restart_seconds,
         colocated=colocated,
         background=multiplexed is not None and job.max_devices == 1,
         idle_fraction=multiplexed.idle_fraction if multiplexed is not None else 0.0,
         guaranteed=job.trace.guaranteed,
     )
+
+
+def restart_seconds_of(job_type: str, prior: Mapping[str, float], default: float) -> float:
+    """A job type's restart seconds from a per-model prior: the longest key of `prior` that
+    the type starts with (case-insensitive: `resnet-50` matches "ResNet-50 (batch size
+    64)"), else `default`."""
+    kind = job_type.lower()
+    matches = [k for k in prior if kind.startswith(k.lower())]
+    return prior[max(matches, key=len)] if matches else default
 
 
 def simulate_pipeline(
@@ -355,6 +380,8 @@ def simulate_pipeline(
     *,
     round_seconds: float = 360.0,
     rescale_seconds: float = 0.0,
+    restart_prior: Mapping[str, float] | None = None,
+    charge_first_start: bool = False,
     elastic: bool = False,
     determinism: str = "none",
     space_sharing: bool = False,
@@ -369,7 +396,9 @@ def simulate_pipeline(
     see the module docstring. `on_round(now, configs)` sees every round's decision (the
     devices per type of every job that got some); `max_rounds` ends the run early (the
     result then holds only the jobs that finished); `on_snapshot(snapshot, current)` sees
-    what every round decides from (bench/estimated_start.py)."""
+    what every round decides from (bench/estimated_start.py). A job's restart costs its
+    model's `restart_prior` (`restart_seconds_of`), else `rescale_seconds`; with
+    `charge_first_start` its first start costs as much (Sia's simulator charges it)."""
     started = time.perf_counter()
     types = sorted(t for t, n in cluster.items() if n > 0)
     capacity = {t: cluster[t] for t in types}
@@ -402,7 +431,13 @@ def simulate_pipeline(
     while (pending or active) and (max_rounds is None or rounds < max_rounds):
         while pending and pending[0].trace.arrival_time <= now:
             job = pending.popleft()
-            active[job.job_id] = _Running(job, float(job.trace.total_steps))
+            active[job.job_id] = _Running(
+                job,
+                float(job.trace.total_steps),
+                restart_seconds=restart_seconds_of(
+                    job.trace.job_type, restart_prior or {}, rescale_seconds
+                ),
+            )
         if not active:
             usage.append((now, {}))  # idle until the next arrival
             now = pending[0].trace.arrival_time
@@ -412,7 +447,7 @@ def simulate_pipeline(
             now,
             devices,
             tuple(
-                _snapshot(r, pairs.get(job_id, {}), rescale_seconds, multiplexed)
+                _snapshot(r, pairs.get(job_id, {}), None, multiplexed)
                 for job_id, r in active.items()
             ),
             tuple(ran),
@@ -435,7 +470,9 @@ def simulate_pipeline(
                     r.rescales += 1
                     rescales += 1
                 if new:
-                    r.resume_at = now + (rescale_seconds if r.first_run is not None else 0.0)
+                    charged = r.first_run is not None or charge_first_start
+                    r.resume_at = now + (r.restart_seconds if charged else 0.0)
+                    r.placed_at = now
                     if r.first_run is None:
                         r.first_run = now
                     if r.job.locked_types and not r.locked:
@@ -468,6 +505,7 @@ def simulate_pipeline(
                     end = min(end, start + r.remaining / speed[r.job.job_id])
             end = max(end, now + 1e-9)
             for r in running:
+                r.lost += max(0.0, min(end, r.resume_at) - now)
                 work = speed[r.job.job_id] * max(0.0, end - max(now, r.resume_at))
                 r.remaining = max(0.0, r.remaining - work)
                 if r.remaining <= 1e-6 * max(1.0, r.job.trace.total_steps):
@@ -478,6 +516,7 @@ def simulate_pipeline(
             for r in running:
                 rate_now = speed[r.job.job_id]
                 charge = max(0.0, r.resume_at - now)
+                r.lost += charge
                 steps = min(max(int(rate_now * (round_seconds - charge)), 1), r.remaining)
                 took[r.job.job_id] = charge + steps / rate_now
                 r.remaining -= steps
@@ -507,6 +546,7 @@ def simulate_pipeline(
                     first,
                     finish,
                     rescales=r.rescales,
+                    restart_seconds_lost=r.lost,
                 )
                 del active[job_id]
         now = end

@@ -21,6 +21,7 @@ from google.protobuf.message import Message
 
 from gearshift.scheduler.round.brain import BrainAdvisor
 from gearshift.scheduler.round.datasets import DatasetKeeper
+from gearshift.scheduler.round.restart_cost import RestartCost
 from gearshift.scheduler.state.records import EventRecord, JobRecord, TaskRecord, WorkerRecord
 from gearshift.scheduler.state.rescale_costs import RescaleCosts
 from gearshift.scheduler.state.store import Store
@@ -84,6 +85,8 @@ class SchedulerSettings:
     estimate_starts_seconds: float = 0.0  # estimated starts at most this often (0: never)
     estimate_refresh_seconds: float = 60.0
     restart_seconds: float = 10.0  # a rescale's cost until one is measured
+    # How the allocator weighs moves against restarts (None: moves are free).
+    restart_cost: RestartCost | None = None
     prices: dict[str, float] = field(default_factory=dict)
     tenant_weights: dict[str, float] = field(default_factory=dict)
     tenant_policies: dict[str, EntityPolicy] = field(default_factory=dict)

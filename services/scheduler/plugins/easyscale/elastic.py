@@ -47,6 +47,15 @@ from dataclasses import dataclass
 
 from gearshift.common.estplan import DeviceOffer, scale_out_proposals
 from gearshift.scheduler.round.ests import Devices, ElasticJob, rate
+from gearshift.scheduler.round.restart_cost import RestartCost
+
+
+@dataclass(frozen=True)
+class Left:
+    """What a running job's move would cost it: the steps it has left and its restart."""
+
+    steps_remaining: float
+    restart_seconds: float
 
 
 class ElasticPolicy(abc.ABC):
@@ -60,8 +69,10 @@ class ElasticPolicy(abc.ABC):
         jobs: Sequence[ElasticJob],
         capacity: Mapping[str, int],
         current: Mapping[str, Mapping[str, int]],
+        left: Mapping[str, Left] | None = None,
     ) -> dict[str, Devices]:
-        """jobs are in arrival order; the result omits jobs that get nothing."""
+        """jobs are in arrival order; the result omits jobs that get nothing. `left`: the
+        running jobs' remaining steps and restart seconds (restart-aware policies)."""
 
 
 def _take(free: dict[str, int], devices: Mapping[str, int]) -> None:
@@ -150,9 +161,16 @@ class EasyScale(ElasticPolicy):
 
     name = "easyscale"
 
-    def __init__(self, *, heterogeneous: bool = True, top_k: int = 3) -> None:
+    def __init__(
+        self, *, heterogeneous: bool = True, top_k: int = 3, restart: RestartCost | None = None
+    ) -> None:
         self.heterogeneous = heterogeneous
         self.top_k = top_k
+        # None: the paper's allocator, re-planned from scratch at every event. Set: it starts
+        # from the current placement (a running job's minimum is taken from its own devices
+        # and it gets them back when they are left), and a running job on its devices takes
+        # a scale-out only when the speedup over its capped remaining time pays the restart.
+        self.restart = restart
         if not heterogeneous:
             self.name = "easyscale_homo"
 
@@ -161,27 +179,50 @@ class EasyScale(ElasticPolicy):
         jobs: Sequence[ElasticJob],
         capacity: Mapping[str, int],
         current: Mapping[str, Mapping[str, int]],
+        left: Mapping[str, Left] | None = None,
     ) -> dict[str, Devices]:
         free = dict(capacity)
         out: dict[str, Devices] = {}
+        keep = current if self.restart is not None else {}
         for job in jobs:  # arrival order: everyone's minimum first
-            start = _start(job, free, self.heterogeneous and job.mixing)
+            mixing = self.heterogeneous and job.mixing
+            start = _start(job, free, mixing)
+            held = keep.get(job.job_id)
+            if held:  # from its own devices (a shrink), unless the move pays
+                own = _start(job, {t: min(n, free.get(t, 0)) for t, n in held.items()}, mixing)
+                if own is not None and (
+                    start is None or not self._pays(job, own, rate(job, start), left)
+                ):
+                    start = own
             if start is not None:
                 out[job.job_id] = start
                 _take(free, start)
+        for job_id, devices in out.items():  # running jobs back on all of theirs when left
+            held = keep.get(job_id)
+            if held and devices != held and all(held.get(t, 0) >= n for t, n in devices.items()):
+                extra = {t: n - devices.get(t, 0) for t, n in held.items()}
+                if all(free.get(t, 0) >= n for t, n in extra.items()):
+                    _take(free, extra)
+                    out[job_id] = dict(held)
         by_id = {job.job_id: job for job in jobs}
         while any(n > 0 for n in free.values()):
             pending: list[Proposal] = []
             for job_id, held in out.items():
-                pending.extend(
-                    proposals(
-                        by_id[job_id],
-                        held,
-                        free,
-                        heterogeneous=self.heterogeneous,
-                        top_k=self.top_k,
-                    )
+                offered = proposals(
+                    by_id[job_id],
+                    held,
+                    free,
+                    heterogeneous=self.heterogeneous,
+                    top_k=self.top_k,
                 )
+                if self.restart is not None and held == keep.get(job_id):
+                    base = rate(by_id[job_id], held)
+                    offered = [
+                        p
+                        for p in offered
+                        if self._pays(by_id[job_id], held, base * p.speedup, left)
+                    ]
+                pending.extend(offered)
             if not pending:
                 break
             best = max(pending, key=lambda p: (p.gain, p.devices, -_order(jobs, p.job_id)))
@@ -189,6 +230,21 @@ class EasyScale(ElasticPolicy):
             held[best.worker_type] = held.get(best.worker_type, 0) + best.devices
             free[best.worker_type] -= best.devices
         return out
+
+    def _pays(
+        self,
+        job: ElasticJob,
+        held: Mapping[str, int],
+        new_rate: float,
+        left: Mapping[str, Left] | None,
+    ) -> bool:
+        """Whether a running job on `held` should restart to run at `new_rate`."""
+        facts = (left or {}).get(job.job_id)
+        if facts is None or self.restart is None:
+            return True
+        return self.restart.move_pays(
+            rate(job, held), new_rate, facts.steps_remaining, facts.restart_seconds
+        )
 
 
 def _order(jobs: Sequence[ElasticJob], job_id: str) -> int:
@@ -208,6 +264,7 @@ class YarnCs(ElasticPolicy):
         jobs: Sequence[ElasticJob],
         capacity: Mapping[str, int],
         current: Mapping[str, Mapping[str, int]],
+        left: Mapping[str, Left] | None = None,
     ) -> dict[str, Devices]:
         free = dict(capacity)
         out: dict[str, Devices] = {}
@@ -229,12 +286,13 @@ class YarnCs(ElasticPolicy):
         return out
 
 
-def make_elastic_policy(name: str) -> ElasticPolicy:
-    """`easyscale` (heterogeneous), `easyscale_homo` or `yarn_cs`; ValueError otherwise."""
+def make_elastic_policy(name: str, restart: RestartCost | None = None) -> ElasticPolicy:
+    """`easyscale` (heterogeneous), `easyscale_homo` or `yarn_cs`; ValueError otherwise.
+    `restart`: EasyScale's allocators weigh moves with it (None: the paper's)."""
     if name in ("easyscale", "easyscale_heter"):
-        return EasyScale()
+        return EasyScale(restart=restart)
     if name == "easyscale_homo":
-        return EasyScale(heterogeneous=False)
+        return EasyScale(heterogeneous=False, restart=restart)
     if name == "yarn_cs":
         return YarnCs()
     raise ValueError(f"unknown elastic policy {name!r}")

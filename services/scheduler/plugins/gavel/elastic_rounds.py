@@ -27,8 +27,11 @@ their share, with the same steps:
    would preempt, resize or move more than M running jobs, only the M with the oldest
    placements are let go (Slurm's sched_max_job_start, for moves), the others are kept
    where they are, and the round is chosen again.
+   A placement within its residency (`restart`: a multiple of its restart seconds) is
+   exempt the same way, so that priorities do not flip a job out right after it paid to start.
 4. hold     - hysteresis: a running job is not grown or moved for a gain below
-   `hysteresis` (or one its restart would not pay for); it keeps its
+   `hysteresis` (or one its restart would not pay for over its remaining time, capped at
+   `restart.horizon_seconds`); it keeps its
    configuration if that is still free. Shrinking to make room for others is not
    held back: that is what fairness asks.
 5. fill     - work conservation: a running job that was not selected keeps its
@@ -61,6 +64,7 @@ from gearshift.scheduler.plugins.gavel.mechanism import NEW_JOB_PRIORITY_SCALE
 from gearshift.scheduler.plugins.gavel.policies.base import Policy, PolicyInput
 from gearshift.scheduler.plugins.gavel.policies.configs import Configurations, ElasticAllocation
 from gearshift.scheduler.round.ests import ElasticJob, configurations, elastic_job, rate, split_ests
+from gearshift.scheduler.round.restart_cost import RestartCost
 from gearshift.scheduler.types import Config, EntityPolicy, JobSnapshot, Snapshot, Target
 
 Rows = list[tuple[Config, float]]
@@ -174,6 +178,10 @@ class ElasticRounds:
     # Slurm's sched_max_job_start, for moves: at most this many running jobs preempted,
     # resized or moved a round (0: no bound); the oldest placements go first.
     max_moves_per_round: int = 0
+    # How moves are weighed against their restarts (round/restart_cost.py): a placement is
+    # exempt for its residency, and a running job grows or moves only when that pays over
+    # its capped remaining time. Off: only `hysteresis` and the uncapped remaining work.
+    restart: RestartCost = field(default_factory=RestartCost.off)
     prices: Mapping[str, float] = field(default_factory=dict)
     entity_weights: Mapping[str, float] = field(default_factory=dict)
     entity_policies: Mapping[str, EntityPolicy] = field(default_factory=dict)
@@ -412,14 +420,20 @@ class ElasticRounds:
         return sorted(moved, key=lambda j: j.placed_at)
 
     def _exempt(self, snapshot: Snapshot, rows: Mapping[str, Rows]) -> dict[str, Config]:
-        """The running jobs placed less than preempt_exempt_seconds ago, on their devices."""
-        if self.preempt_exempt_seconds <= 0:
+        """The running jobs placed less than preempt_exempt_seconds ago, or within their
+        residency (a multiple of their restart seconds), on their devices."""
+        if self.preempt_exempt_seconds <= 0 and self.restart.residency_multiple <= 0:
             return {}
         since = snapshot.now - self.preempt_exempt_seconds
         return {
             job.job_id: job.current
             for job in snapshot.jobs
-            if job.placed_at > since and _placed(job, rows)
+            if job.current
+            and (
+                job.placed_at > since
+                or self.restart.resident(job.placed_at, snapshot.now, job.restart_seconds)
+            )
+            and _placed(job, rows)
         }
 
     # Steps 2-3 -------------------------------------------------------------------
@@ -593,9 +607,8 @@ class ElasticRounds:
             return True
         if new_rate < now_rate * (1.0 + self.hysteresis):
             return False
-        # The restart must pay for itself over the work the job has left.
-        left = job.steps_remaining
-        return left / now_rate - left / new_rate > job.restart_seconds
+        # The restart must pay for itself over the work the job has left (capped).
+        return self.restart.move_pays(now_rate, new_rate, job.steps_remaining, job.restart_seconds)
 
 
 def describe_shares(shares: Mapping[str, Mapping[Config, float]]) -> dict[str, list[str]]:

@@ -463,15 +463,24 @@ class RoundScheduler:
         return self._speed
 
     # Steps 2-5 ---------------------------------------------------------------
-    def choose(self, capacity: Mapping[str, int], now: float) -> dict[Combo, str]:
+    def choose(
+        self,
+        capacity: Mapping[str, int],
+        now: float,
+        pinned: Mapping[Combo, str] | None = None,
+    ) -> dict[Combo, str]:
         """Steps 1-4 alone: the combinations that run next round and their types (the
-        pipeline's place stage does step 5)."""
+        pipeline's place stage does step 5). `pinned` combinations (placements within their
+        residency, gearshift.scheduler.round.restart_cost) keep their type before any
+        other is selected, whatever their priority."""
         if self.allocation_due(now):
             self.recompute(capacity, now)
-        chosen = self._select(capacity)
+        chosen = self._select(capacity, pinned or {})
         return {c: k for k, combos in chosen.items() for c in combos}
 
-    def _select(self, capacity: Mapping[str, int]) -> dict[str, list[Combo]]:
+    def _select(
+        self, capacity: Mapping[str, int], pinned: Mapping[Combo, str] | None = None
+    ) -> dict[str, list[Combo]]:
         size, runnable = self._combo_info(capacity)
         scores = self.scores = priorities(self.allocation, self.ledger, runnable)
         rng = None if self.policy.heterogeneity_aware else self._type_rng
@@ -479,6 +488,13 @@ class RoundScheduler:
             [t for t in capacity if capacity[t] > 0], self._type_speed(capacity), rng
         )
         ranked = rank(scores, self.ledger, self.allocation, order)
+        if pinned:
+            first = [
+                Candidate(combo, kind, math.inf, 0.0, 0.0)
+                for combo, kind in pinned.items()
+                if combo in size
+            ]
+            ranked = first + ranked
         return select(
             ranked,
             capacity,

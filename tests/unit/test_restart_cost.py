@@ -1,0 +1,158 @@
+"""Moves that pay for themselves (issue 49): every allocator weighs a move against the job's
+restart seconds, and a new placement keeps its residency; the simulator charges restarts,
+the first start included, and reports them per job."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from gearshift.common.gavel import ThroughputTable, load_throughputs
+from gearshift.scheduler.plugins.allocators import make_allocator
+from gearshift.scheduler.plugins.registry import ObjectiveArgs
+from gearshift.scheduler.round.restart_cost import RestartCost
+from gearshift.scheduler.sim.simulate import parse_prior
+from gearshift.scheduler.sim.simulator import restart_seconds_of, simulate_pipeline
+from gearshift.scheduler.sim.trace import TraceJob
+from gearshift.scheduler.types import Config, Device, JobSnapshot, Ran, Snapshot
+
+RESTART = 57.0
+RULE = RestartCost(residency_multiple=30.0, horizon_seconds=3600.0)
+
+
+def test_a_move_is_made_only_when_its_gain_over_the_horizon_beats_its_cost() -> None:
+    # 1 -> 2 steps/s: over a 100 s horizon it gains 100 steps, restarting loses 2 x 57.
+    assert not RULE.move_pays(1.0, 2.0, steps_remaining=100.0, restart_seconds=RESTART)
+    assert RULE.move_pays(1.0, 2.0, steps_remaining=1000.0, restart_seconds=RESTART)
+    # The horizon is capped: a long job's tiny gain does not pay whatever its length.
+    assert not RULE.move_pays(1.0, 1.01, steps_remaining=1e9, restart_seconds=RESTART)
+    assert RULE.move_pays(0.0, 1.0, steps_remaining=1.0, restart_seconds=RESTART)  # a start
+
+
+def test_residency_is_a_multiple_of_the_restart() -> None:
+    assert RULE.resident(placed_at=0.0, now=30 * RESTART - 1, restart_seconds=RESTART)
+    assert not RULE.resident(placed_at=0.0, now=30 * RESTART, restart_seconds=RESTART)
+    assert not RestartCost.off().resident(placed_at=0.0, now=1.0, restart_seconds=RESTART)
+    with pytest.raises(ValueError, match="horizon_seconds"):
+        RestartCost(horizon_seconds=0.0)
+
+
+def _devices(count: int) -> tuple[Device, ...]:
+    return tuple(Device(f"v100-{i}", 0, "v100") for i in range(count))
+
+
+def _elastic(job_id: str, steps: float, current: Config = ()) -> JobSnapshot:
+    return JobSnapshot(
+        job_id=job_id,
+        num_ests=2,
+        min_devices=1,
+        max_devices=2,
+        types=("v100",),
+        capability={"v100": 1.0},
+        throughputs={"v100": 2.0},
+        steps_remaining=steps,
+        arrival_time=0.0,
+        efficiency={1: 1.0, 2: 1.0},
+        current=current,
+        attained_seconds=100.0 if current else 0.0,
+        restart_seconds=RESTART,
+    )
+
+
+@pytest.mark.parametrize("name", ["las", "easyscale"])
+@pytest.mark.parametrize(("steps", "grown"), [(100.0, False), (5000.0, True)])
+def test_a_running_job_grows_only_when_the_gain_pays_its_restart(
+    name: str, steps: float, grown: bool
+) -> None:
+    """A job on 1 of 2 free devices: doubling its rate gains `steps` over its remaining
+    time; with 100 steps left that is below the 2 x 57 steps a restart costs."""
+    allocator = make_allocator(name, elastic=True, round_seconds=60.0, restart=RULE)
+    job = _elastic("a", steps, current=(("v100", 1),))
+    targets = allocator.allocate(Snapshot(10_000.0, _devices(2), (job,)))
+    assert targets["a"].devices == ((("v100", 2),) if grown else (("v100", 1),))
+
+
+def test_without_the_rule_the_paper_allocators_move_for_any_gain() -> None:
+    allocator = make_allocator("easyscale", elastic=True)
+    job = _elastic("a", 100.0, current=(("v100", 1),))
+    targets = allocator.allocate(Snapshot(10_000.0, _devices(2), (job,)))
+    assert targets["a"].devices == (("v100", 2),)
+
+
+def _rigid(
+    job_id: str, arrival: float, current: Config = (), placed_at: float = -math.inf
+) -> JobSnapshot:
+    return JobSnapshot(
+        job_id=job_id,
+        num_ests=1,
+        min_devices=1,
+        max_devices=1,
+        types=("v100",),
+        capability={"v100": 1.0},
+        throughputs={"v100": 1.0},
+        steps_remaining=1e6,
+        arrival_time=arrival,
+        current=current,
+        placed_at=placed_at,
+        restart_seconds=RESTART,
+    )
+
+
+@pytest.mark.parametrize(("since", "preempted"), [(60.0, False), (30 * RESTART, True)])
+def test_a_priority_flip_inside_the_residency_does_not_preempt(
+    since: float, preempted: bool
+) -> None:
+    """Rigid LAS, one device, job a running since t=0 and job b waiting: once a has run a
+    round more than b, b's priority (X / its share of time received) is the higher; inside
+    a's residency (30 x 57 s) a stays all the same."""
+    allocator = make_allocator("las", round_seconds=60.0, restart=RULE)
+    assert set(allocator.allocate(Snapshot(0.0, _devices(1), (_rigid("a", 0.0),)))) == {"a"}
+    running = _rigid("a", 0.0, current=(("v100", 1),), placed_at=0.0)
+    waiting = _rigid("b", since - 1)
+    tie = allocator.allocate(Snapshot(since, _devices(1), (running, waiting)))
+    assert set(tie) == {"a"}  # equal shares received since X was recomputed: arrival order
+    ran = (Ran("a", (("v100", 1),), 60.0),)
+    later = Snapshot(since + 60.0, _devices(1), (running, waiting), ran)
+    assert set(allocator.allocate(later)) == ({"b"} if preempted else {"a"})
+
+
+def test_the_plugins_arguments_turn_the_rule_on_by_default() -> None:
+    assert ObjectiveArgs().restart_cost() == RestartCost(30.0, 3600.0)
+    assert ObjectiveArgs(restart_aware=False).restart_cost() is None
+
+
+def test_the_prior_is_per_model_longest_match_first() -> None:
+    prior = parse_prior("ResNet=50, resnet-50=120,LM=60")
+    assert restart_seconds_of("ResNet-50 (batch size 64)", prior, 10.0) == 120.0
+    assert restart_seconds_of("ResNet-18 (batch size 32)", prior, 10.0) == 50.0
+    assert restart_seconds_of("Transformer (batch size 16)", prior, 10.0) == 10.0
+    with pytest.raises(Exception, match="MODEL=SECONDS"):
+        parse_prior("ResNet=-1")
+
+
+@pytest.fixture(scope="module")
+def table(gavel_data: Path) -> ThroughputTable:
+    return load_throughputs(gavel_data / "simulation_throughputs.json")
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_the_simulator_charges_restarts_and_reports_them_per_job(
+    table: ThroughputTable, first: bool
+) -> None:
+    job = TraceJob("ResNet-18 (batch size 32)", total_steps=1000, scale_factor=1, arrival_time=0.0)
+    alone = simulate_pipeline([job], {"v100": 1}, table, make_allocator("las"))
+    charged = simulate_pipeline(
+        [job],
+        {"v100": 1},
+        table,
+        make_allocator("las"),
+        rescale_seconds=5.0,
+        restart_prior={"resnet-18": RESTART},
+        charge_first_start=first,
+    )
+    lost = RESTART if first else 0.0
+    assert charged.jobs[0].restart_seconds_lost == pytest.approx(lost)
+    assert charged.average_jct == pytest.approx(alone.average_jct + lost, rel=1e-3)
+    assert charged.to_json()["restart_seconds_lost"] == pytest.approx(lost)
