@@ -421,20 +421,22 @@ class ElasticRounds:
 
     def _exempt(self, snapshot: Snapshot, rows: Mapping[str, Rows]) -> dict[str, Config]:
         """The running jobs placed less than preempt_exempt_seconds ago, or within their
-        residency (a multiple of their restart seconds), on their devices."""
+        residency (a multiple of their restart seconds), on their devices, as many as the
+        capacity holds (a tenant's guarantee may have taken some: the oldest keep theirs)."""
         if self.preempt_exempt_seconds <= 0 and self.restart.residency_multiple <= 0:
             return {}
         since = snapshot.now - self.preempt_exempt_seconds
-        return {
-            job.job_id: job.current
-            for job in snapshot.jobs
-            if job.current
-            and (
-                job.placed_at > since
-                or self.restart.resident(job.placed_at, snapshot.now, job.restart_seconds)
-            )
-            and _placed(job, rows)
-        }
+        free = dict(snapshot.capacity)
+        out: dict[str, Config] = {}
+        for job in snapshot.jobs:
+            if not job.current or not _placed(job, rows) or not fits(job.current, free):
+                continue
+            if job.placed_at > since or self.restart.resident(
+                job.placed_at, snapshot.now, job.restart_seconds
+            ):
+                out[job.job_id] = job.current
+                _take(free, job.current)
+        return out
 
     # Steps 2-3 -------------------------------------------------------------------
     def _select(
