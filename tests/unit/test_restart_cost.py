@@ -57,6 +57,7 @@ def _elastic(job_id: str, steps: float, current: Config = ()) -> JobSnapshot:
         efficiency={1: 1.0, 2: 1.0},
         current=current,
         attained_seconds=100.0 if current else 0.0,
+        placed_at=9_990.0 if current else -math.inf,  # resident: it may still grow
         restart_seconds=RESTART,
     )
 
@@ -82,7 +83,11 @@ def test_without_the_rule_the_paper_allocators_move_for_any_gain() -> None:
 
 
 def _rigid(
-    job_id: str, arrival: float, current: Config = (), placed_at: float = -math.inf
+    job_id: str,
+    arrival: float,
+    current: Config = (),
+    placed_at: float = -math.inf,
+    attained: float = 0.0,
 ) -> JobSnapshot:
     return JobSnapshot(
         job_id=job_id,
@@ -96,21 +101,26 @@ def _rigid(
         arrival_time=arrival,
         current=current,
         placed_at=placed_at,
+        attained_seconds=attained,
         restart_seconds=RESTART,
     )
 
 
-@pytest.mark.parametrize(("since", "preempted"), [(60.0, False), (30 * RESTART, True)])
+@pytest.mark.parametrize(
+    ("since", "attained", "preempted"),
+    [(60.0, 60.0, False), (30 * RESTART, 60.0, True), (60.0, 0.0, True)],
+)
 def test_a_priority_flip_inside_the_residency_does_not_preempt(
-    since: float, preempted: bool
+    since: float, attained: float, preempted: bool
 ) -> None:
-    """Rigid LAS, one device, job a running since t=0 and job b waiting: once a has run a
-    round more than b, b's priority (X / its share of time received) is the higher; inside
-    a's residency (30 x 57 s) a stays all the same."""
+    """Rigid LAS, one device, job a running since t=0 and job b waiting (it ran before):
+    once a has run a round more than b, b's priority (X / its share of time received) is the
+    higher; inside a's residency (30 x 57 s) a stays all the same. A job that never ran is
+    served as Gavel serves it, residency or not."""
     allocator = make_allocator("las", round_seconds=60.0, restart=RULE)
     assert set(allocator.allocate(Snapshot(0.0, _devices(1), (_rigid("a", 0.0),)))) == {"a"}
     running = _rigid("a", 0.0, current=(("v100", 1),), placed_at=0.0)
-    waiting = _rigid("b", since - 1)
+    waiting = _rigid("b", since - 1, attained=attained)
     tie = allocator.allocate(Snapshot(since, _devices(1), (running, waiting)))
     assert set(tie) == {"a"}  # equal shares received since X was recomputed: arrival order
     ran = (Ran("a", (("v100", 1),), 60.0),)

@@ -195,6 +195,7 @@ class ElasticRounds:
     solves: int = 0
     _solving: _Solve | None = None  # the recomputation under way beside the rounds
     _ranked: dict[str, float] = field(default_factory=dict)  # each job's best priority (step 2)
+    _resident: set[str] = field(default_factory=set)  # exempt by residency alone: may grow
     _known: dict[str, object] = field(default_factory=dict)
     _types: tuple[str, ...] = ()
     # Per job, what step 1 made of its snapshot last round: reused while the round hands in
@@ -422,8 +423,13 @@ class ElasticRounds:
     def _exempt(self, snapshot: Snapshot, rows: Mapping[str, Rows]) -> dict[str, Config]:
         """The running jobs placed less than preempt_exempt_seconds ago, or within their
         residency (a multiple of their restart seconds), on their devices, as many as the
-        capacity holds (a tenant's guarantee may have taken some: the oldest keep theirs)."""
-        if self.preempt_exempt_seconds <= 0 and self.restart.residency_multiple <= 0:
+        capacity holds (a tenant's guarantee may have taken some: the oldest keep theirs).
+        The residency holds against other started jobs' priorities only: while a job that
+        never ran waits, it does not apply (a newcomer is served as Gavel serves it), and a
+        resident job may still grow when that pays (`_resident`)."""
+        self._resident = set()
+        residency = self.restart.residency_multiple > 0 and not waiting_newcomer(snapshot)
+        if self.preempt_exempt_seconds <= 0 and not residency:
             return {}
         since = snapshot.now - self.preempt_exempt_seconds
         free = dict(snapshot.capacity)
@@ -431,11 +437,16 @@ class ElasticRounds:
         for job in snapshot.jobs:
             if not job.current or not _placed(job, rows) or not fits(job.current, free):
                 continue
-            if job.placed_at > since or self.restart.resident(
+            if job.placed_at > since:
+                out[job.job_id] = job.current
+            elif residency and self.restart.resident(
                 job.placed_at, snapshot.now, job.restart_seconds
             ):
                 out[job.job_id] = job.current
-                _take(free, job.current)
+                self._resident.add(job.job_id)
+            else:
+                continue
+            _take(free, job.current)
         return out
 
     # Steps 2-3 -------------------------------------------------------------------
@@ -592,7 +603,7 @@ class ElasticRounds:
         if not _room(free):
             return  # a full cluster: nothing to grow into
         for job_id in chosen:
-            if job_id not in exempt:
+            if job_id not in exempt or job_id in self._resident:
                 offer(job_id)
         while heap and any(n > 0 for n in free.values()):
             _, _, _, seen, job_id, bigger, extra = heapq.heappop(heap)
@@ -611,6 +622,11 @@ class ElasticRounds:
             return False
         # The restart must pay for itself over the work the job has left (capped).
         return self.restart.move_pays(now_rate, new_rate, job.steps_remaining, job.restart_seconds)
+
+
+def waiting_newcomer(snapshot: Snapshot) -> bool:
+    """Whether a job that never ran waits: residencies then yield to it (round/restart_cost)."""
+    return any(not job.current and job.attained_seconds <= 0 for job in snapshot.jobs)
 
 
 def describe_shares(shares: Mapping[str, Mapping[Config, float]]) -> dict[str, list[str]]:
