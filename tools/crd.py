@@ -1,9 +1,10 @@
-"""deploy/crds/gearshiftjobs.gearshift.dev.yaml: the GearshiftJob CustomResourceDefinition.
+"""deploy/crds/gearshiftjobs.gearshift.dev.yaml (and the Helm chart's crds/ copy): the GearshiftJob
+CustomResourceDefinition.
 
 Its spec schema is generated from the JobSpec descriptor, in the shape of a job file
 (client/spec.py: snake_case keys, `entrypoint.config` a mapping, enums by short name),
 with each field's proto comment as its description, so the CRD cannot drift from the
-contract. `make reference` writes it; `--check` exits 1 when the file is stale
+contract. `make reference` writes both; `--check` exits 1 when either is stale
 (tests/unit/test_operator_crd.py runs the same comparison).
 """
 
@@ -24,6 +25,9 @@ from tools.reference.rpcs import contracts
 
 ROOT = Path(__file__).resolve().parent.parent
 PATH = ROOT / "deploy" / "crds" / "gearshiftjobs.gearshift.dev.yaml"
+# The Helm chart's copy: Helm installs crds/ before the chart's templates.
+CHART_PATH = ROOT / "deploy" / "helm" / "gearshift" / "crds" / PATH.name
+PATHS = (PATH, CHART_PATH)
 GROUP = "gearshift.dev"
 VERSION = "v1alpha1"
 
@@ -248,14 +252,15 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="compare, write nothing")
     args = parser.parse_args()
     fresh = render()
-    if PATH.exists() and PATH.read_text() == fresh:
-        return 0
-    if args.check:
-        print(f"{PATH.relative_to(ROOT)} is stale: run `make reference`", file=sys.stderr)
+    stale = [p for p in PATHS if not p.exists() or p.read_text() != fresh]
+    if stale and args.check:
+        for path in stale:
+            print(f"{path.relative_to(ROOT)} is stale: run `make reference`", file=sys.stderr)
         return 1
-    PATH.parent.mkdir(parents=True, exist_ok=True)
-    PATH.write_text(fresh)
-    print(f"wrote {PATH.relative_to(ROOT)}")
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(fresh)
+        print(f"wrote {path.relative_to(ROOT)}")
     return 0
 
 

@@ -26,6 +26,7 @@ from gearshift.common.config import env_vars
 from gearshift.common.db import tool_options
 from gearshift.scheduler.config.configuration import parse
 from gearshift.scheduler.config.settings import settings_of
+from tools import crd
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "gearshift"
@@ -52,6 +53,7 @@ SECURED = {
         "existingSecret": "gearshift-tokens",
         "workerTokensSecret": "gearshift-worker-tokens",
     },
+    "operator": {"enabled": False},  # it calls the scheduler in plaintext only
 }
 HOST_NETWORK = {
     "worker": {"hostNetwork": True},
@@ -72,6 +74,23 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "host-network": HOST_NETWORK,
     "monitored": MONITORED,
     "cpu-workers": {"worker": {"accelerator": "cpu", "deviceType": "v100", "gpusPerNode": 2}},
+    "no-operator": {"operator": {"enabled": False}},
+    "clients-restricted": {
+        **EXTERNAL,
+        "auth": {"enabled": True, "existingSecret": "gearshift-tokens"},
+        "worker": {"enabled": False},
+        "operator": {"namespaces": ["team-*"]},
+        "networkPolicy": {"schedulerClientsFrom": [{"podSelector": {"matchLabels": {"a": "b"}}}]},
+    },
+}
+# docs/operator/kubernetes-operator.md: what the operator's service account needs.
+OPERATOR_RULES = {
+    ("gearshift.dev", "gearshiftjobs"): {"get", "list", "watch", "patch"},
+    ("gearshift.dev", "gearshiftjobs/status"): {"get", "list", "watch", "patch"},
+    ("", "configmaps"): {"list", "watch"},
+    ("", "events"): {"create"},
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    ("", "namespaces"): {"list", "watch"},
 }
 
 
@@ -311,6 +330,7 @@ def test_bad_values_are_refused_naming_the_key(helm: Any) -> None:
         "/worker/accelerator": {"worker": {"accelerator": "tpu"}},
         "auth.enabled needs auth.existingSecret": {"auth": {"enabled": True}},
         "tls.enabled needs tls.secretName": {"tls": {"enabled": True}},
+        "operator.enabled with tls.enabled": {"tls": {"enabled": True, "secretName": "t"}},
         "give url or existingSecret, not both": {
             "database": {"url": "postgresql://x/y", "existingSecret": "db"}
         },
@@ -420,7 +440,9 @@ def test_the_scheduler_configuration_is_valid_and_points_at_the_services(
     assert ports["relay-0"] == 50060, "workers reach the relay through the scheduler's Service"
 
 
-def test_the_scheduler_alone_has_api_access(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_the_scheduler_and_operator_alone_have_api_access(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     objects = rendered["defaults"]
     role = _one(objects, "Role", "scheduler")
     assert {g for rule in role["rules"] for g in rule["apiGroups"]} == {"coordination.k8s.io", ""}
@@ -430,8 +452,9 @@ def test_the_scheduler_alone_has_api_access(rendered: dict[str, list[dict[str, A
     ]
     for workload in _workloads(objects):
         pod = workload["spec"]["template"]["spec"]
-        if workload["metadata"]["labels"]["app.kubernetes.io/component"] == "scheduler":
-            assert pod["serviceAccountName"] == "gs-gearshift-scheduler"
+        component = workload["metadata"]["labels"]["app.kubernetes.io/component"]
+        if component in {"scheduler", "operator"}:
+            assert pod["serviceAccountName"] == f"gs-gearshift-{component}"
         else:
             assert pod["automountServiceAccountToken"] is False, workload["metadata"]["name"]
 
@@ -454,3 +477,80 @@ def test_the_service_monitor_is_optional_and_scrapes_every_daemon(
     assert scraped == {"scheduler", "brain", "shardmanager", "worker"}
     metrics_rule = _policy(objects, "shardmanager")["spec"]["ingress"][-1]
     assert metrics_rule["ports"] == [{"protocol": "TCP", "port": 9100}]
+
+
+def test_the_operator_runs_with_exactly_its_rbac(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = rendered["defaults"]
+    deployment = _one(objects, "Deployment", "operator")
+    assert deployment["spec"]["replicas"] == 1, "kopf runs standalone"
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == [
+        "gearshift-operator",
+        "--scheduler",
+        "gs-gearshift-scheduler:50051",
+        "--poll-seconds",
+        "5",
+        "--liveness",
+        "http://0.0.0.0:8080/healthz",
+    ]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert container["resources"]["requests"]
+    role = _one(objects, "ClusterRole", "operator")
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    assert granted == OPERATOR_RULES
+    binding = _one(objects, "ClusterRoleBinding", "operator")
+    assert (
+        binding["roleRef"]["name"] == role["metadata"]["name"] == "gearshift-gs-gearshift-operator"
+    )
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gs-gearshift-operator", "namespace": "gearshift"}
+    ]
+    # With auth, the service token; some namespaces only, when asked.
+    restricted = _one(rendered["clients-restricted"], "Deployment", "operator")
+    (scoped,) = restricted["spec"]["template"]["spec"]["containers"]
+    assert scoped["command"][-2:] == ["--namespace", "team-*"]
+    assert _env(scoped)["GEARSHIFT_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "gearshift-tokens",
+        "key": "service-token",
+    }
+
+
+def test_operator_enabled_false_drops_it(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for name in ("no-operator", "secured"):
+        components = {
+            o["metadata"]["labels"]["app.kubernetes.io/component"] for o in rendered[name]
+        }
+        assert "operator" not in components, name
+
+
+def test_the_operator_reaches_restricted_scheduler_clients(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    (api, *_rest) = _policy(rendered["clients-restricted"], "scheduler")["spec"]["ingress"]
+    assert api["ports"] == [{"protocol": "TCP", "port": 50051}]
+    assert api["from"] == [{"podSelector": {"matchLabels": {"a": "b"}}}, _selector("operator")]
+    (open_api, *_rest) = _policy(rendered["defaults"], "scheduler")["spec"]["ingress"]
+    assert "from" not in open_api, "no clients listed: anyone, the operator too"
+
+
+def test_the_crd_is_the_charts_and_the_generated_one(helm: Any) -> None:
+    """Helm installs crds/ before the templates; its copy is tools/crd.py's (make reference)."""
+    crds = [
+        doc
+        for file in helm.Chart.load(str(CHART)).crds
+        for doc in yaml.safe_load_all(file["data"])
+        if doc is not None
+    ]
+    assert [c["metadata"]["name"] for c in crds] == ["gearshiftjobs.gearshift.dev"]
+    assert crds[0] == crd.crd()
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_the_crd_is_valid_kubernetes(kubernetes_validate: Any, version: str) -> None:
+    kubernetes_validate.validate(crd.crd(), version, strict=True)
