@@ -79,7 +79,8 @@ def settings_for(
     if name:
         base = settings_of(load(None))
         settings = replace(base, policy=name, elastic=elastic, collocation="none")
-    defaults = ObjectiveArgs() if name != "easyscale" else GreedyArgs()
+    kind = ObjectiveArgs if name != "easyscale" else GreedyArgs
+    defaults = kind(restart_aware=True)  # the rule's own defaults, on
     if residency is not None:
         defaults = defaults.model_copy(update={"residency": residency})
     return replace(

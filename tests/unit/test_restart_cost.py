@@ -128,9 +128,9 @@ def test_a_priority_flip_inside_the_residency_does_not_preempt(
     assert set(allocator.allocate(later)) == ({"b"} if preempted else {"a"})
 
 
-def test_the_plugins_arguments_turn_the_rule_on_by_default() -> None:
-    assert ObjectiveArgs().restart_cost() == RestartCost(30.0, 3600.0)
-    assert ObjectiveArgs(restart_aware=False).restart_cost() is None
+def test_the_plugins_arguments_turn_the_rule_on_when_asked() -> None:
+    assert ObjectiveArgs(restart_aware=True).restart_cost() == RestartCost(30.0, 3600.0)
+    assert ObjectiveArgs().restart_cost() is None
 
 
 def test_the_prior_is_per_model_longest_match_first() -> None:
