@@ -294,10 +294,15 @@ def _serve(
         sent_targets = targets
 
 
+def _at_rest(allocator: Allocator) -> bool:
+    """Whether no recomputation runs in a thread: only then may the allocator be copied."""
+    return getattr(allocator, "_solving", None) is None
+
+
 def copy_at_rest(allocator: Allocator) -> Allocator | None:
     """A deep copy of an allocator between decisions; None while a recomputation runs in a
     thread (not at rest) or when a plugin holds what cannot be copied (a lock, a channel)."""
-    if getattr(allocator, "_solving", None) is not None:
+    if not _at_rest(allocator):
         return None
     try:
         return copy.deepcopy(allocator)
@@ -307,7 +312,7 @@ def copy_at_rest(allocator: Allocator) -> Allocator | None:
 
 def _pickled_at_rest(allocator: Allocator) -> bytes:
     """The child's allocator pickled (the scheduler's copy of it), or a pickled None."""
-    if getattr(allocator, "_solving", None) is None:
+    if _at_rest(allocator):
         try:
             return pickle.dumps(allocator)
         except (TypeError, AttributeError, pickle.PicklingError):
