@@ -2,6 +2,7 @@
 
     python bench/sia_artifact.py --artifact DIR --python /work/sia-venv/bin/python \\
         --policy sia|pollux|gavel --workload philly/workload-1 [--fixed-bsz] --out RESULTS_DIR
+    python bench/sia_artifact.py --summary --out RESULTS_DIR    # the runs' table, pooled rows
 
 The artifact has no licence: nothing of it is in this repository. DIR is a fetched copy (its
 `sia-simulator/` folder, or the folder above it); its interpreter (--python) is a separate
@@ -328,18 +329,60 @@ def load_results(results_dir: str | Path) -> list[dict[str, Any]]:
     return results
 
 
+def pool(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Figures over several runs (workloads) of one policy and mode: JCT, p99, GPU-hours and
+    restarts over all their jobs; the makespan is the runs' mean, as print_run_stats gives it."""
+    if not results:
+        raise ArtifactError("nothing to pool")
+    jobs = [job for result in results for job in result["jobs"]]
+    n = len(jobs)
+    return {
+        "runs": len(results),
+        "n_jobs": n,
+        "avg_jct_h": sum(job["jct_s"] for job in jobs) / n / 3600,
+        "p99_jct_h": p99([job["jct_s"] for job in jobs]) / 3600,
+        "makespan_h": sum(result["makespan_h"] for result in results) / len(results),
+        "gpu_hours_per_job": sum(job["gpu_seconds"] for job in jobs) / n / 3600,
+        "restarts_per_job": sum(job["restarts"] for job in jobs) / n,
+    }
+
+
+def summary_table(results: list[dict[str, Any]]) -> str:
+    """A Markdown table: one row per run, then one pooled row per policy and batch-size mode."""
+    lines = [
+        "| policy | batch size | workload | avg JCT (h) | p99 JCT (h) | makespan (h) "
+        "| GPU-h/job | restarts/job | wall (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def row(result: dict[str, Any], workload: str, wall: str) -> str:
+        return (
+            f"| {result['policy']} | {'fixed' if result['fixed_bsz'] else 'adaptive'} "
+            f"| {workload} | {result['avg_jct_h']:.3f} | {result['p99_jct_h']:.2f} "
+            f"| {result['makespan_h']:.2f} | {result['gpu_hours_per_job']:.2f} "
+            f"| {result['restarts_per_job']:.2f} | {wall} |"
+        )
+
+    groups: dict[tuple[str, bool], list[dict[str, Any]]] = collections.defaultdict(list)
+    for result in sorted(results, key=lambda r: (r["policy"], not r["fixed_bsz"], r["workload"])):
+        groups[(result["policy"], result["fixed_bsz"])].append(result)
+        lines.append(row(result, result["workload"], f"{result['wall_s']:.0f}"))
+    for (policy, fixed), members in groups.items():
+        pooled = pool(members) | {"policy": policy, "fixed_bsz": fixed}
+        names = ", ".join(m["workload"].rsplit("-", 1)[-1] for m in members)
+        lines.append(row(pooled, f"**pooled ({names})**", "-"))
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--artifact", type=Path, required=True, help="the artifact's sia-simulator/ (or its parent)"
+        "--artifact", type=Path, help="the artifact's sia-simulator/ (or its parent)"
     )
-    parser.add_argument(
-        "--python", required=True, help="interpreter with the artifact's requirements"
-    )
-    parser.add_argument("--policy", choices=POLICIES, required=True)
+    parser.add_argument("--python", help="interpreter with the artifact's requirements")
+    parser.add_argument("--policy", choices=POLICIES)
     parser.add_argument(
         "--workload",
-        required=True,
         help="under the artifact's workloads/, no .csv: philly/workload-1",
     )
     parser.add_argument(
@@ -355,11 +398,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--timeout", type=float, default=5400.0, help="seconds before the run is killed"
     )
     parser.add_argument("--nice", type=int, default=10)
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--summary", action="store_true", help="print --out's results as a table; run nothing"
+    )
+    args = parser.parse_args(argv)
+    if not args.summary:
+        missing = [f"--{name}" for name in ("artifact", "python", "policy", "workload")]
+        missing = [flag for flag in missing if getattr(args, flag[2:]) is None]
+        if missing:
+            parser.error(f"a run needs {', '.join(missing)} (or --summary)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.summary:
+        try:
+            print(summary_table(load_results(args.out)))
+        except (ArtifactError, OSError, ValueError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        return 0
     try:
         sim_dir = simulator_dir(args.artifact)
         workload_csv = f"workloads/{args.workload}.csv"

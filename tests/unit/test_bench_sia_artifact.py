@@ -18,10 +18,12 @@ from bench.sia_artifact import (
     job_results,
     load_results,
     main,
+    pool,
     read_rounds,
     result_stem,
     simulator_command,
     summarize,
+    summary_table,
 )
 
 
@@ -161,3 +163,23 @@ def test_bad_input_changes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture
     (out / "x.json").write_text('{"policy": "sia"}')
     with pytest.raises(ArtifactError, match="not a sia_artifact result"):
         load_results(out)
+
+
+def test_pooled_figures_run_over_all_jobs(tmp_path: Path) -> None:
+    one = summarize(job_results(read_rounds(io.StringIO(LOG))), "sia", "philly/workload-1", True)
+    two = one | {"workload": "philly/workload-2", "makespan_h": 1.0}
+    two["jobs"] = [j | {"jct_s": j["jct_s"] + 3600} for j in one["jobs"]]
+    pooled = pool([one, two])
+    assert pooled["n_jobs"] == 4 and pooled["runs"] == 2
+    assert pooled["avg_jct_h"] == pytest.approx((2 * (150 + 160) + 2 * 3600) / 4 / 3600)
+    assert pooled["p99_jct_h"] == pytest.approx((160 + 3600) / 3600)
+    assert pooled["makespan_h"] == pytest.approx((170 / 3600 + 1.0) / 2)
+    table = summary_table([one | {"wall_s": 5.0}, two | {"wall_s": 6.0}])
+    assert "| sia | fixed | **pooled (1, 2)** |" in table
+    assert len(table.splitlines()) == 2 + 2 + 1
+
+
+def test_a_run_needs_its_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--policy", "sia", "--out", str(tmp_path)])
+    assert "a run needs --artifact, --python, --workload" in capsys.readouterr().err
