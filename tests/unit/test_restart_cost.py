@@ -5,14 +5,17 @@ the first start included, and reports them per job."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from gearshift.common.gavel import ThroughputTable, load_throughputs
 from gearshift.scheduler.plugins.allocators import make_allocator
 from gearshift.scheduler.plugins.registry import ObjectiveArgs
-from gearshift.scheduler.round.restart_cost import RestartCost
+from gearshift.scheduler.round.restart_cost import Reallocated, RestartCost, work_gain
 from gearshift.scheduler.sim.simulate import parse_prior
 from gearshift.scheduler.sim.simulator import restart_seconds_of, simulate_pipeline
 from gearshift.scheduler.sim.trace import TraceJob
@@ -34,6 +37,12 @@ def test_a_move_is_made_only_when_its_gain_over_the_horizon_beats_its_cost() -> 
 def test_residency_is_a_multiple_of_the_restart() -> None:
     assert RULE.resident(placed_at=0.0, now=30 * RESTART - 1, restart_seconds=RESTART)
     assert not RULE.resident(placed_at=0.0, now=30 * RESTART, restart_seconds=RESTART)
+    # 60 s rounds at a 57 s restart: the restart is shorter than a round, 30 restarts.
+    assert RULE.residency(RESTART, round_seconds=60.0) == 30 * RESTART
+    # A restart counts one round at most: 1 s rounds at the live prior of 10 s share a
+    # device every 30 s, not every 5 minutes.
+    assert RULE.residency(10.0, round_seconds=1.0) == 30.0
+    assert not RULE.resident(placed_at=0.0, now=30.0, restart_seconds=10.0, round_seconds=1.0)
     assert not RestartCost.off().resident(placed_at=0.0, now=1.0, restart_seconds=RESTART)
     with pytest.raises(ValueError, match="horizon_seconds"):
         RestartCost(horizon_seconds=0.0)
@@ -126,6 +135,94 @@ def test_a_priority_flip_inside_the_residency_does_not_preempt(
     ran = (Ran("a", (("v100", 1),), 60.0),)
     later = Snapshot(since + 60.0, _devices(1), (running, waiting), ran)
     assert set(allocator.allocate(later)) == ({"b"} if preempted else {"a"})
+
+
+@pytest.mark.parametrize(
+    ("round_seconds", "restart", "held"), [(1.0, 10.0, 30.0), (60.0, 57.0, 30 * 57.0)]
+)
+def test_rounds_shorter_than_a_restart_still_share_a_device(
+    round_seconds: float, restart: float, held: float
+) -> None:
+    """Rigid LAS, one device, two started jobs: the running one keeps it for 30 restarts, a
+    restart counted one round at most (1 s rounds at 10 s: 30 s; 60 s rounds at 57 s: 28.5
+    minutes), then the other gets its turn."""
+    allocator = make_allocator("las", round_seconds=round_seconds, restart=RULE)
+
+    def snapshot(now: float, ran: tuple[Ran, ...] = ()) -> Snapshot:
+        a = replace(
+            _rigid("a", 0.0, current=(("v100", 1),), placed_at=0.0, attained=now),
+            restart_seconds=restart,
+        )
+        b = replace(_rigid("b", 0.0, attained=1.0), restart_seconds=restart)
+        return Snapshot(now, _devices(1), (a, b), ran)
+
+    assert set(allocator.allocate(snapshot(0.0))) == {"a"}
+    for now in np.arange(round_seconds, held, round_seconds):  # a's residency
+        ran = (Ran("a", (("v100", 1),), round_seconds),)
+        assert set(allocator.allocate(snapshot(float(now), ran))) == {"a"}, now
+    ran = (Ran("a", (("v100", 1),), round_seconds),)
+    assert set(allocator.allocate(snapshot(held, ran))) == {"b"}
+
+
+def _scaling(job_id: str, curve: dict[int, float], **kw: Any) -> JobSnapshot:
+    """A job of as many ESTs as `curve` has device counts, scaling by it (Eq. 1's efficiency)."""
+    devices = max(curve)
+    return JobSnapshot(
+        job_id=job_id,
+        num_ests=devices,
+        min_devices=1,
+        max_devices=devices,
+        types=("v100",),
+        capability={"v100": 1.0},
+        throughputs={"v100": devices * curve[devices]},
+        steps_remaining=1e6,
+        arrival_time=0.0,
+        efficiency=curve,
+        restart_seconds=RESTART,
+        **kw,
+    )
+
+
+SUBLINEAR = {1: 1.0, 2: 0.9, 3: 0.6, 4: 0.5}  # 1, 1.8, 1.8 and 2 steps/s
+LINEAR = {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}
+
+
+@pytest.mark.parametrize(("curve", "shrunk"), [(SUBLINEAR, True), (LINEAR, False)])
+def test_a_resident_job_is_shrunk_for_another_only_when_that_pays_for_both(
+    curve: dict[int, float], shrunk: bool
+) -> None:
+    """Elastic LAS, 4 devices: job a holds all four within its residency; job b (1 device,
+    it ran before, so not served first as a newcomer) waits. Shrinking a to 2 devices gains
+    b's steps over a's horizon (1 device-second a second); a loses the rate it gives up and
+    its restart at the new rate. Sublinear, a's last two devices add 0.2 steps/s: it pays.
+    At linear scaling they add as much as b gains, and the restart is lost: a keeps
+    its four devices, and b waits for the residency's end."""
+    allocator = make_allocator("las", elastic=True, round_seconds=60.0, restart=RULE)
+    a = _scaling("a", curve, current=(("v100", 4),), attained_seconds=100.0, placed_at=9_990.0)
+    b = _scaling("b", {1: 1.0}, attained_seconds=50.0)
+    targets = allocator.allocate(Snapshot(10_000.0, _devices(4), (a, b)))
+    if shrunk:
+        assert targets["a"].devices == (("v100", 2),) and targets["b"].devices == (("v100", 1),)
+    else:
+        assert targets["a"].devices == (("v100", 4),) and "b" not in targets
+    # Without the rule the objective shrinks a whatever the scaling; a job that never ran is
+    # served first (as Gavel serves newcomers), the residency yielding to it.
+    for other, rule in ((b, None), (replace(b, attained_seconds=0.0), RULE)):
+        free = make_allocator("las", elastic=True, round_seconds=60.0, restart=rule)
+        targets = free.allocate(Snapshot(10_000.0, _devices(4), (a, other)))
+        assert targets["a"].devices == (("v100", 2),) and targets["b"].devices == (("v100", 1),)
+
+
+def test_the_work_a_reallocation_gains_counts_every_job_it_changes() -> None:
+    """A resident at 3 steps/s shrunk to 2 (one device given up) for a job that gains 1
+    step/s on it, over a 3,600 s horizon, a 57 s restart: +3,600 - 3,600 - 2 x 57."""
+    shrunk = Reallocated(1.0, 1e9, RESTART, 3.0, False, 2.0, True)
+    admitted = Reallocated(1.0, 1e9, RESTART, 0.0, False, 1.0, False)
+    assert work_gain([shrunk, admitted], 3600.0) == pytest.approx(-2 * RESTART)
+    faster = replace(admitted, rate_with=1.5)  # the device is worth more to the newcomer
+    assert work_gain([shrunk, faster], 3600.0) == pytest.approx(1800.0 - 2 * RESTART)
+    short = replace(faster, steps_remaining=10.0)  # it needs the device 10 steps' time only
+    assert work_gain([shrunk, short], 3600.0) < 0
 
 
 def test_the_plugins_arguments_turn_the_rule_on_when_asked() -> None:

@@ -120,7 +120,9 @@ class GavelRounds:
             combo = self._last.get(job.job_id)
             if combo is None or not job.current:
                 continue
-            if self.restart.resident(job.placed_at, snapshot.now, job.restart_seconds):
+            if self.restart.resident(
+                job.placed_at, snapshot.now, job.restart_seconds, self.mechanism.round_seconds
+            ):
                 out[combo] = job.current[0][0]
         return out
 

@@ -88,7 +88,9 @@ class RestartArgs(Args):
         30.0,
         ge=0,
         description="restartAware: a placement is kept at least this many times its job's "
-        "restart seconds (Gavel's time-fraction priorities do not flip it out sooner)",
+        "restart seconds, a restart counted one round at most (Gavel's time-fraction "
+        "priorities do not flip it out sooner; rounds shorter than a restart still share "
+        "devices)",
     )
     horizon_seconds: float = Field(
         3600.0,

@@ -12,11 +12,16 @@ plain functions over plain numbers:
   exceeds the restart".
 - `resident`: a job placed less than `residency_multiple` x its restart seconds ago keeps
   its placement, so time-fraction priorities (Gavel's) do not flip it in and out every round.
+  A restart is counted at most one round: the residency lengthens the rounds' time sharing
+  `residency_multiple`-fold at most (rounds shorter than a restart still share devices).
+- `work_gain`: what a reallocation that lets a resident job go (shrunk or preempted for
+  others) gains over the horizon, summed over every job it changes, restarts included.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -54,6 +59,70 @@ class RestartCost:
         gained = (new_rate - now_rate) * self.horizon(steps_remaining, now_rate)
         return gained > new_rate * restart_seconds
 
-    def resident(self, placed_at: float, now: float, restart_seconds: float) -> bool:
+    def residency(self, restart_seconds: float, round_seconds: float = math.inf) -> float:
+        """How long a placement is kept: `residency_multiple` restarts, a restart counted at
+        most one round. Where a round is at least a restart (Gavel's 6 minutes; 60 s rounds
+        at a 57 s restart) a flip's restart is then at most 1/multiple of the placement it
+        buys. Rounds shorter than a restart (a dev cluster's 1 s rounds at the live prior of
+        10 s) are the operator asking for time shared that finely: the residency stretches
+        them `residency_multiple`-fold, not into minutes."""
+        return self.residency_multiple * min(restart_seconds, round_seconds)
+
+    def resident(
+        self,
+        placed_at: float,
+        now: float,
+        restart_seconds: float,
+        round_seconds: float = math.inf,
+    ) -> bool:
         """Whether a placement started at `placed_at` is still within its residency."""
-        return now - placed_at < self.residency_multiple * restart_seconds
+        return now - placed_at < self.residency(restart_seconds, round_seconds)
+
+
+@dataclass(frozen=True)
+class Reallocated:
+    """One job a reallocation changes: its rate (steps/s) with and without it, and whether
+    each restarts it (a running job put on other devices; a start costs nothing, as in
+    `move_pays`)."""
+
+    unit: float  # its rate on one device: steps of different jobs compare as device-seconds
+    steps_remaining: float
+    restart_seconds: float
+    rate_without: float
+    restarts_without: bool
+    rate_with: float
+    restarts_with: bool
+
+
+def _work(rate: float, steps_remaining: float, window: float, restart: float) -> float:
+    """Steps done within `window` at `rate` after `restart` seconds, at most what is left."""
+    if rate <= 0:
+        return 0.0
+    return min(steps_remaining, rate * max(window - restart, 0.0))
+
+
+def work_gain(jobs: Iterable[Reallocated], window: float) -> float:
+    """Device-seconds of work a reallocation gains within `window` (the horizon of the job it
+    lets go), over every job it changes: the jobs it admits or grows gain their steps; the
+    job it shrinks or preempts loses the rate it gives up and, shrunk, its restart at the
+    new rate. Each job's steps count in units of its own one-device rate, so that the sum is
+    the objective's throughput in Gavel's normalized form. Positive: the reallocation pays.
+    A preemption among equally fast jobs never pays (the devices change hands, the restart
+    is lost): that is what a residency keeps out."""
+    total = 0.0
+    for job in jobs:
+        unit = job.unit if job.unit > 0 else 1.0
+        with_ = _work(
+            job.rate_with,
+            job.steps_remaining,
+            window,
+            job.restart_seconds if job.restarts_with else 0.0,
+        )
+        without = _work(
+            job.rate_without,
+            job.steps_remaining,
+            window,
+            job.restart_seconds if job.restarts_without else 0.0,
+        )
+        total += (with_ - without) / unit
+    return total

@@ -27,8 +27,11 @@ their share, with the same steps:
    would preempt, resize or move more than M running jobs, only the M with the oldest
    placements are let go (Slurm's sched_max_job_start, for moves), the others are kept
    where they are, and the round is chosen again.
-   A placement within its residency (`restart`: a multiple of its restart seconds) is
-   exempt the same way, so that priorities do not flip a job out right after it paid to start.
+   A placement within its residency (`restart`: a multiple of its restart seconds, a
+   restart counted one round at most) is exempt the same way, so that priorities do not
+   flip a job out right after it paid to start; but when the round, free of residencies,
+   would shrink or preempt a resident job to admit or grow others, that is done if it pays
+   over the job's horizon for every job it changes (`_release`).
 4. hold     - hysteresis: a running job is not grown or moved for a gain below
    `hysteresis` (or one its restart would not pay for over its remaining time, capped at
    `restart.horizon_seconds`); it keeps its
@@ -64,7 +67,7 @@ from gearshift.scheduler.plugins.gavel.mechanism import NEW_JOB_PRIORITY_SCALE
 from gearshift.scheduler.plugins.gavel.policies.base import Policy, PolicyInput
 from gearshift.scheduler.plugins.gavel.policies.configs import Configurations, ElasticAllocation
 from gearshift.scheduler.round.ests import ElasticJob, configurations, elastic_job, rate, split_ests
-from gearshift.scheduler.round.restart_cost import RestartCost
+from gearshift.scheduler.round.restart_cost import Reallocated, RestartCost, work_gain
 from gearshift.scheduler.types import Config, EntityPolicy, JobSnapshot, Snapshot, Target
 
 Rows = list[tuple[Config, float]]
@@ -232,6 +235,10 @@ class ElasticRounds:
             self._recompute(snapshot, models, rows)
         exempt = self._exempt(snapshot, rows)
         chosen = self._choose(snapshot, models, rows, capacity, exempt)
+        if self._resident:
+            exempt, chosen = self._release(
+                snapshot, models, rows, capacity, exempt=exempt, kept=chosen
+            )
         moved = self._moved(snapshot, rows, exempt, chosen)
         if self.max_moves_per_round and len(moved) > self.max_moves_per_round:
             held = {j.job_id: j.current for j in moved[self.max_moves_per_round :]}
@@ -440,7 +447,7 @@ class ElasticRounds:
             if job.placed_at > since:
                 out[job.job_id] = job.current
             elif residency and self.restart.resident(
-                job.placed_at, snapshot.now, job.restart_seconds
+                job.placed_at, snapshot.now, job.restart_seconds, self.round_seconds
             ):
                 out[job.job_id] = job.current
                 self._resident.add(job.job_id)
@@ -448,6 +455,69 @@ class ElasticRounds:
                 continue
             _take(free, job.current)
         return out
+
+    def _release(
+        self,
+        snapshot: Snapshot,
+        models: Mapping[str, ElasticJob],
+        rows: Mapping[str, Rows],
+        capacity: Mapping[str, int],
+        *,
+        exempt: dict[str, Config],
+        kept: dict[str, Config],
+    ) -> tuple[dict[str, Config], dict[str, Config]]:
+        """The resident jobs that the objective, free of residencies, would shrink or preempt
+        to admit or grow others are let go when that pays over their horizon for every job
+        it changes (round/restart_cost.work_gain): a shrink never pays for the job itself,
+        only for the others. (exempt, chosen): as they were when it does not pay."""
+        ranked = self._ranked  # the priorities the reasons show: those of the round kept
+        free = self._choose(
+            snapshot,
+            models,
+            rows,
+            capacity,
+            {j: c for j, c in exempt.items() if j not in self._resident},
+        )
+        given = {
+            j
+            for j in self._resident
+            if free.get(j) != exempt[j] and _within(free.get(j, ()), exempt[j])
+        }
+        if not given:
+            self._ranked = ranked
+            return exempt, kept
+        rest = {j: c for j, c in exempt.items() if j not in given}
+        if given != self._resident:
+            free = self._choose(snapshot, models, rows, capacity, rest)
+        by_id = {job.job_id: job for job in snapshot.jobs}
+        rates = _per_kind(rows, dict)
+        window = min(
+            self.restart.horizon(by_id[j].steps_remaining, rates[j].get(by_id[j].current, 0.0))
+            for j in given
+        )
+        changed = []
+        for job_id in kept.keys() | free.keys():
+            before, after = kept.get(job_id, ()), free.get(job_id, ())
+            if before == after:
+                continue
+            job = by_id[job_id]
+            running = _placed(job, rows)
+            changed.append(
+                Reallocated(
+                    unit=max(models[job_id].capability.values(), default=1.0),
+                    steps_remaining=job.steps_remaining,
+                    restart_seconds=job.restart_seconds,
+                    rate_without=rates[job_id].get(before, 0.0),
+                    restarts_without=running and bool(before) and before != job.current,
+                    rate_with=rates[job_id].get(after, 0.0),
+                    restarts_with=running and bool(after) and after != job.current,
+                )
+            )
+        if work_gain(changed, window) <= 0:
+            self._ranked = ranked
+            return exempt, kept
+        self._resident -= given
+        return rest, free
 
     # Steps 2-3 -------------------------------------------------------------------
     def _select(
