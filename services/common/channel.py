@@ -18,6 +18,7 @@ import grpc
 
 from gearshift.common.auth import ClientDefaultsInterceptor, ClientTls
 from gearshift.common.errors import ValidationError
+from gearshift.common.leader_follow import LeaderFollowing
 from gearshift.v1 import (
     brain_pb2,
     common_pb2,
@@ -74,8 +75,9 @@ def retry_service_config(max_attempts: int = 5) -> str:
 def channel_target(address: str) -> str:
     """The gRPC target of an address, or of several separated by commas (a scheduler and
     its standbys): gRPC's static list, which a channel tries in order and keeps the first
-    that accepts (pick_first), trying the list again once that one fails. A standby does
-    not listen until it leads, so calls reach the leader. Several addresses must be IP
+    that accepts (pick_first), trying the list again once that one fails. A standby
+    answers reads and refuses writes naming the leader, which connect()'s channel then
+    calls (gearshift.common.leader_follow). Several addresses must be IP
     literals (gRPC's ipv4:/ipv6: lists); a host name that resolves to them all is one
     address."""
     parts = [part.strip() for part in address.split(",")]
@@ -174,9 +176,28 @@ def connect(
     retry: bool = True,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> grpc.Channel:
-    """A channel to a Gearshift service; unary calls without a deadline get `timeout`."""
-    channel = plain_channel(address, tls=tls, retry=retry, max_message_bytes=max_message_bytes)
-    return grpc.intercept_channel(channel, ClientDefaultsInterceptor(token, timeout))
+    """A channel to a Gearshift service; unary calls without a deadline get `timeout`. A
+    call that a standby scheduler refuses is sent on to the leader it names
+    (gearshift.common.leader_follow)."""
+
+    def dial(target: str, retry: bool) -> grpc.Channel:
+        channel = plain_channel(target, tls=tls, retry=retry, max_message_bytes=max_message_bytes)
+        return grpc.intercept_channel(channel, ClientDefaultsInterceptor(token, timeout))
+
+    return LeaderFollowing(
+        dial(address, retry), lambda leader: dial(leader, False), idempotent=is_idempotent
+    )
+
+
+def is_idempotent(method: str) -> bool:
+    """Whether the RPC at `method` ("/package.Service/Method") may be sent twice."""
+    service, _, name = method.lstrip("/").partition("/")
+    return (service, name) in _idempotent_set()
+
+
+@cache
+def _idempotent_set() -> frozenset[tuple[str, str]]:
+    return frozenset(idempotent_methods())
 
 
 Stub = TypeVar("Stub")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -133,6 +134,17 @@ def host_port(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not host:
         raise ValueError(f"address {address!r} is not host:port")
     return host.strip("[]"), int(port)
+
+
+def advertise_address(listen_host: str, port: int, hostnames: Sequence[str] = ()) -> str:
+    """What others dial to reach a daemon: the listen host, or this host's name for a
+    wildcard."""
+    host = listen_host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        host = next(iter(hostnames), "") or socket.gethostname()
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{port}"
 
 
 def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import grpc
 
 from gearshift.common.auth import ClientTls, ServerTls
 from gearshift.common.config import Option, parse_config
@@ -127,6 +130,8 @@ class Daemon:
     # Config files re-read on SIGHUP (beside the tokens file); each logs its own outcome.
     on_reload: list[Callable[[], None]] = field(default_factory=list)
     aio: bool = False
+    # Server interceptors of the service's own (GrpcServer only), after the caller's checks.
+    interceptors: Sequence[grpc.ServerInterceptor[Any, Any]] = ()
 
 
 def job_tokens(config: argparse.Namespace) -> JobTokens | None:
@@ -245,11 +250,13 @@ def run_daemon(
         daemon = build(config)
         server: GrpcServer | AioGrpcServer
         if daemon.aio:
-            if daemon.on_start is not None:
-                raise ValueError("on_start takes a GrpcServer; an aio daemon has none")
+            if daemon.on_start is not None or daemon.interceptors:
+                raise ValueError("on_start and interceptors need a GrpcServer, not an aio one")
             server = AioGrpcServer(daemon.services, settings)
         else:
-            server = GrpcServer(daemon.services, settings, scopes=daemon.scopes)
+            server = GrpcServer(
+                daemon.services, settings, scopes=daemon.scopes, interceptors=daemon.interceptors
+            )
         endpoint: MetricsEndpoint | None = None
         if config.metrics_listen:
             endpoint = serve_metrics(config.metrics_listen)

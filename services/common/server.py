@@ -154,6 +154,8 @@ class GrpcServer:
     settings: ServerSettings = field(default_factory=ServerSettings)
     extra_handlers: Sequence[grpc.GenericRpcHandler[Any, Any]] = ()
     scopes: Callable[[], Scopes | None] = lambda: None  # owners of objects, for tenant checks
+    # The service's own, after the caller's checks (a standby scheduler's: its refusals).
+    interceptors: Sequence[grpc.ServerInterceptor[Any, Any]] = ()
 
     def __post_init__(self) -> None:
         interceptors: list[grpc.ServerInterceptor[Any, Any]] = []
@@ -167,6 +169,7 @@ class GrpcServer:
         if self.settings.limits is not None:
             counters = CallerLimits(self.settings.limits)
             interceptors.append(LimitsInterceptor(counters, caller_of(self.settings.tokens)))
+        interceptors.extend(self.interceptors)
         interceptors.append(ErrorMappingInterceptor())
         self._server = grpc.server(
             futures.ThreadPoolExecutor(

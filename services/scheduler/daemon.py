@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import sqlalchemy as sa
 
-from gearshift.common.config import Option
+from gearshift.common.config import Option, advertise_address
 from gearshift.common.daemon import (
     Daemon,
     job_tokens,
@@ -25,11 +25,12 @@ from gearshift.common.daemon import (
 from gearshift.common.db import database_options, migrate_main, open_database
 from gearshift.common.db import database_url as database_url_of
 from gearshift.common.errors import GearshiftError, ValidationError
-from gearshift.common.server import register
+from gearshift.common.server import GrpcServer, register
 from gearshift.scheduler import metrics
 from gearshift.scheduler.api.heartbeat_relay import main as relay_main
 from gearshift.scheduler.api.relays import HeartbeatRelays
 from gearshift.scheduler.api.servicer import JobServicer, WorkerRegistryServicer
+from gearshift.scheduler.api.standby import StandbyGate
 from gearshift.scheduler.config.configuration import (
     ConfigurationError,
     HeartbeatConfig,
@@ -41,8 +42,9 @@ from gearshift.scheduler.round.brain import BrainAdvisor
 from gearshift.scheduler.round.datasets import DatasetKeeper
 from gearshift.scheduler.round.workers import WorkerAgents
 from gearshift.scheduler.service import Scheduler
-from gearshift.scheduler.state.leader import Leadership, elects, epoch_is, next_epoch
+from gearshift.scheduler.state.leader import Leadership, elects
 from gearshift.scheduler.state.store import SqlStore
+from gearshift.scheduler.takeover import Takeover
 from gearshift.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger("gearshift.scheduler")
@@ -63,8 +65,16 @@ CONFIG_OPTION = Option(
     "",
 )
 # Flags are for the process only; how the scheduler schedules is in the file.
+ADVERTISE_OPTION = Option(
+    "advertise_address",
+    "host:port that clients and workers are sent to when this scheduler leads: a standby "
+    "names it when it refuses a write (empty: the bound listen address; this host's name "
+    "for a wildcard host)",
+    "",
+)
 OPTIONS = [
     *server_options(DEFAULT_PORT, limits=False),
+    ADVERTISE_OPTION,
     *database_options(DEFAULT_DATABASE),
     CONFIG_OPTION,
 ]
@@ -117,11 +127,9 @@ def build(config: argparse.Namespace, loaded: Loaded | None = None) -> Daemon:
     )
     relays = relays_of(config, loaded.config.heartbeats)
     # Built first, so that a standby's takeover is only the lock, the epoch and the recovery.
-    leadership = _lead(config.database_url)  # a standby waits here, serving nothing
-    if leadership is not None:
-        scheduler.state.epoch = next_epoch(store)
-        log.info("leading", extra={"epoch": scheduler.state.epoch})
-    scheduler.recover()
+    leadership = _leadership(config.database_url)
+    takeover = Takeover(scheduler, store, relays, leadership, _deposed)
+    led = takeover.lead_now()  # else a standby: it serves reads until the lock frees
     metrics.watch(scheduler.cluster_state, store.job_counts)
     services = scheduler_pb2.DESCRIPTOR.services_by_name
     return Daemon(
@@ -137,8 +145,11 @@ def build(config: argparse.Namespace, loaded: Loaded | None = None) -> Daemon:
                 services["WorkerRegistry"].full_name,
             ),
         ],
-        on_start=lambda server: _start(scheduler, relays, server.address, leadership, store),
+        on_start=lambda server: takeover.start(
+            server.address, config.advertise_address or _advertised(server), led
+        ),
         on_stop=[
+            takeover.stop,
             relays.stop,
             scheduler.stop,
             store.close,
@@ -150,7 +161,13 @@ def build(config: argparse.Namespace, loaded: Loaded | None = None) -> Daemon:
             *([relays.reload] if config.tokens_file else []),
         ],
         scopes=lambda: scheduler,
+        interceptors=[StandbyGate(takeover.standing)] if leadership is not None else [],
     )
+
+
+def _advertised(server: GrpcServer) -> str:
+    host = server.settings.listen.rpartition(":")[0]
+    return advertise_address(host, server.port)
 
 
 # What a relay shares with the scheduler: how calls are checked and how it calls back.
@@ -174,33 +191,14 @@ def relays_of(config: argparse.Namespace, heartbeats: HeartbeatConfig) -> Heartb
     return HeartbeatRelays(heartbeats.relays, host, env, heartbeats.relay_port)
 
 
-def _start(
-    scheduler: Scheduler,
-    relays: HeartbeatRelays,
-    address: str,
-    leadership: Leadership | None,
-    store: SqlStore,
-) -> None:
-    scheduler.start()
-    relays.start(address)
-    if leadership is not None:
-        epoch = scheduler.state.epoch
-        leadership.watch(lambda: epoch_is(store, epoch), _deposed)
-
-
-def _lead(database_url: str) -> Leadership | None:
-    """On PostgreSQL: wait until this scheduler leads (state/leader.py); None on SQLite,
+def _leadership(database_url: str) -> Leadership | None:
+    """On PostgreSQL, the election's lock (state/leader.py), not yet taken; None on SQLite,
     where one scheduler runs alone."""
     try:
         url = database_url_of(database_url)
     except ValidationError as exc:
         raise ValueError(exc.message) from None
-    if not elects(url):
-        return None
-    leadership = Leadership(url)
-    waited = leadership.acquire()
-    log.info("elected leader", extra={"waited_s": round(waited, 3)})
-    return leadership
+    return Leadership(url) if elects(url) else None
 
 
 def _deposed(why: str) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gearshift.common.auth import TOKEN_VARIABLE
 from gearshift.common.channel import channel_target
-from gearshift.common.config import Option, host_port, parse_bool
+from gearshift.common.config import Option, advertise_address, host_port, parse_bool
 from gearshift.common.daemon import Daemon, outgoing_tls, run_daemon, server_options
 from gearshift.common.errors import GearshiftError
 from gearshift.common.server import GrpcServer, register
@@ -29,7 +29,7 @@ from gearshift.worker.cgroups import Cgroups
 from gearshift.worker.collocation import DEFAULT_MAX_SLOWDOWN, DEFAULT_PAUSE_S, Policy
 from gearshift.worker.command import CommandSettings
 from gearshift.worker.devices import parse_devices, parse_memory
-from gearshift.worker.registration import SchedulerLink, advertise_address, default_worker_id
+from gearshift.worker.registration import SchedulerLink, default_worker_id
 from gearshift.worker.resources import detect_cores, detect_memory, offered_cores
 from gearshift.worker.servicer import WorkerAgentServicer
 

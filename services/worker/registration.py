@@ -31,7 +31,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -339,13 +339,3 @@ def default_worker_id(hostname: str, port: int) -> str:
     """`<host>-<port>`: stable across restarts on a fixed port."""
     safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in hostname) or "worker"
     return f"{safe}-{port}"
-
-
-def advertise_address(listen_host: str, port: int, hostnames: Sequence[str] = ()) -> str:
-    """What the scheduler dials: the listen host, or this host's name for a wildcard."""
-    host = listen_host.strip("[]")
-    if host in ("", "0.0.0.0", "::"):
-        host = next(iter(hostnames), "") or socket.gethostname()
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{host}:{port}"

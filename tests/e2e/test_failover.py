@@ -109,8 +109,8 @@ def test_a_killed_leader_is_replaced_within_seconds_losing_nothing(
     cluster.config.flags = {"workers": ["--scheduler", both]}
     cluster.add_workers([("w1", "cpu:2"), ("w2", "cpu:2")], READY_TIMEOUT)
     try:
-        wait_until(lambda: "standby" in standby.log_path.read_text(), 60, "a standby")
-        assert "serving" not in standby.log_path.read_text()
+        wait_until(lambda: "standby:" in standby.log_path.read_text(), 60, "a standby")
+        assert "serving writes" not in standby.log_path.read_text()  # it answers reads only
         with Client(both, timeout=10) as client:
             jobs = [
                 client.submit(digits_spec(f"run-{i}", STEPS, ests=ESTS)).job_id for i in range(2)

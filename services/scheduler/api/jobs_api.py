@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from gearshift.common.codepkg import assemble
@@ -25,6 +26,7 @@ from gearshift.v1 import common_pb2, scheduler_pb2
 
 log = logging.getLogger("gearshift.scheduler")
 C = common_pb2
+STORE_POLL_SECONDS = 1.0  # a standby's watch: how often it reads the leader's events
 S = scheduler_pb2
 
 
@@ -282,10 +284,32 @@ class JobsApi:
             # (or ended the job) commits after letting the lock go (Store.locked_batch).
             if job is None:
                 final = self._stored(job_id)
-                if final is None or final.last_sequence <= sequence:
+                if final is None or (final.last_sequence <= sequence and final.terminal):
                     return
+                if final.last_sequence <= sequence:
+                    # A live job that memory does not hold: a standby's (api/standby.py),
+                    # which polls the store for the leader's events.
+                    with state.changed:
+                        state.changed.wait(timeout=STORE_POLL_SECONDS)
             else:
                 state.store.settle()
+
+    def stored_cluster_state(self) -> S.ClusterState:
+        """The cluster as the store has it: a standby's answer (api/standby.py), without
+        what only a leader's memory holds (the tenants' admissions; reasons)."""
+        store = self.state.store
+        workers, jobs = store.workers(), store.active_jobs()
+        queued = Counter(job.spec.tenant for job in jobs if job.state == C.JOB_STATE_QUEUED)
+        out = S.ClusterState(
+            round=int(store.get_state("round") or 0),
+            round_seconds=self.state.settings.round_seconds,
+            policy=self._policy(),
+        )
+        return self._view.build(workers, jobs, out, queued=queued, quotas=Quotas(), admitted={})
+
+    def _policy(self) -> str:
+        settings = self.state.settings
+        return settings.policy + (" (elastic)" if settings.elastic else "")
 
     def cluster_state(self) -> S.ClusterState:
         """Built outside the lock from the records taken under it (cluster_view.py). Built
@@ -299,8 +323,6 @@ class JobsApi:
             quotas, admitted = self.tenancy()
             round_number = self.round_number()
         out = S.ClusterState(
-            round=round_number,
-            round_seconds=state.settings.round_seconds,
-            policy=state.settings.policy + (" (elastic)" if state.settings.elastic else ""),
+            round=round_number, round_seconds=state.settings.round_seconds, policy=self._policy()
         )
         return self._view.build(workers, jobs, out, queued=queued, quotas=quotas, admitted=admitted)

@@ -2,11 +2,12 @@
 
 Every scheduler started on PostgreSQL first takes a session-level advisory lock on a
 connection of its own and keeps that connection open while it runs. The first to take it
-leads; the others are standbys that retry every POLL_SECONDS without serving. When the
+leads; the others are standbys that retry every POLL_SECONDS, answering reads from the
+store and refusing writes with the leader's address meanwhile (api/standby.py). When the
 leader dies (even by SIGKILL) its connection closes and PostgreSQL frees the lock at
-once: a standby takes it, raises the leader epoch in the store, and starts as a restarted
-scheduler does, from the store (Scheduler.recover). The epoch fences the deposed leader at
-the workers (gearshift.worker.fence).
+once: a standby takes it, raises the leader epoch in the store, records its address, and
+starts as a restarted scheduler does, from the store (Scheduler.recover). The epoch
+fences the deposed leader at the workers (gearshift.worker.fence).
 
 A leader that loses its lock connection (the database restarted, a partition) takes the
 lock again once the database answers, and leads on if no other scheduler raised the epoch
@@ -35,6 +36,7 @@ log = logging.getLogger("gearshift.scheduler.leader")
 # The advisory lock's key (a bigint: "gshift" in ASCII); one scheduler group per database.
 LOCK_KEY = 0x677368696674
 EPOCH_KEY = "leader_epoch"
+ADDRESS_KEY = "leader_address"
 POLL_SECONDS = 0.1  # a standby's retry of the lock: most of the takeover time
 CHECK_SECONDS = 1.0  # the leader's check that its lock connection is alive
 # The lock connection: give up a dead database within seconds, not TCP's minutes.
@@ -56,6 +58,16 @@ def elects(url: str | sa.URL) -> bool:
 def epoch_is(store: Store, epoch: int) -> bool:
     """Whether `epoch` is still the last leader's (no other scheduler led since)."""
     return int(store.get_state(EPOCH_KEY) or 0) == epoch
+
+
+def record_leader(store: Store, address: str) -> None:
+    """Save where the leader serves (its advertised address), for the standbys to name."""
+    store.set_state(ADDRESS_KEY, address)
+
+
+def leader_address(store: Store) -> str:
+    """The last leader's advertised address ("" before any leader recorded one)."""
+    return store.get_state(ADDRESS_KEY) or ""
 
 
 def next_epoch(store: Store) -> int:
@@ -106,6 +118,15 @@ class Leadership:
                 raise TimeoutError(f"not elected leader within {timeout:g} s")
             self._closed.wait(self.poll_seconds)
         raise RuntimeError("leadership closed while waiting for the lock")
+
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free, at once (False: another scheduler leads, or the
+        database does not answer)."""
+        try:
+            return self._try()
+        except sa.exc.OperationalError as exc:
+            log.warning("leader lock: database unreachable", extra={"error": str(exc)})
+            return False
 
     def _try(self) -> bool:
         connection = self._engine.connect()
