@@ -24,7 +24,9 @@ makespan, utilization, rescales, the worst finish-time-fairness ratio, cost and
 every job's completion time (JSON with --json); several profiles print one row
 each. Rubick's traces (--trace-format rubick, --workload rubick) run Rubick's own
 simulator (gearshift.scheduler.sim.rubick_cli), whose variants --policy and --compare
-still choose.
+still choose. Sia's workloads (--trace-format sia --sia-data DIR [--workload NAME,...];
+gearshift.scheduler.sim.sia_cli) run through the same profiles, on the artifact's cluster,
+with its restart delays per model.
 
 Exit codes: 0 done; 1 the workload cannot finish on the cluster; 2 bad usage
 or input.
@@ -47,6 +49,8 @@ from gearshift.scheduler.plugins.registry import Can, Point, capabilities, names
 from gearshift.scheduler.plugins.stages import allocator_for
 from gearshift.scheduler.sim.plots import write_plots
 from gearshift.scheduler.sim.rubick_cli import render_rubick, run_rubick
+from gearshift.scheduler.sim.sia_cli import pooled, render_pooled, sia_workloads
+from gearshift.scheduler.sim.sia_trace import SiaWorkload
 from gearshift.scheduler.sim.simulator import (
     DETERMINISM_CHOICES,
     Multiplexed,
@@ -129,8 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
         + ", ".join(f"{flag} -> {key}" for flag, key in MOVED_TO_FILE.items())
         + ".",
     )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--trace", type=Path, help="Gavel trace file (10 tab-separated fields)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--trace",
+        type=Path,
+        help="Gavel trace file (10 tab-separated fields); with --trace-format: that format's",
+    )
     source.add_argument(
         "--generate", type=int, metavar="N", help="generate N jobs (Gavel section 7.1)"
     )
@@ -145,9 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cluster",
-        default=DEFAULT_CLUSTER,
         help="devices per type, TYPE=COUNT,... (or Gavel's #v100:#p100:#k80): the simulated "
-        "cluster (the daemon's workers tell it theirs)",
+        f"cluster (the daemon's workers tell it theirs; default {DEFAULT_CLUSTER}, Sia's "
+        "workloads: the artifact's simulator_config.py)",
     )
     parser.add_argument(
         "--seed",
@@ -184,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODEL=SECONDS,...",
         help="per-model restart seconds, for every policy: a job whose type starts with MODEL "
         "(case-insensitive, the longest match) restarts in SECONDS, others as the two flags "
-        "above say (Sia's artifact: cifar10 50 s up to imagenet 250 s)",
+        "above say (Sia's artifact: cifar10 50 s up to imagenet 250 s; --trace-format sia "
+        "takes the artifact's own, which these override)",
     )
     parser.add_argument(
         "--free-first-start",
@@ -242,15 +251,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rubick.add_argument(
         "--trace-format",
-        choices=("gavel", "rubick"),
+        choices=("gavel", "rubick", "sia"),
         default="gavel",
-        help="gavel: 10 tab-separated fields; rubick: the Rubick paper's CSV traces",
+        help="gavel: 10 tab-separated fields; rubick: the Rubick paper's CSV traces; sia: the "
+        "Sia artifact's workloads (name,time,application,num_replicas,batch_size) with "
+        "--sia-data",
     )
     rubick.add_argument(
         "--workload",
-        choices=("gavel", "rubick"),
-        default="gavel",
-        help="--generate: Gavel's section 7.1 jobs, or Rubick's (Table 2 models, tenants)",
+        help="--generate: gavel (default; Gavel's section 7.1 jobs) or rubick (Table 2 models, "
+        "tenants); --trace-format sia: workloads under DIR/workloads, NAME,... (default "
+        "philly/workload-1)",
+    )
+    rubick.add_argument(
+        "--sia-data",
+        type=Path,
+        metavar="DIR",
+        help="--trace-format sia: the Sia artifact's sia-simulator/ folder (workloads/, "
+        "traces/, simulator_config.py, applications.py), read at run time. Jobs keep their "
+        "batch size (Gearshift fixes the global batch: compare with the artifact's "
+        "--disable_bsz_tuning), have num_replicas ESTs and never span two GPU types at once",
     )
     rubick.add_argument(
         "--tenants",
@@ -311,6 +331,25 @@ def rubick_traces(args: argparse.Namespace) -> bool:
     )
 
 
+def sia_traces(args: argparse.Namespace) -> bool:
+    return bool(args.trace_format == "sia")
+
+
+def check_source(args: argparse.Namespace) -> None:
+    """--trace or --generate (a Sia workload may come from --workload instead), and
+    --workload's meaning for the format."""
+    if sia_traces(args):
+        if args.generate is not None:
+            raise ValidationError("--generate", "--trace-format sia reads the artifact's workloads")
+        return
+    if args.sia_data is not None:
+        raise ValidationError("--sia-data", "only with --trace-format sia")
+    if args.trace is None and args.generate is None:
+        raise ValidationError("--trace", "give a trace (--trace FILE) or --generate N")
+    if args.workload not in (None, "gavel", "rubick"):
+        raise ValidationError("--workload", f"{args.workload!r}: --generate's are gavel, rubick")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The arguments; a scheduler knob given as a flag is a ValidationError naming the file's
     key that replaced it (argparse's own exit 2 for anything else it does not know)."""
@@ -322,6 +361,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             raise moved(flag)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    check_source(args)
     if rubick_traces(args):
         if args.config:
             raise ValidationError(
@@ -420,6 +460,8 @@ def run_one(
     workload: list[TraceJob],
     cluster: dict[str, int],
     table: ThroughputTable,
+    *,
+    prior: dict[str, float] | None = None,
 ) -> SimulationResult:
     settings = profile.settings
     allocator = allocator_for(settings)
@@ -432,7 +474,7 @@ def run_one(
         allocator,
         round_seconds=settings.round_seconds,
         rescale_seconds=restart if allocator.replans_on_events else args.rigid_rescale_seconds,
-        restart_prior=parse_prior(args.restart_prior),
+        restart_prior={**(prior or {}), **parse_prior(args.restart_prior)},
         charge_first_start=not args.free_first_start,
         elastic=Can.ELASTIC in can,
         determinism=args.determinism,
@@ -452,7 +494,7 @@ def run_one(
 def run(args: argparse.Namespace) -> list[SimulationResult]:
     """Every --config's profile on the workload (parse_args's arguments); ValidationError on
     bad input, every file checked before anything runs."""
-    cluster = parse_cluster(args.cluster)
+    cluster = parse_cluster(args.cluster or DEFAULT_CLUSTER)
     check_numbers(args)
     parse_prior(args.restart_prior)
     if args.throughputs is None:
@@ -472,6 +514,31 @@ def run(args: argparse.Namespace) -> list[SimulationResult]:
         run_one(args, profile, workload, cluster, table).with_isolated(isolated)
         for profile in profiles
     ]
+
+
+def run_sia(args: argparse.Namespace) -> list[tuple[SiaWorkload, list[SimulationResult]]]:
+    """Every --config's profile on every Sia workload: (workload, results) each."""
+    check_numbers(args)
+    parse_prior(args.restart_prior)
+    cluster = parse_cluster(args.cluster) if args.cluster else None
+    profiles = [profile_of(given) for given in args.config or [DEFAULT_PROFILE]]
+    out = []
+    for w in sia_workloads(args.sia_data, args.workload, args.trace, cluster):
+        isolated = isolated_reference(
+            w.jobs, w.cluster, w.table, round_seconds=ISOLATED_ROUND_SECONDS, seed=args.seed
+        )
+        out.append(
+            (
+                w,
+                [
+                    run_one(
+                        args, p, w.jobs, w.cluster, w.table, prior=w.restart_prior
+                    ).with_isolated(isolated)
+                    for p in profiles
+                ],
+            )
+        )
+    return out
 
 
 def render(result: SimulationResult) -> str:
@@ -525,6 +592,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(argv)
         if rubick_traces(args):
             return _main_rubick(args)
+        if sia_traces(args):
+            return _main_sia(args)
         results = run(args)
     except ValidationError as exc:
         print(f"gearshift simulate: error: {exc.message}", file=sys.stderr)
@@ -545,6 +614,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             "plots: " + ", ".join(map(str, written)), file=sys.stderr if args.json else sys.stdout
         )
+    return EXIT_OK
+
+
+def _main_sia(args: argparse.Namespace) -> int:
+    """Sia's workloads (gearshift.scheduler.sim.sia_cli): one workload prints as a Gavel
+    trace's run does; several print a block each and the pooled figures."""
+    try:
+        runs = run_sia(args)
+    except ValidationError as exc:
+        print(f"gearshift simulate: error: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    except SimulationError as exc:
+        print(f"gearshift simulate: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if len(runs) == 1:
+        results = runs[0][1]
+        if args.json:
+            one = results[0].to_json() if len(results) == 1 else [r.to_json() for r in results]
+            print(json.dumps(one, indent=2))
+        else:
+            print(render_comparison(results) if len(results) > 1 else render(results[0]))
+        return EXIT_OK
+    if args.json:
+        payload = [{"workload": w.name, "runs": [r.to_json() for r in rs]} for w, rs in runs]
+        print(json.dumps(payload, indent=2))
+        return EXIT_OK
+    for w, results in runs:
+        print(f"workload: {w.name}")
+        print(render_comparison(results))
+        print()
+    devices = sum(runs[0][0].cluster.values())
+    print(
+        render_pooled([pooled([rs[i] for _, rs in runs], devices) for i in range(len(runs[0][1]))])
+    )
     return EXIT_OK
 
 

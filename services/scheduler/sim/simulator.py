@@ -283,7 +283,7 @@ def sim_job(
         throughputs=throughputs,
         efficiency=overall,
         type_efficiency=per_type,
-        mixing=elastic and (d2 or free),
+        mixing=elastic and (d2 or free) and not job.one_type,
         locked_types=not (d2 or free),
         slowdown=d2_slowdown(job.job_type) if d2 else 1.0,
         deadline=job.arrival_time + job.slo * _isolated_duration(table, job, types)

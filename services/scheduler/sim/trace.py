@@ -44,6 +44,7 @@ class TraceJob:
     needs_data_dir: bool = False
     entity: str = "default"
     guaranteed: bool = False  # its tenant's quota may cover it (not in the trace line)
+    one_type: bool = False  # never spans two types at once, as Sia's jobs (not in the line)
 
     @property
     def key(self) -> JobKey:
