@@ -97,17 +97,7 @@ def test_one_job_alone_finishes_when_the_artifact_says() -> None:
 
 def test_two_devices_for_three_ests_run_at_the_artifacts_rate() -> None:
     """2 devices do not divide 3 ESTs: the table cancels the EST model's imbalance."""
-    w = load_sia_workload(DATA, WORKLOAD, {"slow": 2})
-    settings = settings_of(load(None))
-    result = simulate_pipeline(
-        w.jobs[2:3],
-        w.cluster,
-        w.table,
-        allocator_for(settings),
-        restart_prior=w.restart_prior,
-        charge_first_start=True,
-        elastic=True,
-    )
+    result = run_alone(2, {"slow": 2})
     assert result.jobs[0].jct == pytest.approx(40.0 + seconds("slow", 2, 32), rel=1e-6)
 
 

@@ -29,7 +29,7 @@ from gearshift.common.rubick.data import plan_from_code
 from gearshift.common.rubick.perf import PerfSource
 from gearshift.common.rubick.plans import Plan, consolidated
 from gearshift.common.rubick.request import Request
-from gearshift.scheduler.sim.trace import gandiva_duration
+from gearshift.scheduler.sim.trace import csv_rows, gandiva_duration
 
 COLUMNS = (
     "name",
@@ -108,14 +108,7 @@ def read_rubick_trace(path: str | Path, perf: PerfSource | None = None) -> list[
     """Read a Rubick trace; ValidationError names the file, line and column of a bad value.
     With `perf`, applications it has no data for are refused too."""
     source = Path(path)
-    try:
-        text = source.read_text()
-    except OSError as exc:
-        raise ValidationError(str(source), f"cannot read trace: {exc}") from None
-    reader = csv.DictReader(text.splitlines())
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-    if missing:
-        raise ValidationError(f"{source}:1", f"missing columns: {', '.join(missing)}")
+    reader = csv_rows(source, COLUMNS, "trace")
     jobs: list[RubickJob] = []
     for row in reader:
         where = f"{source}:{reader.line_num}"

@@ -23,7 +23,6 @@ any n (Sia's jobs split the batch per replica, not per EST). Jobs never span two
 from __future__ import annotations
 
 import ast
-import csv
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from gearshift.scheduler.sim.sia_model import (
     completion_seconds,
     work_steps,
 )
-from gearshift.scheduler.sim.trace import TraceJob
+from gearshift.scheduler.sim.trace import TraceJob, csv_rows
 
 WORKLOAD_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 STEP_COLUMNS = ("local_bsz", "step_time", "sync_time")
@@ -92,14 +91,7 @@ class SiaWorkload:
 
 def _rows(path: Path, needed: Sequence[str]) -> list[dict[str, float]]:
     """A CSV's rows as numbers; ValidationError names the file, line and column."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValidationError(str(path), f"cannot read: {exc.strerror or exc}") from None
-    reader = csv.DictReader(text.splitlines())
-    missing = [c for c in needed if c not in (reader.fieldnames or [])]
-    if missing:
-        raise ValidationError(f"{path}:1", f"missing columns: {', '.join(missing)}")
+    reader = csv_rows(path, needed, "table")
     out = []
     for row in reader:
         values = {}
@@ -123,14 +115,7 @@ def _rows(path: Path, needed: Sequence[str]) -> list[dict[str, float]]:
 def read_workload(path: Path) -> list[SiaJob]:
     """A workload CSV; arrivals must not decrease."""
     jobs: list[SiaJob] = []
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValidationError(str(path), f"cannot read workload: {exc.strerror or exc}") from None
-    reader = csv.DictReader(text.splitlines())
-    missing = [c for c in WORKLOAD_COLUMNS if c not in (reader.fieldnames or [])]
-    if missing:
-        raise ValidationError(f"{path}:1", f"missing columns: {', '.join(missing)}")
+    reader = csv_rows(path, WORKLOAD_COLUMNS, "workload")
     for row in reader:
         where = f"{path}:{reader.line_num}"
         try:

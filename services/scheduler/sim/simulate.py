@@ -588,19 +588,23 @@ def render_comparison(results: list[SimulationResult]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    sia: list[tuple[SiaWorkload, list[SimulationResult]]] = []
     try:
         args = parse_args(argv)
         if rubick_traces(args):
             return _main_rubick(args)
         if sia_traces(args):
-            return _main_sia(args)
-        results = run(args)
+            sia = run_sia(args)
+        results = sia[0][1] if sia else run(args)
     except ValidationError as exc:
         print(f"gearshift simulate: error: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
     except SimulationError as exc:
         print(f"gearshift simulate: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    if len(sia) > 1:
+        _print_sia(args, sia)
+        return EXIT_OK
     several = len(results) > 1
     if args.json:
         payload: object = [r.to_json() for r in results] if several else results[0].to_json()
@@ -617,29 +621,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_OK
 
 
-def _main_sia(args: argparse.Namespace) -> int:
-    """Sia's workloads (gearshift.scheduler.sim.sia_cli): one workload prints as a Gavel
-    trace's run does; several print a block each and the pooled figures."""
-    try:
-        runs = run_sia(args)
-    except ValidationError as exc:
-        print(f"gearshift simulate: error: {exc.message}", file=sys.stderr)
-        return EXIT_USAGE
-    except SimulationError as exc:
-        print(f"gearshift simulate: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    if len(runs) == 1:
-        results = runs[0][1]
-        if args.json:
-            one = results[0].to_json() if len(results) == 1 else [r.to_json() for r in results]
-            print(json.dumps(one, indent=2))
-        else:
-            print(render_comparison(results) if len(results) > 1 else render(results[0]))
-        return EXIT_OK
+def _print_sia(
+    args: argparse.Namespace, runs: list[tuple[SiaWorkload, list[SimulationResult]]]
+) -> None:
+    """Several Sia workloads (gearshift.scheduler.sim.sia_cli): a block each and the pooled
+    figures (one workload prints as a Gavel trace's run does)."""
     if args.json:
         payload = [{"workload": w.name, "runs": [r.to_json() for r in rs]} for w, rs in runs]
         print(json.dumps(payload, indent=2))
-        return EXIT_OK
+        return
     for w, results in runs:
         print(f"workload: {w.name}")
         print(render_comparison(results))
@@ -648,7 +638,6 @@ def _main_sia(args: argparse.Namespace) -> int:
     print(
         render_pooled([pooled([rs[i] for _, rs in runs], devices) for i in range(len(runs[0][1]))])
     )
-    return EXIT_OK
 
 
 def _main_rubick(args: argparse.Namespace) -> int:

@@ -15,10 +15,11 @@ the reference type (v100).
 
 from __future__ import annotations
 
+import csv
 import itertools
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +67,20 @@ class TraceJob:
                 f"{self.arrival_time:g}",
             ]
         )
+
+
+def csv_rows(path: Path, columns: Sequence[str], what: str) -> csv.DictReader[str]:
+    """A CSV trace's rows by column; ValidationError names the file when it cannot be read or
+    lacks a column (`what`: the kind of file, for the message)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValidationError(str(path), f"cannot read {what}: {exc.strerror or exc}") from None
+    reader = csv.DictReader(text.splitlines())
+    missing = [c for c in columns if c not in (reader.fieldnames or [])]
+    if missing:
+        raise ValidationError(f"{path}:1", f"missing columns: {', '.join(missing)}")
+    return reader
 
 
 def parse_trace_lines(lines: Iterable[str], source: str = "trace") -> list[TraceJob]:
