@@ -21,8 +21,9 @@ from gearshift.scheduler.plugins.gavel.mechanism import (
     type_order,
 )
 from gearshift.scheduler.plugins.gavel.policies import make_policy
+from gearshift.scheduler.round import placement
 from gearshift.scheduler.round.placement import consolidate
-from gearshift.scheduler.types import Device
+from gearshift.scheduler.types import Device, Target
 
 
 def test_priority_is_share_over_fraction_received() -> None:
@@ -117,6 +118,35 @@ def test_place_keeps_a_job_on_its_devices_and_consolidates_the_rest() -> None:
     for combo in (("b",), ("c",)):
         assert len({d.worker_id for d in out[combo]}) == 1
     assert len({d for ds in out.values() for d in ds}) == 5
+
+
+def test_a_pair_whose_members_each_held_a_device_shares_one() -> None:
+    """a and b ran alone last round, each on its own V100; now they share one and c needs
+    the other. Each member keeping its device would take both and leave c out."""
+    free = devices("w1", "v100", 2)
+    v100 = (("v100", 1),)
+    targets = {
+        "a": Target("a", v100, {"v100": (1,)}, ("b",), "shared"),
+        "b": Target("b", v100, {"v100": (1,)}, ("a",), "shared"),
+        "c": Target("c", v100, {"v100": (1,)}),
+    }
+    current = {"a": [(free[0], 1)], "b": [(free[1], 1)]}
+    out = placement.place(targets, free, current)
+    assert [d for d, _ in out["a"]] == [d for d, _ in out["b"]] == [free[0]]
+    assert [d for d, _ in out["c"]] == [free[1]]
+
+
+def test_packed_ledger_holds_every_pair_from_arrival_as_gavel_does() -> None:
+    """Gavel's ledger has an entry for every pair of jobs of one scale factor, at 0 s until
+    the next reset gives it half a round like the others, so each type's total counts it."""
+    sched = RoundScheduler(make_policy("las_packed"), round_seconds=10)
+    capacity = {"v100": 1}
+    for job in ("a", "b"):
+        sched.add_job(view(job, speeds={"v100": 1.0}), capacity)
+    assert sched.ledger.job_time[("a", "b")] == {"v100": 0.0}
+    sched.ledger.reset(10.0, {})
+    assert sched.ledger.job_time[("a", "b")] == {"v100": 5.0}
+    assert sched.ledger.worker_time["v100"] == 15.0
 
 
 def test_consolidate_spreads_only_when_no_worker_fits() -> None:

@@ -147,6 +147,7 @@ def one_device_jobs(trace: Path) -> list[TraceJob]:
         ("allox", "artifact_evaluation.trace", {"v100": 2, "k80": 4}, 3420.9),
         ("finish_time_fairness_packed", "artifact_evaluation.trace", {"v100": 2, "k80": 4}, 3292.8),
         ("min_total_duration_packed", "artifact_evaluation.trace", {"v100": 2, "k80": 4}, 4522.3),
+        ("min_total_duration_packed", "max_min_fairness.trace", CLUSTER, 12217.7),
     ],
 )
 def test_gavels_other_policies_within_5_percent_of_gavel(

@@ -131,7 +131,10 @@ class GavelRounds:
         throughputs = {
             t: job.throughputs.get(t, 0.0) if t in job.types else 0.0 for t in snapshot.capacity
         }
-        if old is not None and old.throughputs == throughputs:
+        # A pair's rates live in the older job's view: a view kept after a newcomer arrived
+        # would hide every pair with it from packed policies, so it is kept only while they
+        # are unchanged too.
+        if old is not None and old.throughputs == throughputs and old.colocated == job.colocated:
             old.steps_remaining = job.steps_remaining  # what X reads when recomputed
             return old
         return JobView(

@@ -66,6 +66,9 @@ def _place(
         if (
             held
             and target.role != "background"  # it follows its foreground, kept or moved
+            # A pair shares one set of devices: once a partner kept its own, this job joins
+            # it below (both keeping theirs would take two sets and crowd another job out).
+            and not any(p in out for p in target.partners)
             and config_of(count_by_type(d for d, _ in held)) == target.devices
             and (not target.workers or _per_worker(d for d, _ in held) == dict(target.workers))
             and all(d in pools.get(d.worker_type, {}).get(d.worker_id, ()) for d, _ in held)

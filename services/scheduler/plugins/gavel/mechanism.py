@@ -68,10 +68,14 @@ class Ledger:
     deficits: dict[str, dict[Combo, float]] = field(default_factory=dict)
     last_reset: float = 0.0
 
-    def add(self, combo: Combo, worker_types: Iterable[str]) -> None:
+    def add(
+        self, combo: Combo, worker_types: Iterable[str], *, seconds: float | None = None
+    ) -> None:
+        """An entry for `combo`: half a round on each type, or `seconds` (Gavel starts a pair
+        at 0 until the next reset gives it half a round too)."""
         entry = self.job_time.setdefault(combo, {})
         for kind in worker_types:
-            entry[kind] = self.round_seconds / 2.0
+            entry[kind] = self.round_seconds / 2.0 if seconds is None else seconds
             self.worker_time.setdefault(kind, 0.0)
             self.deficits.setdefault(kind, {})[combo] = 0.0
 
@@ -333,9 +337,18 @@ class RoundScheduler:
 
     # Step 1 ------------------------------------------------------------------
     def add_job(self, job: JobView, worker_types: Iterable[str]) -> None:
-        """A job arrived (or was recovered): it joins the ledger; X is stale."""
+        """A job arrived (or was recovered): it joins the ledger; X is stale.
+
+        With space sharing its pairs with every job of its scale factor join too, as in
+        Gavel: at each reset every pair's half round counts in its type's total, so a pair
+        the allocation leaves out still lowers every fraction of time received."""
+        kinds = list(worker_types)
+        self.ledger.add((job.job_id,), kinds)
+        if getattr(self.policy, "space_sharing", False):
+            for other in self.jobs.values():
+                if other.job_id != job.job_id and other.scale_factor == job.scale_factor:
+                    self.ledger.add((other.job_id, job.job_id), kinds, seconds=0.0)
         self.jobs[job.job_id] = job
-        self.ledger.add((job.job_id,), worker_types)
         self._changed()
 
     def update_job(self, job: JobView, worker_types: Iterable[str]) -> None:

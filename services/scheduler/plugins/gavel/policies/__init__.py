@@ -36,6 +36,7 @@ __all__ = [
     "Policy",
     "PolicyError",
     "PolicyInput",
+    "describe",
     "elastic_refusal",
     "make_policy",
     "policy_names",
@@ -65,12 +66,9 @@ _POLICIES: dict[str, tuple[Factory, str]] = {
         "Gavel: finish-time fairness, heterogeneity-aware, with space sharing",
     ),
     "makespan_packed": (
-        lambda s: Makespan(space_sharing=True),
-        "minimize the time to finish every active job, with space sharing",
-    ),
-    "min_total_duration_packed": (
-        lambda s: Makespan(space_sharing=True),
-        "Gavel: minimize makespan with space sharing",
+        lambda s: Makespan(space_sharing=True, bisect=True),
+        "minimize the time to finish every active job, with space sharing (Gavel's "
+        "bisection: a feasible point within 5% of the optimum)",
     ),
     "finish_time_fairness": (
         lambda s: FinishTimeFairness(),
@@ -90,22 +88,9 @@ _POLICIES: dict[str, tuple[Factory, str]] = {
         "hierarchical max-min fairness by water filling (entities, fairness or FIFO inside)",
     ),
     # The reference implementation's names.
-    "max_min_fairness": (
-        lambda s: MaxMinFairness(heterogeneity_aware=False),
-        "Gavel: LAS, heterogeneity-agnostic",
-    ),
-    "max_min_fairness_perf": (lambda s: MaxMinFairness(), "Gavel: LAS, heterogeneity-aware"),
-    "max_min_fairness_packed": (
-        lambda s: MaxMinFairness(space_sharing=True),
-        "Gavel: LAS with space sharing",
-    ),
     "max_min_fairness_water_filling": (
         lambda s: WaterFilling(heterogeneity_aware=False),
         "Gavel: water-filling max-min fairness, heterogeneity-agnostic",
-    ),
-    "max_min_fairness_water_filling_perf": (
-        lambda s: WaterFilling(),
-        "Gavel: water-filling max-min fairness, heterogeneity-aware",
     ),
     "fifo": (lambda s: QueueFifo(seed=s), "Gavel: FIFO queue, heterogeneity-agnostic"),
     "fifo_perf": (
@@ -115,10 +100,6 @@ _POLICIES: dict[str, tuple[Factory, str]] = {
     "finish_time_fairness_agnostic": (
         lambda s: FinishTimeFairness(heterogeneity_aware=False),
         "finish-time fairness, heterogeneity-agnostic",
-    ),
-    "finish_time_fairness_perf": (
-        lambda s: FinishTimeFairness(),
-        "Gavel: finish-time fairness, heterogeneity-aware",
     ),
     "isolated": (lambda s: Isolated(), "Gavel: equal share of every type"),
     "fifo_packed": (
@@ -131,17 +112,20 @@ _POLICIES: dict[str, tuple[Factory, str]] = {
         "Gavel's AlloX baseline: one-device jobs matched to devices, least total "
         "completion time (Hungarian method)",
     ),
-    "max_sum_throughput_perf": (lambda s: MaxSumThroughput(), "Gavel: maximize total throughput"),
-    "max_sum_throughput_normalized_by_cost_perf": (
-        lambda s: MinTotalCost(),
-        "Gavel: throughput per dollar",
-    ),
-    "max_sum_throughput_normalized_by_cost_perf_SLOs": (
-        lambda s: MinTotalCost(slos=True),
-        "Gavel: throughput per dollar subject to SLOs",
-    ),
-    "min_total_duration": (lambda s: Makespan(), "Gavel: minimize makespan"),
-    "min_total_duration_perf": (lambda s: Makespan(), "minimize makespan"),
+}
+# The reference implementation's names for the policies above: one policy, two names.
+_ALIASES: dict[str, str] = {
+    "max_min_fairness": "las_agnostic",
+    "max_min_fairness_perf": "las",
+    "max_min_fairness_packed": "las_packed",
+    "max_min_fairness_water_filling_perf": "hierarchical",
+    "finish_time_fairness_perf": "finish_time_fairness",
+    "max_sum_throughput_perf": "max_sum_throughput",
+    "max_sum_throughput_normalized_by_cost_perf": "min_total_cost",
+    "max_sum_throughput_normalized_by_cost_perf_SLOs": "min_total_cost_slo",
+    "min_total_duration": "makespan",
+    "min_total_duration_perf": "makespan",
+    "min_total_duration_packed": "makespan_packed",
 }
 # Gavel's `finish_time_fairness` is its agnostic variant; Gearshift's bare name is the
 # heterogeneity-aware one, and the agnostic one is spelled out. Elastic modes
@@ -149,17 +133,25 @@ _POLICIES: dict[str, tuple[Factory, str]] = {
 
 
 def policy_names() -> list[str]:
-    return sorted(_POLICIES)
+    return sorted([*_POLICIES, *_ALIASES])
+
+
+def _factory(name: str) -> Factory:
+    """The factory behind `name` or behind the name it is an alias of (KeyError: neither)."""
+    return _POLICIES[_ALIASES.get(name, name)][0]
 
 
 def describe(name: str) -> str:
+    target = _ALIASES.get(name)
+    if target is not None:
+        return f"Gavel's name for {target}: {_POLICIES[target][1]}"
     return _POLICIES[name][1]
 
 
 def traits(name: str) -> tuple[bool, bool]:
     """(has an elastic form, shares devices) of the policy called `name`, without loading
     cvxpy: the plugin registry reads them when it is imported."""
-    policy = _POLICIES[name][0](0)
+    policy = _factory(name)(0)
     return policy.has_elastic_form, bool(getattr(policy, "space_sharing", False))
 
 
@@ -167,7 +159,7 @@ def elastic_refusal(name: str) -> str | None:
     """Why the policy called `name` cannot allocate elastic jobs (None: it can): the one
     message the plugin registry and make_allocator both give, naming the policy and the
     elastic mode."""
-    policy = _POLICIES[name][0](0)
+    policy = _factory(name)(0)
     if not policy.has_elastic_form:
         return f"{name!r} has no elastic form: {policy.no_elastic_form_because}"
     if getattr(policy, "space_sharing", False):
@@ -183,11 +175,10 @@ def elastic_refusal(name: str) -> str | None:
 
 def make_policy(name: str, *, seed: int = 0, field: str = "policy") -> Policy:
     """The policy called `name`; ValidationError (naming `field`) lists the known names."""
-    entry = _POLICIES.get(name)
-    if entry is None:
+    if _ALIASES.get(name, name) not in _POLICIES:
         known = ", ".join(policy_names())
         raise ValidationError(field, f"unknown policy {name!r}; one of: {known}")
-    policy = entry[0](seed)
+    policy = _factory(name)(seed)
     policy.name = name
     if policy.problem_class != "greedy":
         # cvxpy is a lazy module (policies.cvx): load it here, in the thread that makes the

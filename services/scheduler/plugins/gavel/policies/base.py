@@ -290,13 +290,22 @@ class Combos:
     rates: tuple[FloatArray, ...]
 
     @staticmethod
-    def build(inp: PolicyInput, throughputs: FloatArray, space_sharing: bool) -> Combos:
+    def build(
+        inp: PolicyInput, throughputs: FloatArray, space_sharing: bool, *, every_pair: bool = False
+    ) -> Combos:
+        """`every_pair` keeps a row for each pair of equal scale factors, even one that runs
+        nowhere (Gavel's packed LPs have one: it changes which feasible point an interior-point
+        solver returns, not the optimum)."""
         m, n = inp.num_jobs, inp.num_types
         rows: list[tuple[int, ...]] = [(i,) for i in range(m)]
         if space_sharing:
-            for (a, b), pair in sorted(inp.colocated.items()):
-                if inp.scale_factors[a] == inp.scale_factors[b] and np.any(pair > 0):
-                    rows.append((a, b))
+            for a in range(m):
+                for b in range(a + 1, m):
+                    pair = inp.colocated.get((a, b))
+                    if inp.scale_factors[a] != inp.scale_factors[b]:
+                        continue
+                    if every_pair or (pair is not None and np.any(pair > 0)):
+                        rows.append((a, b))
         k = len(rows)
         sf = np.array([inp.scale_factors[r[0]] for r in rows])
         data, ri, ci = [], [], []
@@ -308,8 +317,7 @@ class Combos:
                 ci.append(idx)
                 if len(row) == 1:
                     rates[job][idx] = throughputs[job]
-                else:
-                    pair = inp.colocated[(row[0], row[1])]
+                elif (pair := inp.colocated.get((row[0], row[1]))) is not None:
                     # A pair never beats its members' isolated speed on a type they cannot use.
                     rates[job][idx] = np.where(throughputs[job] > 0, pair[:, pos], 0.0)
         members = sp.csr_matrix((data, (ri, ci)), shape=(m, k))
