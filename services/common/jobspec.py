@@ -31,6 +31,7 @@ _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 PS_MODULE = "gearshift.worker.ps.run"
 PS_DEFAULT_MAX = 8  # PS / workers a plan may give a PS job whose spec sets no bound
 MAX_PS_PROCESSES = 64
+MAX_PS_SLOTS = 8  # workers one PS job may spread over
 
 
 def is_ps_job(spec: common_pb2.JobSpec) -> bool:
@@ -52,6 +53,7 @@ def ps_defaults(ps: common_pb2.ParameterServerSpec) -> common_pb2.ParameterServe
         ("dim", 8),
         ("lr", 0.05),
         ("eval_blocks", 40),
+        ("slots", 1),
     ):
         if not getattr(out, name):
             setattr(out, name, value)
@@ -63,7 +65,7 @@ def _ps_derived(ps: common_pb2.ParameterServerSpec) -> common_pb2.JobSpec:
     d = ps_defaults(ps)
     return common_pb2.JobSpec(
         entrypoint=common_pb2.Entrypoint(module=PS_MODULE),
-        num_ests=1,
+        num_ests=d.slots,  # one rank a slot: the launchers' share of the processes
         global_batch_size=d.batch,
         dataset=common_pb2.DatasetSpec(
             name="synthetic-clicks",
@@ -98,6 +100,11 @@ def _validate_ps(spec: common_pb2.JobSpec, f: Callable[[str], str]) -> None:
         f"{ps.workers} is above parameter_server.max_workers ({d.max_workers})",
     )
     require(ps.seed >= 0, p("seed"), f"must be >= 0 (got {ps.seed})")
+    require(
+        0 <= ps.slots <= MAX_PS_SLOTS,
+        p("slots"),
+        f"must be between 0 and {MAX_PS_SLOTS} (0: 1) (got {ps.slots})",
+    )
     for name in ("fields", "vocab", "batch", "train_blocks", "dim", "eval_blocks"):
         value = getattr(ps, name)
         require(value >= 0, p(name), f"must be > 0 (0: the default) (got {value})")
@@ -141,10 +148,14 @@ def _validate_ps(spec: common_pb2.JobSpec, f: Callable[[str], str]) -> None:
             f"must be unset for a parameter-server job (it is {getattr(derived, name)} "
             f"by spec.parameter_server), got {value}",
         )
+    slots = ps_defaults(spec.parameter_server).slots
     require(
-        not spec.HasField("elastic") or spec.elastic.max_devices <= 1,
+        not spec.HasField("elastic")
+        or spec.elastic.min_devices == spec.elastic.max_devices == slots
+        or spec.elastic.max_devices <= 1 == slots,
         f("elastic"),
-        "must be unset for a parameter-server job (parameter_server.max_ps / max_workers bound it)",
+        "must be unset for a parameter-server job (parameter_server.max_ps / max_workers bound "
+        "its processes, parameter_server.slots its devices)",
     )
     require(
         not spec.accelerator_types or list(spec.accelerator_types) == ["cpu"],
@@ -209,7 +220,8 @@ def validate_job_spec(spec: common_pb2.JobSpec, prefix: str = "spec") -> None:
     )
     require(spec.global_batch_size > 0, f("global_batch_size"), "must be > 0")
     require(
-        spec.global_batch_size % spec.num_ests == 0,
+        # A PS job's ranks are its slots, which split its processes, not its batches.
+        spec.global_batch_size % spec.num_ests == 0 or is_ps_job(spec),
         f("global_batch_size"),
         f"{spec.global_batch_size} is not a multiple of num_ests ({spec.num_ests})",
     )
@@ -294,7 +306,7 @@ def with_defaults(spec: common_pb2.JobSpec) -> common_pb2.JobSpec:
     if is_ps_job(out):
         out.MergeFrom(_ps_derived(out.parameter_server))
         out.parameter_server.CopyFrom(ps_defaults(out.parameter_server))
-        out.elastic.min_devices = out.elastic.max_devices = 1
+        out.elastic.min_devices = out.elastic.max_devices = out.parameter_server.slots
         out.determinism = common_pb2.DETERMINISM_LEVEL_D0  # asynchronous updates
         if not out.model_type:
             out.model_type = "wide-deep"

@@ -31,11 +31,14 @@ loop writes it); foreground and shared tasks run as any other.
 
 Validation names the request field (`placement.processes[2].est_ids`, ...).
 
-A parameter-server job (spec.parameter_server) runs one process instead: the PS launcher,
+A parameter-server job (spec.parameter_server) runs one process a task instead: the PS launcher,
 `python -m gearshift.worker.ps.run --task`, with the counts and cores of the request's
 ps_plan, the spec's click-data and model knobs, the job's checkpoint folder (always
 resumed when it holds a checkpoint), total_steps global batches, the shard manager's
-dynamic shards (dataset_id), and the task folder's progress.json (ps/task.py).
+dynamic shards (dataset_id), and the task folder's progress.json (ps/task.py). A job
+spread over several workers (parameter_server.slots) runs on each its share of the
+processes (ps/spread.py), meeting through a TCP store at the placement's rendezvous
+address, which the launcher of rank 0 serves.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from gearshift.common.sharding import num_shards
 from gearshift.common.validation import check_generation, check_name, require
 from gearshift.v1 import common_pb2, training_pb2, worker_pb2
 from gearshift.worker.gpus import VISIBLE_VARIABLE, task_gpus
+from gearshift.worker.ps.spread import format_roles, spread_roles
 from gearshift.worker.runtime.backend import choose_backend
 from gearshift.worker.runtime.settings import RunSettings
 from gearshift.worker.spawner import RUN_MODULE
@@ -201,6 +205,11 @@ class TaskPlan:
                 process.local_device = gpus[rank].local_device
         return task
 
+    @property
+    def spawned_ranks(self) -> tuple[int, ...]:
+        """The local ranks that get a process: a PS job's launcher is one for them all."""
+        return self.ranks[:1] if self.ps_plan is not None else self.ranks
+
     def command(self, rank: int, settings: CommandSettings, task_file: Path) -> list[str]:
         """The argv of local rank `rank`, which reads everything else from `task_file`."""
         if self.ps_plan is not None:
@@ -229,7 +238,12 @@ class TaskPlan:
         # Enough epochs of one-batch shards for every global batch of the job.
         cmd += ["--epochs", str(-(-self.total_steps // ps.train_blocks) + 1)]
         cmd += ["--progress-file", str(task_dir / "progress.json")]
-        cmd += ["--stats-file", str(task_dir / "stats" / "rank0.json")]
+        cmd += ["--stats-file", str(task_dir / "stats" / f"rank{self.ranks[0]}.json")]
+        if len(self.ranks) < self.world_size:  # spread over workers: meet through TCP
+            roles = spread_roles(plan.ps, plan.workers, self.world_size, self.ranks)
+            cmd += ["--store", self.rendezvous, "--roles", format_roles(roles)]
+            if 0 in self.ranks:
+                cmd.append("--serve-store")
         # No phase deadline: the task runs until its batches are done or it is stopped.
         cmd += ["--timeout", "inf"]
         if self.spec.checkpoint_every_steps > 0:  # global batches between checkpoints

@@ -170,7 +170,7 @@ class Task:
                 code_dir = code(sha256)
             if self.plan.ps_plan is None:  # a PS launcher takes its flags (ps_command)
                 write_task(self.plan.training_task(settings, self.task_dir, code_dir), task_file)
-            for rank in self.plan.ranks:
+            for rank in self.plan.spawned_ranks:
                 child_env = dict(self.plan.environment(rank, settings, env))
                 child_env.pop(CORES_VARIABLE, None)
                 if rank in self.cores:

@@ -6,7 +6,9 @@ host's own.
 
 - An EST job (the digits CNN, 4 ESTs on 2 hosts) trains with gloo across the namespaces and
   ends with the digest of the same job on a fixed 4 processes.
-- A PS job spans two hosts, its PS and worker processes meeting through a TCP store.
+- A PS job spans two hosts, its PS and worker processes meeting through a TCP store: by
+  hand (two launchers), and placed by the scheduler (parameter_server.slots), ending with
+  the digest of the same job on one host.
 - Killing one host (every process in its namespace) moves the job to the others, which end
   it with the same digest.
 
@@ -22,6 +24,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,10 +72,18 @@ def ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     return reference(shared, STEPS)
 
 
-def hosts_cluster(root: Path, database: str, redis_url: str, net: netns.Network) -> DevCluster:
-    """Services on the bridge address; worker `w<i>` (2 CPU slots) in host i's namespace."""
-    workers = tuple((f"w{i}", "cpu:2") for i in range(1, len(net.hosts) + 1))
-    cluster = e2e_cluster(root, database, redis_url, workers=workers)
+def hosts_cluster(
+    root: Path,
+    database: str,
+    redis_url: str,
+    net: netns.Network,
+    *,
+    slots: str = "cpu:2",
+    scheduler: dict[str, Any] | None = None,
+) -> DevCluster:
+    """Services on the bridge address; worker `w<i>` (`slots`) in host i's namespace."""
+    workers = tuple((f"w{i}", slots) for i in range(1, len(net.hosts) + 1))
+    cluster = e2e_cluster(root, database, redis_url, workers=workers, scheduler=scheduler)
     cluster.config.host = net.bridge_address
     cluster.config.listen_hosts = {
         name: h.address for (name, _), h in zip(workers, net.hosts, strict=True)
@@ -124,6 +135,60 @@ def test_an_est_job_spans_two_hosts(
     assert running_on(S.Job(placement=began.placement)) == {"w1": 2, "w2": 2}
     assert job.final_digest == ref.digest
     assert step_log(cluster.checkpoint_root / job_id / "steps.jsonl") == ref.losses
+
+
+@pytest.fixture
+def two_one_slot_hosts(
+    hosts_possible: None, tmp_path: Path, postgres_db: str, redis_url: str
+) -> Iterator[tuple[DevCluster, netns.Network]]:
+    """One CPU slot a worker, so a PS job of 2 slots spans both hosts. No Brain: a PS job
+    runs its spec's counts throughout (a plan of the Brain's would restart it)."""
+    no_brain = {"cluster": {"brainAddress": ""}}
+    with netns.network(2) as net:
+        cluster = hosts_cluster(
+            tmp_path, postgres_db, redis_url, net, slots="cpu:1", scheduler=no_brain
+        )
+        try:
+            yield started(cluster), net
+        finally:
+            cluster.stop()
+
+
+def ps_spec(name: str, slots: int) -> C.JobSpec:
+    """2 PS and 1 worker: one worker waits for its pushes before its next batch, so the
+    job's bits do not depend on timing, and a fixed run's digest can be compared."""
+    return C.JobSpec(
+        name=name,
+        total_steps=PS_STEPS,
+        parameter_server=C.ParameterServerSpec(
+            ps=2, workers=1, seed=5, fields=4, vocab=2000, batch=128, train_blocks=100,
+            eval_blocks=5, slots=slots,
+        ),
+    )  # fmt: skip
+
+
+def test_the_scheduler_spreads_a_ps_job_over_two_hosts(
+    two_one_slot_hosts: tuple[DevCluster, netns.Network],
+) -> None:
+    """parameter_server.slots = 2 on one-slot workers: a launcher on each host, PS 0 and the
+    worker on w1's (rank 0: it serves the TCP store on its host), PS 1 on w2's; the job ends
+    with the digest of the same job on one host (slots = 1, a file store)."""
+    cluster, _ = two_one_slot_hosts
+    with client_of(cluster) as client:
+        spread = client.submit(ps_spec("spread", 2)).job_id
+        fixed = client.submit(ps_spec("fixed", 1)).job_id
+        done = {job_id: client.wait(job_id, timeout=WAIT) for job_id in (spread, fixed)}
+        began = next(e for e in client.watch(spread) if e.type == S.JOB_EVENT_TYPE_STARTED)
+    for job in done.values():
+        assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.log_tails()
+        assert job.final_digest
+    assert running_on(S.Job(placement=began.placement)) == {"w1": 1, "w2": 1}
+    assert done[spread].final_digest == done[fixed].final_digest
+    root = cluster.checkpoint_root
+    assert not list((root / spread).rglob("rpc.store"))  # met through the TCP store
+    assert list((root / fixed).rglob("rpc.store"))  # one host: the file store
+    logs = {w: (cluster.logs / f"{w}.log").read_text() for w in ("w1", "w2")}
+    assert all(f"{spread}.g1.{w}" in logs[w] for w in logs)  # a task, a launcher, each
 
 
 @pytest.fixture

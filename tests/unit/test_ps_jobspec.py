@@ -50,6 +50,8 @@ def test_ps_spec_is_valid_and_defaults_are_derived() -> None:
         (lambda s: setattr(s.parameter_server, "lr", -0.1), "spec.parameter_server.lr"),
         (lambda s: setattr(s.parameter_server, "vocab", 10**8), "spec.parameter_server.vocab"),
         (lambda s: setattr(s.parameter_server, "read_ms", -1), "spec.parameter_server.read_ms"),
+        (lambda s: setattr(s.parameter_server, "slots", 9), "spec.parameter_server.slots"),
+        (lambda s: setattr(s.parameter_server, "slots", -1), "spec.parameter_server.slots"),
         (
             lambda s: setattr(s.parameter_server, "read_ms", float("inf")),
             "spec.parameter_server.read_ms",
@@ -75,6 +77,16 @@ def test_bad_ps_spec_names_the_field(change: object, field: str) -> None:
     with pytest.raises(ValidationError) as err:
         validate_job_spec(spec)
     assert err.value.field == field, str(err.value)
+
+
+def test_a_ps_job_of_several_slots_asks_for_as_many_devices() -> None:
+    spec = ps_spec()
+    spec.parameter_server.slots = 3
+    full = with_defaults(spec)
+    validate_job_spec(full)  # the worker validates the spec with defaults again
+    assert full.num_ests == 3  # one rank a slot
+    assert full.elastic.min_devices == full.elastic.max_devices == 3
+    assert with_defaults(ps_spec()).parameter_server.slots == 1  # 0: one
 
 
 def test_example_ps_spec_is_accepted() -> None:

@@ -8,6 +8,7 @@ from torch.distributed.rendezvous import rendezvous
 
 from gearshift.common.ports import free_port_in
 from gearshift.worker.ps.meet import Meeting, check_roles, init_method, parse_roles, serve_store
+from gearshift.worker.ps.spread import format_roles, spread_roles
 
 
 def test_roles_parse_and_name_a_bad_item() -> None:
@@ -16,6 +17,18 @@ def test_roles_parse_and_name_a_bad_item() -> None:
         parse_roles("ps:0,chief:0")
     with pytest.raises(ValueError, match="worker:2 not in a phase of 2x2"):
         check_roles({("ps", 1), ("worker", 2)}, 2, 2)
+
+
+def test_a_spread_job_s_processes_go_round_robin_over_its_ranks() -> None:
+    # 2 PS x 1 worker over 2 slots: PS 0 and the worker on rank 0, PS 1 on rank 1.
+    assert spread_roles(2, 1, 2, [0]) == [("ps", 0), ("worker", 0)]
+    assert spread_roles(2, 1, 2, [1]) == [("ps", 1)]
+    assert spread_roles(1, 1, 2, [0, 1]) == [("ps", 0), ("worker", 0)]  # a task of both
+    assert spread_roles(1, 1, 3, [2]) == []  # a slot no process reaches
+    assert parse_roles(format_roles(spread_roles(2, 2, 2, [1]))) == {("ps", 1), ("worker", 1)}
+    assert parse_roles(format_roles([])) == frozenset()
+    with pytest.raises(ValueError, match="at least 1 rank"):
+        spread_roles(1, 1, 0, [])
 
 
 def test_a_meeting_needs_host_and_port() -> None:

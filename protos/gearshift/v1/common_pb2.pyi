@@ -528,6 +528,7 @@ class ParameterServerSpec(_message.Message):
     LR_FIELD_NUMBER: _builtins.int
     EVAL_BLOCKS_FIELD_NUMBER: _builtins.int
     READ_MS_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
     ps: _builtins.int
     """PS processes to start with (0: the Brain's initial plan)."""
     workers: _builtins.int
@@ -556,6 +557,12 @@ class ParameterServerSpec(_message.Message):
     """Milliseconds each worker waits per batch, a stand-in for reading the batch
     from remote storage (0: none; the synthetic batches are generated in place).
     """
+    slots: _builtins.int
+    """Worker slots (devices) the job holds, placed as any job's devices (0: 1). Each
+    worker of its placement runs a launcher for its share of the PS and worker
+    processes; spread over several workers, they meet through a TCP store on the
+    first one's host instead of a file store.
+    """
     def __init__(
         self,
         *,
@@ -572,10 +579,11 @@ class ParameterServerSpec(_message.Message):
         lr: _builtins.float = ...,
         eval_blocks: _builtins.int = ...,
         read_ms: _builtins.float = ...,
+        slots: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "dim", b"dim", "eval_blocks", b"eval_blocks", "fields", b"fields", "lr", b"lr", "max_ps", b"max_ps", "max_workers", b"max_workers", "ps", b"ps", "read_ms", b"read_ms", "seed", b"seed", "train_blocks", b"train_blocks", "vocab", b"vocab", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "dim", b"dim", "eval_blocks", b"eval_blocks", "fields", b"fields", "lr", b"lr", "max_ps", b"max_ps", "max_workers", b"max_workers", "ps", b"ps", "read_ms", b"read_ms", "seed", b"seed", "slots", b"slots", "train_blocks", b"train_blocks", "vocab", b"vocab", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

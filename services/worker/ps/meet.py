@@ -53,9 +53,10 @@ class Meeting:
 
 
 def parse_roles(text: str) -> frozenset[tuple[str, int]]:
-    """'ps:0,worker:1' -> {("ps", 0), ("worker", 1)}."""
-    out = set()
-    for item in text.split(","):
+    """'ps:0,worker:1' -> {("ps", 0), ("worker", 1)}; '' -> none (a launcher of a slot
+    that the job's processes do not reach)."""
+    out: set[tuple[str, int]] = set()
+    for item in filter(None, text.split(",")):
         role, _, index = item.strip().partition(":")
         if role not in ROLES or not index.isdigit():
             raise ValueError(f"--roles item {item!r} is not ps:N or worker:N")
@@ -70,14 +71,19 @@ def check_roles(roles: Iterable[tuple[str, int]], num_ps: int, num_workers: int)
         raise ValueError(f"--roles {', '.join(bad)} not in a phase of {num_ps}x{num_workers}")
 
 
+STORE_TIMEOUT_MAX_S = 7 * 24 * 3600.0  # a scheduler's task has no phase deadline (inf)
+
+
 def serve_store(meeting: Meeting, timeout_s: float) -> TCPStore:
-    """The coordinator's store, listening on every address at the meeting's port."""
+    """The coordinator's store, listening on every address at the meeting's port; its
+    waits bounded by the phase's `timeout_s` (a week when that is infinite: the store
+    takes whole milliseconds)."""
     return TCPStore(
         meeting.host,
         meeting.port,
         None,
         True,
-        timeout=timedelta(seconds=timeout_s),
+        timeout=timedelta(seconds=min(timeout_s, STORE_TIMEOUT_MAX_S)),
         wait_for_workers=False,
     )
 

@@ -97,8 +97,11 @@ def checkpoint_digest(root: Path) -> str:
     return h.hexdigest()
 
 
-def run_task(args: argparse.Namespace, data: ClickConfig, model: ModelConfig) -> int:
-    """One phase as a worker daemon's task (module doc of task.py); the exit code."""
+def run_task(
+    args: argparse.Namespace, data: ClickConfig, model: ModelConfig, meeting: Meeting | None
+) -> int:
+    """One phase as a worker daemon's task (module doc of task.py); the exit code.
+    `meeting`: the job spreads over several workers' launchers (ps/spread.py)."""
     from gearshift.worker.resources import pin_from_environment  # noqa: PLC0415
     from gearshift.worker.spawner import STOP_SIGNALS, die_with_parent  # noqa: PLC0415
 
@@ -179,6 +182,7 @@ def run_task(args: argparse.Namespace, data: ClickConfig, model: ModelConfig) ->
             cores=cores,
             on_tick=on_tick,
             read_ms=args.read_ms,
+            meeting=meeting,
         )
         ran_short = res.end_batch < at + length  # stopped, or the data ran out
         at = res.end_batch
@@ -289,7 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--roles",
-        help="--store: the processes this launcher runs, e.g. ps:0,worker:0 (default: all)",
+        help="--store: the processes this launcher runs, e.g. ps:0,worker:0 ('': none; "
+        "default: all)",
     )
     ap.add_argument(
         "--task", action="store_true", help="run as a worker daemon's task (see task.py)"
@@ -338,18 +343,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = ModelConfig(dim=args.dim, lr=args.lr)
         meeting = None
         if args.store:
-            roles = parse_roles(args.roles) if args.roles else None
+            roles = parse_roles(args.roles) if args.roles is not None else None
             meeting = Meeting(args.store, args.serve_store, roles)
-        elif args.serve_store or args.roles:
+        elif args.serve_store or args.roles is not None:
             raise ValueError("--serve-store and --roles need --store")
-        if meeting is not None and (args.task or args.shard_manager):
-            raise ValueError("--store is for the plain launcher (no --task, no --shard-manager)")
+        if meeting is not None and not args.task and args.shard_manager:
+            raise ValueError("--store with --shard-manager is for --task (the scheduler's)")
     except ValueError as exc:
         ap.error(str(exc))
     torch.set_num_threads(1)  # the launcher only evaluates; its children fork from it
     if args.task:
         try:
-            return run_task(args, data, model)
+            return run_task(args, data, model, meeting)
         except (RuntimeError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
