@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -100,16 +100,21 @@ def run(
     restart_seconds: float,
     restart_aware: bool,
     residency: float | None = None,
+    cluster: Mapping[str, int] = CLUSTER,
+    prior: Mapping[str, float] | None = None,
 ) -> SimulationResult:
+    """`policy` on `workload`, every restart (first start included) charged `restart_seconds`
+    or, for a model `prior` names, its prior (bench/sia.py: Sia's delays per model)."""
     settings = settings_for(policy, round_seconds, restart_aware, residency)
     allocator = allocator_for(settings)
     return simulate_pipeline(
         workload,
-        CLUSTER,
+        cluster,
         table,
         allocator,
         round_seconds=round_seconds,
         rescale_seconds=restart_seconds,
+        restart_prior=prior,
         charge_first_start=True,
         elastic=settings.elastic or policy == "EasyScale",
         prices=settings.prices,
