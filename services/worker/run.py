@@ -57,7 +57,7 @@ from gearshift.worker.run_flags import build_parser, given, task_from_args
 from gearshift.worker.runtime.determinism import environment
 from gearshift.worker.runtime.priority import lower_priority
 from gearshift.worker.runtime.settings import Determinism
-from gearshift.worker.runtime.stop import EXIT_CODES, STOP_SIGNALS, StopFlag
+from gearshift.worker.runtime.stop import EXIT_CODES, STOP_SIGNALS, Outcome, StopFlag
 from gearshift.worker.spawner import PARENT_VARIABLE, PRELOAD, RUN_MODULE, die_with_parent
 from gearshift.worker.training_task import ProcessSettings, read_task, resolve
 
@@ -173,8 +173,8 @@ def run_one(p: ProcessSettings) -> int:
             print("rubick profiling run skipped: it times CPU processes only", flush=True)
 
     def report(progress: Progress) -> None:
-        wiring.timing(progress.step, progress.compute_s, p.mapping[rank])
-        if rank == 0:
+        wiring.timing(progress.step, progress.compute_s, progress.ests_held)
+        if progress.rank == 0:
             print(
                 f"step {progress.step}/{progress.total_steps} loss {progress.loss:.6f} "
                 f"samples/s {progress.samples_per_s:.1f}",
@@ -206,6 +206,8 @@ def run_one(p: ProcessSettings) -> int:
         group=p.group,
         pause_file=p.pause_file,
         background=p.background,
+        membership_file=p.membership_file,
+        join_generation=p.join_generation,
         step_delay=p.step_delay,
     )
     from gearshift.worker.datasource import StalePlacementError  # noqa: PLC0415
@@ -218,6 +220,10 @@ def run_one(p: ProcessSettings) -> int:
         return EXIT_FENCED
     finally:
         wiring.close()
+    if result.outcome is Outcome.LEFT:  # its ESTs train on in the job's other processes
+        print(f"outcome {result.outcome} at step {result.step}", flush=True)
+        return EXIT_CODES[result.outcome]
+    rank = result.rank  # where it ended (membership changes move it)
     if p.stats_dir is not None:
         p.stats_dir.mkdir(parents=True, exist_ok=True)
         stats = {

@@ -124,6 +124,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     one.add_argument("--timeout", type=float, help="process group timeout (s; 600)")
     one.add_argument(
+        "--membership-file",
+        type=Path,
+        help="in-place membership changes (JSON): read at every global step and applied by "
+        "all the job's processes at one step boundary, without a restart",
+    )
+    one.add_argument(
+        "--join-generation",
+        type=int,
+        help="join the running job at this generation of --membership-file (with --rank, "
+        "--mapping and --master-addr of that generation); the state comes from a process "
+        "that stays",
+    )
+    one.add_argument(
         "--local-device",
         type=int,
         help="with --device cuda: this process's GPU, an index among the visible ones "
@@ -352,6 +365,8 @@ def task_from_args(args: argparse.Namespace) -> training_pb2.TrainingTask:
         code_dir=_str(args.code_dir),
         loader_procs=args.loader_procs or 0,
         pause_file=_str(args.pause_file),
+        membership_file=_str(args.membership_file),
+        join_generation=args.join_generation or 0,
         device=args.device or "cpu",
         backend=args.backend or "auto",
         log_every=_or(args.log_every, 10),

@@ -117,6 +117,8 @@ class ProcessSettings:
     loss_log: Path | None
     stats_dir: Path | None
     pause_file: Path | None
+    membership_file: Path | None
+    join_generation: int
     background: bool
     step_delay: float
     services: ServiceSettings
@@ -132,6 +134,10 @@ def resolve(task: training_pb2.TrainingTask, rank: int) -> ProcessSettings:
     if rank not in task.processes:
         raise ValidationError("--rank", f"rank {rank} is not a process of this task here")
     own = task.processes[rank]
+    if task.join_generation < 0:
+        raise ValidationError("--join-generation", f"must be >= 0 (got {task.join_generation})")
+    if task.join_generation and not task.membership_file:
+        raise ValidationError("--join-generation", "needs --membership-file")
     if not task.step_delay_seconds >= 0:
         raise ValidationError(
             "--step-delay", f"must be >= 0 seconds (got {task.step_delay_seconds})"
@@ -196,6 +202,8 @@ def resolve(task: training_pb2.TrainingTask, rank: int) -> ProcessSettings:
         loss_log=_path(task.loss_log),
         stats_dir=_path(task.stats_dir),
         pause_file=_path(task.pause_file),
+        membership_file=_path(task.membership_file),
+        join_generation=task.join_generation,
         background=background,
         step_delay=task.step_delay_seconds,
         services=services,

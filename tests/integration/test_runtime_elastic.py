@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from gearshift.common.ports import free_port
-from gearshift.worker.runtime import checkpoint
+from gearshift.worker.runtime import checkpoint, membership
 from gearshift.worker.runtime.digest import differences
 from tests.helpers import wait_until
 
@@ -275,4 +275,116 @@ def test_stop_signal_checkpoints_and_a_restart_on_other_processes_continues(
     steps = stopped_at + 10
     resumed = launch(run_dir, CNN, 4, 3, steps, "--resume", "--mapping", "2,1,1")
     reference = launch(tmp_path / "ref", CNN, 4, 1, steps)
+    assert_same(reference, resumed)
+
+
+# -- in-place membership changes (membership.py): no restart, the same bits --------------
+
+
+def start_rank(
+    directory: Path,
+    job: str,
+    steps: int,
+    name: str,
+    mapping: str,
+    *,
+    rank: int,
+    at: str,
+    join: int = 0,
+) -> subprocess.Popen[str]:
+    """One process of the job (`join`: joining that generation), started by hand as a worker
+    daemon would, its output in files."""
+    cmd = [*command(directory, job, 4, len(mapping.split(",")), steps), "--mapping", mapping]
+    cmd += ["--rank", str(rank), "--master-addr", at, "--membership-file"]
+    cmd += [str(directory / "membership.json"), "--join-generation", str(join)]
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=(directory / f"{name}.out").open("w"),
+        stderr=(directory / f"{name}.err").open("w"),
+        text=True,
+    )
+
+
+def finish(directory: Path, procs: dict[str, subprocess.Popen[str]]) -> dict[str, int]:
+    codes = {}
+    for name, proc in procs.items():
+        try:
+            codes[name] = proc.wait(timeout=TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for name, code in codes.items():
+        assert code in (0, 75), (name, code, (directory / f"{name}.err").read_text())
+    return codes
+
+
+def output(directory: Path, name: str) -> str:
+    return (directory / f"{name}.out").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", [CNN, LM])
+def test_in_place_grow_mixed_move_and_shrink_end_with_the_fixed_runs_bits(
+    tmp_path: Path, job: str
+) -> None:
+    """One run through four in-place changes, none a restart: 2 processes (A, B) grow to 3
+    (C joins; A keeps serving the store), a mixed change to 2 (A and C leave, D joins as
+    rank 0 with a new store, B sends it the state), a move (B leaves, E joins; D sends),
+    and a shrink to 1 (D leaves; E trains on alone, no process group). Every EST's loss at
+    every step, the final checkpoint and the digest equal the fixed 1 x 4 run's; the
+    digits CNN (SGD, BatchNorm, dropout, augmentation) and the tiny LM with Adam."""
+    steps = 50
+    reference = launch(tmp_path / "ref", job, 4, 1, steps)
+    if job == LM:
+        assert reference.final()["optimizer"]["state"][0]["exp_avg_sq"].abs().sum() > 0
+    run = tmp_path / "inplace"
+    run.mkdir()
+    first, mixed, moved = (f"127.0.0.1:{free_port()}" for _ in range(3))
+    membership.write(
+        run / "membership.json",
+        [
+            membership.Change(1, (2, 1, 1), (0, 1, None), first, at_step=10),
+            membership.Change(2, (1, 3), (None, 1), mixed, at_step=20),
+            membership.Change(3, (1, 3), (0, None), moved, at_step=30),
+            membership.Change(4, (4,), (1,), "", at_step=40),
+        ],
+    )
+    procs = {
+        "A": start_rank(run, job, steps, "A", "2,2", rank=0, at=first),
+        "B": start_rank(run, job, steps, "B", "2,2", rank=1, at=first),
+        "C": start_rank(run, job, steps, "C", "2,1,1", rank=2, at=first, join=1),
+        "D": start_rank(run, job, steps, "D", "1,3", rank=0, at=mixed, join=2),
+        "E": start_rank(run, job, steps, "E", "1,3", rank=1, at=moved, join=3),
+    }
+    assert finish(run, procs) == dict.fromkeys(procs, 0)
+    for name, left_at in (("A", 20), ("C", 20), ("B", 30), ("D", 40)):
+        assert f"outcome left at step {left_at}" in output(run, name)
+    assert "outcome completed at step 50" in output(run, "E")
+    assert_same(reference, Run(run, output(run, "E")))
+
+
+@pytest.mark.slow
+def test_a_failed_in_place_change_falls_back_to_the_checkpoint_and_a_restart(
+    tmp_path: Path,
+) -> None:
+    """The process that should join never comes (an injected failure): the two running
+    processes give the change up after its timeout and stop (75) at the change's step,
+    whose checkpoint the restart path resumes on the new placement: the same bits."""
+    steps = 20
+    reference = launch(tmp_path / "ref", CNN, 4, 1, steps)
+    run = tmp_path / "fallback"
+    run.mkdir()
+    address = f"127.0.0.1:{free_port()}"
+    change = membership.Change(1, (2, 1, 1), (0, 1, None), address, at_step=10, timeout_s=3)
+    membership.write(run / "membership.json", [change])
+    procs = {
+        name: start_rank(run, CNN, steps, name, "2,2", rank=rank, at=address)
+        for rank, name in enumerate("AB")
+    }
+    assert finish(run, procs) == {"A": 75, "B": 75}
+    assert "failed" in output(run, "A")
+    assert Run(run, output(run, "A")).final()["step"] == 10
+    resumed = launch(run, CNN, 4, 3, steps, "--resume", "--mapping", "2,1,1")
     assert_same(reference, resumed)

@@ -92,6 +92,8 @@ class TrainingTask(_message.Message):
     D2_THREADS_FIELD_NUMBER: _builtins.int
     TREE_SHAPE_FIELD_NUMBER: _builtins.int
     SHARED_RNG_STREAM_FIELD_NUMBER: _builtins.int
+    MEMBERSHIP_FILE_FIELD_NUMBER: _builtins.int
+    JOIN_GENERATION_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """The job's id (the shard manager's dataset owner, the Brain's samples)."""
     task_id: _builtins.str
@@ -172,6 +174,18 @@ class TrainingTask(_message.Message):
     """
     shared_rng_stream: _builtins.bool
     """One random stream shared by a process's ESTs (breaks determinism; tests)."""
+    membership_file: _builtins.str
+    """In-place membership changes: a JSON file of changes (the job's next
+    process groups: ESTs per rank, which old rank becomes each new one, the
+    new rendezvous address) that the processes read at every global step and
+    apply together at a step boundary, without a restart (empty: none).
+    """
+    join_generation: _builtins.int
+    """> 0: these processes join the running job at this generation of
+    membership_file; they receive the training state from a process that
+    stays, not from a checkpoint (the placement and rendezvous_address are the
+    new generation's).
+    """
     @_builtins.property
     def spec(self) -> _common_pb2.JobSpec:
         """The job's spec, defaults filled in: entrypoint (module, config), ESTs,
@@ -247,10 +261,12 @@ class TrainingTask(_message.Message):
         d2_threads: _builtins.int = ...,
         tree_shape: _builtins.str = ...,
         shared_rng_stream: _builtins.bool = ...,
+        membership_file: _builtins.str = ...,
+        join_generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "endpoints", b"endpoints", "placement", b"placement", "plan", b"plan", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accelerator_type", b"accelerator_type", "backend", b"backend", "checkpoint_dir", b"checkpoint_dir", "code_dir", b"code_dir", "collocation", b"collocation", "d2_threads", b"d2_threads", "dataset_id", b"dataset_id", "default_checkpoint_every", b"default_checkpoint_every", "device", b"device", "endpoints", b"endpoints", "generation", b"generation", "index_log_dir", b"index_log_dir", "job_id", b"job_id", "keep_checkpoints", b"keep_checkpoints", "loader_procs", b"loader_procs", "loader_workers", b"loader_workers", "log_every", b"log_every", "loss_log", b"loss_log", "pause_file", b"pause_file", "placement", b"placement", "plan", b"plan", "process_group_timeout_seconds", b"process_group_timeout_seconds", "processes", b"processes", "profile_key", b"profile_key", "profile_rubick", b"profile_rubick", "progress_file", b"progress_file", "rendezvous_address", b"rendezvous_address", "rendezvous_group", b"rendezvous_group", "report_interval_seconds", b"report_interval_seconds", "resume", b"resume", "shared_rng_stream", b"shared_rng_stream", "spec", b"spec", "stats_dir", b"stats_dir", "step_delay_seconds", b"step_delay_seconds", "task_id", b"task_id", "tree_shape", b"tree_shape"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accelerator_type", b"accelerator_type", "backend", b"backend", "checkpoint_dir", b"checkpoint_dir", "code_dir", b"code_dir", "collocation", b"collocation", "d2_threads", b"d2_threads", "dataset_id", b"dataset_id", "default_checkpoint_every", b"default_checkpoint_every", "device", b"device", "endpoints", b"endpoints", "generation", b"generation", "index_log_dir", b"index_log_dir", "job_id", b"job_id", "join_generation", b"join_generation", "keep_checkpoints", b"keep_checkpoints", "loader_procs", b"loader_procs", "loader_workers", b"loader_workers", "log_every", b"log_every", "loss_log", b"loss_log", "membership_file", b"membership_file", "pause_file", b"pause_file", "placement", b"placement", "plan", b"plan", "process_group_timeout_seconds", b"process_group_timeout_seconds", "processes", b"processes", "profile_key", b"profile_key", "profile_rubick", b"profile_rubick", "progress_file", b"progress_file", "rendezvous_address", b"rendezvous_address", "rendezvous_group", b"rendezvous_group", "report_interval_seconds", b"report_interval_seconds", "resume", b"resume", "shared_rng_stream", b"shared_rng_stream", "spec", b"spec", "stats_dir", b"stats_dir", "step_delay_seconds", b"step_delay_seconds", "task_id", b"task_id", "tree_shape", b"tree_shape"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -91,6 +91,14 @@ class Comm:
         dist.gather_object(obj, out, dst=0)
         return out
 
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        """Rank `src`'s object on every rank (membership changes only; not counted)."""
+        if self.world == 1:
+            return obj
+        box = [obj if self.rank == src else None]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
     def barrier(self) -> None:
         if self.world > 1:
             dist.barrier()

@@ -10,25 +10,22 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from gearshift.common.errors import ValidationError
 from gearshift.worker.runtime import determinism
 from gearshift.worker.runtime.backend import choose_device
-from gearshift.worker.runtime.comm import Comm
 from gearshift.worker.runtime.control import ProgressCallback
 from gearshift.worker.runtime.data import DataSource
-from gearshift.worker.runtime.interface import set_interface
 from gearshift.worker.runtime.job import load_job
+from gearshift.worker.runtime.membership import MembershipFile
 from gearshift.worker.runtime.pause import PauseGate
 from gearshift.worker.runtime.priority import device_stream
+from gearshift.worker.runtime.regroup import ProcessGroups
 from gearshift.worker.runtime.rng import derive_seed
 from gearshift.worker.runtime.settings import RunSettings, placement
 from gearshift.worker.runtime.stop import StopFlag
@@ -57,22 +54,11 @@ class ProcessSpec:
     pause_file: Path | None = None  # a background task: wait before a step while it exists
     background: bool = False  # a background task: on CUDA, the least stream priority
     step_delay: float = 0.0  # tests only: seconds slept in each step (a straggler on purpose)
-
-
-def rendezvous_store(spec: ProcessSpec, procs: int) -> Store:
-    """Rank 0's TCP store, its keys under the placement's name: a process of another job
-    that reaches this port (its own rank 0 could not bind it) waits for its own peers and
-    times out, instead of joining this job's group and mixing its data into our steps."""
-    host, _, port = spec.master_addr.rpartition(":")
-    store = TCPStore(
-        host,
-        int(port),
-        procs,
-        is_master=spec.rank == 0,
-        timeout=timedelta(seconds=spec.timeout_s),
-        wait_for_workers=False,  # a stranger's connection must not count as a peer
-    )
-    return PrefixStore(spec.group, store)
+    # In-place membership changes (membership.py): read from this file at every step.
+    membership_file: Path | None = None
+    # > 0: this process joins the running job at this generation of its membership file
+    # (its training state comes from a process that stays, not from a checkpoint).
+    join_generation: int = 0
 
 
 def seed_globals(seed: int) -> None:
@@ -132,19 +118,21 @@ def run_process(
     pause = None
     if spec.pause_file is not None:
         pause = PauseGate.from_file(spec.pause_file, say=lambda text: print(text, flush=True))
-    if procs > 1:
-        if backend == "gloo":
-            set_interface(spec.master_addr)
-        dist.init_process_group(
-            backend,
-            store=rendezvous_store(spec, procs),
-            rank=spec.rank,
-            world_size=procs,
-            timeout=timedelta(seconds=spec.timeout_s),
-            # NCCL binds its communicator to this process's GPU (barriers included).
-            device_id=device if backend == "nccl" else None,
-        )
+    membership = None
+    joining = None
+    if spec.membership_file is not None:
+        membership = MembershipFile(spec.membership_file, max(spec.join_generation - 1, 0))
+        if spec.join_generation:
+            joining = membership.find(spec.join_generation, spec.rank, spec.mapping)
+    elif spec.join_generation:
+        raise ValidationError("--join-generation", "needs --membership-file")
+    groups = ProcessGroups(spec.group, backend, device, transport, spec.timeout_s)
+    join_timeout = joining.timeout_s if joining is not None else spec.timeout_s
+    generation = spec.join_generation
     try:
+        comm = groups.form(
+            generation, spec.rank, procs, spec.master_addr, join_timeout_s=join_timeout
+        )
         with device_stream(device, spec.background):  # construction too: one stream
             trainer = Trainer(
                 job,
@@ -155,7 +143,7 @@ def run_process(
                 job_ref={"module": spec.job_module, "config": spec.job_config},
                 resume=spec.resume,
                 device=device,
-                comm=Comm(spec.rank, procs, transport=transport),
+                comm=comm,
                 source=source,
                 stop=stop,
                 on_progress=on_progress,
@@ -163,9 +151,11 @@ def run_process(
                 record_losses=record_losses,
                 pause=pause,
                 step_delay=spec.step_delay,
+                membership=membership,
+                groups=groups,
+                joining=joining,
             )
             result = trainer.run()
     finally:
-        if procs > 1:
-            dist.destroy_process_group()
-    return replace(result, device=str(device), backend=backend if procs > 1 else "none")
+        groups.close()
+    return replace(result, device=str(device), backend=backend if result.procs > 1 else "none")

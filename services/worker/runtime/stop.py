@@ -19,9 +19,14 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 class Outcome(enum.StrEnum):
     COMPLETED = "completed"  # reached total steps
     STOPPED = "stopped"  # checkpointed on request; resume later, with any placement
+    LEFT = "left"  # handed its ESTs to the job's other processes (membership.py) and left
 
 
-EXIT_CODES = {Outcome.COMPLETED: EXIT_COMPLETED, Outcome.STOPPED: EXIT_STOPPED}
+EXIT_CODES = {
+    Outcome.COMPLETED: EXIT_COMPLETED,
+    Outcome.STOPPED: EXIT_STOPPED,
+    Outcome.LEFT: EXIT_COMPLETED,  # its part is done; the job goes on elsewhere
+}
 
 
 class StopFlag:

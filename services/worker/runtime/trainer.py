@@ -10,6 +10,10 @@ A background task's loop also passes a pause gate before each global step
 (pause.py); paused time does not count in the reported samples per second.
 Checkpoints are written off the critical path by default (writer.py): the step waits only
 for a host-memory copy of the state, and `run()` returns once the file is durable.
+A membership change (membership.py) is applied in place at a step boundary: the processes
+that stay re-form the group with those that join and go on training, the ones that leave
+hand their ESTs' contexts over and exit; any failure on the way falls back to the
+checkpoint taken at that step.
 """
 
 from __future__ import annotations
@@ -44,11 +48,13 @@ from gearshift.worker.runtime.digest import state_digest, training_state
 from gearshift.worker.runtime.gradients import GradLayout, GradTaker
 from gearshift.worker.runtime.job import Job
 from gearshift.worker.runtime.loader import BatchLoader
+from gearshift.worker.runtime.membership import Change, MembershipFile
 from gearshift.worker.runtime.offload import HostOptimizer
 from gearshift.worker.runtime.pause import PauseGate
 from gearshift.worker.runtime.reduce import CanonicalReducer, LocalSumReducer, Reducer
+from gearshift.worker.runtime.regroup import ProcessGroups
 from gearshift.worker.runtime.rng import derive_seed, from_plain, seeded, to_plain
-from gearshift.worker.runtime.settings import Determinism, RunSettings
+from gearshift.worker.runtime.settings import Determinism, RunSettings, placement
 from gearshift.worker.runtime.stop import Outcome, StopFlag
 from gearshift.worker.runtime.tree import ReductionTree, check_partition
 from gearshift.worker.runtime.writer import CheckpointWriter, host_copy
@@ -82,6 +88,9 @@ class RunResult:
     backend: str = ""  # the process group's backend (gloo, nccl; none for one process)
     paused_s: float = 0.0  # time held at the pause gate (a background task), in wall_s
     checkpoint_pause_s: float = 0.0  # time the loop stood still for checkpoints, in wall_s
+    rank: int = 0  # this process's rank at the end (membership changes move it)
+    procs: int = 1  # the job's processes at the end
+    changes: list[float] = field(default_factory=list)  # seconds each in-place change took
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -122,19 +131,20 @@ class Trainer:
         pause: PauseGate | None = None,
         step_delay: float = 0.0,
         async_checkpoint: bool = True,
+        membership: MembershipFile | None = None,
+        groups: ProcessGroups | None = None,
+        joining: Change | None = None,
     ) -> None:
         settings.validate()
         check_partition(settings.num_ests, placement)
         self.job = job
         self.settings = settings
-        self.placement = [list(ests) for ests in placement]
-        self.rank = rank
-        self.procs = len(placement)
-        self.my_ests = sorted(self.placement[rank])
         self.checkpoint_dir = checkpoint_dir
         self.job_ref = job_ref or {}
         self.device = device or torch.device("cpu")
-        self.comm = comm or Comm(rank, self.procs)
+        self.membership = membership
+        self.groups = groups  # None: membership changes restart the job instead
+        self._pending: Change | None = None  # the change this process was asked for
         self.stop = stop or StopFlag()
         self.on_progress = on_progress
         self.loss_log = loss_log
@@ -151,9 +161,12 @@ class Trainer:
         if settings.gradient_checkpointing:
             recompute.enable(self.model)
         self.layout = GradLayout([p for p in self.model.parameters() if p.requires_grad])
+        self._bind(placement, rank, comm or Comm(rank, len(placement)))
         self.step = 0
         self.job_slot = RngSlot(seeded(derive_seed("job", settings.seed), cuda=self.cuda))
-        if resume and (path := checkpoint.latest(checkpoint_dir)) is not None:
+        if joining is not None:
+            self.contexts = self._receive(joining)
+        elif resume and (path := checkpoint.latest(checkpoint_dir)) is not None:
             self.contexts = self._restore(path)
         else:
             if resume:
@@ -178,15 +191,6 @@ class Trainer:
             cuda=self.cuda,
             threads=settings.d2_threads if level is Determinism.D2 else None,
         )
-        self.reducer: Reducer
-        if level is Determinism.D0:
-            self.reducer = LocalSumReducer(self.layout, self.comm)
-        else:
-            tree = ReductionTree.build(settings.num_ests, settings.tree_shape)
-            self.reducer = CanonicalReducer(self.layout, tree, self.placement, self.comm)
-        holder = next(p for p, ests in enumerate(self.placement) if 0 in ests)
-        self.buffers = BufferKeeper(self.model, holder, rank, self.procs)
-        self.control = ControlExchange(settings.num_ests, self.placement, rank)
         self.stepper: torch.optim.Optimizer | HostOptimizer = job.optimizer
         if settings.offload_optimizer:
             if self.cuda:
@@ -195,6 +199,25 @@ class Trainer:
                 message = "--offload-optimizer: on the CPU the optimizer steps on the host already"
                 log.info(message)
                 print(message, flush=True)
+
+    def _bind(self, placement: Sequence[Sequence[int]], rank: int, comm: Comm) -> None:
+        """Take rank `rank` of `placement` in the group of `comm`: what depends on who holds
+        which ESTs is built here, at start and after each membership change."""
+        settings = self.settings
+        self.placement = [list(ests) for ests in placement]
+        self.rank = rank
+        self.procs = len(placement)
+        self.my_ests = sorted(self.placement[rank])
+        self.comm = comm
+        self.reducer: Reducer
+        if settings.determinism is Determinism.D0:
+            self.reducer = LocalSumReducer(self.layout, comm)
+        else:
+            tree = ReductionTree.build(settings.num_ests, settings.tree_shape)
+            self.reducer = CanonicalReducer(self.layout, tree, self.placement, comm)
+        holder = next(p for p, ests in enumerate(self.placement) if 0 in ests)
+        self.buffers = BufferKeeper(self.model, holder, rank, self.procs)
+        self.control = ControlExchange(settings.num_ests, self.placement, rank)
 
     # -- start and resume ------------------------------------------------------------
 
@@ -210,13 +233,28 @@ class Trainer:
 
     def _restore(self, path: Path) -> list[EstContext]:
         data = checkpoint.load(path)
+        self._check_compatible(data, f"the checkpoint {path.name}")
+        log.info("resumed from %s at step %d", path, self.step)
+        return self._load(data)
+
+    def _receive(self, change: Change) -> list[EstContext]:
+        """A joining process's state: the checkpoint's content, sent by a process that stays."""
+        data = self.comm.broadcast_object(None, change.sender)
+        self._check_compatible(data, f"the state sent by rank {change.sender}")
+        if self.membership is not None:
+            self.membership.generation = change.generation
+        log.info("joined generation %d at step %d", change.generation, int(data["step"]))
+        return self._load(data)
+
+    def _check_compatible(self, data: dict[str, Any], name: str) -> None:
+        """A state this run may continue: the same job, taken with the same fixed settings."""
         meta = data["settings"]
-        for name, flag in _FIXED.items():
-            if meta[name] != getattr(self.settings, name):
+        for key, flag in _FIXED.items():
+            if meta[key] != getattr(self.settings, key):
                 raise ValidationError(
                     flag,
-                    f"the checkpoint {path.name} was taken with {meta[name]}, not "
-                    f"{getattr(self.settings, name)}; it cannot change during a job",
+                    f"{name} was taken with {meta[key]}, not "
+                    f"{getattr(self.settings, key)}; it cannot change during a job",
                 )
         d2 = Determinism.D2
         if (
@@ -226,13 +264,14 @@ class Trainer:
         ):
             raise ValidationError(
                 "--d2-threads",
-                f"the checkpoint {path.name} was taken under D2 with {meta.get('d2_threads')} "
+                f"{name} was taken under D2 with {meta.get('d2_threads')} "
                 f"threads, not {self.settings.d2_threads}; it cannot change during a D2 job",
             )
         if data.get("job", {}).get("module") not in (None, self.job_ref.get("module")):
-            raise ValidationError(
-                "--job", f"the checkpoint {path.name} belongs to job {data['job']['module']!r}"
-            )
+            raise ValidationError("--job", f"{name} belongs to job {data['job']['module']!r}")
+
+    def _load(self, data: dict[str, Any]) -> list[EstContext]:
+        """Take the training state of a checkpoint's content; this process's ESTs' contexts."""
         self.model.load_state_dict(data["model"])
         self.job.optimizer.load_state_dict(data["optimizer"])
         if self.job.lr_scheduler is not None:
@@ -240,8 +279,33 @@ class Trainer:
         self.step = int(data["step"])
         self.job_slot.rng = from_plain(data["job_rng"])
         by_est = {int(e["est"]): e for e in data["ests"]}
-        log.info("resumed from %s at step %d", path, self.step)
         return [context_from_plain(by_est[est]) for est in self.my_ests]
+
+    def _payload(self, ests: list[dict[str, Any]]) -> dict[str, Any]:
+        """A checkpoint's content: the live training state and every EST's plain context."""
+        return {
+            "format": 1,
+            "step": self.step,
+            "settings": {name: getattr(self.settings, name) for name in _FIXED}
+            | {
+                "determinism": str(self.settings.determinism),
+                "d2_threads": self.settings.d2_threads,
+            },
+            # The plan it was taken under: informative only, any plan may resume it.
+            "plan": {
+                "ests_per_process": [len(ests) for ests in self.placement],
+                "gradient_checkpointing": self.settings.gradient_checkpointing,
+                "offload_optimizer": self.settings.offload_optimizer,
+            },
+            "job": self.job_ref,
+            "model": self.model.state_dict(),
+            "optimizer": self.job.optimizer.state_dict(),
+            "lr_scheduler": None
+            if self.job.lr_scheduler is None
+            else self.job.lr_scheduler.state_dict(),
+            "job_rng": to_plain(self.job_slot.rng),
+            "ests": ests,
+        }
 
     def save_checkpoint(self, *, wait: bool = True) -> Path | None:
         """All processes call this at the same step boundary; rank 0 writes.
@@ -261,29 +325,7 @@ class Trainer:
         path = None
         if gathered is not None:
             ests = sorted((c for part, _ in gathered for c in part), key=lambda c: int(c["est"]))
-            payload = {
-                "format": 1,
-                "step": self.step,
-                "settings": {name: getattr(self.settings, name) for name in _FIXED}
-                | {
-                    "determinism": str(self.settings.determinism),
-                    "d2_threads": self.settings.d2_threads,
-                },
-                # The plan it was taken under: informative only, any plan may resume it.
-                "plan": {
-                    "ests_per_process": [len(ests) for ests in self.placement],
-                    "gradient_checkpointing": self.settings.gradient_checkpointing,
-                    "offload_optimizer": self.settings.offload_optimizer,
-                },
-                "job": self.job_ref,
-                "model": self.model.state_dict(),
-                "optimizer": self.job.optimizer.state_dict(),
-                "lr_scheduler": None
-                if self.job.lr_scheduler is None
-                else self.job.lr_scheduler.state_dict(),
-                "job_rng": to_plain(self.job_slot.rng),
-                "ests": ests,
-            }
+            payload = self._payload(ests)
             keep = self.settings.keep_checkpoints
             if background:
                 # The live state only: the contexts and RNG states are fresh copies already.
@@ -337,7 +379,9 @@ class Trainer:
 
     def _global_step(self, losses: dict[int, torch.Tensor]) -> tuple[bool, list[float]]:
         buffer_sends, buffer_recvs = self.buffers.messages()
-        control_sends, control_recvs = self.control.messages(self.stop.is_set(), losses)
+        control_sends, control_recvs = self.control.messages(
+            self.stop.is_set(), losses, change=self._asked_to_change()
+        )
         mean = self.reducer.finish(buffer_sends + control_sends, buffer_recvs + control_recvs)
         for param, grad in zip(self.layout.params, mean, strict=True):
             param.grad = grad
@@ -366,16 +410,14 @@ class Trainer:
         result.wall_s = time.perf_counter() - began
         result.paused_s = self.pause.total_s if self.pause is not None else 0.0
         result.bytes_sent = self.comm.bytes_sent
+        result.rank, result.procs = self.rank, self.procs
         result.digest = state_digest(training_state(self.model, self.job.optimizer))
         result.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return result
 
-    def _train(self, result: RunResult) -> Outcome:
+    def _loader(self) -> BatchLoader:
         settings = self.settings
-        aware = self.aware
-        if aware is not None:  # before any batch: it may give back what a crash left unread
-            aware.begin(self.step, self.my_ests)
-        loader = BatchLoader(
+        return BatchLoader(
             self.job.dataset,
             self.job.collate,
             self.source,
@@ -385,11 +427,26 @@ class Trainer:
             procs=settings.loader_procs,
             preserve_caller_rng=not settings.est_rng_contexts,
         )
-        grads = GradTaker(self.layout)
-        log_file: TextIO | None = None
-        if self.loss_log is not None and self.rank == 0:
+
+    def _loss_file(self, current: TextIO | None) -> TextIO | None:
+        """Rank 0 appends every step's losses to the loss log (ranks move with changes)."""
+        if self.loss_log is None or self.rank != 0:
+            if current is not None:
+                current.close()
+            return None
+        if current is None:
             self.loss_log.parent.mkdir(parents=True, exist_ok=True)
-            log_file = self.loss_log.open("a")
+            current = self.loss_log.open("a")
+        return current
+
+    def _train(self, result: RunResult) -> Outcome:
+        settings = self.settings
+        aware = self.aware
+        if aware is not None:  # before any batch: it may give back what a crash left unread
+            aware.begin(self.step, self.my_ests)
+        loader = self._loader()
+        grads = GradTaker(self.layout)
+        log_file = self._loss_file(None)
         self.model.train()
         window_start, window_steps, window_paused = time.perf_counter(), 0, 0.0
         window_compute = 0.0
@@ -429,20 +486,116 @@ class Trainer:
                             tuple(losses),
                             compute,
                             first_step_at,
+                            self.rank,
+                            len(self.my_ests),
                         )
                     )
+                asked = self.control.change_asked_by()
+                change = bool(asked) and not done and not stop
+                if change and (aware is not None or self.groups is None):
+                    # Its reads are acknowledged with checkpoints: the restart path applies it.
+                    _say(f"step {self.step}: a membership change restarts this job", self.rank == 0)
+                    stop, change = True, False
                 every = settings.checkpoint_every
-                if done or stop or (every and self.step % every == 0):
+                if done or stop or change or (every and self.step % every == 0):
+                    # Before a change too: a change that fails resumes from this checkpoint.
                     held = time.perf_counter()
                     result.checkpoint = self.save_checkpoint(wait=not self.async_checkpoint)
                     result.checkpoint_pause_s += time.perf_counter() - held
                 if stop and not done:
                     return Outcome.STOPPED
+                if change:
+                    began = time.perf_counter()
+                    outcome = self._change(asked[0])
+                    if outcome is not None:
+                        return outcome
+                    loader.close()
+                    loader = self._loader()
+                    log_file = self._loss_file(log_file)
+                    result.changes.append(time.perf_counter() - began)
+                    first_step_at = 0.0  # the next step is the first on the new processes
+                    window_start, window_steps, window_paused = time.perf_counter(), 0, 0.0
+                    window_compute = 0.0
             return Outcome.COMPLETED
         finally:
             loader.close()
             if log_file is not None:
                 log_file.close()
+
+    # -- membership changes ------------------------------------------------------------
+
+    def _asked_to_change(self) -> bool:
+        """Whether this process was asked to change membership at the coming step boundary
+        (a change it cannot apply is reported, then ignored: the job trains on)."""
+        if self.membership is None:
+            return False
+        change = None
+        try:
+            change = self.membership.next_change(self.step + 1)
+            if change is not None:
+                change.check(self.settings.num_ests, self.procs)
+        except ValidationError as exc:
+            _say(f"ignoring the membership file: {exc.message}", True)
+            if change is not None:
+                self.membership.reject(change)
+            return False
+        self._pending = change
+        return change is not None
+
+    def _change(self, asker: int) -> Outcome | None:
+        """Apply the change rank `asker` was asked for, at this step boundary: None when this
+        process goes on in the new generation, LEFT when it left, STOPPED when the change
+        failed (every process then stops; the checkpoint of this step resumes the job)."""
+        assert self.membership is not None and self.groups is not None
+        step = self.step
+        try:
+            change: Change = self.comm.broadcast_object(self._pending, asker)
+            self._pending = None
+            # Every EST's context to every old process: a leaving one's ESTs go elsewhere.
+            parts = self.comm.all_gather_object([context_to_plain(c) for c in self.contexts])
+            ests = sorted((c for part in parts for c in part), key=lambda c: int(c["est"]))
+            self.membership.generation = change.generation
+            rank = change.new_rank(self.rank)
+            if rank is None:
+                self.groups.close()
+                _say(f"left the job at step {step} (generation {change.generation})", True)
+                return Outcome.LEFT
+            comm = self.groups.form(
+                change.generation,
+                rank,
+                change.procs,
+                change.master_addr,
+                join_timeout_s=change.timeout_s,
+                backend=change.backend,
+            )
+            if change.joiners:  # on the host: a GPU tensor would unpickle onto the sender's GPU
+                sent = host_copy(self._payload(ests)) if rank == change.sender else None
+                comm.broadcast_object(sent, change.sender)
+            comm.bytes_sent += self.comm.bytes_sent  # earlier generations' bytes still count
+            self._bind(placement(change.mapping), rank, comm)
+            by_est = {int(c["est"]): c for c in ests}
+            self.contexts = [context_from_plain(by_est[est]) for est in self.my_ests]
+        except Exception as exc:  # any failure: the checkpoint of this step restarts the job
+            log.exception("membership change failed at step %d", step)
+            _say(
+                f"the membership change at step {step} failed ({type(exc).__name__}: {exc}); "
+                "stopping: resume from this step's checkpoint",
+                True,
+            )
+            self.groups.close()
+            return Outcome.STOPPED
+        _say(
+            f"step {step}: generation {change.generation}, {change.procs} processes",
+            self.rank == 0,
+        )
+        return None
+
+
+def _say(message: str, loud: bool) -> None:
+    """A line in the log, and on standard output when `loud`."""
+    log.info(message)
+    if loud:
+        print(message, flush=True)
 
 
 def _no_checkpoint(directory: Path) -> None:
