@@ -1,8 +1,10 @@
-"""Gavel's remaining policies on cases solved by hand: AlloX's matching, FIFO with packing,
+"""Gavel's remaining policies on cases solved by hand: AlloX's matching, FIFO with packing, Gandiva,
 and the packed forms of makespan, max-sum-throughput and finish-time fairness (issue 48
 point 4). Their fidelity to Gavel's own simulator: test_simulator_fidelity.py."""
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from gearshift.scheduler.plugins.gavel.policies import (
     policy_names,
 )
 from gearshift.scheduler.plugins.gavel.policies.base import PolicyInput
+from gearshift.scheduler.plugins.gavel.policies.gandiva import regroup
 from gearshift.scheduler.plugins.gavel.policies.makespan import bisection_end
 
 
@@ -123,3 +126,49 @@ def test_gavel_names_are_aliases_of_one_policy() -> None:
     assert gavel.name == "min_total_duration_packed"
     assert describe("min_total_duration_packed").startswith("Gavel's name for makespan_packed")
     assert {"min_total_duration_packed", "makespan_packed"} <= set(policy_names())
+
+
+def _gandiva_input(jobs: str, pair_rate: float = 0.75) -> PolicyInput:
+    """One V100, one-device jobs at 1 step/s alone and `pair_rate` each in any pair."""
+    n = len(jobs)
+    pairs = {(a, b): np.array([[pair_rate, pair_rate]]) for a in range(n) for b in range(a + 1, n)}
+    return PolicyInput.create(list(jobs), ["v100"], [[1.0]] * n, [1], colocated=pairs)
+
+
+def test_gandiva_splits_equally_without_packing_when_the_jobs_fit() -> None:
+    """Two one-device jobs on two V100s: no pairs, each gets 2 / 2 = 1 of its device time."""
+    inp = PolicyInput.create(["a", "b"], ["v100"], [[1.0], [1.0]], [2])
+    result = make_policy("gandiva").allocate(inp)
+    assert result.job_totals() == {"a": {"v100": 1.0}, "b": {"v100": 1.0}}
+    assert all(len(combo) == 1 for combo in result.combos)
+
+
+def test_gandiva_pairs_at_random_and_keeps_a_pair_while_it_pays() -> None:
+    """Four jobs, one V100: two random pairs share it, 1/2 each. A pair is kept at the next
+    computation (normalized throughput 2 x 0.75 = 1.5 >= 1); when a member leaves, its
+    partner is regrouped; pairs that no longer pay (0.4 x 2 = 0.8 < 1) are all redrawn."""
+    policy = make_policy("gandiva", seed=3)
+    first = policy.allocate(_gandiva_input("abcd")).as_dict()
+    pairs = {combo for combo, row in first.items() if len(combo) == 2 and row["v100"] > 0}
+    assert len(pairs) == 2 and {j for p in pairs for j in p} == set("abcd")
+    assert all(first[p]["v100"] == pytest.approx(0.5) for p in pairs)
+    assert all(first[(j,)]["v100"] == 0.0 for j in "abcd")  # each alone: a row at 0
+    again = policy.allocate(_gandiva_input("abcd")).as_dict()
+    assert {c for c, row in again.items() if len(c) == 2 and row["v100"] > 0} == pairs
+    kept = next(p for p in pairs if "d" not in p)
+    left = policy.allocate(_gandiva_input("abc")).as_dict()  # d completed
+    assert left[kept]["v100"] == pytest.approx(0.5)
+    assert sum(row["v100"] for row in left.values()) == pytest.approx(1.0)
+    assert make_policy("gandiva", seed=3).allocate(_gandiva_input("abcd")).as_dict() == first
+
+
+def test_gandiva_regroup_draws_as_gavel_does() -> None:
+    """random.Random(seed).sample over the unpaired jobs, one draw per such job, a draw of
+    two scale factors wasted: with two jobs of each scale factor, some seed wastes a draw."""
+    outcomes = set()
+    for seed in range(20):
+        pairs, alone = regroup({}, [1, 1, 2, 2], random.Random(seed))
+        assert all(pairs[pairs[i]] == i for i in pairs)
+        assert all([1, 1, 2, 2][a] == [1, 1, 2, 2][b] for a, b in pairs.items())
+        outcomes.add(len(alone))
+    assert outcomes >= {0, 2}

@@ -148,6 +148,8 @@ def one_device_jobs(trace: Path) -> list[TraceJob]:
         ("finish_time_fairness_packed", "artifact_evaluation.trace", {"v100": 2, "k80": 4}, 3292.8),
         ("min_total_duration_packed", "artifact_evaluation.trace", {"v100": 2, "k80": 4}, 4522.3),
         ("min_total_duration_packed", "max_min_fairness.trace", CLUSTER, 12217.7),
+        ("gandiva", "artifact_evaluation.trace", {"v100": 2, "k80": 4}, 4481.7),
+        ("gandiva", "max_min_fairness.trace", CLUSTER, 10397.3),
     ],
 )
 def test_gavels_other_policies_within_5_percent_of_gavel(

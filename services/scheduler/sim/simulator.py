@@ -537,6 +537,9 @@ def simulate_pipeline(
             if r.remaining <= 0:
                 job_id = r.job.job_id
                 finish = now + took[job_id]
+                if gavel_rates and r.role == "shared":
+                    # Gavel's simulator ends a pair's members together, when the longer ends.
+                    finish = now + max(took.get(j, 0.0) for j in (job_id, *r.partners))
                 first = r.first_run if r.first_run is not None else now
                 results[job_id] = JobResult(
                     job_id,

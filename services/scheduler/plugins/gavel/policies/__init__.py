@@ -23,6 +23,7 @@ from gearshift.scheduler.plugins.gavel.policies.cvx import load_cvxpy
 from gearshift.scheduler.plugins.gavel.policies.fifo import Fifo, QueueFifo
 from gearshift.scheduler.plugins.gavel.policies.fifo_packed import PackedFifo
 from gearshift.scheduler.plugins.gavel.policies.finish_time_fairness import FinishTimeFairness
+from gearshift.scheduler.plugins.gavel.policies.gandiva import Gandiva
 from gearshift.scheduler.plugins.gavel.policies.isolated import Isolated
 from gearshift.scheduler.plugins.gavel.policies.makespan import Makespan
 from gearshift.scheduler.plugins.gavel.policies.max_min_fairness import MaxMinFairness
@@ -106,6 +107,11 @@ _POLICIES: dict[str, tuple[Factory, str]] = {
         lambda s: PackedFifo(),
         "Gavel: FIFO queue on the fastest type with room, waiting jobs paired with placed "
         "ones (space sharing)",
+    ),
+    "gandiva": (
+        lambda s: Gandiva(seed=s),
+        "Gavel's Gandiva baseline: random pairs of jobs share devices while their "
+        "normalized throughput is at least 1, the cluster split equally (space sharing)",
     ),
     "allox": (
         lambda s: AlloX(),
