@@ -627,13 +627,15 @@ def test_gavel_rounds_time_share_one_device(
             jobs.SubmitJob(S.SubmitJobRequest(spec=spec(f"g{i}", 2, max_devices=1))).job.job_id
             for i in range(2)
         ]
-        # One device, two rigid jobs with equal shares: rounds alternate them.
+        # One device, two rigid jobs with equal shares: rounds alternate them, each turn
+        # its residency long (restart_cost.py: 30 restarts, a restart - the live prior of
+        # 10 s - counted one 1 s round at most: 30 s).
         wait_until(
             lambda: (
                 all("PREEMPTED" in kinds(events(jobs, j)) for j in ids)
                 or all(len([r for r in workers[0].agent.starts if r.job_id == j]) >= 2 for j in ids)
             ),
-            WAIT,
+            WAIT + 30.0,
             "both jobs run in turn",
         )
         for job_id in ids:

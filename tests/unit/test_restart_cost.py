@@ -225,9 +225,9 @@ def test_the_work_a_reallocation_gains_counts_every_job_it_changes() -> None:
     assert work_gain([shrunk, short], 3600.0) < 0
 
 
-def test_the_plugins_arguments_turn_the_rule_on_when_asked() -> None:
-    assert ObjectiveArgs(restart_aware=True).restart_cost() == RestartCost(30.0, 3600.0)
-    assert ObjectiveArgs().restart_cost() is None
+def test_the_plugins_arguments_turn_the_rule_on_by_default() -> None:
+    assert ObjectiveArgs().restart_cost() == RestartCost(30.0, 3600.0)
+    assert ObjectiveArgs(restart_aware=False).restart_cost() is None
 
 
 def test_the_prior_is_per_model_longest_match_first() -> None:

@@ -78,11 +78,10 @@ class RestartArgs(Args):
     """How an allocator weighs a move against its restart (round/restart_cost.py)."""
 
     restart_aware: bool = Field(
-        False,
+        True,
         description="a running job is started elsewhere, resized or preempted only when the "
         "gain over its horizon exceeds its restart seconds, and a new placement is kept for "
-        "its residency; false (the default until it keeps the live union's shrink and grow, "
-        "docs/concepts/restart-cost.md): moves are free, as in Gavel's and EasyScale's papers",
+        "its residency; false: moves are free, as in Gavel's and EasyScale's papers",
     )
     residency: float = Field(
         30.0,
