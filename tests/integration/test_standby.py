@@ -16,6 +16,7 @@ import pytest
 from gearshift.client.devcluster import wait_all
 from gearshift.client.processes import DaemonProcess, start_daemon
 from gearshift.client.sdk import Client
+from gearshift.common.channel import connect
 from gearshift.common.errors import GearshiftError
 from gearshift.common.leader_follow import LEADER_KEY, STANDBY_KEY
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -95,9 +96,21 @@ def test_a_standby_reads_redirects_writes_and_takes_over(
         assert next(events).type == S.JOB_EVENT_TYPE_SUBMITTED
 
         # Writes through a client given both addresses, the standby first: on the leader.
-        with Client(f"{standby.address},{leader.address}", timeout=10) as both:
+        both_addresses = f"{standby.address},{leader.address}"
+        with Client(both_addresses, timeout=10) as both:
             sent = both.submit(_spec("sent-on"), idempotency_key="sent-on")
             assert both.cancel(queued.job_id).state == C.JOB_STATE_CANCELLED
+        # A worker's calls (its daemon's channel is the same): registered on the leader.
+        with connect(both_addresses, timeout=10) as channel:
+            registry = scheduler_pb2_grpc.WorkerRegistryStub(channel)
+            registry.RegisterWorker(
+                S.RegisterWorkerRequest(
+                    worker_id="w1",
+                    address="127.0.0.1:9",
+                    devices=[C.DeviceGroup(accelerator_type="cpu", count=1)],
+                )
+            )
+            assert not registry.Heartbeat(S.HeartbeatRequest(worker_id="w1")).reregister
         assert next(events).type == S.JOB_EVENT_TYPE_CANCELLED  # seen by the standby's watch
     with Client(leader.address, timeout=10) as on_leader:
         assert on_leader.get(sent.job_id).spec.name == "sent-on"
