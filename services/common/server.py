@@ -209,6 +209,11 @@ class GrpcServer:
         log.info("serving", extra={"address": self.address, "tls": bool(self.settings.tls)})
         return self.port
 
+    def set_serving(self, name: str) -> None:
+        """Report `name` SERVING to health checks from now on (a name never set is NOT_FOUND:
+        a scheduler's leadership, for a readiness probe that only the leader passes)."""
+        self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
     def stop(self, grace: float | None = None) -> None:
         """Report NOT_SERVING, refuse new calls, let in-flight ones finish within the grace."""
         if self._stopped.is_set():

@@ -56,6 +56,9 @@ PROG = "gearshift-scheduler"
 # by about a third (bench/load.py; docs/results/load.md).
 GIL_SWITCH_MS = 1.0
 DEFAULT_PORT = 50051
+# A health check name that only the leader answers SERVING (a standby: NOT_FOUND), for a
+# readiness probe that sends a Service's calls to the leader alone.
+LEADER_HEALTH = "gearshift.scheduler.leader"
 DEFAULT_DATABASE = "sqlite:///.gearshift/scheduler.db"
 CONFIG_OPTION = Option(
     "config",
@@ -146,7 +149,10 @@ def build(config: argparse.Namespace, loaded: Loaded | None = None) -> Daemon:
             ),
         ],
         on_start=lambda server: takeover.start(
-            server.address, config.advertise_address or _advertised(server), led
+            server.address,
+            config.advertise_address or _advertised(server),
+            led,
+            lambda: server.set_serving(LEADER_HEALTH),
         ),
         on_stop=[
             takeover.stop,

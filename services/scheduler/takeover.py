@@ -47,6 +47,7 @@ class Takeover:
         self.standing = Standing(lambda: leader_address(store))
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._on_lead: Callable[[], None] = lambda: None
 
     def lead_now(self) -> bool:
         """Before serving: take the lock if it is free (always, on SQLite) and recover;
@@ -60,9 +61,10 @@ class Takeover:
         self.scheduler.recover()
         return True
 
-    def start(self, address: str, advertise: str, led: bool) -> None:
+    def start(self, address: str, advertise: str, led: bool, on_lead: Callable[[], None]) -> None:
         """Once serving at `address`: lead (`led`: lead_now took the lock), or wait for the
-        lock in a thread as a standby."""
+        lock in a thread as a standby; `on_lead` once it serves writes."""
+        self._on_lead = on_lead
         if led:
             self._serve(address, advertise)
             return
@@ -98,6 +100,7 @@ class Takeover:
             epoch = scheduler.state.epoch
             leadership.watch(lambda: epoch_is(self.store, epoch), self.on_lost)
         self.standing.lead()
+        self._on_lead()
         log.info("serving writes", extra={"advertised": advertise})
         self.relays.start(address)  # a process each, seconds to start: writes do not wait
 

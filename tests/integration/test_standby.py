@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gearshift.client.devcluster import wait_all
 from gearshift.client.processes import DaemonProcess, start_daemon
@@ -19,6 +20,7 @@ from gearshift.client.sdk import Client
 from gearshift.common.channel import connect
 from gearshift.common.errors import GearshiftError
 from gearshift.common.leader_follow import LEADER_KEY, STANDBY_KEY
+from gearshift.scheduler.daemon import LEADER_HEALTH
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from tests.helpers import scheduler_config, wait_until
 
@@ -62,6 +64,18 @@ def schedulers(tmp_path: Path, postgres_db: str) -> Iterator[tuple[DaemonProcess
             daemon.stop()
 
 
+def _leads(daemon: DaemonProcess) -> bool:
+    """Whether the daemon's health check answers SERVING for the leader's name."""
+    with grpc.insecure_channel(daemon.address) as channel:
+        request = health_pb2.HealthCheckRequest(service=LEADER_HEALTH)
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(request, timeout=10)
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.NOT_FOUND, exc
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
 def _metadata(pairs: object) -> dict[str, str]:
     return {key: value for key, value in pairs or ()}  # type: ignore[attr-defined]
 
@@ -72,6 +86,8 @@ def test_a_standby_reads_redirects_writes_and_takes_over(
     leader, standby = schedulers
     with Client(leader.address, timeout=10) as on_leader:
         queued = on_leader.submit(_spec("queued"))
+
+    assert _leads(leader) and not _leads(standby)  # the leader's readiness, for a probe
 
     # Reads on the standby: the leader's data, marked as a standby's, naming the leader.
     with grpc.insecure_channel(standby.address) as raw:
@@ -134,6 +150,7 @@ def test_a_standby_reads_redirects_writes_and_takes_over(
     print(f"takeover: first submission served {takeover:.2f} s after the SIGKILL")
     assert takeover < TAKEOVER_LIMIT_S, takeover
     assert "serving writes" in standby.log_path.read_text()
+    assert _leads(standby)
     with grpc.insecure_channel(standby.address) as raw:
         _, call = scheduler_pb2_grpc.JobServiceStub(raw).GetJob.with_call(
             S.GetJobRequest(job_id=taken[0]), timeout=10
