@@ -108,6 +108,11 @@ _POLICIES: dict[str, tuple[Factory, str]] = {
         "Gavel: FIFO queue on the fastest type with room, waiting jobs paired with placed "
         "ones (space sharing)",
     ),
+    "max_sum_throughput_normalized_by_cost_packed_SLOs": (
+        lambda s: MaxSumThroughput(space_sharing=True, per_dollar=True, slos=True),
+        "Gavel: steps/s per dollar summed, with space sharing, every job kept on pace for "
+        "its SLO while all can be (Gavel's code, not the paper's cost ratio)",
+    ),
     "gandiva": (
         lambda s: Gandiva(seed=s),
         "Gavel's Gandiva baseline: random pairs of jobs share devices while their "

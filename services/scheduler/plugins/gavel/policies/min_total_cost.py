@@ -100,10 +100,12 @@ class MinTotalCost(Policy):
         return ElasticAllocation.from_rows(inp.job_ids, inp.worker_types, inp.configs, value)
 
     def solve(self, inp: PolicyInput) -> Allocation:
-        return _with_slos_if_possible(self, lambda slos: self._solve(inp, with_slos=slos))
+        return with_slos_if_possible(self.slos, lambda slos: self._solve(inp, with_slos=slos))
 
     def solve_elastic(self, inp: PolicyInput) -> ElasticAllocation:
-        return _with_slos_if_possible(self, lambda slos: self._solve_elastic(inp, with_slos=slos))
+        return with_slos_if_possible(
+            self.slos, lambda slos: self._solve_elastic(inp, with_slos=slos)
+        )
 
 
 def _slo_constraints(inp: PolicyInput, rate: cp.Expression, s: cp.Variable) -> list[cp.Constraint]:
@@ -117,9 +119,10 @@ def _slo_constraints(inp: PolicyInput, rate: cp.Expression, s: cp.Variable) -> l
     return out
 
 
-def _with_slos_if_possible(policy: MinTotalCost, solve: Callable[[bool], T]) -> T:
-    """With SLOs when asked and they can all be met; else without them (logged)."""
-    if not policy.slos:
+def with_slos_if_possible(slos: bool, solve: Callable[[bool], T]) -> T:
+    """With SLOs when asked and they can all be met; else without them (logged), as Gavel's
+    SLO policies do."""
+    if not slos:
         return solve(False)
     try:
         return solve(True)
