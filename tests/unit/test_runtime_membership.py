@@ -1,15 +1,24 @@
 """Membership files: what a change says, which changes a process may apply, and bad input
-named and ignored."""
+named and ignored; in one process's Trainer, a change applied, ignored, or a stop."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from gearshift.common.errors import ValidationError
-from gearshift.worker.runtime import membership
+from gearshift.worker.runtime import checkpoint, membership
+from gearshift.worker.runtime.job import load_job
 from gearshift.worker.runtime.membership import Change, MembershipFile
+from gearshift.worker.runtime.process import seed_globals
+from gearshift.worker.runtime.regroup import ProcessGroups
+from gearshift.worker.runtime.rng import restore, snapshot
+from gearshift.worker.runtime.settings import RunSettings
+from gearshift.worker.runtime.stop import Outcome
+from gearshift.worker.runtime.trainer import RunResult, Trainer
 
 
 def test_a_change_names_who_stays_leaves_joins_and_sends() -> None:
@@ -86,3 +95,56 @@ def test_a_joiner_must_be_a_joining_rank_of_its_generation(tmp_path: Path) -> No
         reader.find(1, rank=1, mapping=(2, 2))
     with pytest.raises(ValidationError, match="rank 0 is not a process that joins"):
         reader.find(1, rank=0, mapping=(2, 1, 1))
+
+
+# -- in a Trainer (one process, no process group): applied, ignored, or a restart --------
+
+CONFIG = {"features": 8, "hidden": 16, "classes": 4, "samples": 256}
+SETTINGS = RunSettings(num_ests=2, global_batch_size=16, total_steps=8, shard_size=16)
+
+
+@pytest.fixture
+def keep_global_state() -> Iterator[None]:
+    state, threads = snapshot(), torch.get_num_threads()
+    yield
+    restore(state)
+    torch.set_num_threads(threads)
+
+
+def train(directory: Path, changes: list[Change] | None, *, groups: bool = True) -> RunResult:
+    seed_globals(SETTINGS.seed)
+    reader = None
+    if changes is not None:
+        membership.write(directory.parent / f"{directory.name}.json", changes)
+        reader = MembershipFile(directory.parent / f"{directory.name}.json", generation=0)
+    cpu = torch.device("cpu")
+    return Trainer(
+        load_job("gearshift.examples.mlp", CONFIG),
+        SETTINGS,
+        [[0, 1]],
+        0,
+        directory,
+        job_ref={"module": "gearshift.examples.mlp"},
+        membership=reader,
+        groups=ProcessGroups("job", "gloo", cpu, cpu, 60.0) if groups else None,
+    ).run()
+
+
+@pytest.mark.usefixtures("keep_global_state")
+def test_a_change_is_applied_in_place_ignored_when_bad_or_a_stop_without_groups(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fixed = train(tmp_path / "fixed", None)
+    # The one process re-forms its (empty) group as generation 1 at step 3 and trains on.
+    applied = train(tmp_path / "applied", [Change(1, (2,), (0,), at_step=3)])
+    assert (applied.outcome, applied.step, len(applied.changes)) == (Outcome.COMPLETED, 8, 1)
+    assert applied.digest == fixed.digest
+    assert "step 3: generation 1, 1 processes" in capsys.readouterr().out
+    # A change that does not split the ESTs is named once, then the job trains on.
+    bad = train(tmp_path / "bad", [Change(1, (1,), (0,), at_step=3)])
+    assert (bad.outcome, bad.changes, bad.digest) == (Outcome.COMPLETED, [], fixed.digest)
+    assert capsys.readouterr().out.count("does not split the 2 ESTs") == 1
+    # Without a process-group manager the change is the restart path's: a stop at its step.
+    stopped = train(tmp_path / "stopped", [Change(1, (2,), (0,), at_step=3)], groups=False)
+    assert (stopped.outcome, stopped.step) == (Outcome.STOPPED, 3)
+    assert checkpoint.latest(tmp_path / "stopped") == tmp_path / "stopped" / "ckpt-00000003.pt"
