@@ -1,9 +1,11 @@
-"""Gavel's remaining policies on cases solved by hand: AlloX's matching, FIFO with packing, Gandiva,
-and the packed forms of makespan, max-sum-throughput and finish-time fairness (issue 48
-point 4). Their fidelity to Gavel's own simulator: test_simulator_fidelity.py."""
+"""Gavel's remaining policies on cases solved by hand: AlloX's matching, FIFO with packing,
+Gandiva, and the packed forms of makespan, max-sum-throughput, finish-time fairness and
+cost with SLOs (issue 48 point 4). Their fidelity to Gavel's own simulator:
+test_simulator_fidelity.py."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -172,3 +174,30 @@ def test_gandiva_regroup_draws_as_gavel_does() -> None:
         assert all([1, 1, 2, 2][a] == [1, 1, 2, 2][b] for a, b in pairs.items())
         outcomes.add(len(alone))
     assert outcomes >= {0, 2}
+
+
+@pytest.mark.parametrize(
+    ("deadline", "shares"),
+    [
+        (math.inf, {"k80": 1.0, "v100": 0.0}),  # no SLO: the cheaper steps
+        (100.0, {"k80": 0.5, "v100": 0.5}),  # 150 steps in 100 s: 1.5 steps/s at least
+        (40.0, {"k80": 1.0, "v100": 0.0}),  # 3.75 steps/s cannot be had: the SLO dropped
+    ],
+)
+def test_packed_cost_with_slos_buys_the_cheapest_steps_that_keep_the_pace(
+    deadline: float, shares: dict[str, float]
+) -> None:
+    """One job, 2 steps/s on a V100 at $2.48/h, 1 step/s on a K80 at $0.45/h: per dollar the
+    K80 gives 2.22 and the V100 0.81 steps/s, so it takes the K80. Asked for 150 steps in
+    100 s it needs 2 x_v + x_k >= 1.5 with x_v + x_k <= 1: half of each is the cheapest."""
+    inp = PolicyInput.create(
+        ["a"],
+        ["k80", "v100"],
+        [[1.0, 2.0]],
+        [1, 1],
+        steps_remaining=[150],
+        deadlines=[deadline],
+        costs=[0.45, 2.48],
+    )
+    result = make_policy("max_sum_throughput_normalized_by_cost_packed_SLOs").allocate(inp)
+    assert result.job_totals()["a"] == pytest.approx(shares, abs=1e-4)
