@@ -213,6 +213,22 @@ def test_a_resident_job_is_shrunk_for_another_only_when_that_pays_for_both(
         assert targets["a"].devices == (("v100", 2),) and targets["b"].devices == (("v100", 1),)
 
 
+@pytest.mark.parametrize(("curve", "kept"), [(SUBLINEAR, False), (LINEAR, True)])
+def test_easyscale_hands_a_running_job_its_devices_back_unless_others_gain_more(
+    curve: dict[int, float], kept: bool
+) -> None:
+    """EasyScale's greedy from the current placement, 5 devices: job a runs on four, job b
+    (up to 2 devices, linear) arrives. Both get their minimum; a gets its other devices
+    back only when that gains more work over the horizon than the greedy's use of them:
+    not when a's third and fourth devices add 0.2 steps/s and b's second adds 1."""
+    allocator = make_allocator("easyscale", elastic=True, restart=RULE)
+    a = _scaling("a", curve, current=(("v100", 4),), attained_seconds=100.0, placed_at=9_990.0)
+    b = _scaling("b", {1: 1.0, 2: 1.0})
+    targets = allocator.allocate(Snapshot(10_000.0, _devices(5), (a, b)))
+    expected = {"a": 4, "b": 1} if kept else {"a": 2, "b": 2}
+    assert {j: t.devices[0][1] for j, t in targets.items()} == expected
+
+
 def test_the_work_a_reallocation_gains_counts_every_job_it_changes() -> None:
     """A resident at 3 steps/s shrunk to 2 (one device given up) for a job that gains 1
     step/s on it, over a 3,600 s horizon, a 57 s restart: +3,600 - 3,600 - 2 x 57."""

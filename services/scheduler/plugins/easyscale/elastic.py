@@ -42,12 +42,13 @@ objective allocates over (gearshift.scheduler.plugins.gavel.policies.configs).
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gearshift.common.estplan import DeviceOffer, scale_out_proposals
 from gearshift.scheduler.round.ests import Devices, ElasticJob, rate
-from gearshift.scheduler.round.restart_cost import RestartCost
+from gearshift.scheduler.round.restart_cost import Reallocated, RestartCost, work_gain
 
 
 @dataclass(frozen=True)
@@ -181,9 +182,61 @@ class EasyScale(ElasticPolicy):
         current: Mapping[str, Mapping[str, int]],
         left: Mapping[str, Left] | None = None,
     ) -> dict[str, Devices]:
+        if self.restart is None:
+            return self._plan(jobs, capacity, {}, left, give_back=False)
+        kept = self._plan(jobs, capacity, current, left, give_back=True)
+        greedy = self._plan(jobs, capacity, current, left, give_back=False)
+        if greedy == kept or self._gain(jobs, current, left, kept, greedy) <= 0:
+            return kept
+        return greedy
+
+    def _gain(
+        self,
+        jobs: Sequence[ElasticJob],
+        current: Mapping[str, Mapping[str, int]],
+        left: Mapping[str, Left] | None,
+        kept: Mapping[str, Devices],
+        greedy: Mapping[str, Devices],
+    ) -> float:
+        """Device-seconds of work the greedy's use of the running jobs' devices gains over
+        handing them back (restart_cost.work_gain, each job over its own capped horizon):
+        positive when the jobs it grows gain more than the shrunk ones lose, restarts
+        included."""
+        assert self.restart is not None
+        total = 0.0
+        for job in jobs:
+            before, after = kept.get(job.job_id, {}), greedy.get(job.job_id, {})
+            if before == after:
+                continue
+            held = dict(current.get(job.job_id) or {})
+            facts = (left or {}).get(job.job_id, Left(math.inf, 0.0))
+            now_rate = _rate(job, held) or max(_rate(job, before), _rate(job, after))
+            change = Reallocated(
+                unit=max(job.capability.values(), default=1.0),
+                steps_remaining=facts.steps_remaining,
+                restart_seconds=facts.restart_seconds,
+                rate_without=_rate(job, before),
+                restarts_without=bool(held) and bool(before) and before != held,
+                rate_with=_rate(job, after),
+                restarts_with=bool(held) and bool(after) and after != held,
+            )
+            total += work_gain([change], self.restart.horizon(facts.steps_remaining, now_rate))
+        return total
+
+    def _plan(
+        self,
+        jobs: Sequence[ElasticJob],
+        capacity: Mapping[str, int],
+        keep: Mapping[str, Mapping[str, int]],
+        left: Mapping[str, Left] | None,
+        *,
+        give_back: bool,
+    ) -> dict[str, Devices]:
+        """One greedy plan: minimums in arrival order (a running job's from its own devices
+        unless the move pays), with `give_back` the running jobs' other devices back
+        when left, then the scale-outs by speedup per device."""
         free = dict(capacity)
         out: dict[str, Devices] = {}
-        keep = current if self.restart is not None else {}
         for job in jobs:  # arrival order: everyone's minimum first
             mixing = self.heterogeneous and job.mixing
             start = _start(job, free, mixing)
@@ -198,7 +251,7 @@ class EasyScale(ElasticPolicy):
                 out[job.job_id] = start
                 _take(free, start)
         for job_id, devices in out.items():  # running jobs back on all of theirs when left
-            held = keep.get(job_id)
+            held = keep.get(job_id) if give_back else None
             if held and devices != held and all(held.get(t, 0) >= n for t, n in devices.items()):
                 extra = {t: n - devices.get(t, 0) for t, n in held.items()}
                 if all(free.get(t, 0) >= n for t, n in extra.items()):
@@ -245,6 +298,10 @@ class EasyScale(ElasticPolicy):
         return self.restart.move_pays(
             rate(job, held), new_rate, facts.steps_remaining, facts.restart_seconds
         )
+
+
+def _rate(job: ElasticJob, devices: Mapping[str, int]) -> float:
+    return rate(job, devices) if devices else 0.0
 
 
 def _order(jobs: Sequence[ElasticJob], job_id: str) -> int:
