@@ -391,6 +391,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     health.add_argument("addresses", nargs="+", metavar="HOST:PORT")
     health.add_argument("--timeout", type=float, default=2.0, help="seconds per daemon")
+    health.add_argument(
+        "--service",
+        default="",
+        help="the health name to ask for (empty: the daemon as a whole); "
+        "gearshift.scheduler.leader is SERVING only on the scheduler that leads",
+    )
     health.add_argument("--json", action="store_true", help="print JSON")
     add_tls_options(health)
     health.set_defaults(func=commands.cmd_health)

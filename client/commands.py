@@ -266,7 +266,7 @@ def cmd_token_job_key(args: argparse.Namespace) -> int:
 def cmd_health(args: argparse.Namespace) -> int:
     tls = client_tls(args)
     rows = [
-        (address, health_status(address, tls=tls, timeout=args.timeout))
+        (address, health_status(address, args.service, tls=tls, timeout=args.timeout))
         for address in args.addresses
     ]
     if args.json:

@@ -22,10 +22,12 @@ from typing import Any
 import pytest
 import yaml
 
+from gearshift.client.cli import build_parser
 from gearshift.common.config import env_vars
 from gearshift.common.db import tool_options
 from gearshift.scheduler.config.configuration import parse
 from gearshift.scheduler.config.settings import settings_of
+from gearshift.scheduler.daemon import LEADER_HEALTH
 from tools import crd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,6 +61,7 @@ HOST_NETWORK = {
     "worker": {"hostNetwork": True},
     "networkPolicy": {"nodeCIDRs": ["10.0.0.0/16"]},
 }
+SQLITE = "sqlite:////tmp/scheduler.db"
 MONITORED = {
     "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
     "networkPolicy": {
@@ -75,6 +78,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "monitored": MONITORED,
     "cpu-workers": {"worker": {"accelerator": "cpu", "deviceType": "v100", "gpusPerNode": 2}},
     "no-operator": {"operator": {"enabled": False}},
+    "single": {
+        "scheduler": {"replicas": 1},
+        "brain": {"replicas": 1},
+        "shardManager": {"replicas": 1},
+    },
     "clients-restricted": {
         **EXTERNAL,
         "auth": {"enabled": True, "existingSecret": "gearshift-tokens"},
@@ -195,17 +203,65 @@ def test_the_control_plane_runs_as_deployments_with_grpc_probes(
     for component, port in ports.items():
         deployment = _one(objects, "Deployment", component)
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        for probe in ("startupProbe", "livenessProbe"):
             assert container[probe]["grpc"] == {"port": port}, (component, probe)
+        ready = {"port": port, **({"service": LEADER_HEALTH} if component == "scheduler" else {})}
+        assert container["readinessProbe"]["grpc"] == ready, component
         assert container["resources"]["requests"], component
         service = _one(objects, "Service", component)
         assert service["spec"]["selector"].items() <= (
             deployment["spec"]["template"]["metadata"]["labels"].items()
         )
-    assert _one(objects, "Deployment", "scheduler")["spec"]["replicas"] == 1
-    assert _one(objects, "Deployment", "scheduler")["spec"]["strategy"]["type"] == "Recreate"
     assert _one(objects, "Deployment", "brain")["spec"]["replicas"] == 2
     assert _one(objects, "Deployment", "shardmanager")["spec"]["replicas"] == 2
+
+
+def test_the_scheduler_runs_a_leader_and_a_standby(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Two schedulers, each advertising its pod IP; only the leader is ready (behind the
+    Service); every pod replaced at once on an update, since a standby is never ready."""
+    objects = rendered["defaults"]
+    deployment = _one(objects, "Deployment", "scheduler")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "100%"},
+    }
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = _env(container)
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["GEARSHIFT_ADVERTISE_ADDRESS"]["value"] == "$(POD_IP):50051"
+    names = [e["name"] for e in container["env"]]
+    assert names.index("POD_IP") < names.index("GEARSHIFT_ADVERTISE_ADDRESS"), "$(...) order"
+    assert container["readinessProbe"]["periodSeconds"] <= 2, "a new leader ready within ~2 s"
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert (
+        spread["labelSelector"]["matchLabels"]
+        == _selector("scheduler")["podSelector"]["matchLabels"]
+    )
+    # A budget for the interchangeable replicas only: a standby is never ready, so one for
+    # the scheduler would block evicting its leader for good.
+    budgets = {
+        o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]
+        for o in objects
+        if o["kind"] == "PodDisruptionBudget"
+    }
+    assert budgets == {
+        c: {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": _selector(c)["podSelector"]["matchLabels"]},
+        }
+        for c in ("brain", "shardmanager")
+    }
+    # One scheduler: it stops before its successor starts; one replica needs no budget.
+    single = rendered["single"]
+    alone = _one(single, "Deployment", "scheduler")["spec"]
+    assert alone["strategy"] == {"type": "Recreate"}
+    assert "topologySpreadConstraints" not in alone["template"]["spec"]
+    assert not [o for o in single if o["kind"] == "PodDisruptionBudget"]
 
 
 def test_with_tls_the_probes_call_over_tls(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -216,6 +272,10 @@ def test_with_tls_the_probes_call_over_tls(rendered: dict[str, list[dict[str, An
         (container,) = workload["spec"]["template"]["spec"]["containers"]
         command = container["readinessProbe"]["exec"]["command"]
         assert command[:2] == ["gearshift", "health"]
+        asked = build_parser().parse_args(command[1:]).service
+        component = workload["metadata"]["labels"]["app.kubernetes.io/component"]
+        assert asked == (LEADER_HEALTH if component == "scheduler" else ""), component
+        assert "--service" not in container["livenessProbe"]["exec"]["command"]
         env = _env(container)
         assert env["GEARSHIFT_TLS_CA"]["value"] == "/etc/gearshift/tls/ca.crt"
         assert env["GEARSHIFT_TLS_CLIENT_CA"]["value"] == "/etc/gearshift/tls/ca.crt"
@@ -334,10 +394,16 @@ def test_bad_values_are_refused_naming_the_key(helm: Any) -> None:
         "give url or existingSecret, not both": {
             "database": {"url": "postgresql://x/y", "existingSecret": "db"}
         },
+        "scheduler.replicas 2 on SQLite: SQLite has no leader lock": {
+            "scheduler": {"extraEnv": [{"name": "GEARSHIFT_DATABASE_URL", "value": SQLITE}]}
+        },
     }
     for message, values in refused.items():
         with pytest.raises(helm.errors.HelmError, match=re.escape(message)):
             render(helm, values)
+    # One scheduler on SQLite is what it can do.
+    env = [{"name": "GEARSHIFT_DATABASE_URL", "value": SQLITE}]
+    assert render(helm, {"scheduler": {"replicas": 1, "extraEnv": env}})
 
 
 def _policy(objects: list[dict[str, Any]], component: str) -> dict[str, Any]:

@@ -63,6 +63,35 @@ key: url
 {{- end -}}
 {{- end -}}
 
+{{/* The scheduler's database URL where the values show it (an existing Secret's is unseen). */}}
+{{- define "gearshift.schedulerDatabaseUrl" -}}
+{{- $url := .Values.database.url -}}
+{{- range .Values.scheduler.extraEnv -}}
+{{- if eq .name "GEARSHIFT_DATABASE_URL" }}{{ $url = .value | default "" }}{{ end -}}
+{{- end -}}
+{{- $url -}}
+{{- end -}}
+
+{{/*
+A disruption budget for a daemon whose replicas are interchangeable (the Brain, the shard
+manager): a drain takes one at a time. None for the scheduler: only its leader is ready, so a
+budget would count the standby as down and block evicting the leader for good.
+*/}}
+{{- define "gearshift.disruptionBudget" -}}
+{{- if gt (int .replicas) 1 }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ include "gearshift.name" .c }}
+  labels: {{- include "gearshift.labels" .c | nindent 4 }}
+spec:
+  maxUnavailable: 1
+  selector:
+    matchLabels: {{- include "gearshift.selectorLabels" .c | nindent 6 }}
+{{- end }}
+{{- end -}}
+
 {{- define "gearshift.checkSecrets" -}}
 {{- if and .Values.auth.enabled (not .Values.auth.existingSecret) -}}
 {{- fail "auth.enabled needs auth.existingSecret: a Secret with the keys tokens, job.key and service-token" -}}
@@ -78,6 +107,9 @@ key: url
 {{- end -}}
 {{- if and .Values.redis.url .Values.redis.existingSecret -}}
 {{- fail "redis: give url or existingSecret, not both" -}}
+{{- end -}}
+{{- if and (gt (int .Values.scheduler.replicas) 1) (hasPrefix "sqlite" (include "gearshift.schedulerDatabaseUrl" .)) -}}
+{{- fail (printf "scheduler.replicas %d on SQLite: SQLite has no leader lock, so every scheduler would lead; set scheduler.replicas to 1, or use PostgreSQL" (int .Values.scheduler.replicas)) -}}
 {{- end -}}
 {{- end -}}
 
@@ -178,10 +210,14 @@ capabilities:
 {{/*
 Probes: the kubelet's gRPC probe calls grpc.health.v1 in plaintext only, so with TLS the probe
 is `gearshift health` in the container (over TLS, trusting ca.crt; the certificate names
-localhost).
+localhost). `readyService` (optional) is the health name the readiness probe asks for, and
+`readyEvery` its period in seconds (at least 5 with TLS: each check starts a Python
+process). The scheduler's readiness asks for the leader's name, often, so that a standby
+that takes over joins the Service soon.
 */}}
 {{- define "gearshift.probes" -}}
 {{- $port := int .port -}}
+{{- $ready := .readyService | default "" -}}
 {{- if .root.Values.tls.enabled }}
 {{- $check := list "gearshift" "health" (printf "localhost:%d" $port) "--timeout" "5" }}
 startupProbe:
@@ -192,8 +228,8 @@ startupProbe:
   failureThreshold: 30
 readinessProbe:
   exec:
-    command: {{ toJson $check }}
-  periodSeconds: 20
+    command: {{ toJson (concat $check (ternary (list "--service" $ready) list (ne $ready ""))) }}
+  periodSeconds: {{ max 5 (.readyEvery | default 20) }}
   timeoutSeconds: 10
   failureThreshold: 3
 livenessProbe:
@@ -211,7 +247,10 @@ startupProbe:
 readinessProbe:
   grpc:
     port: {{ $port }}
-  periodSeconds: 10
+    {{- with $ready }}
+    service: {{ . }}
+    {{- end }}
+  periodSeconds: {{ .readyEvery | default 10 }}
   failureThreshold: 3
 livenessProbe:
   grpc:
