@@ -130,6 +130,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             page_size=args.limit,
             page_token=args.page_token,
         )
+    _note_standby(client)
     if args.json:
         render.print_json(render.as_dict(page))
     else:
@@ -142,6 +143,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def cmd_job(args: argparse.Namespace) -> int:
     with _client(args) as client:
         job = client.get(args.job_id)
+        _note_standby(client)
         if args.plot:
             return _plot_job(args, job, client.events(job.job_id))
     if args.json:
@@ -149,6 +151,12 @@ def cmd_job(args: argparse.Namespace) -> int:
     else:
         print(render.job_details(job))
     return EXIT_OK
+
+
+def _note_standby(client: Client) -> None:
+    """One line on stderr when a standby answered the client's last read."""
+    if client.standby_leader is not None:
+        print(render.standby_note(client.standby_leader), file=sys.stderr)
 
 
 def _plot_job(args: argparse.Namespace, job: scheduler_pb2.Job, events: list[JobEvent]) -> int:
@@ -219,6 +227,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
 def cmd_cluster(args: argparse.Namespace) -> int:
     with _client(args) as client:
         state = client.cluster()
+    _note_standby(client)
     if args.json:
         render.print_json(render.as_dict(state))
     else:

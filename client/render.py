@@ -108,6 +108,15 @@ def step_text(progress: common_pb2.JobProgress) -> str:
     return str(progress.step)
 
 
+def standby_note(leader: str) -> str:
+    """The line that says a standby scheduler answered (Client.standby_leader)."""
+    where = f"the leader is {leader}" if leader else "no leader is known yet (a takeover)"
+    return (
+        "gearshift: answered by a standby scheduler, from the database as the leader last "
+        f"committed it (no queue positions or waiting reasons); {where}"
+    )
+
+
 def jobs_table(jobs: Sequence[scheduler_pb2.Job]) -> str:
     rows = [
         (

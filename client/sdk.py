@@ -22,6 +22,7 @@ from gearshift.common.auth import ClientTls
 from gearshift.common.channel import DEFAULT_TIMEOUT_SECONDS, connect
 from gearshift.common.errors import DeadlineExceededError, error_from_rpc, rpc_code, typed_call
 from gearshift.common.facts import TERMINAL_STATES
+from gearshift.common.leader_follow import standby_leader
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 P = ParamSpec("P")
@@ -55,7 +56,12 @@ class Client:
     """Talks to a Gearshift scheduler. Use as a context manager, or call close().
 
     `address` may name a leader and its standbys, IP:PORT comma-separated: calls go to
-    the one that serves, and after a takeover to the new leader (channel_target)."""
+    the one that serves, and after a takeover to the new leader (channel_target).
+
+    `standby_leader` says who answered this client's last read (get, list, cluster): None
+    when a leading scheduler did; when a standby did (from the database, as the leader last
+    committed it, without queue positions or waiting reasons), the leader it named ("" while
+    no leader is known: a takeover under way)."""
 
     def __init__(
         self,
@@ -69,6 +75,7 @@ class Client:
         self.timeout = timeout
         self._channel = connect(address, token=token, tls=tls, timeout=timeout)
         self._jobs = scheduler_pb2_grpc.JobServiceStub(self._channel)
+        self.standby_leader: str | None = None
 
     def close(self) -> None:
         self._channel.close()
@@ -130,9 +137,16 @@ class Client:
         request = scheduler_pb2.StreamJobStepsRequest(job_id=job_id, after_step=after_step)
         return list(self._jobs.StreamJobSteps(request, timeout=self.timeout))
 
+    def _read(self, method: Any, request: Any) -> Any:
+        """A unary read, noting in `standby_leader` whether a standby answered it."""
+        reply, call = method.with_call(request)
+        self.standby_leader = standby_leader(call.initial_metadata())
+        return reply
+
     @_typed_errors
     def get(self, job_id: str) -> Job:
-        return self._jobs.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id))
+        job: Job = self._read(self._jobs.GetJob, scheduler_pb2.GetJobRequest(job_id=job_id))
+        return job
 
     @_typed_errors
     def list(
@@ -143,14 +157,16 @@ class Client:
         page_size: int = 0,
         page_token: str = "",
     ) -> scheduler_pb2.ListJobsResponse:
-        return self._jobs.ListJobs(
+        page: scheduler_pb2.ListJobsResponse = self._read(
+            self._jobs.ListJobs,
             scheduler_pb2.ListJobsRequest(
                 tenant=tenant,
                 states=states or [],
                 name_prefix=name_prefix,
                 page=common_pb2.PageRequest(page_size=page_size, page_token=page_token),
-            )
+            ),
         )
+        return page
 
     @_typed_errors
     def cancel(self, job_id: str, reason: str = "") -> Job:
@@ -243,4 +259,7 @@ class Client:
 
     @_typed_errors
     def cluster(self) -> scheduler_pb2.ClusterState:
-        return self._jobs.GetClusterState(scheduler_pb2.GetClusterStateRequest())
+        state: scheduler_pb2.ClusterState = self._read(
+            self._jobs.GetClusterState, scheduler_pb2.GetClusterStateRequest()
+        )
+        return state

@@ -14,6 +14,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gearshift.client import cli
 from gearshift.client.devcluster import wait_all
 from gearshift.client.processes import DaemonProcess, start_daemon
 from gearshift.client.sdk import Client
@@ -82,12 +83,32 @@ def _metadata(pairs: object) -> dict[str, str]:
 
 def test_a_standby_reads_redirects_writes_and_takes_over(
     schedulers: tuple[DaemonProcess, DaemonProcess],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     leader, standby = schedulers
     with Client(leader.address, timeout=10) as on_leader:
         queued = on_leader.submit(_spec("queued"))
+        assert on_leader.get(queued.job_id) and on_leader.standby_leader is None
 
     assert _leads(leader) and not _leads(standby)  # the leader's readiness, for a probe
+    # The same through the command a TLS readiness probe runs.
+    health = ["health", "--service", LEADER_HEALTH, "--timeout", "10"]
+    assert cli.main([*health, leader.address]) == 0
+    assert cli.main([*health, standby.address]) == 1
+
+    # The SDK and the CLI say when a standby answered, naming the leader.
+    with Client(standby.address, timeout=10) as on_standby:
+        assert on_standby.get(queued.job_id).spec.name == "queued"
+        assert on_standby.standby_leader == leader.address
+    capsys.readouterr()
+    for command in (["job", queued.job_id], ["jobs"]):
+        assert cli.main([*command, "--address", standby.address, "--rpc-timeout", "10"]) == 0
+        printed = capsys.readouterr()
+        assert "answered by a standby scheduler" in printed.err, command
+        assert printed.err.strip().endswith(f"the leader is {leader.address}"), printed.err
+        assert queued.job_id in printed.out
+    assert cli.main(["job", queued.job_id, "--address", leader.address]) == 0
+    assert "standby" not in capsys.readouterr().err
 
     # Reads on the standby: the leader's data, marked as a standby's, naming the leader.
     with grpc.insecure_channel(standby.address) as raw:
@@ -147,6 +168,7 @@ def test_a_standby_reads_redirects_writes_and_takes_over(
         wait_until(submitted, 30, "a submission served by the new leader")
         takeover = time.monotonic() - killed
         assert on_standby.get(sent.job_id).state == C.JOB_STATE_QUEUED  # nothing lost
+        assert on_standby.standby_leader is None  # it leads now
     print(f"takeover: first submission served {takeover:.2f} s after the SIGKILL")
     assert takeover < TAKEOVER_LIMIT_S, takeover
     assert "serving writes" in standby.log_path.read_text()
