@@ -133,8 +133,9 @@ class Scheduler:
             ps_plans=self.plans.ps,
         )
         self.state.ended_listeners.extend([self.estimates.forget, self.rounds.forget])
-        # Until recover(), memory holds nothing: a standby's reads come from the store.
-        self.recovered = False
+        # A standby (takeover.py sets it while it waits for the lock) has recovered
+        # nothing: its reads come from the store until recover().
+        self.standby = False
 
     @property
     def resource_plans(self) -> ResourcePlans | None:
@@ -223,7 +224,7 @@ class Scheduler:
                     task.last_listed_at = now  # its worker gets a heartbeat's time to list it
                     state.tasks[task.task_id] = task
             self.rounds.round = int(state.store.get_state("round") or 0)
-            self.recovered = True
+            self.standby = False
         log.info(
             "recovered",
             extra={
@@ -301,7 +302,7 @@ class Scheduler:
         return self.jobs.watch(job_id, after, active)
 
     def cluster_state(self) -> scheduler_pb2.ClusterState:
-        if not self.recovered:
+        if self.standby:
             return self.jobs.stored_cluster_state()
         return self.jobs.cluster_state()
 
@@ -345,7 +346,7 @@ class Scheduler:
         with state.lock:
             known.update({t.task_id: t for t in state.open_tasks(job_id)})
             addresses = {w: r.address for w, r in state.workers.items()}
-        if not self.recovered:
+        if self.standby:
             addresses = {w.worker_id: w.address for w in state.store.workers()}
         ordered = sorted(known.values(), key=lambda t: (t.created_at, t.task_id))
         return [

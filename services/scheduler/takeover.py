@@ -54,6 +54,7 @@ class Takeover:
         False for a standby, which has recovered nothing."""
         if self.leadership is not None:
             if not self.leadership.try_acquire():
+                self.scheduler.standby = True
                 return False
             log.info("elected leader", extra={"waited_s": 0.0})
             self.scheduler.state.epoch = next_epoch(self.store)
