@@ -50,11 +50,11 @@ def test_one_table_ours_beside_the_artifacts(
 ) -> None:
     artifact_result(tmp_path, "sia", 0.01)
     common = ["--sia-data", str(DATA), "--workloads", WORKLOAD, "--rounds", "60"]
-    policies = ["--policies", "default restart-aware,rigid LAS"]
+    policies = ["--policies", "default profile,rigid LAS"]
     assert main([*common, *policies, "--artifact-results", str(tmp_path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     rows = {r["policy"]: r for r in out["rows"]}
-    assert set(rows) == {"default restart-aware", "rigid LAS", "sia (artifact)"}
+    assert set(rows) == {"default profile", "rigid LAS", "sia (artifact)"}
     for row in rows.values():
         assert row["n_jobs"] == 3 and row["avg_jct_h"] > 0
     # Every job pays its first start (the toy model's 40 s) at least.
