@@ -191,3 +191,5 @@ def test_simulate_cli_runs_a_sia_workload(capsys: pytest.CaptureFixture[str]) ->
     assert main(["--trace-format", "sia", "--workload", WORKLOAD]) == 2
     assert "--sia-data" in capsys.readouterr().err
     assert main(["--trace", "x", "--sia-data", str(DATA)]) == 2
+    assert main([*common, "--write-trace", "x.trace"]) == 2
+    assert "--write-trace" in capsys.readouterr().err

@@ -341,6 +341,15 @@ def check_source(args: argparse.Namespace) -> None:
     if sia_traces(args):
         if args.generate is not None:
             raise ValidationError("--generate", "--trace-format sia reads the artifact's workloads")
+        for flag in ("throughputs", "write_trace"):
+            if getattr(args, flag) is not None:
+                raise ValidationError(
+                    f"--{flag.replace('_', '-')}",
+                    "Sia's workloads carry their own throughputs (the artifact's tables) and "
+                    "are not written as Gavel traces",
+                )
+        if args.plot is not None and "," in (args.workload or ""):
+            raise ValidationError("--plot", "plots one workload at a time")
         return
     if args.sia_data is not None:
         raise ValidationError("--sia-data", "only with --trace-format sia")
