@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
@@ -14,6 +15,7 @@ from gearshift.common.errors import ValidationError
 
 DEFAULT_SCHEDULER = "127.0.0.1:50051"
 DEFAULT_BRAIN = "127.0.0.1:50052"
+TLS_VARIABLES = (CA_VARIABLE, CERT_VARIABLE, KEY_VARIABLE)  # checked_tls's order
 
 
 def add_scheduler_options(
@@ -59,24 +61,41 @@ def add_tls_options(parser: argparse.ArgumentParser) -> None:
 
 def client_tls(args: argparse.Namespace) -> ClientTls | None:
     """The TLS settings of add_tls_options (None: plaintext); a missing file is named."""
-    if not args.tls_ca:
-        if args.tls_cert or args.tls_key:
-            raise ValidationError("--tls-ca", "is required with --tls-cert / --tls-key")
+    given = {"--tls-ca": args.tls_ca, "--tls-cert": args.tls_cert, "--tls-key": args.tls_key}
+    return checked_tls(given)
+
+
+def environment_tls(env: Mapping[str, str]) -> ClientTls | None:
+    """client_tls from GEARSHIFT_TLS_* alone (for a process with no flags, e.g. the
+    operator under `kopf run`); errors name the variable."""
+    return checked_tls({name: env.get(name, "") for name in TLS_VARIABLES})
+
+
+def checked_tls(given: Mapping[str, str]) -> ClientTls | None:
+    """ClientTls from the CA, certificate and key, in that order, keyed by what the user set
+    them with (a flag or a variable, named by any error); None when no CA is given."""
+    (ca_name, ca), (cert_name, cert), (key_name, key) = given.items()
+    if not ca:
+        if cert or key:
+            raise ValidationError(ca_name, f"is required with {cert_name} / {key_name}")
         return None
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise ValidationError("--tls-cert", "and --tls-key must be given together")
+    if bool(cert) != bool(key):
+        raise ValidationError(cert_name, f"and {key_name} must be given together")
     return ClientTls(
-        pem_file("--tls-ca", args.tls_ca),
-        pem_file("--tls-cert", args.tls_cert) if args.tls_cert else None,
-        pem_file("--tls-key", args.tls_key) if args.tls_key else None,
+        pem_file(ca_name, ca),
+        pem_file(cert_name, cert) if cert else None,
+        pem_file(key_name, key) if key else None,
     )
 
 
 def pem_file(flag: str, value: str) -> Path:
-    """A TLS file given with `flag`; ValidationError naming the flag when it is not a file."""
+    """A TLS file given with `flag`; ValidationError naming the flag when it is not a
+    readable file."""
     path = Path(value)
     if not path.is_file():
         raise ValidationError(flag, f"{value} is not a file")
+    if not os.access(path, os.R_OK):
+        raise ValidationError(flag, f"{value} is not readable")
     return path
 
 

@@ -1,7 +1,9 @@
 """`gearshift-operator` (python -m gearshift.client.operator): run the GearshiftJob operator.
 
 Flags set the environment the handlers read (gearshift.client.operator.handlers), then
-kopf runs them: against the in-cluster service account, or the kubeconfig outside one.
+kopf runs them: against the in-cluster service account, or the kubeconfig outside one. The
+token and TLS files come from the environment only (GEARSHIFT_TOKEN, GEARSHIFT_TLS_CA,
+GEARSHIFT_TLS_CERT, GEARSHIFT_TLS_KEY), as for the CLI.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import sys
 from collections.abc import Sequence
 
 import kopf
+
+from gearshift.client.options import environment_tls
+from gearshift.common.errors import ValidationError
 
 
 def parser() -> argparse.ArgumentParser:
@@ -56,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.poll_seconds <= 0:
         parser().error("--poll-seconds: must be > 0")
+    try:  # checked again by the handlers: here a bad file stops the start before kopf's
+        environment_tls(os.environ)
+    except ValidationError as exc:
+        parser().error(str(exc))
     os.environ["GEARSHIFT_SCHEDULER"] = args.scheduler
     os.environ["GEARSHIFT_OPERATOR_POLL_SECONDS"] = str(args.poll_seconds)
     kopf.configure(verbose=args.verbose)

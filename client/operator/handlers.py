@@ -12,8 +12,9 @@ A scheduler that cannot be reached sets Submitted=False (SchedulerUnavailable) a
 handler is retried every GEARSHIFT_OPERATOR_RETRY_SECONDS until it answers.
 
 Settings from the environment: GEARSHIFT_SCHEDULER (host:port), GEARSHIFT_TOKEN,
-GEARSHIFT_OPERATOR_POLL_SECONDS (status mirroring, default 5),
-GEARSHIFT_OPERATOR_RETRY_SECONDS (default 5).
+GEARSHIFT_TLS_CA (calls use TLS, trusting it) with GEARSHIFT_TLS_CERT and GEARSHIFT_TLS_KEY
+(a client certificate, for mTLS) as the CLI reads them; GEARSHIFT_OPERATOR_POLL_SECONDS
+(status mirroring, default 5), GEARSHIFT_OPERATOR_RETRY_SECONDS (default 5).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from gearshift.client.operator.status import (
     job_status,
     merge_conditions,
 )
+from gearshift.client.options import environment_tls
 from gearshift.client.sdk import Client
 from gearshift.client.spec import spec_from_dict
 from gearshift.common.errors import (
@@ -89,7 +91,12 @@ def configure(*, settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> 
     # kopf's own handler chatter stays in the log; Events carry the job's story.
     settings.posting.level = logging.WARNING
     address = os.environ.get("GEARSHIFT_SCHEDULER", "127.0.0.1:50051")
-    memo.client = Client(address, os.environ.get("GEARSHIFT_TOKEN") or None, timeout=10.0)
+    try:
+        tls = environment_tls(os.environ)
+    except ValidationError as exc:  # a bad file is not retried: the operator does not start
+        raise kopf.PermanentError(str(exc)) from None
+    token = os.environ.get("GEARSHIFT_TOKEN") or None
+    memo.client = Client(address, token, tls=tls, timeout=10.0)
 
 
 @kopf.on.cleanup()

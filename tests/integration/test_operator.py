@@ -1,6 +1,7 @@
 """The GearshiftJob operator run by kopf's runner against KMock (a mock Kubernetes API,
 served over real HTTP) and a real scheduler process: create, status, Events, delete
-through the finalizer, a bad spec, and a scheduler unreachable then back.
+through the finalizer, a bad spec, a scheduler unreachable then back, and a scheduler that
+serves mTLS only.
 
 Verified against a mock API, not a real cluster: KMock keeps objects and serves watches
 but checks no schema and merges patches naively.
@@ -25,8 +26,11 @@ import pytest
 from kopf.testing import KopfRunner
 
 from gearshift.client import Client
+from gearshift.client.operator.__main__ import main as operator_main
 from gearshift.client.processes import DaemonProcess, start_daemon
+from gearshift.common.auth import CA_VARIABLE, CERT_VARIABLE, KEY_VARIABLE, ClientTls
 from gearshift.common.codepkg import package
+from gearshift.common.errors import UnavailableError
 from gearshift.v1 import common_pb2
 from tests.helpers import wait_until
 
@@ -245,10 +249,12 @@ def own_database(folder: Path) -> list[str]:
     return ["--database-url", f"sqlite:///{folder}/scheduler.db"]
 
 
-def operator(scheduler: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+def operator(scheduler: str, monkeypatch: pytest.MonkeyPatch, *, reraise: bool = True) -> Any:
     monkeypatch.setenv("GEARSHIFT_SCHEDULER", scheduler)
     return KopfRunner(
-        ["run", "--standalone", "-A", "-m", "gearshift.client.operator.handlers"], timeout=WAIT
+        ["run", "--standalone", "-A", "-m", "gearshift.client.operator.handlers"],
+        timeout=WAIT,
+        reraise=reraise,
     )
 
 
@@ -404,3 +410,60 @@ def test_a_bad_spec_gets_a_condition_and_is_never_submitted(
             "a Warning event names the problem",
         )
     assert "op-bad" not in [j.spec.name for j in client_jobs(scheduler)]
+
+
+def test_a_job_is_submitted_to_a_scheduler_that_serves_mtls_only(
+    cluster: MockKubernetes,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    pki: dict[str, Path],
+) -> None:
+    # The operator's TLS comes from the variables the CLI reads (and the chart sets).
+    user = ClientTls(pki["ca"], pki["client_cert"], pki["client_key"])
+    for variable, value in user.environment().items():
+        monkeypatch.setenv(variable, value)
+    tls = ["--tls-cert", str(pki["server_cert"]), "--tls-key", str(pki["server_key"]),
+           "--tls-ca", str(pki["ca"]), "--tls-client-ca", str(pki["ca"])]  # fmt: skip
+    daemon = start_daemon(
+        "scheduler", [*own_database(tmp_path), *tls], run_dir=tmp_path, tls=user,
+        listen=f"127.0.0.1:{_free_port()}",
+    )  # fmt: skip
+    try:
+        daemon.wait_ready(60)
+        address = daemon.address
+        with operator(address, monkeypatch) as runner:
+            cluster.call("POST", JOBS, gearshift_job("op-tls"))
+            obj = cluster.wait_job(
+                "op-tls",
+                lambda j: (j.get("status") or {}).get("state") == "queued",
+                "the job submitted over mTLS and its state mirrored",
+            )
+            assert condition(obj, "Submitted")["status"] == "True"
+        assert runner.exception is None
+        with Client(address, tls=user) as client:
+            assert client.get(obj["status"]["jobId"]).spec.name == "op-tls"
+        with Client(address, timeout=5.0) as plaintext, pytest.raises(UnavailableError):
+            plaintext.list()  # TLS only: what the operator called without TLS before
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_a_missing_tls_file_stops_the_start_naming_it(
+    cluster: MockKubernetes,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    missing = tmp_path / "absent-ca.crt"
+    monkeypatch.setenv(CA_VARIABLE, str(missing))
+    for variable in (CERT_VARIABLE, KEY_VARIABLE):
+        monkeypatch.delenv(variable, raising=False)
+    with pytest.raises(SystemExit) as exited:
+        operator_main(["--scheduler", "127.0.0.1:1"])
+    assert exited.value.code == 2
+    assert f"{CA_VARIABLE}: {missing} is not a file" in capsys.readouterr().err
+    # Under `kopf run -m` (no gearshift-operator): the startup handler fails, permanently.
+    with operator("127.0.0.1:1", monkeypatch, reraise=False) as runner:
+        pass
+    assert runner.exit_code != 0
+    assert f"{CA_VARIABLE}: {missing} is not a file" in runner.output

@@ -23,6 +23,8 @@ import pytest
 import yaml
 
 from gearshift.client.cli import build_parser
+from gearshift.client.options import TLS_VARIABLES
+from gearshift.common.auth import CA_VARIABLE, CERT_VARIABLE, KEY_VARIABLE
 from gearshift.common.config import env_vars
 from gearshift.common.db import tool_options
 from gearshift.scheduler.config.configuration import parse
@@ -55,7 +57,6 @@ SECURED = {
         "existingSecret": "gearshift-tokens",
         "workerTokensSecret": "gearshift-worker-tokens",
     },
-    "operator": {"enabled": False},  # it calls the scheduler in plaintext only
 }
 HOST_NETWORK = {
     "worker": {"hostNetwork": True},
@@ -144,12 +145,13 @@ def rendered(helm: Any) -> dict[str, list[dict[str, Any]]]:
     return {name: render(helm, values) for name, values in VALUE_SETS.items()}
 
 
+def _component(obj: dict[str, Any]) -> str:
+    component: str = obj["metadata"]["labels"]["app.kubernetes.io/component"]
+    return component
+
+
 def _one(objects: list[dict[str, Any]], kind: str, component: str) -> dict[str, Any]:
-    found = [
-        o
-        for o in objects
-        if o["kind"] == kind and o["metadata"]["labels"]["app.kubernetes.io/component"] == component
-    ]
+    found = [o for o in objects if o["kind"] == kind and _component(o) == component]
     assert len(found) == 1, f"{len(found)} {kind} of {component}"
     return found[0]
 
@@ -267,13 +269,13 @@ def test_the_scheduler_runs_a_leader_and_a_standby(
 def test_with_tls_the_probes_call_over_tls(rendered: dict[str, list[dict[str, Any]]]) -> None:
     # The kubelet's gRPC probe speaks plaintext only.
     for workload in _workloads(rendered["secured"]):
-        if workload["kind"] == "Job":
-            continue
+        if workload["kind"] == "Job" or _component(workload) == "operator":
+            continue  # the operator has kopf's HTTP liveness probe (see below)
         (container,) = workload["spec"]["template"]["spec"]["containers"]
         command = container["readinessProbe"]["exec"]["command"]
         assert command[:2] == ["gearshift", "health"]
         asked = build_parser().parse_args(command[1:]).service
-        component = workload["metadata"]["labels"]["app.kubernetes.io/component"]
+        component = _component(workload)
         assert asked == (LEADER_HEALTH if component == "scheduler" else ""), component
         assert "--service" not in container["livenessProbe"]["exec"]["command"]
         env = _env(container)
@@ -390,7 +392,6 @@ def test_bad_values_are_refused_naming_the_key(helm: Any) -> None:
         "/worker/accelerator": {"worker": {"accelerator": "tpu"}},
         "auth.enabled needs auth.existingSecret": {"auth": {"enabled": True}},
         "tls.enabled needs tls.secretName": {"tls": {"enabled": True}},
-        "operator.enabled with tls.enabled": {"tls": {"enabled": True, "secretName": "t"}},
         "give url or existingSecret, not both": {
             "database": {"url": "postgresql://x/y", "existingSecret": "db"}
         },
@@ -588,11 +589,32 @@ def test_the_operator_runs_with_exactly_its_rbac(
 
 
 def test_operator_enabled_false_drops_it(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    for name in ("no-operator", "secured"):
-        components = {
-            o["metadata"]["labels"]["app.kubernetes.io/component"] for o in rendered[name]
-        }
-        assert "operator" not in components, name
+    components = {_component(o) for o in rendered["no-operator"]}
+    assert "operator" not in components
+
+
+def test_with_tls_the_operator_calls_the_scheduler_over_tls(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    pod = _one(rendered["secured"], "Deployment", "operator")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "tls"]
+    assert volume["secret"]["secretName"] == "gearshift-tls"
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "tls"]
+    folder = Path(mount["mountPath"])
+    assert mount["readOnly"]
+    # The variables the operator reads (environment_tls), at the Secret's files.
+    tls = {k: v["value"] for k, v in _env(container).items() if k.startswith("GEARSHIFT_TLS")}
+    assert tls == {
+        CA_VARIABLE: str(folder / "ca.crt"),
+        CERT_VARIABLE: str(folder / "tls.crt"),
+        KEY_VARIABLE: str(folder / "tls.key"),
+    }
+    assert set(tls) == set(TLS_VARIABLES)
+    # Without TLS: none of it.
+    plain = _one(rendered["defaults"], "Deployment", "operator")["spec"]["template"]["spec"]
+    assert not [v for v in plain["volumes"] if v["name"] == "tls"]
+    assert not [k for k in _env(plain["containers"][0]) if k.startswith("GEARSHIFT_TLS")]
 
 
 def test_the_operator_reaches_restricted_scheduler_clients(

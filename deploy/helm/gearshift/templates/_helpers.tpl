@@ -140,17 +140,36 @@ capabilities:
 - name: HOME
   value: /tmp
 {{- if .Values.tls.enabled }}
+{{ include "gearshift.tlsClientEnv" . }}
+{{- if .Values.tls.mutual }}
+- name: GEARSHIFT_TLS_CLIENT_CA
+  value: /etc/gearshift/tls/ca.crt
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* With tls.enabled (the callers check it): the certificate every pod presents and the CA
+it trusts, in the tls Secret's mount: what a daemon serves and what any client calls with. */}}
+{{- define "gearshift.tlsClientEnv" -}}
 - name: GEARSHIFT_TLS_CERT
   value: /etc/gearshift/tls/tls.crt
 - name: GEARSHIFT_TLS_KEY
   value: /etc/gearshift/tls/tls.key
 - name: GEARSHIFT_TLS_CA
   value: /etc/gearshift/tls/ca.crt
-{{- if .Values.tls.mutual }}
-- name: GEARSHIFT_TLS_CLIENT_CA
-  value: /etc/gearshift/tls/ca.crt
-{{- end }}
-{{- end }}
+{{- end -}}
+
+{{- define "gearshift.tlsMount" -}}
+- name: tls
+  mountPath: /etc/gearshift/tls
+  readOnly: true
+{{- end -}}
+
+{{- define "gearshift.tlsVolume" -}}
+- name: tls
+  secret:
+    secretName: {{ .Values.tls.secretName }}
+    defaultMode: 0440
 {{- end -}}
 
 {{/* The control plane's tokens: the tokens file, the job key and its own service token. */}}
@@ -172,9 +191,7 @@ capabilities:
 - name: tmp
   mountPath: /tmp
 {{- if .Values.tls.enabled }}
-- name: tls
-  mountPath: /etc/gearshift/tls
-  readOnly: true
+{{ include "gearshift.tlsMount" . }}
 {{- end }}
 {{- if .Values.auth.enabled }}
 - name: auth
@@ -189,10 +206,7 @@ capabilities:
   emptyDir:
     sizeLimit: {{ if .worker }}10Gi{{ else }}1Gi{{ end }}
 {{- if .root.Values.tls.enabled }}
-- name: tls
-  secret:
-    secretName: {{ .root.Values.tls.secretName }}
-    defaultMode: 0440
+{{ include "gearshift.tlsVolume" .root }}
 {{- end }}
 {{- if .root.Values.auth.enabled }}
 - name: auth
