@@ -163,6 +163,9 @@ class SimulatedAgents(worker_pb2_grpc.WorkerAgentServicer):
     async def GetTaskStatus(self, request: Any, context: Any) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a simulated worker")
 
+    async def ChangeMembership(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a simulated worker")
+
     async def StreamTaskLogs(self, request: Any, context: Any) -> AsyncIterator[C.LogLine]:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "a simulated worker")
         yield C.LogLine()  # never reached: abort raises

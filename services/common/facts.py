@@ -28,6 +28,7 @@ ENDED_TASK_STATES: tuple[common_pb2.TaskState.ValueType, ...] = (
     common_pb2.TASK_STATE_CHECKPOINTED,
     common_pb2.TASK_STATE_COMPLETED,
     common_pb2.TASK_STATE_FAILED,
+    common_pb2.TASK_STATE_LEFT,
 )
 
 

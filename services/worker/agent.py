@@ -34,6 +34,7 @@ from gearshift.worker.collocation import Policy
 from gearshift.worker.command import STEP_LOG, CommandSettings, plan_task
 from gearshift.worker.devices import device_types
 from gearshift.worker.fence import EpochFence
+from gearshift.worker.inplace import to_change
 from gearshift.worker.multiplex import Multiplexer
 from gearshift.worker.resources import CoreAllocator, detect_cores, format_bytes
 from gearshift.worker.spawner import Spawner
@@ -192,6 +193,16 @@ class Agent:
         self.fence.admit(epoch, "StopTask")
         task = self._task(task_id)
         task.stop(checkpoint=checkpoint, reason=reason, timeout=timeout or DEFAULT_STOP_TIMEOUT_S)
+        return task.status()
+
+    def change(
+        self, task_id: str, message: worker_pb2.MembershipChange, epoch: int = 0
+    ) -> common_pb2.TaskStatus:
+        """Write an in-place membership change for a running task's processes (refused from
+        a deposed scheduler leader: fence.py; see Task.change)."""
+        self.fence.admit(epoch, "ChangeMembership")
+        task = self._task(task_id)
+        task.change(to_change(message, "change"))
         return task.status()
 
     def status(self, task_id: str) -> common_pb2.TaskStatus:

@@ -59,8 +59,10 @@ from gearshift.common.sharding import num_shards
 from gearshift.common.validation import check_generation, check_name, require
 from gearshift.v1 import common_pb2, training_pb2, worker_pb2
 from gearshift.worker.gpus import VISIBLE_VARIABLE, task_gpus
+from gearshift.worker.inplace import MEMBERSHIP_FILE, check_join, to_change
 from gearshift.worker.ps.spread import format_roles, spread_roles
 from gearshift.worker.runtime.backend import choose_backend
+from gearshift.worker.runtime.membership import Change
 from gearshift.worker.runtime.settings import RunSettings
 from gearshift.worker.spawner import RUN_MODULE
 from gearshift.worker.training_task import data_mode
@@ -121,6 +123,9 @@ class TaskPlan:
     ps_plan: common_pb2.ParameterServerPlan | None = None  # a parameter-server job's plan
     generation: int = 0  # the placement's generation (fences its shard holders; 0: unfenced)
     placement: common_pb2.Placement = field(default_factory=common_pb2.Placement)
+    # The in-place change its processes join (StartTaskRequest.join_generation; None: they
+    # start or resume the job).
+    join: Change | None = None
 
     @property
     def background(self) -> bool:
@@ -187,6 +192,8 @@ class TaskPlan:
             loader_workers=RunSettings.loader_workers,
             d2_threads=RunSettings.d2_threads,
             tree_shape=RunSettings.tree_shape,
+            membership_file=str(task_dir / MEMBERSHIP_FILE),
+            join_generation=self.join.generation if self.join is not None else 0,
         )
         if self.world_size > 1:
             # The placement's name in the rendezvous: the task id up to its worker
@@ -419,6 +426,7 @@ def plan_task(
         f"must be 0-{MAX_LOADER_PROCS} (got {request.loader_procs_per_process})",
     )
     check_generation(request.generation)
+    join = _join(request, mapping, tuple(sorted(device_of)))
     dataset_id = request.dataset_id or request.job_id
     check_name(dataset_id, "dataset_id")
     _check_collocation(request.collocation, request.job_id)
@@ -458,4 +466,32 @@ def plan_task(
         ps_plan=ps_plan,
         generation=request.generation,
         placement=request.placement,
+        join=join,
     )
+
+
+def _join(
+    request: worker_pb2.StartTaskRequest, mapping: tuple[int, ...], ranks: tuple[int, ...]
+) -> Change | None:
+    """The in-place change a StartTask's processes join (None: not one that joins)."""
+    if request.join_generation == 0:
+        require(not request.HasField("membership"), "membership", "needs join_generation")
+        return None
+    require(request.join_generation > 0, "join_generation", "must be >= 0")
+    require(request.HasField("membership"), "membership", "is required with join_generation")
+    require(not request.resume, "resume", "a joining process takes the running job's state")
+    require(not is_ps_job(request.spec), "join_generation", "not for a parameter-server job")
+    change = to_change(request.membership, "membership")
+    require(
+        change.generation == request.join_generation,
+        "membership.generation",
+        f"is {change.generation}, not join_generation {request.join_generation}",
+    )
+    check_join(change, mapping, ranks, "membership")
+    if len(mapping) > 1:
+        require(
+            change.master_addr == request.rendezvous_address,
+            "rendezvous_address",
+            f"must be the change's master_addr {change.master_addr!r}",
+        )
+    return change

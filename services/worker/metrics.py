@@ -12,7 +12,8 @@ STARTED = prometheus_client.Counter(
 )
 ENDED = prometheus_client.Counter(
     "gearshift_worker_tasks_ended",
-    "Tasks ended, by final state: completed, checkpointed (stopped for a move) or failed",
+    "Tasks ended, by final state: completed, checkpointed (stopped for a move), failed or "
+    "left (its processes handed their ESTs over in place)",
     ["state"],
 )
 

@@ -48,6 +48,13 @@ class WorkerAgentServicer(worker_pb2_grpc.WorkerAgentServicer):
             epoch=request.epoch,
         )
 
+    def ChangeMembership(
+        self, request: worker_pb2.ChangeMembershipRequest, context: grpc.ServicerContext
+    ) -> common_pb2.TaskStatus:
+        require(bool(request.task_id), "task_id", "is required")
+        require(request.HasField("change"), "change", "is required")
+        return self.agent.change(request.task_id, request.change, epoch=request.epoch)
+
     def GetTaskStatus(
         self, request: worker_pb2.GetTaskStatusRequest, context: grpc.ServicerContext
     ) -> common_pb2.TaskStatus:

@@ -7,6 +7,8 @@ alone:
 - every process exited 0: COMPLETED, with the digest the processes wrote;
 - every process exited 0 or 75 (the runtime's "checkpointed on request"):
   CHECKPOINTED;
+- every process exited 0 after an in-place membership change dropped it (it handed its
+  ESTs to the job's other processes): LEFT, the job trains on elsewhere;
 - otherwise FAILED, with the exit code of the first process that failed and the
   end of its log (the traceback), or why the daemon killed it (a stop without a
   checkpoint, or a checkpoint that did not come in time).
@@ -20,6 +22,10 @@ Each process may hold CPU cores (`cores`: it pins itself to them, CORES_VARIABLE
 memory limit (`memory_limit`: the watcher SIGKILLs a process whose RSS passes it), and,
 where the daemon may create cgroups (`cgroups`), a cgroup v2 of its own with both limits;
 `enforcement` says how, for the status and the log.
+
+Processes are keyed by the rank they started as (their log, pid and timing files keep that
+name); an in-place membership change (`change`, inplace.py) moves their ranks, and
+`ranks` says which rank each has now (None: it left).
 
 A background task (DeepPool's multiplexing) starts paused: its pause file exists
 before its processes do, and the worker's collocation loop (multiplex.py) removes
@@ -56,7 +62,10 @@ from gearshift.common.facts import (
 from gearshift.v1 import common_pb2
 from gearshift.worker.cgroups import Cgroups
 from gearshift.worker.command import PAUSE_FILE, CommandSettings, TaskPlan, timing_file
+from gearshift.worker.inplace import MEMBERSHIP_FILE, check, moved
 from gearshift.worker.resources import CORES_VARIABLE, format_bytes, format_cores, rss_bytes
+from gearshift.worker.runtime import membership
+from gearshift.worker.runtime.membership import Change
 from gearshift.worker.spawner import Child, Spawner, SpawnRequest
 from gearshift.worker.task_logs import cap_log
 from gearshift.worker.training_task import TASK_FILE, write_task
@@ -129,6 +138,19 @@ class Task:
     _checkpoint: bool = True
     _first_failure: tuple[int, int] | None = None  # (rank, code)
     _killed_reason: str = ""
+    # In-place membership changes (inplace.py): those written to the task's file, the
+    # generation they reach, and each process's rank now (by the rank it started as).
+    changes: list[Change] = field(default_factory=list)
+    ranks: dict[int, int | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.ranks = {rank: rank for rank in self.plan.ranks}
+        if self.plan.join is not None:
+            self.changes = [self.plan.join]
+
+    @property
+    def generation(self) -> int:
+        return self.changes[-1].generation if self.changes else 0
 
     @property
     def task_id(self) -> str:
@@ -168,6 +190,8 @@ class Task:
                 if code is None:
                     raise PreconditionError("this worker cannot fetch code packages")
                 code_dir = code(sha256)
+            if self.changes:  # a joiner's: before its processes look for it
+                membership.write(self.membership_file, self.changes)
             if self.plan.ps_plan is None:  # a PS launcher takes its flags (ps_command)
                 write_task(self.plan.training_task(settings, self.task_dir, code_dir), task_file)
             for rank in self.plan.spawned_ranks:
@@ -207,6 +231,45 @@ class Task:
     @property
     def pause_file(self) -> Path:
         return self.task_dir / PAUSE_FILE
+
+    @property
+    def membership_file(self) -> Path:
+        return self.task_dir / MEMBERSHIP_FILE
+
+    # -- in-place membership changes ---------------------------------------------------
+
+    def change(self, change: Change) -> None:
+        """Write `change` (the job's next generation) to the file the processes read at every
+        step; a generation already written is a retry and changes nothing."""
+        with self.lock:
+            if change.generation <= self.generation:
+                return
+            if self.state not in (common_pb2.TASK_STATE_STARTING, common_pb2.TASK_STATE_RUNNING):
+                raise PreconditionError(
+                    f"task {self.task_id} is {common_pb2.TaskState.Name(self.state)}: "  # type: ignore[arg-type]
+                    "only a running task changes in place"
+                )
+            if self.plan.ps_plan is not None:
+                raise PreconditionError("a parameter-server job does not change in place")
+            if change.generation != self.generation + 1:
+                raise PreconditionError(
+                    f"task {self.task_id} is at generation {self.generation}; "
+                    f"the next change is {self.generation + 1}, not {change.generation}"
+                )
+            procs = len(self.changes[-1].mapping) if self.changes else self.plan.world_size
+            check(change, self.plan.spec.num_ests, procs, "change")
+            membership.write(self.membership_file, [*self.changes, change])
+            self.changes.append(change)
+            self.ranks = moved(self.ranks, change)
+        log.info(
+            "membership change written",
+            extra={
+                "task_id": self.task_id,
+                "generation": change.generation,
+                "mapping": list(change.mapping),
+                "ranks": self.ranks,
+            },
+        )
 
     # -- pause (background tasks) ------------------------------------------------------
 
@@ -363,7 +426,10 @@ class Task:
             elif all(code == EXIT_COMPLETED for code in codes.values()):
                 self.state = common_pb2.TASK_STATE_COMPLETED
                 self.digest = self._read_digest()
-                if not self.digest:
+                if not self.digest and not any(r is not None for r in self.ranks.values()):
+                    self.state = common_pb2.TASK_STATE_LEFT
+                    self.message = f"every process left the job at generation {self.generation}"
+                elif not self.digest:
                     self.state = common_pb2.TASK_STATE_FAILED
                     self.message = "the processes exited 0 but wrote no digest"
             else:
@@ -426,8 +492,8 @@ class Task:
         return first
 
     def _read_digest(self) -> str:
-        for rank in self.plan.ranks:
-            path = self.task_dir / "stats" / f"rank{rank}.json"
+        """The digest a process of this task wrote at the end (under the rank it ended as)."""
+        for path in sorted((self.task_dir / "stats").glob("rank*.json")):
             try:
                 return str(json.loads(path.read_text())["digest"])
             except (OSError, ValueError, KeyError):
@@ -469,9 +535,13 @@ class Task:
         """Each local process's latest compute time per step (the files they keep), for the
         scheduler's straggler detection; a process yet to report one is left out."""
         out = []
-        for rank in self.plan.ranks:
+        with self.lock:
+            ranks = dict(self.ranks)
+        for slot, rank in ranks.items():
+            if rank is None:  # it left the job
+                continue
             try:
-                data = json.loads((self.task_dir / timing_file(rank)).read_text())
+                data = json.loads((self.task_dir / timing_file(slot)).read_text())
                 timing = common_pb2.ProcessTiming(
                     rank=rank,
                     step=int(data["step"]),

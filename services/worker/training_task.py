@@ -87,7 +87,7 @@ class ServiceSettings:
     shard_manager: str
     accelerator_type: str
     report_interval: float
-    progress_file: Path | None  # rank 0 only
+    progress_file: Path | None  # rank 0's, or every rank's with a membership file
     timing_file: Path | None
     index_log_dir: Path | None
     profile_key: str  # rank 0 only, with a Brain
@@ -175,7 +175,9 @@ def resolve(task: training_pb2.TrainingTask, rank: int) -> ProcessSettings:
         shard_manager=e.shard_manager,
         accelerator_type=task.accelerator_type,
         report_interval=task.report_interval_seconds,
-        progress_file=_path(task.progress_file) if rank == 0 else None,
+        # Ranks move with in-place changes: each process may become rank 0, which alone
+        # writes it (run.py).
+        progress_file=_path(task.progress_file) if rank == 0 or task.membership_file else None,
         timing_file=_path(own.timing_file),
         index_log_dir=_path(task.index_log_dir),
         profile_key=task.profile_key if first else "",

@@ -88,7 +88,7 @@ class Wiring:
             placement=s.task_id.rpartition(".")[0] or s.task_id,
             generation=s.generation,
         )
-        if wiring.progress_file is not None and p.resume:
+        if wiring.progress_file is not None and p.resume and p.rank == 0:
             wiring.started_fresh = checkpoint.latest(p.checkpoint_dir) is None
             if wiring.started_fresh:  # said before the first step, which may be far off
                 wiring.progress(0, settings.total_steps, 0.0, 0.0)

@@ -869,3 +869,21 @@ def test_a_new_placement_is_kept_for_the_preempt_exempt_time(exempt: float) -> N
             assert b in {r.job_id for r in agents.started}
     finally:
         scheduler.stop()
+
+
+def test_a_task_whose_processes_left_in_place_ends_only_that_task() -> None:
+    """TASK_STATE_LEFT (an in-place change took its processes' ESTs elsewhere): the task's
+    record closes, the job runs on: not completed, not failed, not requeued."""
+    scheduler, agents = make_scheduler(settings(), clock=Clock())
+    try:
+        register(scheduler, "a", {"t4": 1})
+        job, _ = scheduler.submit(job_spec("left", 1), "")
+        scheduler.run_round()
+        (task,) = agents.started
+        left = C.TaskStatus(task_id=task.task_id, job_id=job.job_id, state=C.TASK_STATE_LEFT)
+        scheduler.task_finished("a", left)
+        assert task.task_id not in scheduler.state.tasks
+        record = scheduler.get(job.job_id)
+        assert record.state == C.JOB_STATE_RUNNING and not record.final_digest
+    finally:
+        scheduler.stop()

@@ -180,6 +180,11 @@ class _TaskStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaskState.V
     """The job reached its end on this task."""
     TASK_STATE_FAILED: _TaskState.ValueType  # 6
     """A process exited with an error or was killed."""
+    TASK_STATE_LEFT: _TaskState.ValueType  # 7
+    """Every process of the task handed its ESTs to the job's other processes and
+    exited (an in-place membership change, WorkerAgent.ChangeMembership): the job
+    trains on elsewhere, neither stopped nor completed by this task's end.
+    """
 
 class TaskState(_TaskState, metaclass=_TaskStateEnumTypeWrapper):
     """Lifecycle of one task: a job's training processes on one worker daemon."""
@@ -198,6 +203,11 @@ TASK_STATE_COMPLETED: TaskState.ValueType  # 5
 """The job reached its end on this task."""
 TASK_STATE_FAILED: TaskState.ValueType  # 6
 """A process exited with an error or was killed."""
+TASK_STATE_LEFT: TaskState.ValueType  # 7
+"""Every process of the task handed its ESTs to the job's other processes and
+exited (an in-place membership change, WorkerAgent.ChangeMembership): the job
+trains on elsewhere, neither stopped nor completed by this task's end.
+"""
 Global___TaskState: _TypeAlias = TaskState  # noqa: Y015
 
 class _CollocationRole:

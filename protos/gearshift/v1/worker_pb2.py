@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from gearshift.v1 import common_pb2 as gearshift_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gearshift/v1/worker.proto\x12\x0cgearshift.v1\x1a\x19gearshift/v1/common.proto\"I\n\x10ServiceEndpoints\x12\r\n\x05\x62rain\x18\x02 \x01(\t\x12\x15\n\rshard_manager\x18\x03 \x01(\tJ\x04\x08\x01\x10\x02R\tscheduler\"\x9f\x05\n\x10StartTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12#\n\x04spec\x18\x03 \x01(\x0b\x32\x15.gearshift.v1.JobSpec\x12*\n\tplacement\x18\x04 \x01(\x0b\x32\x17.gearshift.v1.Placement\x12\x13\n\x0blocal_ranks\x18\x05 \x03(\x05\x12\x1a\n\x12rendezvous_address\x18\x06 \x01(\t\x12\x16\n\x0e\x63heckpoint_dir\x18\x07 \x01(\t\x12\x0e\n\x06resume\x18\x08 \x01(\x08\x12\"\n\x05lease\x18\t \x01(\x0b\x32\x13.gearshift.v1.Lease\x12\x31\n\tendpoints\x18\n \x01(\x0b\x32\x1e.gearshift.v1.ServiceEndpoints\x12\x12\n\ndataset_id\x18\x0b \x01(\t\x12\x11\n\tjob_token\x18\x0c \x01(\t\x12.\n\x0b\x63ollocation\x18\r \x01(\x0b\x32\x19.gearshift.v1.Collocation\x12\x15\n\rprofile_first\x18\x0e \x01(\x08\x12)\n\x04plan\x18\x0f \x01(\x0b\x32\x1b.gearshift.v1.ExecutionPlan\x12\x1d\n\x15\x63pu_cores_per_process\x18\x10 \x01(\x05\x12 \n\x18memory_bytes_per_process\x18\x11 \x01(\x03\x12 \n\x18loader_procs_per_process\x18\x12 \x01(\x05\x12\x32\n\x07ps_plan\x18\x13 \x01(\x0b\x32!.gearshift.v1.ParameterServerPlan\x12\x16\n\x0eprofile_rubick\x18\x14 \x01(\x08\x12\x12\n\ngeneration\x18\x15 \x01(\x03\x12\r\n\x05\x65poch\x18\x16 \x01(\x03\"n\n\x0fStopTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x12\n\ncheckpoint\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x04 \x01(\x01\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\"\'\n\x14GetTaskStatusRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"\x17\n\x15\x44\x65scribeWorkerRequest\"{\n\x11WorkerDescription\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12*\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x19.gearshift.v1.DeviceGroup\x12\'\n\x05tasks\x18\x03 \x03(\x0b\x32\x18.gearshift.v1.TaskStatus\"9\n\x12ReadStepLogRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x12\n\nafter_step\x18\x02 \x01(\x03\"Z\n\x15StreamTaskLogsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\ntail_lines\x18\x03 \x01(\x05\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\x32\xf3\x03\n\x0bWorkerAgent\x12K\n\tStartTask\x12\x1e.gearshift.v1.StartTaskRequest\x1a\x18.gearshift.v1.TaskStatus\"\x04\x88\xb5\x18\x01\x12I\n\x08StopTask\x12\x1d.gearshift.v1.StopTaskRequest\x1a\x18.gearshift.v1.TaskStatus\"\x04\x88\xb5\x18\x01\x12S\n\rGetTaskStatus\x12\".gearshift.v1.GetTaskStatusRequest\x1a\x18.gearshift.v1.TaskStatus\"\x04\x88\xb5\x18\x01\x12\\\n\x0e\x44\x65scribeWorker\x12#.gearshift.v1.DescribeWorkerRequest\x1a\x1f.gearshift.v1.WorkerDescription\"\x04\x88\xb5\x18\x01\x12N\n\x0eStreamTaskLogs\x12#.gearshift.v1.StreamTaskLogsRequest\x1a\x15.gearshift.v1.LogLine0\x01\x12I\n\x0bReadStepLog\x12 .gearshift.v1.ReadStepLogRequest\x1a\x16.gearshift.v1.StepLoss0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gearshift/v1/worker.proto\x12\x0cgearshift.v1\x1a\x19gearshift/v1/common.proto\"I\n\x10ServiceEndpoints\x12\r\n\x05\x62rain\x18\x02 \x01(\t\x12\x15\n\rshard_manager\x18\x03 \x01(\tJ\x04\x08\x01\x10\x02R\tscheduler\"\xec\x05\n\x10StartTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12#\n\x04spec\x18\x03 \x01(\x0b\x32\x15.gearshift.v1.JobSpec\x12*\n\tplacement\x18\x04 \x01(\x0b\x32\x17.gearshift.v1.Placement\x12\x13\n\x0blocal_ranks\x18\x05 \x03(\x05\x12\x1a\n\x12rendezvous_address\x18\x06 \x01(\t\x12\x16\n\x0e\x63heckpoint_dir\x18\x07 \x01(\t\x12\x0e\n\x06resume\x18\x08 \x01(\x08\x12\"\n\x05lease\x18\t \x01(\x0b\x32\x13.gearshift.v1.Lease\x12\x31\n\tendpoints\x18\n \x01(\x0b\x32\x1e.gearshift.v1.ServiceEndpoints\x12\x12\n\ndataset_id\x18\x0b \x01(\t\x12\x11\n\tjob_token\x18\x0c \x01(\t\x12.\n\x0b\x63ollocation\x18\r \x01(\x0b\x32\x19.gearshift.v1.Collocation\x12\x15\n\rprofile_first\x18\x0e \x01(\x08\x12)\n\x04plan\x18\x0f \x01(\x0b\x32\x1b.gearshift.v1.ExecutionPlan\x12\x1d\n\x15\x63pu_cores_per_process\x18\x10 \x01(\x05\x12 \n\x18memory_bytes_per_process\x18\x11 \x01(\x03\x12 \n\x18loader_procs_per_process\x18\x12 \x01(\x05\x12\x32\n\x07ps_plan\x18\x13 \x01(\x0b\x32!.gearshift.v1.ParameterServerPlan\x12\x16\n\x0eprofile_rubick\x18\x14 \x01(\x08\x12\x12\n\ngeneration\x18\x15 \x01(\x03\x12\r\n\x05\x65poch\x18\x16 \x01(\x03\x12\x17\n\x0fjoin_generation\x18\x17 \x01(\x03\x12\x32\n\nmembership\x18\x18 \x01(\x0b\x32\x1e.gearshift.v1.MembershipChange\"\x87\x01\n\x10MembershipChange\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0f\n\x07mapping\x18\x02 \x03(\x05\x12\x0f\n\x07sources\x18\x03 \x03(\x05\x12\x13\n\x0bmaster_addr\x18\x04 \x01(\t\x12\x0f\n\x07\x61t_step\x18\x05 \x01(\x03\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\"i\n\x17\x43hangeMembershipRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12.\n\x06\x63hange\x18\x02 \x01(\x0b\x32\x1e.gearshift.v1.MembershipChange\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"n\n\x0fStopTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x12\n\ncheckpoint\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x04 \x01(\x01\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\"\'\n\x14GetTaskStatusRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"\x17\n\x15\x44\x65scribeWorkerRequest\"{\n\x11WorkerDescription\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12*\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x19.gearshift.v1.DeviceGroup\x12\'\n\x05tasks\x18\x03 \x03(\x0b\x32\x18.gearshift.v1.TaskStatus\"9\n\x12ReadStepLogRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x12\n\nafter_step\x18\x02 \x01(\x03\"Z\n\x15StreamTaskLogsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\ntail_lines\x18\x03 \x01(\x05\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\x32\xce\x04\n\x0bWorkerAgent\x12K\n\tStartTask\x12\x1e.gearshift.v1.StartTaskRequest\x1a\x18.gearshift.v1.TaskStatus\"\x04\x88\xb5\x18\x01\x12I\n\x08StopTask\x12\x1d.gearshift.v1.StopTaskRequest\x1a\x18.gearshift.v1.TaskStatus\"\x04\x88\xb5\x18\x01\x12Y\n\x10\x43hangeMembership\x12%.gearshift.v1.ChangeMembershipRequest\x1a\x18.gearshift.v1.TaskStatus\"\x04\x88\xb5\x18\x01\x12S\n\rGetTaskStatus\x12\".gearshift.v1.GetTaskStatusRequest\x1a\x18.gearshift.v1.TaskStatus\"\x04\x88\xb5\x18\x01\x12\\\n\x0e\x44\x65scribeWorker\x12#.gearshift.v1.DescribeWorkerRequest\x1a\x1f.gearshift.v1.WorkerDescription\"\x04\x88\xb5\x18\x01\x12N\n\x0eStreamTaskLogs\x12#.gearshift.v1.StreamTaskLogsRequest\x1a\x15.gearshift.v1.LogLine0\x01\x12I\n\x0bReadStepLog\x12 .gearshift.v1.ReadStepLogRequest\x1a\x16.gearshift.v1.StepLoss0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,6 +36,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERAGENT'].methods_by_name['StartTask']._serialized_options = b'\210\265\030\001'
   _globals['_WORKERAGENT'].methods_by_name['StopTask']._loaded_options = None
   _globals['_WORKERAGENT'].methods_by_name['StopTask']._serialized_options = b'\210\265\030\001'
+  _globals['_WORKERAGENT'].methods_by_name['ChangeMembership']._loaded_options = None
+  _globals['_WORKERAGENT'].methods_by_name['ChangeMembership']._serialized_options = b'\210\265\030\001'
   _globals['_WORKERAGENT'].methods_by_name['GetTaskStatus']._loaded_options = None
   _globals['_WORKERAGENT'].methods_by_name['GetTaskStatus']._serialized_options = b'\210\265\030\001'
   _globals['_WORKERAGENT'].methods_by_name['DescribeWorker']._loaded_options = None
@@ -43,19 +45,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SERVICEENDPOINTS']._serialized_start=70
   _globals['_SERVICEENDPOINTS']._serialized_end=143
   _globals['_STARTTASKREQUEST']._serialized_start=146
-  _globals['_STARTTASKREQUEST']._serialized_end=817
-  _globals['_STOPTASKREQUEST']._serialized_start=819
-  _globals['_STOPTASKREQUEST']._serialized_end=929
-  _globals['_GETTASKSTATUSREQUEST']._serialized_start=931
-  _globals['_GETTASKSTATUSREQUEST']._serialized_end=970
-  _globals['_DESCRIBEWORKERREQUEST']._serialized_start=972
-  _globals['_DESCRIBEWORKERREQUEST']._serialized_end=995
-  _globals['_WORKERDESCRIPTION']._serialized_start=997
-  _globals['_WORKERDESCRIPTION']._serialized_end=1120
-  _globals['_READSTEPLOGREQUEST']._serialized_start=1122
-  _globals['_READSTEPLOGREQUEST']._serialized_end=1179
-  _globals['_STREAMTASKLOGSREQUEST']._serialized_start=1181
-  _globals['_STREAMTASKLOGSREQUEST']._serialized_end=1271
-  _globals['_WORKERAGENT']._serialized_start=1274
-  _globals['_WORKERAGENT']._serialized_end=1773
+  _globals['_STARTTASKREQUEST']._serialized_end=894
+  _globals['_MEMBERSHIPCHANGE']._serialized_start=897
+  _globals['_MEMBERSHIPCHANGE']._serialized_end=1032
+  _globals['_CHANGEMEMBERSHIPREQUEST']._serialized_start=1034
+  _globals['_CHANGEMEMBERSHIPREQUEST']._serialized_end=1139
+  _globals['_STOPTASKREQUEST']._serialized_start=1141
+  _globals['_STOPTASKREQUEST']._serialized_end=1251
+  _globals['_GETTASKSTATUSREQUEST']._serialized_start=1253
+  _globals['_GETTASKSTATUSREQUEST']._serialized_end=1292
+  _globals['_DESCRIBEWORKERREQUEST']._serialized_start=1294
+  _globals['_DESCRIBEWORKERREQUEST']._serialized_end=1317
+  _globals['_WORKERDESCRIPTION']._serialized_start=1319
+  _globals['_WORKERDESCRIPTION']._serialized_end=1442
+  _globals['_READSTEPLOGREQUEST']._serialized_start=1444
+  _globals['_READSTEPLOGREQUEST']._serialized_end=1501
+  _globals['_STREAMTASKLOGSREQUEST']._serialized_start=1503
+  _globals['_STREAMTASKLOGSREQUEST']._serialized_end=1593
+  _globals['_WORKERAGENT']._serialized_start=1596
+  _globals['_WORKERAGENT']._serialized_end=2186
 # @@protoc_insertion_point(module_scope)

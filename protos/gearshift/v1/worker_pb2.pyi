@@ -78,6 +78,8 @@ class StartTaskRequest(_message.Message):
     PROFILE_RUBICK_FIELD_NUMBER: _builtins.int
     GENERATION_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    JOIN_GENERATION_FIELD_NUMBER: _builtins.int
+    MEMBERSHIP_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id, unique per scheduler."""
     job_id: _builtins.str
@@ -130,6 +132,12 @@ class StartTaskRequest(_message.Message):
     FAILED_PRECONDITION, a call that carries a lower one: a deposed leader that
     still runs can neither start nor stop a task.
     """
+    join_generation: _builtins.int
+    """> 0: the task's processes join the job's running processes at this
+    generation of an in-place change (membership, required then) instead of
+    starting or resuming it: placement is that generation's, local_ranks the
+    ranks that join here, rendezvous_address its master_addr.
+    """
     @_builtins.property
     def spec(self) -> _common_pb2.JobSpec:
         """The job's spec."""
@@ -168,6 +176,10 @@ class StartTaskRequest(_message.Message):
         parameter_server; the task then runs one PS launcher process).
         """
 
+    @_builtins.property
+    def membership(self) -> Global___MembershipChange:
+        """The change the joining processes are part of (with join_generation)."""
+
     def __init__(
         self,
         *,
@@ -193,14 +205,98 @@ class StartTaskRequest(_message.Message):
         profile_rubick: _builtins.bool = ...,
         generation: _builtins.int = ...,
         epoch: _builtins.int = ...,
+        join_generation: _builtins.int = ...,
+        membership: Global___MembershipChange | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "endpoints", b"endpoints", "lease", b"lease", "placement", b"placement", "plan", b"plan", "ps_plan", b"ps_plan", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "endpoints", b"endpoints", "lease", b"lease", "membership", b"membership", "placement", b"placement", "plan", b"plan", "ps_plan", b"ps_plan", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "collocation", b"collocation", "cpu_cores_per_process", b"cpu_cores_per_process", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "epoch", b"epoch", "generation", b"generation", "job_id", b"job_id", "job_token", b"job_token", "lease", b"lease", "loader_procs_per_process", b"loader_procs_per_process", "local_ranks", b"local_ranks", "memory_bytes_per_process", b"memory_bytes_per_process", "placement", b"placement", "plan", b"plan", "profile_first", b"profile_first", "profile_rubick", b"profile_rubick", "ps_plan", b"ps_plan", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "collocation", b"collocation", "cpu_cores_per_process", b"cpu_cores_per_process", "dataset_id", b"dataset_id", "endpoints", b"endpoints", "epoch", b"epoch", "generation", b"generation", "job_id", b"job_id", "job_token", b"job_token", "join_generation", b"join_generation", "lease", b"lease", "loader_procs_per_process", b"loader_procs_per_process", "local_ranks", b"local_ranks", "membership", b"membership", "memory_bytes_per_process", b"memory_bytes_per_process", "placement", b"placement", "plan", b"plan", "profile_first", b"profile_first", "profile_rubick", b"profile_rubick", "ps_plan", b"ps_plan", "rendezvous_address", b"rendezvous_address", "resume", b"resume", "spec", b"spec", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StartTaskRequest: _TypeAlias = StartTaskRequest  # noqa: Y015
+
+@_typing.final
+class MembershipChange(_message.Message):
+    """One in-place membership change: the next generation of a running job."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GENERATION_FIELD_NUMBER: _builtins.int
+    MAPPING_FIELD_NUMBER: _builtins.int
+    SOURCES_FIELD_NUMBER: _builtins.int
+    MASTER_ADDR_FIELD_NUMBER: _builtins.int
+    AT_STEP_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    generation: _builtins.int
+    """The generation it makes (the job's processes start at 0; each change + 1)."""
+    master_addr: _builtins.str
+    """host:port of the new generation's rendezvous store (required for 2+ ranks)."""
+    at_step: _builtins.int
+    """The earliest step boundary to apply it at (0: the first that sees it)."""
+    timeout_seconds: _builtins.float
+    """Seconds the change may wait for its processes (0: 60) before it is given up:
+    the processes then checkpoint and exit 75, for a restart.
+    """
+    @_builtins.property
+    def mapping(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """ESTs per new rank (contiguous ranges, in rank order)."""
+
+    @_builtins.property
+    def sources(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """For each new rank, the old rank that becomes it; -1: a process that joins."""
+
+    def __init__(
+        self,
+        *,
+        generation: _builtins.int = ...,
+        mapping: _abc.Iterable[_builtins.int] | None = ...,
+        sources: _abc.Iterable[_builtins.int] | None = ...,
+        master_addr: _builtins.str = ...,
+        at_step: _builtins.int = ...,
+        timeout_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_step", b"at_step", "generation", b"generation", "mapping", b"mapping", "master_addr", b"master_addr", "sources", b"sources", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MembershipChange: _TypeAlias = MembershipChange  # noqa: Y015
+
+@_typing.final
+class ChangeMembershipRequest(_message.Message):
+    """Change a running task's job in place."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    CHANGE_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Task id."""
+    epoch: _builtins.int
+    """The sending scheduler's leader epoch (see StartTaskRequest.epoch): refused
+    when lower than the highest this worker has seen.
+    """
+    @_builtins.property
+    def change(self) -> Global___MembershipChange:
+        """The change."""
+
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        change: Global___MembershipChange | None = ...,
+        epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "epoch", b"epoch", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChangeMembershipRequest: _TypeAlias = ChangeMembershipRequest  # noqa: Y015
 
 @_typing.final
 class StopTaskRequest(_message.Message):

@@ -46,6 +46,11 @@ class WorkerAgentStub:
                 request_serializer=gearshift_dot_v1_dot_worker__pb2.StopTaskRequest.SerializeToString,
                 response_deserializer=gearshift_dot_v1_dot_common__pb2.TaskStatus.FromString,
                 _registered_method=True)
+        self.ChangeMembership = channel.unary_unary(
+                '/gearshift.v1.WorkerAgent/ChangeMembership',
+                request_serializer=gearshift_dot_v1_dot_worker__pb2.ChangeMembershipRequest.SerializeToString,
+                response_deserializer=gearshift_dot_v1_dot_common__pb2.TaskStatus.FromString,
+                _registered_method=True)
         self.GetTaskStatus = channel.unary_unary(
                 '/gearshift.v1.WorkerAgent/GetTaskStatus',
                 request_serializer=gearshift_dot_v1_dot_worker__pb2.GetTaskStatusRequest.SerializeToString,
@@ -87,6 +92,20 @@ class WorkerAgentServicer:
         killed then). The one way the scheduler stops a task: when it cannot
         reach the worker, it gives the task up, and the worker terminates it once
         its lease renewal is refused (WorkerRegistry.RenewLease).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeMembership(self, request, context):
+        """Changes a running task's job in place (no restart): writes the change to
+        the membership file its processes read at every global step; they apply it
+        together at a step boundary. The task's processes that the change keeps
+        train on (under their new ranks), those it drops hand their ESTs over and
+        exit 0 (a task whose processes all left ends TASK_STATE_LEFT), and the
+        processes it adds are started by StartTask with join_generation on their
+        workers. A change to a generation the task already has is a retry: its
+        status, nothing written again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -137,6 +156,11 @@ def add_WorkerAgentServicer_to_server(servicer, server):
             'StopTask': grpc.unary_unary_rpc_method_handler(
                     servicer.StopTask,
                     request_deserializer=gearshift_dot_v1_dot_worker__pb2.StopTaskRequest.FromString,
+                    response_serializer=gearshift_dot_v1_dot_common__pb2.TaskStatus.SerializeToString,
+            ),
+            'ChangeMembership': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeMembership,
+                    request_deserializer=gearshift_dot_v1_dot_worker__pb2.ChangeMembershipRequest.FromString,
                     response_serializer=gearshift_dot_v1_dot_common__pb2.TaskStatus.SerializeToString,
             ),
             'GetTaskStatus': grpc.unary_unary_rpc_method_handler(
@@ -214,6 +238,33 @@ class WorkerAgent:
             target,
             '/gearshift.v1.WorkerAgent/StopTask',
             gearshift_dot_v1_dot_worker__pb2.StopTaskRequest.SerializeToString,
+            gearshift_dot_v1_dot_common__pb2.TaskStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeMembership(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gearshift.v1.WorkerAgent/ChangeMembership',
+            gearshift_dot_v1_dot_worker__pb2.ChangeMembershipRequest.SerializeToString,
             gearshift_dot_v1_dot_common__pb2.TaskStatus.FromString,
             options,
             channel_credentials,

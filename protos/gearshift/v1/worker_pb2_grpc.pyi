@@ -48,6 +48,16 @@ class WorkerAgentStub:
     reach the worker, it gives the task up, and the worker terminates it once
     its lease renewal is refused (WorkerRegistry.RenewLease).
     """
+    ChangeMembership: _grpc.UnaryUnaryMultiCallable[_worker_pb2.ChangeMembershipRequest, _common_pb2.TaskStatus]
+    """Changes a running task's job in place (no restart): writes the change to
+    the membership file its processes read at every global step; they apply it
+    together at a step boundary. The task's processes that the change keeps
+    train on (under their new ranks), those it drops hand their ESTs over and
+    exit 0 (a task whose processes all left ends TASK_STATE_LEFT), and the
+    processes it adds are started by StartTask with join_generation on their
+    workers. A change to a generation the task already has is a retry: its
+    status, nothing written again.
+    """
     GetTaskStatus: _grpc.UnaryUnaryMultiCallable[_worker_pb2.GetTaskStatusRequest, _common_pb2.TaskStatus]
     """Status of one task."""
     DescribeWorker: _grpc.UnaryUnaryMultiCallable[_worker_pb2.DescribeWorkerRequest, _worker_pb2.WorkerDescription]
@@ -81,6 +91,16 @@ class WorkerAgentAsyncStub(WorkerAgentStub):
     killed then). The one way the scheduler stops a task: when it cannot
     reach the worker, it gives the task up, and the worker terminates it once
     its lease renewal is refused (WorkerRegistry.RenewLease).
+    """
+    ChangeMembership: _aio.UnaryUnaryMultiCallable[_worker_pb2.ChangeMembershipRequest, _common_pb2.TaskStatus]  # type: ignore[assignment]
+    """Changes a running task's job in place (no restart): writes the change to
+    the membership file its processes read at every global step; they apply it
+    together at a step boundary. The task's processes that the change keeps
+    train on (under their new ranks), those it drops hand their ESTs over and
+    exit 0 (a task whose processes all left ends TASK_STATE_LEFT), and the
+    processes it adds are started by StartTask with join_generation on their
+    workers. A change to a generation the task already has is a retry: its
+    status, nothing written again.
     """
     GetTaskStatus: _aio.UnaryUnaryMultiCallable[_worker_pb2.GetTaskStatusRequest, _common_pb2.TaskStatus]  # type: ignore[assignment]
     """Status of one task."""
@@ -124,6 +144,22 @@ class WorkerAgentServicer(metaclass=_abc_1.ABCMeta):
         killed then). The one way the scheduler stops a task: when it cannot
         reach the worker, it gives the task up, and the worker terminates it once
         its lease renewal is refused (WorkerRegistry.RenewLease).
+        """
+
+    @_abc_1.abstractmethod
+    def ChangeMembership(
+        self,
+        request: _worker_pb2.ChangeMembershipRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.TaskStatus, _abc.Awaitable[_common_pb2.TaskStatus]]:
+        """Changes a running task's job in place (no restart): writes the change to
+        the membership file its processes read at every global step; they apply it
+        together at a step boundary. The task's processes that the change keeps
+        train on (under their new ranks), those it drops hand their ESTs over and
+        exit 0 (a task whose processes all left ends TASK_STATE_LEFT), and the
+        processes it adds are started by StartTask with join_generation on their
+        workers. A change to a generation the task already has is a retry: its
+        status, nothing written again.
         """
 
     @_abc_1.abstractmethod

@@ -590,6 +590,8 @@ class WorkerRegistry:
     ) -> list[TaskRecord]:
         """What one ended task means for its job; returns the peers to kill."""
         state = self.state
+        if status.state == C.TASK_STATE_LEFT:  # its processes handed their ESTs over in place
+            return []
         others = state.open_tasks(job.job_id)
         if status.state == C.TASK_STATE_COMPLETED:
             job.final_digest = status.digest

@@ -323,7 +323,8 @@ class WorkerRegistryServicer(scheduler_pb2_grpc.WorkerRegistryServicer):
         require(
             request.status.state in ENDED_TASK_STATES,
             "status.state",
-            "must be TASK_STATE_COMPLETED, TASK_STATE_CHECKPOINTED or TASK_STATE_FAILED",
+            "must be TASK_STATE_COMPLETED, TASK_STATE_CHECKPOINTED, TASK_STATE_FAILED or "
+            "TASK_STATE_LEFT",
         )
         self.scheduler.task_finished(request.worker_id, request.status)
         return scheduler_pb2.TaskFinishedResponse()
