@@ -76,6 +76,7 @@ def _grow_and_shrink(
         local_ranks=[0, 1],
         rendezvous_address=f"127.0.0.1:{free_port()}",
         checkpoint_dir=ckpt,
+        epoch=2,  # from an elected leader
     )
     grow = change(1, [2, 1, 1], [0, 1, -1], at_step=3)
     joiner = worker_pb2.StartTaskRequest(  # its task id shares the job's rendezvous group
@@ -88,39 +89,34 @@ def _grow_and_shrink(
         checkpoint_dir=ckpt,
         join_generation=1,
         membership=grow,
+        epoch=2,
     )
     shrink = change(2, [2, 2], [0, 2], at_step=20)  # old rank 1 leaves; the joiner is rank 1
     alone = change(3, [4], [0], at_step=35)  # the joiner leaves too
     with connect(worker.address) as channel:
         stub = worker_pb2_grpc.WorkerAgentStub(channel)
+
+        def ask(task_id: str, to: worker_pb2.MembershipChange, epoch: int = 2) -> None:
+            request = worker_pb2.ChangeMembershipRequest(task_id=task_id, change=to, epoch=epoch)
+            stub.ChangeMembership(request)
+
         stub.StartTask(first)
-        bad = worker_pb2.ChangeMembershipRequest(
-            task_id=first.task_id, change=change(1, [3, 1, 1], [0, 1, -1])
-        )
         with pytest.raises(grpc.RpcError) as refused:  # 5 ESTs of 4: named, nothing written
-            stub.ChangeMembership(bad)
+            ask(first.task_id, change(1, [3, 1, 1], [0, 1, -1]))
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "does not split the 4 ESTs" in str(refused.value.details())
-        stub.ChangeMembership(
-            worker_pb2.ChangeMembershipRequest(task_id=first.task_id, change=grow)
-        )
-        stub.ChangeMembership(
-            worker_pb2.ChangeMembershipRequest(task_id=first.task_id, change=grow)
-        )
+        with pytest.raises(grpc.RpcError) as fenced:  # a deposed leader's: refused
+            ask(first.task_id, grow, epoch=1)
+        assert fenced.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "leader epoch 1 is older than epoch 2" in str(fenced.value.details())
+        ask(first.task_id, grow)
+        ask(first.task_id, grow)  # a retry
         stub.StartTask(joiner)
-        for request in (
-            worker_pb2.ChangeMembershipRequest(task_id=first.task_id, change=shrink),
-            worker_pb2.ChangeMembershipRequest(task_id=joiner.task_id, change=shrink),
-            worker_pb2.ChangeMembershipRequest(task_id=first.task_id, change=alone),
-            worker_pb2.ChangeMembershipRequest(task_id=joiner.task_id, change=alone),
-        ):
-            stub.ChangeMembership(request)
-        with pytest.raises(grpc.RpcError) as skipped:
-            stub.ChangeMembership(
-                worker_pb2.ChangeMembershipRequest(
-                    task_id=first.task_id, change=change(5, [4], [0])
-                )
-            )
+        for to in (shrink, alone):
+            ask(first.task_id, to)
+            ask(joiner.task_id, to)
+        with pytest.raises(grpc.RpcError) as skipped:  # generation 4 not written yet
+            ask(first.task_id, change(5, [4], [0]))
         assert skipped.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     left = finished(recorder, joiner.task_id)
     assert left.state == C.TASK_STATE_LEFT, left.message
