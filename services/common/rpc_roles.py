@@ -80,6 +80,7 @@ RULES: Mapping[str, Rule] = {
     _REGISTRY + "HeartbeatStream": _rule(WORKER, SERVICE, scope="worker"),  # at relays
     _AGENT + "StartTask": _rule(SERVICE, mutates=True),
     _AGENT + "StopTask": _rule(SERVICE, mutates=True),
+    _AGENT + "ChangeMembership": _rule(SERVICE, mutates=True),
     _AGENT + "GetTaskStatus": _rule(SERVICE),
     _AGENT + "DescribeWorker": _rule(SERVICE),
     _AGENT + "StreamTaskLogs": _rule(SERVICE),

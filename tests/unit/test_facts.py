@@ -56,6 +56,7 @@ def test_terminal_and_ended_states() -> None:
         common_pb2.TASK_STATE_CHECKPOINTED,
         common_pb2.TASK_STATE_COMPLETED,
         common_pb2.TASK_STATE_FAILED,
+        common_pb2.TASK_STATE_LEFT,  # every process of the task left in an in-place change
     }
 
 
