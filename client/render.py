@@ -190,12 +190,16 @@ def job_details(job: scheduler_pb2.Job) -> str:
         f"devices     {devices_by_type(job.placement)}  ESTs/device "
         f"{ests_per_device(job.placement)}  rescales {job.rescale_count}",
     ]
-    if job.HasField("rescale_cost"):  # decision to first step, as the scheduler measured it
-        cost = job.rescale_cost
-        lines.append(
-            f"rescale     {cost.last_seconds:.2f} s last, {cost.mean_seconds:.2f} s mean over "
-            f"{cost.count} (decision to first step)"
-        )
+    costs = (
+        (job.HasField("rescale_cost"), job.rescale_cost, "restart"),
+        (job.HasField("in_place_rescale_cost"), job.in_place_rescale_cost, "in place"),
+    )
+    for measured, cost, path in costs:
+        if measured:  # decision to first step, as the scheduler measured it
+            lines.append(
+                f"rescale     {cost.last_seconds:.2f} s last, {cost.mean_seconds:.2f} s mean over "
+                f"{cost.count} (decision to first step, {path})"
+            )
     if ps:  # its PLAN events carry its counts; execution plans are the EST runtime's
         lines.append(f"ps job      {ps_job_text(spec.parameter_server)}")
     else:

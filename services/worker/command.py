@@ -195,11 +195,12 @@ class TaskPlan:
             membership_file=str(task_dir / MEMBERSHIP_FILE),
             join_generation=self.join.generation if self.join is not None else 0,
         )
+        # The placement's name in the rendezvous: the task id up to its worker
+        # (JOB.gGENERATION), the same on every worker of this placement and on no other; a
+        # single process needs it too, for the group an in-place grow forms with joiners.
+        task.rendezvous_group = self.task_id.rpartition(".")[0] or self.job_id
         if self.world_size > 1:
-            # The placement's name in the rendezvous: the task id up to its worker
-            # (JOB.gGENERATION), the same on every worker of this placement and on no other.
             task.rendezvous_address = self.rendezvous
-            task.rendezvous_group = self.task_id.rpartition(".")[0] or self.job_id
         if self.profile_first and e.brain:
             task.profile_key = profile_key(self.spec, task.device)
         if settings.index_log_dir is not None and self.data_mode == "dynamic":

@@ -75,12 +75,19 @@ def test_the_book_keeps_per_job_means_and_the_model_prior_after_the_job_ends() -
     costs = RescaleCosts()
     costs.decided("j1", 100.0)
     assert costs.first_step("j1", "cnn", 99.0) is None  # before the decision
-    assert costs.first_step("j1", "cnn", 101.0) == (1.0, RescaleCost(1, 1.0, 1.0))
+    assert costs.first_step("j1", "cnn", 101.0) == (1.0, RescaleCost(1, 1.0, 1.0), False)
     assert costs.first_step("j1", "cnn", 102.0) is None  # no decision open
     costs.decided("j1", 200.0)
     costs.decided("j1", 201.0)  # decided again before it ran: the later one counts
-    assert costs.first_step("j1", "cnn", 204.0) == (3.0, RescaleCost(2, 3.0, 2.0))
+    assert costs.first_step("j1", "cnn", 204.0) == (3.0, RescaleCost(2, 3.0, 2.0), False)
+    # In place: the job's own figure on that path, out of the model's prior.
+    costs.decided("j1", 300.0)
+    costs.in_place("j1")
+    assert costs.first_step("j1", "cnn", 300.5) == (0.5, RescaleCost(1, 0.5, 0.5), True)
+    assert costs.of_model("cnn") == RescaleCost(2, 3.0, 2.0)
+    costs.decided("j1", 400.0)  # a new decision is a restart until it goes in place
+    assert costs.first_step("j1", "cnn", 401.0) == (1.0, RescaleCost(3, 1.0, 5 / 3), False)
     costs.forget("j1")
     assert costs.of_job("j1") is None
-    assert costs.of_model("cnn") == RescaleCost(2, 3.0, 2.0)
-    assert costs.seconds("j2", "cnn") == 2.0
+    assert costs.of_model("cnn") == RescaleCost(3, 1.0, 5 / 3)
+    assert costs.seconds("j2", "cnn") == 5 / 3

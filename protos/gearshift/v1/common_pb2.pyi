@@ -846,6 +846,16 @@ class Placement(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PROCESSES_FIELD_NUMBER: _builtins.int
+    MEMBERSHIP_GENERATION_FIELD_NUMBER: _builtins.int
+    RENDEZVOUS_ADDRESS_FIELD_NUMBER: _builtins.int
+    membership_generation: _builtins.int
+    """The in-place generation its processes run (0: as they were started; each
+    in-place membership change adds one: WorkerAgent.ChangeMembership).
+    """
+    rendezvous_address: _builtins.str
+    """host:port of that generation's rendezvous store (empty: the one its tasks
+    were started with).
+    """
     @_builtins.property
     def processes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProcessAssignment]:
         """One entry per process, ordered by rank."""
@@ -854,10 +864,12 @@ class Placement(_message.Message):
         self,
         *,
         processes: _abc.Iterable[Global___ProcessAssignment] | None = ...,
+        membership_generation: _builtins.int = ...,
+        rendezvous_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["processes", b"processes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["membership_generation", b"membership_generation", "processes", b"processes", "rendezvous_address", b"rendezvous_address"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -155,6 +155,7 @@ class Job(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     QUEUE_POSITION_FIELD_NUMBER: _builtins.int
     RESCALE_COST_FIELD_NUMBER: _builtins.int
+    IN_PLACE_RESCALE_COST_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Server-assigned id, e.g. "job-7f3a2c"."""
     state: _common_pb2.JobState.ValueType
@@ -218,7 +219,15 @@ class Job(_message.Message):
 
     @_builtins.property
     def rescale_cost(self) -> Global___RescaleCost:
-        """What the job's rescales cost, measured (unset: none measured yet)."""
+        """What the job's rescales by checkpoint and restart cost, measured (unset:
+        none measured yet).
+        """
+
+    @_builtins.property
+    def in_place_rescale_cost(self) -> Global___RescaleCost:
+        """What the job's rescales in place cost, measured the same way (unset: none
+        measured yet; round.rescaleInPlace).
+        """
 
     def __init__(
         self,
@@ -242,10 +251,11 @@ class Job(_message.Message):
         reason: Global___JobReason | None = ...,
         queue_position: _builtins.int = ...,
         rescale_cost: Global___RescaleCost | None = ...,
+        in_place_rescale_cost: Global___RescaleCost | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "placement", b"placement", "plan", b"plan", "progress", b"progress", "reason", b"reason", "rescale_cost", b"rescale_cost", "spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "in_place_rescale_cost", b"in_place_rescale_cost", "placement", b"placement", "plan", b"plan", "progress", b"progress", "reason", b"reason", "rescale_cost", b"rescale_cost", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "final_digest", b"final_digest", "finished_at", b"finished_at", "job_id", b"job_id", "last_sequence", b"last_sequence", "message", b"message", "paused", b"paused", "placement", b"placement", "plan", b"plan", "progress", b"progress", "queue_position", b"queue_position", "reason", b"reason", "rescale_cost", b"rescale_cost", "rescale_count", b"rescale_count", "resource_plan", b"resource_plan", "spec", b"spec", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collocation", b"collocation", "final_digest", b"final_digest", "finished_at", b"finished_at", "in_place_rescale_cost", b"in_place_rescale_cost", "job_id", b"job_id", "last_sequence", b"last_sequence", "message", b"message", "paused", b"paused", "placement", b"placement", "plan", b"plan", "progress", b"progress", "queue_position", b"queue_position", "reason", b"reason", "rescale_cost", b"rescale_cost", "rescale_count", b"rescale_count", "resource_plan", b"resource_plan", "spec", b"spec", "started_at", b"started_at", "state", b"state", "submitted_at", b"submitted_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -493,14 +493,17 @@ class WorkerRegistry:
         measured = state.rescale_costs.first_step(job.job_id, job.spec.model_type, at)
         if measured is None:
             return
-        seconds, cost = measured
-        job.rescale_cost = cost
-        self.estimates.measured_restart(job.job_id, seconds)  # the allocators' restart_seconds
+        seconds, cost, in_place = measured
+        if in_place:
+            job.in_place_rescale_cost = cost
+        else:
+            job.rescale_cost = cost
+            self.estimates.measured_restart(job.job_id, seconds)  # the allocators' restart_seconds
         state.record(
             job,
             S.JOB_EVENT_TYPE_PROGRESS,
-            f"rescale cost {seconds:.2f} s from the decision to the first step "
-            f"(mean {cost.mean_s:.2f} s over {cost.count})",
+            f"rescale cost{' in place' if in_place else ''} {seconds:.2f} s from the decision "
+            f"to the first step (mean {cost.mean_s:.2f} s over {cost.count})",
         )
 
     def _timings(

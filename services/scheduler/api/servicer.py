@@ -30,6 +30,7 @@ from gearshift.common.validation import (
 from gearshift.scheduler.api.worker_reports import check_batch, check_heartbeat, check_task_status
 from gearshift.scheduler.service import Scheduler
 from gearshift.scheduler.state.records import EventRecord, JobRecord
+from gearshift.scheduler.types import RescaleCost
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 
@@ -53,13 +54,16 @@ def job_message(job: JobRecord) -> scheduler_pb2.Job:
         resource_plan=job.resource_plan,
         reason=reason_message(job),
         queue_position=job.queue_position,
-        rescale_cost=None
-        if job.rescale_cost is None
-        else scheduler_pb2.RescaleCost(
-            count=job.rescale_cost.count,
-            last_seconds=job.rescale_cost.last_s,
-            mean_seconds=job.rescale_cost.mean_s,
-        ),
+        rescale_cost=_cost(job.rescale_cost),
+        in_place_rescale_cost=_cost(job.in_place_rescale_cost),
+    )
+
+
+def _cost(cost: RescaleCost | None) -> scheduler_pb2.RescaleCost | None:
+    if cost is None:
+        return None
+    return scheduler_pb2.RescaleCost(
+        count=cost.count, last_seconds=cost.last_s, mean_seconds=cost.mean_s
     )
 
 

@@ -84,6 +84,12 @@ class RoundConfig(Section):
         "that a decision over thousands of jobs does not hold up the RPCs; auto: where every "
         "plugin of the profile can run there",
     )
+    rescale_in_place: bool = Field(
+        False,
+        description="apply a rescale that keeps at least one of a job's devices in place: the "
+        "processes that stay train on, only the new ones start, the state reaches them from a "
+        "survivor (docs/concepts/in-place.md); any failure falls back to checkpoint and restart",
+    )
     seed: int = Field(0, description="random seed of the policies (type shuffle, FIFO draws)")
     estimate_starts_seconds: float = Field(
         30.0,

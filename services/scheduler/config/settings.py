@@ -56,6 +56,7 @@ def settings_of(loaded: Loaded) -> SchedulerSettings:
         event_round_gap=c.round.event_round_gap,
         max_starts_per_round=c.round.max_starts,
         max_moves_per_round=c.round.max_moves,
+        rescale_in_place=c.round.rescale_in_place,
         preempt_exempt_seconds=c.round.preempt_exempt_seconds,
         decision_process=loaded.decision_process,
         seed=c.round.seed,

@@ -33,6 +33,7 @@ from typing import NamedTuple, TypeVar
 from gearshift.common import execplan
 from gearshift.common.errors import ResourceExhaustedError
 from gearshift.scheduler.api.registry import WorkerRegistry
+from gearshift.scheduler.round import inplace
 from gearshift.scheduler.round.decider import Decider, InProcess
 from gearshift.scheduler.round.estimates import EstimateRequest, Estimates
 from gearshift.scheduler.round.hooks import (
@@ -44,6 +45,7 @@ from gearshift.scheduler.round.hooks import (
     Ranks,
     execution_plan,
 )
+from gearshift.scheduler.round.inplace import refusal
 from gearshift.scheduler.round.placement import count_by_type, most_devices, workers_of
 from gearshift.scheduler.round.reasons import JobReasons
 from gearshift.scheduler.round.reconcile import Change, diff, hold_back, starts_past
@@ -79,7 +81,17 @@ RECORDS_PER_HOLD = 32
 SLOW_ROUND_SECONDS = 1.0  # a round longer than this is logged with its phases (issue 16's target)
 S = scheduler_pb2
 # A round's phases, in order (RoundReport.phases; the round phase histogram's `phase` label)
-ROUND_PHASES = ("asks", "estimates", "gather", "snapshot", "decide", "reconcile", "stop", "start")
+ROUND_PHASES = (
+    "asks",
+    "estimates",
+    "gather",
+    "snapshot",
+    "decide",
+    "reconcile",
+    "stop",
+    "in place",
+    "start",
+)
 ROLES = {
     "shared": C.COLLOCATION_ROLE_SHARED,
     "foreground": C.COLLOCATION_ROLE_FOREGROUND,
@@ -140,6 +152,7 @@ class _Move:
 
     change: Change
     stop: list[TaskRecord]
+    in_place: bool = False  # a rescale to try in place (inplace.py): nothing to stop first
 
     @property
     def checkpoints(self) -> bool:
@@ -364,8 +377,12 @@ class Rounds:
             self._explain(snapshot, targets, desired, current, report)
             report.snapshot, report.current = snapshot, current
             lap = report.lap("reconcile", lap, time.perf_counter())
-            proceed = self._stop_all(moves)
+            proceed = self._stop_all([m for m in moves if not m.in_place])
             lap = report.lap("stop", lap, time.perf_counter())
+            # after the stops: a joiner may take a device another job's stop freed
+            restarts = self._in_place([m for m in moves if m.in_place])
+            proceed += self._stop_all(restarts)
+            lap = report.lap("in place", lap, time.perf_counter())
             self._start_all(proceed)
             report.lap("start", lap, time.perf_counter())
             self._deferred_starts = report.deferred > 0  # the next round comes early for them
@@ -699,13 +716,15 @@ class Rounds:
             # A start's are strays of an earlier placement (a crash between requeuing the
             # job and stopping them): ended before the start, or two placements would run.
             stop = tasks.get(job.job_id, [])
-            state.stopping.update(t.task_id for t in stop)
+            in_place = change.kind == "rescale" and not replan and not refusal(state, job, stop)
+            if not in_place:
+                state.stopping.update(t.task_id for t in stop)
             if stop and change.kind == "start":
                 log.warning(
                     "stopping an earlier placement's tasks before starting the job",
                     extra={"job_id": job.job_id, "tasks": [t.task_id for t in stop]},
                 )
-            elif stop:
+            elif stop and not in_place:
                 self.estimates.stopping(job.job_id, now)
             if change.kind == "rescale":
                 job.state = C.JOB_STATE_RESCALING
@@ -720,7 +739,7 @@ class Rounds:
                 report.preempted.append(job.job_id)
             else:
                 report.started.append(job.job_id)
-            moves.append(_Move(change, stop))
+            moves.append(_Move(change, stop, in_place))
         report.deferred = deferred
         if deferred:  # the next round starts them, asked for at once
             log.info("starts left to the next round", extra={"deferred": deferred})
@@ -739,6 +758,64 @@ class Rounds:
             lambda x: x[1] is not None and self._after_stop(x[0], x[1]),
         )
         return [move for move, ok in zip(moves, proceed, strict=True) if ok]
+
+    def _in_place(self, moves: list[_Move]) -> list[_Move]:
+        """Apply rescales in place (inplace.py); the moves that must restart instead, their
+        tasks marked stopping (any joiners already started are killed)."""
+        if not moves:
+            return []
+        with self.control.ports_indexed():
+            prepared = self._in_holds(moves, self._prepare_in_place)
+        ready = [p for p in prepared if p is not None]
+        sent = inplace.send(self.control, ready)
+        failures = dict(zip([p.job_id for p in ready], sent, strict=True))
+        restarts = self._in_holds(
+            list(zip(moves, prepared, strict=True)),
+            lambda x: self._after_in_place(x[0], x[1], failures),
+        )
+        for p in ready:
+            if failures[p.job_id]:
+                self.control.kill(p.joins, "the in-place change failed")
+        return [m for m, again in zip(moves, restarts, strict=True) if again]
+
+    def _prepare_in_place(self, move: _Move) -> inplace.Prepared | None:
+        """Under the lock: the move's change (None: it restarts instead)."""
+        job = self.state.jobs.get(move.change.job_id)
+        if job is None or job.terminal or refusal(self.state, job, move.stop):
+            return None
+        try:
+            return inplace.prepare(
+                self.control,
+                job,
+                move.stop,
+                move.change.assignment,
+                self._cpus.get(job.job_id, 0),
+            )
+        except Exception:
+            log.exception("preparing an in-place change failed", extra={"job_id": job.job_id})
+            return None
+
+    def _after_in_place(
+        self, move: _Move, prepared: inplace.Prepared | None, failures: Mapping[str, str]
+    ) -> bool:
+        """Under the lock: a change that went out is the job's placement; True when the
+        job is to restart instead (its tasks marked stopping)."""
+        state = self.state
+        job = state.jobs.get(move.change.job_id)
+        if job is None or job.terminal:
+            return False
+        why = "no device is kept" if prepared is None else failures[prepared.job_id]
+        if why:
+            log.info("rescale restarts instead", extra={"job_id": job.job_id, "why": why})
+            state.stopping.update(t.task_id for t in move.stop)
+            self.estimates.stopping(job.job_id, state.clock())
+            return True
+        assert prepared is not None
+        state.rescale_costs.in_place(job.job_id)
+        how = inplace.describe(prepared)
+        inplace.settle(state, prepared)
+        self._started(job, prepared.placement, job.plan, rescaled=True, how=how)
+        return False
 
     def _in_holds(self, items: list[T], fn: Callable[[T], R]) -> list[R]:
         """fn over items under the lock, RECORDS_PER_HOLD items per hold, each hold's writes
@@ -875,6 +952,7 @@ class Rounds:
         plan: common_pb2.ExecutionPlan,
         *,
         rescaled: bool,
+        how: str = "",
     ) -> None:
         state = self.state
         self._placed_at[job.job_id] = state.clock()
@@ -894,6 +972,7 @@ class Rounds:
             S.JOB_EVENT_TYPE_RESCALED if rescaled else S.JOB_EVENT_TYPE_STARTED,
             f"{count} process{'' if count == 1 else 'es'} on {', '.join(workers_of(placement))}"
             + _sharing(job.collocation)
+            + (f", {how}" if how else "")
             + (f"; plan: {execplan.describe(plan)}" if new_plan else ""),
             placement=True,
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import grpc
 
@@ -81,80 +81,151 @@ class TaskControl:
         execplan.check_allowed(job.spec, plan)
         start = self.processes.start_plan(job) if self.processes is not None else StartPlan()
         state = self.state
-        settings = state.settings
         placement = build_placement(assignments)
-        rank0 = state.workers[placement.processes[0].worker_id]
-        host = rank0.address.rpartition(":")[0] or "127.0.0.1"
-        rendezvous = f"{host}:{self._free_port(host)}"  # raises before anything changes
+        rendezvous = self.rendezvous_for(placement)  # raises before anything changes
         resume = job.generation > 0
         job.generation += 1
-        now = state.clock()
-        checkpoint_dir = os.path.join(settings.checkpoint_root, job.job_id)
         tasks: list[TaskRecord] = []
         requests: StartRequests = []
         for worker_id in workers_of(placement):
-            task_id = f"{job.job_id}.g{job.generation}.{worker_id}"
             ranks = local_ranks(placement, worker_id)
-            task = TaskRecord(
-                task_id=task_id,
-                job_id=job.job_id,
-                worker_id=worker_id,
-                generation=job.generation,
-                state=C.TASK_STATE_STARTING,
-                local_ranks=tuple(ranks),
-                rendezvous_address=rendezvous,
-                lease_expires_at=now + settings.lease_seconds,
-                created_at=now,
-                checkpoint_path=checkpoint_dir,
-            )
-            tasks.append(task)
-            state.tasks[task_id] = task
-            worker = state.workers[worker_id]
-            cores, memory = process_resources(
-                worker.cpu_cores,
-                worker.memory_bytes,
-                worker.devices,
-                cpus_per_device,
-                state.memory_factor.get(job.job_id, 1),
-                plan_cores=start.cpu_cores,
-                plan_memory=start.memory_bytes,
-            )
-            if start.ps is not None:
-                cores = launcher_cores(start.ps_cores, cores or worker.cpu_cores)
-            request = worker_pb2.StartTaskRequest(
-                task_id=task_id,
-                job_id=job.job_id,
-                spec=job.spec,
-                placement=placement,
-                local_ranks=ranks,
-                rendezvous_address=rendezvous,
-                checkpoint_dir=checkpoint_dir,
-                resume=resume,
-                lease=common_pb2.Lease(task_id=task_id, expires_at=task.lease_expires_at),
-                endpoints=worker_pb2.ServiceEndpoints(
-                    brain=settings.brain_address,
-                    shard_manager=settings.shard_manager_address,
-                ),
-                dataset_id=job.job_id,
-                job_token=self.job_tokens.mint(job.job_id) if self.job_tokens else "",
-                collocation=job.collocation if job.collocation.role else None,
-                profile_first=profile_first and 0 in ranks,
-                profile_rubick=profile_rubick and 0 in ranks,
+            task, request = self._task(
+                job,
+                placement,
+                worker_id,
+                f"{job.job_id}.g{job.generation}.{worker_id}",
+                ranks=ranks,
+                rendezvous=rendezvous,
+                start=start,
                 plan=plan,
-                cpu_cores_per_process=cores,
-                memory_bytes_per_process=memory,
-                loader_procs_per_process=start.loader_procs,
-                generation=job.generation,
-                ps_plan=start.ps,
-                epoch=state.epoch,
+                cpus_per_device=cpus_per_device,
             )
-            requests.append((worker.address, request))
+            request.resume = resume
+            request.profile_first = profile_first and 0 in ranks
+            request.profile_rubick = profile_rubick and 0 in ranks
+            tasks.append(task)
+            requests.append((state.workers[worker_id].address, request))
         job.process_plan = start.process_plan  # a restarted scheduler keeps them
         if start.ps_plan:
             job.ps_plan = start.ps_plan
         state.store.save_tasks(tasks)
         state.store.save_job(job)
         return placement, tasks, requests
+
+    def prepare_join(
+        self,
+        job: JobRecord,
+        placement: common_pb2.Placement,
+        change: worker_pb2.MembershipChange,
+        joining: Mapping[str, Sequence[int]],
+        *,
+        group: str,
+        cpus_per_device: int = 0,
+    ) -> tuple[list[TaskRecord], StartRequests]:
+        """Under the lock: the tasks and StartTask requests of the processes that join a
+        running job in place (`joining`: their new ranks by worker), saved before any is
+        sent. Each task's id shares the running tasks' rendezvous group (`group`, JOB.gN)
+        and names the change's generation, unique on its worker."""
+        start = self.processes.start_plan(job) if self.processes is not None else StartPlan()
+        tasks: list[TaskRecord] = []
+        requests: StartRequests = []
+        for worker_id, ranks in joining.items():
+            task, request = self._task(
+                job,
+                placement,
+                worker_id,
+                f"{group}.{worker_id}-m{change.generation}",
+                ranks=ranks,
+                rendezvous=change.master_addr,
+                start=start,
+                plan=job.plan,
+                cpus_per_device=cpus_per_device,
+            )
+            request.join_generation = change.generation
+            request.membership.CopyFrom(change)
+            tasks.append(task)
+            requests.append((self.state.workers[worker_id].address, request))
+        self.state.store.save_tasks(tasks)
+        return tasks, requests
+
+    def rendezvous_for(self, placement: common_pb2.Placement) -> str:
+        """A free rendezvous address on the host of the placement's rank 0 (under the lock;
+        ResourceExhaustedError when the host has none)."""
+        rank0 = self.state.workers[placement.processes[0].worker_id]
+        host = rank0.address.rpartition(":")[0] or "127.0.0.1"
+        return f"{host}:{self._free_port(host)}"
+
+    def _task(
+        self,
+        job: JobRecord,
+        placement: common_pb2.Placement,
+        worker_id: str,
+        task_id: str,
+        *,
+        ranks: Sequence[int],
+        rendezvous: str,
+        start: StartPlan,
+        plan: common_pb2.ExecutionPlan,
+        cpus_per_device: int,
+    ) -> tuple[TaskRecord, worker_pb2.StartTaskRequest]:
+        """Under the lock: one worker's task of a placement (recorded in the state, not yet
+        saved) and its StartTask request. Each process gets its worker's share of cores
+        and memory (process_resources; `cpus_per_device` > 0 sets the cores), or what the
+        process plan (`start`) gives, with its loader processes."""
+        state = self.state
+        settings = state.settings
+        now = state.clock()
+        checkpoint_dir = os.path.join(settings.checkpoint_root, job.job_id)
+        task = TaskRecord(
+            task_id=task_id,
+            job_id=job.job_id,
+            worker_id=worker_id,
+            generation=job.generation,
+            state=C.TASK_STATE_STARTING,
+            local_ranks=tuple(ranks),
+            rendezvous_address=rendezvous,
+            lease_expires_at=now + settings.lease_seconds,
+            created_at=now,
+            checkpoint_path=checkpoint_dir,
+        )
+        state.tasks[task_id] = task
+        worker = state.workers[worker_id]
+        cores, memory = process_resources(
+            worker.cpu_cores,
+            worker.memory_bytes,
+            worker.devices,
+            cpus_per_device,
+            state.memory_factor.get(job.job_id, 1),
+            plan_cores=start.cpu_cores,
+            plan_memory=start.memory_bytes,
+        )
+        if start.ps is not None:
+            cores = launcher_cores(start.ps_cores, cores or worker.cpu_cores)
+        request = worker_pb2.StartTaskRequest(
+            task_id=task_id,
+            job_id=job.job_id,
+            spec=job.spec,
+            placement=placement,
+            local_ranks=ranks,
+            rendezvous_address=rendezvous,
+            checkpoint_dir=checkpoint_dir,
+            lease=common_pb2.Lease(task_id=task_id, expires_at=task.lease_expires_at),
+            endpoints=worker_pb2.ServiceEndpoints(
+                brain=settings.brain_address,
+                shard_manager=settings.shard_manager_address,
+            ),
+            dataset_id=job.job_id,
+            job_token=self.job_tokens.mint(job.job_id) if self.job_tokens else "",
+            collocation=job.collocation if job.collocation.role else None,
+            plan=plan,
+            cpu_cores_per_process=cores,
+            memory_bytes_per_process=memory,
+            loader_procs_per_process=start.loader_procs,
+            generation=job.generation,
+            ps_plan=start.ps,
+            epoch=state.epoch,
+        )
+        return task, request
 
     @contextlib.contextmanager
     def ports_indexed(self) -> Iterator[None]:

@@ -1,4 +1,5 @@
-"""Calls from the scheduler to worker daemons (WorkerAgent.StartTask / StopTask)."""
+"""Calls from the scheduler to worker daemons (WorkerAgent.StartTask / StopTask /
+ChangeMembership)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,12 @@ class WorkerAgents:
         return self._in_flight(
             (a, "StopTask", r, r.timeout_seconds + self._timeout) for a, r in calls
         )
+
+    def change_all(
+        self, calls: Sequence[tuple[str, worker_pb2.ChangeMembershipRequest]]
+    ) -> list[common_pb2.TaskStatus | Exception]:
+        """ChangeMembership to each (address, request), all in flight at once (_in_flight)."""
+        return self._in_flight((a, "ChangeMembership", r, self._timeout) for a, r in calls)
 
     def _in_flight(
         self, calls: Iterable[tuple[str, str, Message, float]]

@@ -59,7 +59,8 @@ class JobRecord:
     estimated_start: float = 0.0
     # Its rescales' measured cost, decision to first step (state/rescale_costs.py; not
     # stored: a restarted scheduler measures again).
-    rescale_cost: RescaleCost | None = None
+    rescale_cost: RescaleCost | None = None  # by checkpoint and restart
+    in_place_rescale_cost: RescaleCost | None = None  # in place (round.rescaleInPlace)
 
     @property
     def terminal(self) -> bool:

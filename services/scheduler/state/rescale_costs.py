@@ -15,33 +15,48 @@ from gearshift.scheduler.types import RescaleCost
 
 
 class RescaleCosts:
-    """Open decisions and the measured figures (under the scheduler's lock)."""
+    """Open decisions and the measured figures (under the scheduler's lock), kept apart
+    for the two paths: checkpoint and restart (what the allocators weigh) and in place."""
 
     def __init__(self) -> None:
         self._open: dict[str, float] = {}  # job -> time of its pending rescale decision
+        self._open_in_place: set[str] = set()  # the open decisions applied in place
         self._jobs: dict[str, RescaleCost] = {}
         self._models: dict[str, RescaleCost] = {}
+        self._in_place: dict[str, RescaleCost] = {}  # job -> its in-place rescales
 
     def decided(self, job_id: str, at: float) -> None:
         """The round decided to rescale the job at `at` (a later decision replaces it: the
         cost is that of the placement that runs)."""
         self._open[job_id] = at
+        self._open_in_place.discard(job_id)
+
+    def in_place(self, job_id: str) -> None:
+        """The job's open decision went in place (round.rescaleInPlace)."""
+        if job_id in self._open:
+            self._open_in_place.add(job_id)
 
     def first_step(
         self, job_id: str, model_type: str, at: float
-    ) -> tuple[float, RescaleCost] | None:
+    ) -> tuple[float, RescaleCost, bool] | None:
         """The job's new placement finished its first step at `at`: (its cost, the job's
-        figures) when that closes an open decision, else None."""
+        figures on that path, whether it went in place) when that closes an open decision,
+        else None. An in-place figure stays out of the model's prior: a move that cannot
+        go in place still restarts."""
         decided = self._open.get(job_id)
         if decided is None or at < decided:
             return None
         del self._open[job_id]
         seconds = at - decided
         none = RescaleCost(0, 0.0, 0.0)
+        if job_id in self._open_in_place:
+            self._open_in_place.discard(job_id)
+            cost = self._in_place[job_id] = self._in_place.get(job_id, none).plus(seconds)
+            return seconds, cost, True
         cost = self._jobs[job_id] = self._jobs.get(job_id, none).plus(seconds)
         if model_type:
             self._models[model_type] = self._models.get(model_type, none).plus(seconds)
-        return seconds, cost
+        return seconds, cost, False
 
     def of_job(self, job_id: str) -> RescaleCost | None:
         return self._jobs.get(job_id)
@@ -59,4 +74,6 @@ class RescaleCosts:
     def forget(self, job_id: str) -> None:
         """The job ended: its open decision goes; its figures stay in the model's prior."""
         self._open.pop(job_id, None)
+        self._open_in_place.discard(job_id)
         self._jobs.pop(job_id, None)
+        self._in_place.pop(job_id, None)

@@ -82,6 +82,7 @@ class SchedulerSettings:
     preempt_exempt_seconds: float = 0.0  # elastic Gavel rounds: a new placement is kept this long
     max_moves_per_round: int = 0  # elastic Gavel rounds: running jobs moved a round (0: any)
     max_starts_per_round: int = 0  # queued jobs started a round, the others next (0: any)
+    rescale_in_place: bool = False  # rescales that keep a device change membership in place
     estimate_starts_seconds: float = 0.0  # estimated starts at most this often (0: never)
     estimate_refresh_seconds: float = 60.0
     restart_seconds: float = 10.0  # a rescale's cost until one is measured
