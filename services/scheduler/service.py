@@ -102,6 +102,7 @@ class Scheduler:
             self.brain,
             refresh_seconds=settings.estimate_refresh_seconds,
             default_restart_seconds=settings.restart_seconds,
+            default_in_place_seconds=settings.in_place_seconds,
             burst_amp_limit=settings.amp_limit if settings.collocates else 0.0,
         )
         # The plans point's stage (DLRover's): the round's resource plans and the task

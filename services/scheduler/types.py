@@ -68,6 +68,9 @@ class JobSnapshot:
     attained_seconds: float = 0.0  # time it has run so far, anywhere
     placed_at: float = -math.inf  # when its current placement started (-inf: not known)
     restart_seconds: float = 0.0  # what a checkpoint-and-restart costs it
+    # What a resize that keeps its devices costs it, applied in place (round.rescaleInPlace;
+    # None: such a resize restarts too, at restart_seconds)
+    resize_seconds: float | None = None
     colocated: Mapping[tuple[str, str], float] = field(default_factory=dict)
     # DeepPool: it may run as a background job (best-effort, one device), and the share of
     # its devices' time its burst-parallel plan leaves idle (0: unknown or none).
@@ -81,6 +84,13 @@ class JobSnapshot:
     @property
     def rigid(self) -> bool:
         return self.min_devices >= self.max_devices
+
+    def change_seconds(self, keeps_devices: bool) -> float:
+        """What a change of its devices costs: in place when it keeps the devices it holds
+        (a grow; a shrink keeps some) and the job can change in place, else a restart."""
+        if keeps_devices and self.resize_seconds is not None:
+            return self.resize_seconds
+        return self.restart_seconds
 
     def with_attained(self, seconds: float) -> JobSnapshot:
         """A copy with its attained service moved on, the other fields the same objects (as

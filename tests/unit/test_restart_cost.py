@@ -84,6 +84,19 @@ def test_a_running_job_grows_only_when_the_gain_pays_its_restart(
     assert targets["a"].devices == ((("v100", 2),) if grown else (("v100", 1),))
 
 
+@pytest.mark.parametrize("name", ["las", "easyscale"])
+def test_a_grow_in_place_is_weighed_at_its_own_cost(name: str) -> None:
+    """The same job with 100 steps left: a restart (57 s) does not pay for the grow, but a
+    grow in place keeps its device and costs 0.3 s (round.rescaleInPlace), which does. A
+    move that keeps nothing still costs the restart: JobSnapshot.change_seconds."""
+    allocator = make_allocator(name, elastic=True, round_seconds=60.0, restart=RULE)
+    job = replace(_elastic("a", 100.0, current=(("v100", 1),)), resize_seconds=0.3)
+    targets = allocator.allocate(Snapshot(10_000.0, _devices(2), (job,)))
+    assert targets["a"].devices == (("v100", 2),)
+    assert (job.change_seconds(keeps_devices=True), job.change_seconds(False)) == (0.3, RESTART)
+    assert replace(job, resize_seconds=None).change_seconds(keeps_devices=True) == RESTART
+
+
 def test_without_the_rule_the_paper_allocators_move_for_any_gain() -> None:
     allocator = make_allocator("easyscale", elastic=True)
     job = _elastic("a", 100.0, current=(("v100", 1),))

@@ -496,6 +496,7 @@ class WorkerRegistry:
         seconds, cost, in_place = measured
         if in_place:
             job.in_place_rescale_cost = cost
+            self.estimates.measured_in_place(job.job_id, seconds)  # JobSnapshot.resize_seconds
         else:
             job.rescale_cost = cost
             self.estimates.measured_restart(job.job_id, seconds)  # the allocators' restart_seconds

@@ -127,6 +127,12 @@ class EstimatesConfig(Section):
     restart_seconds: float = Field(
         10.0, ge=0, description="what a rescale costs until one of the job's is measured"
     )
+    in_place_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="what a resize that keeps a job's devices costs when it goes in place "
+        "(round.rescaleInPlace), until one of the job's is measured",
+    )
 
 
 class LimitsConfig(Section):

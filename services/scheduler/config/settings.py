@@ -65,6 +65,7 @@ def settings_of(loaded: Loaded) -> SchedulerSettings:
         heartbeat_timeout=c.heartbeats.timeout_seconds,
         estimate_refresh_seconds=c.estimates.refresh_seconds,
         restart_seconds=c.estimates.restart_seconds,
+        in_place_seconds=c.estimates.in_place_seconds,
         restart_cost=restart,
         max_queued_jobs=c.limits.max_queued_jobs,
         max_restarts=c.limits.max_restarts,

@@ -166,7 +166,7 @@ class Greedy:
         models = [elastic_job(job) for job in snapshot.jobs]
         current = {job.job_id: dict(job.current) for job in snapshot.jobs if job.current}
         left = {
-            job.job_id: Left(job.steps_remaining, job.restart_seconds)
+            job.job_id: Left(job.steps_remaining, job.restart_seconds, job.resize_seconds)
             for job in snapshot.jobs
             if job.current
         }

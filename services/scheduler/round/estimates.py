@@ -76,6 +76,7 @@ class Estimates:
         refresh_seconds: float = 60.0,
         alpha: float = 0.3,
         default_restart_seconds: float = 10.0,
+        default_in_place_seconds: float = 1.0,
         burst_amp_limit: float = 0.0,
         pair_prior: float = DEFAULT_PAIR_PRIOR,
     ) -> None:
@@ -85,6 +86,7 @@ class Estimates:
         self.refresh_seconds = refresh_seconds
         self.alpha = alpha
         self.default_restart_seconds = default_restart_seconds
+        self.default_in_place_seconds = default_in_place_seconds
         self._lock = threading.Lock()
         self._config_rate: dict[str, dict[Config, float]] = {}
         self._capability: dict[str, dict[str, float]] = {}
@@ -92,6 +94,7 @@ class Estimates:
         self._full: dict[str, dict[str, float]] = {}  # Brain: global steps/s, max devices
         self._fetched: dict[str, tuple[float, tuple[str, ...]]] = {}
         self._restart: dict[str, float] = {}
+        self._in_place: dict[str, float] = {}  # job -> its rescales in place, blended
         self._stopped_at: dict[str, float] = {}
         self._generation: dict[str, int] = {}
         self._version: dict[str, int] = {}  # bumped on every change of a job's rates
@@ -154,6 +157,17 @@ class Estimates:
             self._restart[job_id] = _blend(self._restart.get(job_id), seconds, self.alpha)
             self._bump(job_id)
 
+    def measured_in_place(self, job_id: str, seconds: float) -> None:
+        """A rescale in place, decision to first step: blended into what the job's resizes
+        that keep its devices are expected to cost (JobSnapshot.resize_seconds)."""
+        with self._lock:
+            self._in_place[job_id] = _blend(self._in_place.get(job_id), seconds, self.alpha)
+            self._bump(job_id)
+
+    def in_place_seconds(self, job_id: str) -> float:
+        with self._lock:
+            return self._in_place.get(job_id, self.default_in_place_seconds)
+
     def restart_seconds(self, job_id: str) -> float:
         with self._lock:
             return self._restart.get(job_id, self.default_restart_seconds)
@@ -176,6 +190,7 @@ class Estimates:
                 self._full,
                 self._fetched,
                 self._restart,
+                self._in_place,
                 self._stopped_at,
                 self._generation,
                 self._version,

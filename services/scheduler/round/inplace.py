@@ -46,21 +46,26 @@ class Prepared:
     starts: StartRequests
 
 
+def resizes_in_place(state: SchedulerState, job: JobRecord) -> bool:
+    """Whether the job's resizes that keep its devices go in place (what the allocators
+    weigh them at: JobSnapshot.resize_seconds); `refusal`'s lasting reasons."""
+    return (
+        state.settings.rescale_in_place
+        and not state.has_holders(job)
+        and not is_ps_job(job.spec)
+        and not job.collocation.role
+    )
+
+
 def refusal(state: SchedulerState, job: JobRecord, tasks: Sequence[TaskRecord]) -> str:
     """Why the job cannot change in place now ("": it can), under the lock. The runtime
     restarts a job whose reads are acknowledged with checkpoints (a dynamic-mode job) and
     a parameter-server job has no ESTs to hand over; a collocated job's partner would
     change under it; tasks still starting have no step boundary to apply a change at."""
-    if not state.settings.rescale_in_place:
-        return "in-place rescales are off"
+    if not resizes_in_place(state, job):
+        return "in-place rescales are off, or the job restarts to change"
     if not job.placement.processes:
         return "the job runs nowhere"
-    if state.has_holders(job):
-        return "a dynamic-mode job restarts to change"
-    if is_ps_job(job.spec):
-        return "a parameter-server job restarts to change"
-    if job.collocation.role:
-        return "a collocated job restarts to change"
     if not tasks or any(t.state != C.TASK_STATE_RUNNING for t in tasks):
         return "its tasks are not all running"
     workers = state.workers

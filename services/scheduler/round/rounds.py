@@ -45,7 +45,7 @@ from gearshift.scheduler.round.hooks import (
     Ranks,
     execution_plan,
 )
-from gearshift.scheduler.round.inplace import refusal
+from gearshift.scheduler.round.inplace import refusal, resizes_in_place
 from gearshift.scheduler.round.placement import count_by_type, most_devices, workers_of
 from gearshift.scheduler.round.reasons import JobReasons
 from gearshift.scheduler.round.reconcile import Change, diff, hold_back, starts_past
@@ -600,6 +600,9 @@ class Rounds:
             attained_seconds=self._attained.get(job.job_id, 0.0),
             placed_at=self._placed_at.get(job.job_id, -math.inf) if held else -math.inf,
             restart_seconds=self.estimates.restart_seconds(job.job_id),
+            resize_seconds=self.estimates.in_place_seconds(job.job_id)
+            if resizes_in_place(self.state, job)
+            else None,
             background=most == 1 and spec.service_class != C.SERVICE_CLASS_GUARANTEED,
             guaranteed=spec.service_class == C.SERVICE_CLASS_GUARANTEED,
             idle_fraction=burst.idle_fraction if burst is not None else 0.0,

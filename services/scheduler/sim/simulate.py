@@ -483,6 +483,7 @@ def run_one(
         allocator,
         round_seconds=settings.round_seconds,
         rescale_seconds=restart if allocator.replans_on_events else args.rigid_rescale_seconds,
+        in_place_seconds=settings.in_place_seconds if settings.rescale_in_place else None,
         restart_prior={**(prior or {}), **parse_prior(args.restart_prior)},
         charge_first_start=not args.free_first_start,
         elastic=Can.ELASTIC in can,
@@ -562,7 +563,8 @@ def render(result: SimulationResult) -> str:
         f"cost:               ${result.cost:,.2f}",
         f"rounds:             {result.rounds}",
         f"allocations:        {result.allocations}",
-        f"rescales:           {result.rescales} ({result.rescales_per_job:.2f} per job)",
+        f"rescales:           {result.rescales} ({result.rescales_per_job:.2f} per job, "
+        f"{result.in_place_rescales} in place)",
         f"restarting:         {result.restart_seconds_lost:,.0f} s over all jobs",
         f"simulated in:       {result.wall_seconds:.1f} s",
         "",
@@ -583,14 +585,16 @@ def render_comparison(results: list[SimulationResult]) -> str:
     base = results[0].average_jct or 1.0
     lines = [
         f"{'POLICY':<34} {'AVG JCT h':>9} {'P99 JCT h':>9} {'MAKESPAN h':>10} {'UTIL':>5} "
-        f"{'RESCALES':>8} {'PER JOB':>7} {'RESTART h':>9} {'WORST FTF':>9} {'COST $':>9} "
+        f"{'RESCALES':>8} {'PER JOB':>7} {'IN PLACE':>8} {'RESTART h':>9} {'WORST FTF':>9} "
+        f"{'COST $':>9} "
         f"{'VS FIRST':>8}"
     ]
     for r in results:
         lines.append(
             f"{r.policy:<34} {r.average_jct / 3600:>9.2f} {r.p99_jct / 3600:>9.2f} "
             f"{r.makespan / 3600:>10.2f} {r.utilization:>5.2f} {r.rescales:>8} "
-            f"{r.rescales_per_job:>7.2f} {r.restart_seconds_lost / 3600:>9.2f} "
+            f"{r.rescales_per_job:>7.2f} {r.in_place_rescales:>8} "
+            f"{r.restart_seconds_lost / 3600:>9.2f} "
             f"{r.worst_ftf:>9.2f} {r.cost:>9.0f} {base / (r.average_jct or 1.0):>7.2f}x"
         )
     return "\n".join(lines)

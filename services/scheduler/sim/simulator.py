@@ -113,6 +113,7 @@ class JobResult:
     isolated_seconds: float = 0.0  # its JCT under the isolated policy (see with_isolated)
     rescales: int = 0
     restart_seconds_lost: float = 0.0  # seconds it held devices while restarting
+    in_place_rescales: int = 0  # of its rescales, those made in place
 
     @property
     def jct(self) -> float:
@@ -161,6 +162,10 @@ class SimulationResult:
         return sum(j.rescales for j in self.jobs) / len(self.jobs) if self.jobs else 0.0
 
     @property
+    def in_place_rescales(self) -> int:
+        return sum(j.in_place_rescales for j in self.jobs)
+
+    @property
     def restart_seconds_lost(self) -> float:
         """Seconds all jobs together spent restarting (first starts included when charged)."""
         return sum(j.restart_seconds_lost for j in self.jobs)
@@ -190,6 +195,7 @@ class SimulationResult:
             "allocations_computed": self.allocations,
             "rescales": self.rescales,
             "rescales_per_job": self.rescales_per_job,
+            "in_place_rescales": self.in_place_rescales,
             "restart_seconds_lost": self.restart_seconds_lost,
             "wall_seconds": self.wall_seconds,
             "jobs": [{**asdict(j), "jct": j.jct, "ftf": j.ftf} for j in self.jobs],
@@ -324,7 +330,9 @@ class _Running:
     attained: float = 0.0
     placed_at: float = -math.inf
     restart_seconds: float = 0.0  # what each of its restarts costs (its model's prior)
+    resize_seconds: float | None = None  # a change keeping a device, in place (None: restart)
     lost: float = 0.0  # seconds spent restarting so far
+    in_place: int = 0  # its rescales made in place
 
 
 def _snapshot(
@@ -356,6 +364,7 @@ def _snapshot(
         attained_seconds=run.attained,
         placed_at=run.placed_at,
         restart_seconds=run.restart_seconds if restart_seconds is None else restart_seconds,
+        resize_seconds=run.resize_seconds,
         colocated=colocated,
         background=multiplexed is not None and job.max_devices == 1,
         idle_fraction=multiplexed.idle_fraction if multiplexed is not None else 0.0,
@@ -391,6 +400,7 @@ def simulate_pipeline(
     max_rounds: int | None = None,
     multiplexed: Multiplexed | None = None,
     on_snapshot: Callable[[Snapshot, Mapping[str, Assignment]], None] | None = None,
+    in_place_seconds: float | None = None,
 ) -> SimulationResult:
     """Run `workload` (arrival order) to completion through `allocator` and the place stage;
     see the module docstring. `on_round(now, configs)` sees every round's decision (the
@@ -398,7 +408,9 @@ def simulate_pipeline(
     result then holds only the jobs that finished); `on_snapshot(snapshot, current)` sees
     what every round decides from (bench/estimated_start.py). A job's restart costs its
     model's `restart_prior` (`restart_seconds_of`), else `rescale_seconds`; with
-    `charge_first_start` its first start costs as much (Sia's simulator charges it)."""
+    `charge_first_start` its first start costs as much (Sia's simulator charges it). With
+    `in_place_seconds` (round.rescaleInPlace) a rescale that keeps one of the job's devices
+    costs that instead, and the allocator weighs such resizes at it (JobSnapshot.resize_seconds)."""
     started = time.perf_counter()
     types = sorted(t for t, n in cluster.items() if n > 0)
     capacity = {t: cluster[t] for t in types}
@@ -437,6 +449,7 @@ def simulate_pipeline(
                 restart_seconds=restart_seconds_of(
                     job.trace.job_type, restart_prior or {}, rescale_seconds
                 ),
+                resize_seconds=in_place_seconds,
             )
         if not active:
             usage.append((now, {}))  # idle until the next arrival
@@ -471,7 +484,12 @@ def simulate_pipeline(
                     rescales += 1
                 if new:
                     charged = r.first_run is not None or charge_first_start
-                    r.resume_at = now + (r.restart_seconds if charged else 0.0)
+                    cost = r.restart_seconds if charged else 0.0
+                    kept = {d for d, _ in r.assignment} & {d for d, _ in desired.get(job_id, ())}
+                    if kept and r.resize_seconds is not None:  # processes stay: in place
+                        cost = r.resize_seconds
+                        r.in_place += 1
+                    r.resume_at = now + cost
                     r.placed_at = now
                     if r.first_run is None:
                         r.first_run = now
@@ -550,6 +568,7 @@ def simulate_pipeline(
                     finish,
                     rescales=r.rescales,
                     restart_seconds_lost=r.lost,
+                    in_place_rescales=r.in_place,
                 )
                 del active[job_id]
         now = end

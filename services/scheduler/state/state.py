@@ -86,6 +86,7 @@ class SchedulerSettings:
     estimate_starts_seconds: float = 0.0  # estimated starts at most this often (0: never)
     estimate_refresh_seconds: float = 60.0
     restart_seconds: float = 10.0  # a rescale's cost until one is measured
+    in_place_seconds: float = 1.0  # a resize in place's cost until one is measured
     # How the allocator weighs moves against restarts (None: moves are free).
     restart_cost: RestartCost | None = None
     prices: dict[str, float] = field(default_factory=dict)

@@ -57,6 +57,7 @@ class Left:
 
     steps_remaining: float
     restart_seconds: float
+    resize_seconds: float | None = None  # a grow that keeps its devices, in place (None: restart)
 
 
 class ElasticPolicy(abc.ABC):
@@ -295,9 +296,10 @@ class EasyScale(ElasticPolicy):
         facts = (left or {}).get(job.job_id)
         if facts is None or self.restart is None:
             return True
-        return self.restart.move_pays(
-            rate(job, held), new_rate, facts.steps_remaining, facts.restart_seconds
-        )
+        cost = facts.restart_seconds
+        if held and facts.resize_seconds is not None:  # it grows where it runs: in place
+            cost = facts.resize_seconds
+        return self.restart.move_pays(rate(job, held), new_rate, facts.steps_remaining, cost)
 
 
 def _rate(job: ElasticJob, devices: Mapping[str, int]) -> float:

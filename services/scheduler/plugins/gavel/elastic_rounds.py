@@ -580,7 +580,8 @@ class ElasticRounds:
             if not old or new is None or new == old or (_within(new, old) and new != old):
                 continue  # not running, stopped, unchanged, or shrunk for others
             rates = dict(rows[job.job_id])
-            if old not in rates or self._worth(job, rates[old], rates.get(new, 0.0)):
+            keeps = _within(old, new)  # a grow where it runs (in place, where it can)
+            if old not in rates or self._worth(job, rates[old], rates.get(new, 0.0), keeps):
                 continue
             _take(free, new, sign=+1)
             if fits(old, free):
@@ -662,7 +663,7 @@ class ElasticRounds:
                 if (
                     job.current
                     and job.current == config
-                    and not self._worth(job, now_rate, bigger_rate)
+                    and not self._worth(job, now_rate, bigger_rate, keeps=True)
                 ):
                     continue
                 extra = tuple((t, n - have.get(t, 0)) for t, n in bigger)
@@ -684,14 +685,16 @@ class ElasticRounds:
             _take(free, bigger)
             offer(job_id)
 
-    def _worth(self, job: JobSnapshot, now_rate: float, new_rate: float) -> bool:
-        """Whether a running job should restart to go from now_rate to new_rate."""
+    def _worth(self, job: JobSnapshot, now_rate: float, new_rate: float, keeps: bool) -> bool:
+        """Whether a running job should change to go from now_rate to new_rate (`keeps`:
+        the change keeps its devices, in place where the job can)."""
         if now_rate <= 0:
             return True
         if new_rate < now_rate * (1.0 + self.hysteresis):
             return False
         # The restart must pay for itself over the work the job has left (capped).
-        return self.restart.move_pays(now_rate, new_rate, job.steps_remaining, job.restart_seconds)
+        cost = job.change_seconds(keeps)
+        return self.restart.move_pays(now_rate, new_rate, job.steps_remaining, cost)
 
 
 def waiting_newcomer(snapshot: Snapshot) -> bool:
