@@ -77,7 +77,9 @@ def test_a_job_shrunk_and_grown_in_place_ends_with_the_fixed_bits(
     assert job.state == C.JOB_STATE_SUCCEEDED, job.message + cluster.log_tails()
     rescaled = [e for e in history if e.type == S.JOB_EVENT_TYPE_RESCALED]
     sizes = [len(e.placement.processes) for e in history if e.placement.processes]
-    assert sizes[0] == 4 and min(sizes) < 4, sizes
+    assert sizes[0] == 4 and min(sizes) < 4 and sizes[-1] == 4, sizes
+    # the grow back started only the joining processes (a resize in place pays at once)
+    assert any(" join" in e.message and "0 join" not in e.message for e in rescaled)
     assert rescaled and all("in place" in e.message for e in rescaled), [
         e.message for e in rescaled
     ]
