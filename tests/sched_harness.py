@@ -22,6 +22,7 @@ class SimulatedAgents(WorkerAgents):
         super().__init__()
         self.started: list[worker_pb2.StartTaskRequest] = []
         self.stopped: list[tuple[str, bool]] = []  # (task id, checkpoint)
+        self.changed: list[worker_pb2.ChangeMembershipRequest] = []
 
     def start_all(
         self, calls: Sequence[tuple[str, worker_pb2.StartTaskRequest]]
@@ -34,6 +35,18 @@ class SimulatedAgents(WorkerAgents):
     ) -> list[common_pb2.TaskStatus | Exception]:
         """Each call in turn, through `stop` (which tests override)."""
         return [_answer(self._stop, address, request) for address, request in calls]
+
+    def change_all(
+        self, calls: Sequence[tuple[str, worker_pb2.ChangeMembershipRequest]]
+    ) -> list[common_pb2.TaskStatus | Exception]:
+        """Each call in turn, through `change` (which tests override)."""
+        return [_answer(self.change, address, request) for address, request in calls]
+
+    def change(
+        self, address: str, request: worker_pb2.ChangeMembershipRequest
+    ) -> common_pb2.TaskStatus:
+        self.changed.append(request)
+        return common_pb2.TaskStatus(task_id=request.task_id, state=common_pb2.TASK_STATE_RUNNING)
 
     def _stop(self, address: str, r: worker_pb2.StopTaskRequest) -> common_pb2.TaskStatus:
         return self.stop(
