@@ -14,6 +14,9 @@ Parts (all by default, in this order; `--parts` picks some):
   8 ESTs vs 8-micro-batch accumulation, a ResNet-18 among the jobs).
 - memory: `bench/est_overhead.py --device cuda --only 3` (GPU memory of 1, 2, 4, 8, 16
   ESTs in one process vs as many plain processes).
+- inplace: `bench/rescale_inplace.py --device cuda --repeats 3` (issue 47: grow, shrink and
+  move in place against checkpoint-and-restart on the GPU; the digests of the rescaled runs
+  and the fixed one must be equal).
 - multiplex: `bench/multiplex.py --cuda` (DeepPool's foreground/background pair on GPU 0 -
   high- and low-priority streams, the pause loop - against the two one after the other;
   both keep their digests).
@@ -34,7 +37,7 @@ importable as the `gearshift` package without installing it. Two commands of 10 
 cover everything:
 
     bench/gpu_checks.sh $OUT --parts tests,bitwise
-    bench/gpu_checks.sh $OUT --parts d2,overhead,memory,multiplex
+    bench/gpu_checks.sh $OUT --parts d2,overhead,memory,multiplex,inplace
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ from typing import Any
 from xml.etree import ElementTree
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ("tests", "bitwise", "d2", "overhead", "memory", "multiplex")
+PARTS = ("tests", "bitwise", "d2", "overhead", "memory", "multiplex", "inplace")
 EXIT_FAILED = 1
 EXIT_UNUSABLE = 2
 RESERVE_S = 25.0  # kept for the summary and the logs' archive
@@ -619,6 +622,31 @@ def part_multiplex(ctx: Context) -> dict[str, Any]:
     return {"ok": ran.code == 0, "data": data, "error": error}
 
 
+def part_inplace(ctx: Context) -> dict[str, Any]:
+    out = ctx.logs / "inplace.json"
+    cmd = [ctx.args.python, str(REPO / "bench" / "rescale_inplace.py"), "--device", "cuda"]
+    cmd += ["--repeats", "3", "--json", str(out)]
+    ran = run_logged(cmd, ctx.logs / "inplace.log", ctx.deadline.limit(300.0), ctx.env)
+    data = json.loads(out.read_text()) if out.exists() else {}
+    error = "" if ran.code == 0 else f"exit {ran.code} (see logs.tar.gz)"
+    return {"ok": ran.code == 0 and bool(data.get("digests_equal")), "data": data, "error": error}
+
+
+def inplace_lines(data: Mapping[str, Any]) -> list[str]:
+    rows = [
+        [kind, path, f"{row['median_s']:.3f}", f"{row['max_s']:.3f}", str(row["n"])]
+        for kind in ("grow", "shrink", "move")
+        for path, row in data.get(kind, {}).items()
+    ]
+    ratio = data.get("throughput_ratio", {})
+    tail = [
+        "",
+        f"throughput against the fixed run: {ratio}",
+        f"digests equal: {data.get('digests_equal')}",
+    ]
+    return [*table(("kind", "path", "median s", "max s", "n"), rows), *tail] if rows else ["(none)"]
+
+
 def multiplex_lines(data: Mapping[str, Any]) -> list[str]:
     rows = [
         [
@@ -680,6 +708,11 @@ def render(report: Mapping[str, Any]) -> str:
         lines += multiplex_lines(results["multiplex"]["data"])
         if results["multiplex"]["error"]:
             lines += ["", f"error: {results['multiplex']['error']}"]
+    if "inplace" in results:
+        lines += ["", "## In place: bench/rescale_inplace.py --device cuda (target < 0.5 s)", ""]
+        lines += inplace_lines(results["inplace"]["data"])
+        if results["inplace"]["error"]:
+            lines += ["", f"error: {results['inplace']['error']}"]
     not_run = [part for part in report["parts"] if part not in results]
     if not_run and not report.get("error"):
         lines += ["", f"not run (deadline): {', '.join(not_run)}"]
@@ -757,6 +790,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "overhead": functools.partial(part_overhead, figures=["1", "2"], name="overhead"),
         "memory": functools.partial(part_overhead, figures=["3"], name="memory"),
         "multiplex": part_multiplex,
+        "inplace": part_inplace,
     }
     for part in args.parts:
         if deadline.left() < MIN_PART_S:

@@ -25,6 +25,11 @@ first fork to the end). All three runs must end with the same digest. A 2-step r
 first warms the zygote up, so that no run pays for its imports.
 
     .venv/bin/python bench/rescale_inplace.py [--repeats 10] [--gap 10] [--json FILE]
+        [--device cuda]
+
+With `--device cuda` every process trains on the GPU (`bench/gpu_checks.sh`'s inplace part):
+the runtime picks the backend (NCCL where each process has a GPU of its own, gloo with host
+copies where they share one) and a joiner's state still comes from host memory.
 """
 
 from __future__ import annotations
@@ -68,8 +73,9 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = TIMEOUT_S) ->
 class Job:
     """One run of the job: its folder, its processes (by name) and its loss log."""
 
-    def __init__(self, root: Path, spawner: Spawner, steps: int) -> None:
+    def __init__(self, root: Path, spawner: Spawner, steps: int, device: str = "cpu") -> None:
         self.root = root
+        self.device = device
         self.spawner = spawner
         self.steps = steps
         self.address = f"127.0.0.1:{free_port()}"
@@ -87,7 +93,7 @@ class Job:
         argv += [",".join(map(str, mapping)), "--rank", str(rank), "--master-addr"]
         argv += [self.address, "--checkpoint-dir", str(self.root / "ckpt"), "--loss-log"]
         argv += [str(self.root / "losses.jsonl"), "--membership-file"]
-        argv += [str(self.root / "membership.json"), *extra]
+        argv += [str(self.root / "membership.json"), "--device", self.device, *extra]
         request = SpawnRequest(argv, dict(os.environ), self.root, self.log(name), forkable=True)
         self.procs[name] = self.spawner.spawn(request)
         return name
@@ -198,19 +204,21 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=10, help="rescales of each kind")
     parser.add_argument("--gap", type=int, default=10, help="steps between two rescales")
     parser.add_argument("--json", type=Path, help="write every figure here as one document")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="(cpu)")
     args = parser.parse_args()
     kinds = [kind for _ in range(args.repeats) for kind in KINDS]
     steps = len(kinds) * (args.gap + 20) + 2 * args.gap
     spawner = Spawner(zygote_python=sys.executable)
-    figures: dict[str, Any] = {"steps": steps, "rescales": len(kinds)}
+    figures: dict[str, Any] = {"steps": steps, "rescales": len(kinds), "device": args.device}
     with tempfile.TemporaryDirectory(prefix="gearshift-rescale-") as tmp:
-        fixed(Job(Path(tmp) / "warm-up", spawner, 2))  # the zygote's imports, before any clock
+        # the zygote's imports, before any clock
+        fixed(Job(Path(tmp) / "warm-up", spawner, 2, args.device))
         runs: dict[str, tuple[Job, float, dict[str, list[float]]]] = {}
         for path, drive in (("in_place", in_place), ("restart", restart)):
-            job = Job(Path(tmp) / path, spawner, steps)
+            job = Job(Path(tmp) / path, spawner, steps, args.device)
             began = time.time()
             runs[path] = (job, began, drive(job, kinds, args.gap))
-        base = Job(Path(tmp) / "fixed", spawner, steps)
+        base = Job(Path(tmp) / "fixed", spawner, steps, args.device)
         began = time.time()
         first = fixed(base)[0]
         rates = {"fixed": steps / (base.steps_logged()[steps] - began)}

@@ -39,7 +39,7 @@ def test_parts_and_counts_are_checked(capsys: pytest.CaptureFixture[str]) -> Non
     parser = build_parser()
     args = parser.parse_args(["out", "--parts", "memory, tests"])
     assert args.parts == ["tests", "memory"] and args.device == "cuda"
-    parts = ["tests", "bitwise", "d2", "overhead", "memory", "multiplex"]
+    parts = ["tests", "bitwise", "d2", "overhead", "memory", "multiplex", "inplace"]
     assert parser.parse_args(["out"]).parts == parts
     for bad, message in (
         (["--parts", "tests,gpus"], "give some of tests, bitwise, d2, overhead, memory"),
@@ -150,6 +150,18 @@ def report() -> dict[str, Any]:
                 ],
             },
             "bitwise": {"ok": False, "runs": [run, failed]},
+            "inplace": {
+                "ok": True,
+                "error": "",
+                "data": {
+                    "grow": {
+                        "in_place": {"median_s": 0.21, "max_s": 0.3, "n": 3},
+                        "restart": {"median_s": 2.5, "max_s": 3.0, "n": 3},
+                    },
+                    "throughput_ratio": {"in_place": 0.99, "restart": 0.7},
+                    "digests_equal": True,
+                },
+            },
             "overhead": {
                 "ok": True,
                 "error": "",
@@ -211,6 +223,9 @@ def test_the_summary_has_a_table_per_part() -> None:
     assert "| 1 EST vs plain loop | ResNet-18 | 128 | 10.20 | 10.00 | 1.0200x time |" in text
     assert "| 8 ESTs vs 8-micro-batch accumulation | ResNet-18 | 128 | 80.00 | 79.00 |" in text
     assert "| 16 | ResNet-18 | 128 | 4.90 | 32.50 | 0.151 | 3.10 / 22.00 | 900 / 14000 |" in text
+    assert "| grow | in_place | 0.210 | 0.300 | 3 |" in text
+    assert "| grow | restart | 2.500 | 3.000 | 3 |" in text
+    assert "digests equal: True" in text
     assert text.rstrip().endswith("not run (deadline): d2")
 
 
