@@ -169,10 +169,16 @@ class Agent:
     ) -> Iterator[common_pb2.LogLine]:
         """A task's output lines, by rank (-1: every rank of it here)."""
         task = self._task(task_id)
-        ranks = task.plan.ranks if rank < 0 else [rank]
-        if rank >= 0 and rank not in task.plan.ranks:
+        # A process keeps the log of the rank it started as; an in-place change gives it
+        # another rank (Task.ranks: started as -> now), which is the one asked for.
+        now = {current: slot for slot, current in task.ranks.items() if current is not None}
+        if rank >= 0 and rank not in now:
             raise NotFoundError(f"rank {rank} of task", task_id)
-        paths = {r: task.log_path(r) for r in ranks}
+        paths = (
+            {r: task.log_path(r) for r in task.plan.ranks}
+            if rank < 0
+            else {rank: task.log_path(now[rank])}
+        )
         for r, text in task_logs.follow(
             paths, tail_lines, keep_following=follow, done=task.ended.is_set, active=active
         ):
