@@ -32,7 +32,13 @@ from bench.shared import shared_data
 from gearshift.common.gavel import ThroughputTable, load_throughputs
 from gearshift.scheduler.config.configuration import load
 from gearshift.scheduler.config.settings import settings_of
-from gearshift.scheduler.plugins.registry import GreedyArgs, ObjectiveArgs
+from gearshift.scheduler.plugins.registry import (
+    GreedyArgs,
+    ObjectiveArgs,
+    Point,
+    RestartArgs,
+    plugin,
+)
 from gearshift.scheduler.plugins.stages import allocator_for
 from gearshift.scheduler.sim.simulator import Multiplexed, SimulationResult, simulate_pipeline
 from gearshift.scheduler.sim.trace import TraceJob, generate_workload, read_trace
@@ -79,8 +85,13 @@ def settings_for(
     if name:
         base = settings_of(load(None))
         settings = replace(base, policy=name, elastic=elastic, collocation="none")
-    kind = ObjectiveArgs if name != "easyscale" else GreedyArgs
-    defaults = kind(restart_aware=True)  # the rule's own defaults, on
+    # the rule's own defaults, on: the plugin's (LAS, the default profile's objective, has
+    # Sia's re-allocation factor on)
+    found = plugin(Point.ALLOCATE, name or settings.policy)
+    kind = found.args if found is not None and issubclass(found.args, RestartArgs) else None
+    if kind is None:
+        kind = ObjectiveArgs if name != "easyscale" else GreedyArgs
+    defaults = kind(restart_aware=True)
     if residency is not None:
         defaults = defaults.model_copy(update={"residency": residency})
     return replace(

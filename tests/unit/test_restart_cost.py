@@ -14,7 +14,7 @@ import pytest
 
 from gearshift.common.gavel import ThroughputTable, load_throughputs
 from gearshift.scheduler.plugins.allocators import make_allocator
-from gearshift.scheduler.plugins.registry import ObjectiveArgs
+from gearshift.scheduler.plugins.registry import LasArgs, ObjectiveArgs, Point, plugin
 from gearshift.scheduler.round.restart_cost import Reallocated, RestartCost, work_gain
 from gearshift.scheduler.sim.simulate import parse_prior
 from gearshift.scheduler.sim.simulator import restart_seconds_of, simulate_pipeline
@@ -257,6 +257,11 @@ def test_the_work_a_reallocation_gains_counts_every_job_it_changes() -> None:
 def test_the_plugins_arguments_turn_the_rule_on_by_default() -> None:
     assert ObjectiveArgs().restart_cost() == RestartCost(30.0, 3600.0)
     assert ObjectiveArgs(restart_aware=False).restart_cost() is None
+    # LAS, the default profile's objective, has Sia's re-allocation factor on
+    assert LasArgs().restart_cost() == RestartCost(30.0, 3600.0, realloc_factor=True)
+    las, ftf = plugin(Point.ALLOCATE, "las"), plugin(Point.ALLOCATE, "finish_time_fairness")
+    assert las is not None and las.args is LasArgs
+    assert ftf is not None and ftf.args is ObjectiveArgs
 
 
 def test_the_prior_is_per_model_longest_match_first() -> None:
@@ -292,3 +297,37 @@ def test_the_simulator_charges_restarts_and_reports_them_per_job(
     assert charged.jobs[0].restart_seconds_lost == pytest.approx(lost)
     assert charged.average_jct == pytest.approx(alone.average_jct + lost, rel=1e-3)
     assert charged.to_json()["restart_seconds_lost"] == pytest.approx(lost)
+
+
+def test_sias_realloc_factor_is_the_share_of_time_restarts_leave() -> None:
+    sia = RestartCost(realloc_factor=True)
+    # Sia's sia.py: max(age - restarts x restart, 0) / (age + restart)
+    assert sia.factor(10_000.0, 4, 1000.0) == pytest.approx(6000.0 / 11_000.0)
+    assert sia.factor(10_000.0, 20, 1000.0) == 0.0
+    assert sia.factor(500.0, 3, 1000.0) == 1.0  # younger than a restart: not penalized
+    assert RULE.factor(10_000.0, 4, 1000.0) == 1.0  # off by default
+    assert ObjectiveArgs(realloc_factor=True).restart_cost() == RestartCost(
+        30.0, 3600.0, realloc_factor=True
+    )
+
+
+@pytest.mark.parametrize(
+    ("factor", "restarted", "grown"), [(False, 5, True), (True, 0, True), (True, 5, False)]
+)
+def test_a_job_whose_restarts_ate_its_time_is_not_grown(
+    factor: bool, restarted: int, grown: bool
+) -> None:
+    """Elastic LAS, job a (restart 1,000 s, arrived at 0) on 1 device; at t=10,000 a second
+    device frees. Doubling its rate pays its restart over the horizon (3,600 steps against
+    2,000). With Sia's factor, after 5 restarts since its first start, its rate on 2
+    devices counts (10,000 - 5,000) / 11,000 = 0.45 times: 0.91 steps/s, not worth leaving
+    its 1 step/s for; with none, 0.91 times: 1.82."""
+    rule = replace(RULE, realloc_factor=factor)
+    allocator = make_allocator("las", elastic=True, round_seconds=60.0, restart=rule)
+    job = replace(_elastic("a", 1e6, current=(("v100", 1),)), restart_seconds=1000.0)
+    for k in range(restarted + 1):  # its first placement, then one per restart
+        placed = replace(job, placed_at=1000.0 * k)
+        allocator.allocate(Snapshot(1000.0 * k + 1.0, _devices(1), (placed,)))
+    last = replace(job, placed_at=1000.0 * restarted)
+    targets = allocator.allocate(Snapshot(10_000.0, _devices(2), (last,)))
+    assert targets["a"].devices == ((("v100", 2),) if grown else (("v100", 1),))

@@ -133,11 +133,35 @@ class ObjectiveArgs(RestartArgs):
         "default: when elastic",
     )
 
+    realloc_factor: bool = Field(
+        False,
+        description="restartAware, elastic: Sia's re-allocation factor, "
+        "(age - restarts x restart) / (age + restart): a running job's current configuration "
+        "is preferred that much more in its priorities, and its rate on another one counts "
+        "that many times when a grow, move or shrink is weighed, so a job whose restarts "
+        "ate its time resists the next one",
+    )
+
+    def restart_cost(self) -> RestartCost | None:
+        """The rule, with Sia's re-allocation factor when asked (ElasticRounds)."""
+        rule = super().restart_cost()
+        return None if rule is None else replace(rule, realloc_factor=self.realloc_factor)
+
     @property
     def in_background(self) -> bool:
         return (
             self.elastic if self.recompute_in_background is None else self.recompute_in_background
         )
+
+
+class LasArgs(ObjectiveArgs):
+    """LAS (the default profile's objective): Sia's re-allocation factor on by default, as
+    measured on Sia's Philly workloads (docs/results/sia.md); the other objectives keep it off
+    (FTF and makespan measured slower with it)."""
+
+    realloc_factor: bool = Field(
+        True, description=ObjectiveArgs.model_fields["realloc_factor"].description
+    )
 
 
 class RigidObjectiveArgs(ObjectiveArgs):
@@ -351,6 +375,8 @@ RUBICK = {
 def _objective(name: str) -> Plugin:
     elastic_form, space_sharing = traits(name)
     args: type[Args] = ObjectiveArgs if elastic_form else RigidObjectiveArgs
+    if name == "las":
+        args = LasArgs
     if "cost" in name:
         args = CostArgs
     elif name == "hierarchical" or "water_filling" in name:

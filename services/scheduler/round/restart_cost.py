@@ -14,6 +14,11 @@ plain functions over plain numbers:
   its placement, so time-fraction priorities (Gavel's) do not flip it in and out every round.
   A restart is counted at most one round: the residency lengthens the rounds' time sharing
   `residency_multiple`-fold at most (rounds shorter than a restart still share devices).
+- `factor` (with `realloc_factor`): Sia's re-allocation factor, the share of a job's time
+  since its arrival that its restarts, one more included, leave it. Sia multiplies a job's
+  goodput on every allocation but its current one by it; ElasticRounds divides the
+  priority of a job's current configuration by it, and counts its rate on another
+  configuration that many times when weighing a grow, a move or a shrink.
 - `work_gain`: what a reallocation that lets a resident job go (shrunk or preempted for
   others) gains over the horizon, summed over every job it changes, restarts included.
 """
@@ -31,6 +36,10 @@ class RestartCost:
 
     residency_multiple: float = 30.0  # a placement is kept this many restarts' time
     horizon_seconds: float = 3600.0  # cap on the remaining time a move's gain is counted over
+    # Sia's re-allocation factor (`factor`): a running job's rate on any configuration but
+    # its own counts `factor` times, so a job whose restarts ate its time resists the next
+    # one (ElasticRounds: its priorities, growth and the shrink rule).
+    realloc_factor: bool = False
 
     def __post_init__(self) -> None:
         if self.residency_multiple < 0 or math.isnan(self.residency_multiple):
@@ -58,6 +67,16 @@ class RestartCost:
             return new_rate > 0
         gained = (new_rate - now_rate) * self.horizon(steps_remaining, now_rate)
         return gained > new_rate * restart_seconds
+
+    def factor(self, age: float, restarts: int, restart_seconds: float) -> float:
+        """Sia's re-allocation factor (its `sia.py`, `realloc_factor`) for a job `age`
+        seconds after its arrival that restarted `restarts` times since its first start:
+        max(age - restarts x restart, 0) / (age + restart), the share of its time not lost
+        to restarts should it restart once more; 1 for a job younger than a restart, and
+        1 when `realloc_factor` is off."""
+        if not self.realloc_factor or age < restart_seconds or age + restart_seconds <= 0:
+            return 1.0
+        return max(age - restarts * restart_seconds, 0.0) / (age + restart_seconds)
 
     def residency(self, restart_seconds: float, round_seconds: float = math.inf) -> float:
         """How long a placement is kept: `residency_multiple` restarts, a restart counted at

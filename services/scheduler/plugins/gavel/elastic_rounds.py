@@ -162,6 +162,10 @@ class _Solve:
             self.done.set()
 
 
+# The least re-allocation factor a current configuration's priority is divided by: a job
+# whose restarts ate all its time keeps its configuration 1,000-fold, not infinitely.
+_LEAST_FACTOR = 1e-3
+
 # Entries a memo (the splits, ElasticRounds._rows) keeps before it starts afresh.
 _MEMO_SIZE = 1 << 14
 
@@ -199,6 +203,11 @@ class ElasticRounds:
     _solving: _Solve | None = None  # the recomputation under way beside the rounds
     _ranked: dict[str, float] = field(default_factory=dict)  # each job's best priority (step 2)
     _resident: set[str] = field(default_factory=set)  # exempt by residency alone: may grow
+    # restart.realloc_factor: each job's placement seen last (its placed_at) and the
+    # restarts since its first start (Sia's num_restarts: every later placement, a resume
+    # after a preemption included)
+    _restarts: dict[str, tuple[float, int]] = field(default_factory=dict)
+    _now: float = 0.0  # the round's time (for _worth)
     _known: dict[str, object] = field(default_factory=dict)
     _types: tuple[str, ...] = ()
     # Per job, what step 1 made of its snapshot last round: reused while the round hands in
@@ -225,6 +234,7 @@ class ElasticRounds:
     # The stage -----------------------------------------------------------------
     def allocate(self, snapshot: Snapshot) -> dict[str, Target]:
         capacity = snapshot.capacity
+        self._now = snapshot.now
         models, rows, signatures = self._work_out(snapshot.jobs, capacity)
         for ran in snapshot.ran:  # step 5 of the last round
             entry = self.received.setdefault(ran.job_id, {})
@@ -233,6 +243,8 @@ class ElasticRounds:
         self._sync(snapshot, signatures)
         if self.stale and self._due(snapshot.now) and self._solving is None:
             self._recompute(snapshot, models, rows)
+        if self.restart.realloc_factor:
+            self._count_restarts(snapshot)
         exempt = self._exempt(snapshot, rows)
         chosen = self._choose(snapshot, models, rows, capacity, exempt)
         if self._resident:
@@ -509,7 +521,12 @@ class ElasticRounds:
                     restart_seconds=job.restart_seconds,
                     rate_without=rates[job_id].get(before, 0.0),
                     restarts_without=running and bool(before) and before != job.current,
-                    rate_with=rates[job_id].get(after, 0.0),
+                    rate_with=rates[job_id].get(after, 0.0)
+                    * (
+                        self._factor(job, snapshot.now)
+                        if running and bool(after) and after != job.current
+                        else 1.0
+                    ),
                     restarts_with=running and bool(after) and after != job.current,
                 )
             )
@@ -518,6 +535,29 @@ class ElasticRounds:
             return exempt, kept
         self._resident -= given
         return rest, free
+
+    def _count_restarts(self, snapshot: Snapshot) -> None:
+        """Each running job's restarts: a placement it had not been seen on is one, its
+        first excepted."""
+        seen: dict[str, tuple[float, int]] = {}
+        for job in snapshot.jobs:
+            at, count = self._restarts.get(job.job_id, (math.nan, -1))
+            if job.current and job.placed_at != at:
+                at, count = job.placed_at, count + 1
+            seen[job.job_id] = (at, count)
+        self._restarts = seen
+
+    def restarts(self, job_id: str) -> int:
+        """The restarts restart.realloc_factor counts for a job (0: none or not counted)."""
+        return max(self._restarts.get(job_id, (math.nan, 0))[1], 0)
+
+    def _factor(self, job: JobSnapshot, now: float) -> float:
+        """The job's re-allocation factor (RestartCost.factor; 1 when off)."""
+        if not self.restart.realloc_factor:
+            return 1.0
+        return self.restart.factor(
+            now - job.arrival_time, self.restarts(job.job_id), job.restart_seconds
+        )
 
     # Steps 2-3 -------------------------------------------------------------------
     def _select(
@@ -546,6 +586,10 @@ class ElasticRounds:
                     priority *= NEW_JOB_PRIORITY_SCALE
                 if config == job.current:
                     priority *= 1.0 + self.hysteresis
+                    # Sia's re-allocation factor (restart.realloc_factor): the other
+                    # configurations' worth to this job is scaled by it, so its own is
+                    # worth 1/factor more (1 when off)
+                    priority /= max(self._factor(job, snapshot.now), _LEAST_FACTOR)
                 deficit = share * elapsed - got.get(config, 0.0)
                 ranked.append((priority, deficit, share, -order, job.job_id, config))
         ranked.sort(key=lambda c: c[:4], reverse=True)
@@ -690,7 +734,7 @@ class ElasticRounds:
         the change keeps its devices, in place where the job can)."""
         if now_rate <= 0:
             return True
-        if new_rate < now_rate * (1.0 + self.hysteresis):
+        if new_rate * self._factor(job, self._now) < now_rate * (1.0 + self.hysteresis):
             return False
         # The restart must pay for itself over the work the job has left (capped).
         cost = job.change_seconds(keeps)
