@@ -30,6 +30,7 @@ from typing import Any
 import kopf
 
 from gearshift.client.operator.code import CODE_LABEL, code_source, write_code
+from gearshift.client.operator.shared_client import SharedClient
 from gearshift.client.operator.status import (
     SUBMITTED,
     VALID,
@@ -96,7 +97,7 @@ def configure(*, settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> 
     except ValidationError as exc:  # a bad file is not retried: the operator does not start
         raise kopf.PermanentError(str(exc)) from None
     token = os.environ.get("GEARSHIFT_TOKEN") or None
-    memo.client = Client(address, token, tls=tls, timeout=10.0)
+    memo.client = SharedClient(Client(address, token, tls=tls, timeout=10.0))
 
 
 @kopf.on.cleanup()
