@@ -147,6 +147,12 @@ class Snapshot:
                 return job
         raise KeyError(job_id)
 
+    @property
+    def newcomer_waits(self) -> bool:
+        """Whether a job that never ran waits: residencies then yield to it
+        (round/restart_cost)."""
+        return any(not job.current and job.attained_seconds <= 0 for job in self.jobs)
+
 
 @dataclass(frozen=True)
 class Reason:

@@ -25,7 +25,7 @@ from gearshift.scheduler.plugins.easyscale.elastic import (
     Left,
     make_elastic_policy,
 )
-from gearshift.scheduler.plugins.gavel.elastic_rounds import ElasticRounds, waiting_newcomer
+from gearshift.scheduler.plugins.gavel.elastic_rounds import ElasticRounds
 from gearshift.scheduler.plugins.gavel.mechanism import Combo, JobView, RoundScheduler
 from gearshift.scheduler.plugins.gavel.policies import elastic_refusal, make_policy, policy_names
 from gearshift.scheduler.round.ests import elastic_job, split_ests
@@ -114,7 +114,7 @@ class GavelRounds:
         """The running combinations within their residency, on their type: Gavel's
         priorities would otherwise swap a job out the round after it paid to start."""
         out: dict[Combo, str] = {}
-        if waiting_newcomer(snapshot):  # a job that never ran is served as Gavel serves it
+        if snapshot.newcomer_waits:  # a job that never ran is served as Gavel serves it
             return out
         for job in snapshot.jobs:
             combo = self._last.get(job.job_id)

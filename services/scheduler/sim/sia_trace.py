@@ -368,7 +368,7 @@ def load_sia_workload(
                 one_type=True,
             )
         )
-    prior = {m: s for m, s in constants.restart.items()}
+    prior = dict(constants.restart)
     for job in jobs:
         prior.setdefault(job.application, constants.default_restart)
     return SiaWorkload(

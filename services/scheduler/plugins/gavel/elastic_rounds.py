@@ -447,7 +447,7 @@ class ElasticRounds:
         never ran waits, it does not apply (a newcomer is served as Gavel serves it), and a
         resident job may still grow when that pays (`_resident`)."""
         self._resident = set()
-        residency = self.restart.residency_multiple > 0 and not waiting_newcomer(snapshot)
+        residency = self.restart.residency_multiple > 0 and not snapshot.newcomer_waits
         if self.preempt_exempt_seconds <= 0 and not residency:
             return {}
         since = snapshot.now - self.preempt_exempt_seconds
@@ -739,11 +739,6 @@ class ElasticRounds:
         # The restart must pay for itself over the work the job has left (capped).
         cost = job.change_seconds(keeps)
         return self.restart.move_pays(now_rate, new_rate, job.steps_remaining, cost)
-
-
-def waiting_newcomer(snapshot: Snapshot) -> bool:
-    """Whether a job that never ran waits: residencies then yield to it (round/restart_cost)."""
-    return any(not job.current and job.attained_seconds <= 0 for job in snapshot.jobs)
 
 
 def describe_shares(shares: Mapping[str, Mapping[Config, float]]) -> dict[str, list[str]]:
