@@ -27,12 +27,12 @@ from gearshift.client.sdk import Client
 from gearshift.common.errors import GearshiftError
 from gearshift.common.ports import free_port_in
 from gearshift.v1 import common_pb2
-from tests.e2e.test_worker_cluster import _shared
 from tests.e2e.worker_cluster import (
     READY_TIMEOUT,
     digits_spec,
     e2e_cluster,
     reference,
+    shared_dir,
 )
 from tests.helpers import wait_until
 
@@ -101,7 +101,7 @@ class Submissions:
 def test_a_killed_leader_is_replaced_within_seconds_losing_nothing(
     cluster: DevCluster, postgres_db: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    ref = reference(_shared(tmp_path_factory), STEPS, ests=ESTS)
+    ref = reference(shared_dir(tmp_path_factory), STEPS, ests=ESTS)
     cluster.start(READY_TIMEOUT)
     leader = cluster.address("scheduler")
     standby, second = _standby(cluster, postgres_db)  # starts while the workers do

@@ -7,7 +7,6 @@ scheduler reports what the in-place rescales cost (decision to first step).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from tests.e2e.worker_cluster import (
     digits_spec,
     e2e_cluster,
     reference,
+    shared_dir,
     started,
     step_log,
 )
@@ -46,11 +46,7 @@ def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevClu
 
 @pytest.fixture
 def ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
-    base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / (
-        "gearshift-worker-reference"
-    )
-    return reference(shared, STEPS)
+    return reference(shared_dir(tmp_path_factory), STEPS)
 
 
 def test_a_job_shrunk_and_grown_in_place_ends_with_the_fixed_bits(

@@ -19,7 +19,6 @@ GEARSHIFT_REQUIRE_SERVICES=1 (CI runs as root).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -41,6 +40,7 @@ from tests.e2e.worker_cluster import (
     e2e_cluster,
     reference,
     running_on,
+    shared_dir,
     started,
     step_log,
 )
@@ -65,11 +65,7 @@ def hosts_possible() -> None:
 
 @pytest.fixture
 def ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
-    base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / (
-        "gearshift-worker-reference"
-    )
-    return reference(shared, STEPS)
+    return reference(shared_dir(tmp_path_factory), STEPS)
 
 
 def hosts_cluster(

@@ -40,6 +40,7 @@ from tests.e2e.worker_cluster import (
     e2e_cluster,
     reference,
     running_on,
+    shared_dir,
     started,
     step_log,
     step_sequence,
@@ -71,19 +72,12 @@ def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevClu
 
 @pytest.fixture
 def ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
-    return reference(_shared(tmp_path_factory), STEPS)
+    return reference(shared_dir(tmp_path_factory), STEPS)
 
 
 @pytest.fixture(scope="session")
 def long_ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
-    return reference(_shared(tmp_path_factory), LONG_STEPS)
-
-
-def _shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.getbasetemp()
-    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / (
-        "gearshift-worker-reference"
-    )
+    return reference(shared_dir(tmp_path_factory), LONG_STEPS)
 
 
 def events(cluster: DevCluster, job_id: str) -> list[S.JobEvent]:

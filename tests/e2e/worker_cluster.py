@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import re
 import subprocess
 import sys
@@ -85,6 +86,15 @@ def reference_command(
 class Reference:
     digest: str
     losses: dict[int, list[str]]  # step -> every EST's loss bits
+
+
+def shared_dir(tmp_path_factory: Any) -> Path:
+    """The folder the xdist workers of one session share for the references
+    (pytest.TempPathFactory; `reference` locks it)."""
+    base: Path = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / (
+        "gearshift-worker-reference"
+    )
 
 
 def reference(
