@@ -619,7 +619,12 @@ def test_an_elastic_job_rescales_through_checkpoint_and_resume(
 def test_gavel_rounds_time_share_one_device(
     daemons: DaemonFactory, tmp_path: Path, postgres_db: str, workers: list[FakeWorker]
 ) -> None:
-    address = scheduler(daemons, tmp_path, postgres_db, policy="las")
+    # residency 3: each turn 3 restarts long, a restart (the live prior of 10 s) counted one
+    # 1 s round at most (restart_cost.py): 3 s, not the default's 30 s
+    allocate = {"name": "las", "args": {"residency": 3}}
+    address = scheduler(
+        daemons, tmp_path, postgres_db, policy="las", profile={"allocate": allocate}
+    )
     workers.append(FakeWorker("w1", address, cpus(1)))
     with connect(address) as channel:
         jobs = scheduler_pb2_grpc.JobServiceStub(channel)
@@ -628,8 +633,7 @@ def test_gavel_rounds_time_share_one_device(
             for i in range(2)
         ]
         # One device, two rigid jobs with equal shares: rounds alternate them, each turn
-        # its residency long (restart_cost.py: 30 restarts, a restart - the live prior of
-        # 10 s - counted one 1 s round at most: 30 s).
+        # its residency long.
         wait_until(
             lambda: (
                 all("PREEMPTED" in kinds(events(jobs, j)) for j in ids)
