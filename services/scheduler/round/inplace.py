@@ -88,24 +88,19 @@ def prepare(
     old = job.placement
     new = build_placement(assignment)
     generation = old.membership_generation + 1
-    master = ""
+    change = in_place_change(old, new, generation, "")
+    if change is None:
+        return None
     if len(new.processes) > 1:
-        first, now_first = old.processes[0], new.processes[0]
         current = old.rendezvous_address or next(
             (t.rendezvous_address for t in tasks if 0 in t.local_ranks), ""
         )
-        same = (first.worker_id, first.device_index) == (
-            now_first.worker_id,
-            now_first.device_index,
-        )
         # rank 0 stays rank 0: it keeps serving its store (the next generation's keys have
         # their own prefix); otherwise the new rank 0 serves one on a port of its own
-        master = current if same and current else control.rendezvous_for(new)
-    change = in_place_change(old, new, generation, master)
-    if change is None:
-        return None
+        stays = change.sources[0] == 0
+        change.master_addr = current if stays and current else control.rendezvous_for(new)
     new.membership_generation = generation
-    new.rendezvous_address = master
+    new.rendezvous_address = change.master_addr
     rank_of = {source: rank for rank, source in enumerate(change.sources) if source != JOINS}
     ranks = {
         t.task_id: tuple(sorted(rank_of[r] for r in t.local_ranks if r in rank_of)) for t in tasks
