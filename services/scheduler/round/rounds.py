@@ -500,6 +500,7 @@ class Rounds:
             self._placed_at.get(job.job_id) if view.held else None,
             marks,  # the Brain's estimates' version, the restart time
             self._plan_devices(job.job_id),
+            resizes_in_place(self.state, job),  # a job's collocation role may change
         )
         attained = self._attained.get(job.job_id, 0.0)
         cached = self._snapshots.get(job.job_id)
