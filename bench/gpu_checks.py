@@ -613,23 +613,26 @@ def memory_lines(data: Mapping[str, Any]) -> list[str]:
     return table(headers, rows) if rows else ["(no rows)"]
 
 
-def part_multiplex(ctx: Context) -> dict[str, Any]:
-    out = ctx.logs / "multiplex.json"
-    cmd = [ctx.args.python, str(REPO / "bench" / "multiplex.py"), "--cuda", "--json", str(out)]
-    ran = run_logged(cmd, ctx.logs / "multiplex.log", ctx.deadline.limit(400.0), ctx.env)
+def run_bench(ctx: Context, name: str, argv: Sequence[str], limit: float) -> dict[str, Any]:
+    """bench/ARGV[0] with its arguments, writing its figures to NAME.json: whether it exited
+    0, the figures, and why not."""
+    out = ctx.logs / f"{name}.json"
+    cmd = [ctx.args.python, str(REPO / "bench" / argv[0]), *argv[1:], "--json", str(out)]
+    ran = run_logged(cmd, ctx.logs / f"{name}.log", ctx.deadline.limit(limit), ctx.env)
     data = json.loads(out.read_text()) if out.exists() else {}
     error = "" if ran.code == 0 else f"exit {ran.code} (see logs.tar.gz)"
     return {"ok": ran.code == 0, "data": data, "error": error}
 
 
+def part_multiplex(ctx: Context) -> dict[str, Any]:
+    return run_bench(ctx, "multiplex", ["multiplex.py", "--cuda"], 400.0)
+
+
 def part_inplace(ctx: Context) -> dict[str, Any]:
-    out = ctx.logs / "inplace.json"
-    cmd = [ctx.args.python, str(REPO / "bench" / "rescale_inplace.py"), "--device", "cuda"]
-    cmd += ["--repeats", "3", "--json", str(out)]
-    ran = run_logged(cmd, ctx.logs / "inplace.log", ctx.deadline.limit(300.0), ctx.env)
-    data = json.loads(out.read_text()) if out.exists() else {}
-    error = "" if ran.code == 0 else f"exit {ran.code} (see logs.tar.gz)"
-    return {"ok": ran.code == 0 and bool(data.get("digests_equal")), "data": data, "error": error}
+    argv = ["rescale_inplace.py", "--device", "cuda", "--repeats", "3"]
+    result = run_bench(ctx, "inplace", argv, 300.0)
+    result["ok"] = result["ok"] and bool(result["data"].get("digests_equal"))
+    return result
 
 
 def inplace_lines(data: Mapping[str, Any]) -> list[str]:
