@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from gearshift.worker.runtime import checkpoint
 from gearshift.worker.runtime.context import (
     Switcher,
     context_from_plain,
@@ -102,7 +103,7 @@ def test_contexts_survive_a_weights_only_round_trip() -> None:
         draws()
         random.gauss(0, 1)  # leaves a cached Gaussian in Python's state
     buf = io.BytesIO()
-    torch.save(context_to_plain(ctx), buf)
+    torch.save(checkpoint.as_tensors(context_to_plain(ctx)), buf)
     buf.seek(0)
     back = context_from_plain(torch.load(buf, weights_only=True))
     switcher = Switcher()

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from gearshift.worker.runtime.rng import restore, snapshot
 from gearshift.worker.runtime.settings import RunSettings
 from gearshift.worker.runtime.stop import Outcome, StopFlag
 from gearshift.worker.runtime.trainer import RunResult, Trainer
-from gearshift.worker.runtime.writer import CheckpointWriter, host_copy
+from gearshift.worker.runtime.writer import CheckpointWriter, fill, layout, unpack
 
 MLP = "gearshift.examples.mlp"
 # Adam: its state holds per-parameter tensors and step counts, all in the snapshot.
@@ -88,64 +89,150 @@ def test_an_async_checkpoint_restores_the_same_bits_as_a_sync_one(tmp_path: Path
     assert (resumed.steps_run, resumed.digest) == (3, whole.digest)
 
 
-def test_the_host_copy_is_a_snapshot_and_keeps_tied_tensors_tied() -> None:
+def test_the_snapshot_is_taken_at_submit_and_keeps_tied_tensors_tied() -> None:
     weight = torch.arange(4, dtype=torch.float32)
-    state = {"a": weight, "tied": [weight, (-0.0, "x")], "n": 3}
-    copy = host_copy(state)
+    state = {"a": weight, "tied": [weight, (-0.0, "x")], "n": 3, "half": torch.ones(3).half()}
+    skeleton, tensors, size = layout(state)
+    assert len(tensors) == 2 and size == 4 * 4 + 3 * 2
+    arena = torch.zeros(size, dtype=torch.uint8)
+    fill(arena, tensors)
     weight.add_(1.0)  # the next optimizer step
+    copy = unpack(skeleton, arena)
     assert tensor_bytes(copy["a"]) == tensor_bytes(torch.arange(4, dtype=torch.float32))
     assert copy["tied"][0] is copy["a"]
     assert copy["tied"][1] == (-0.0, "x") and copy["n"] == 3
+    assert copy["half"].dtype == torch.float16 and copy["half"].tolist() == [1.0, 1.0, 1.0]
 
 
-def test_a_failed_write_is_raised_to_the_training_thread(tmp_path: Path) -> None:
+def test_a_failed_write_is_raised_to_the_training_process(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     writer = CheckpointWriter()
-    writer.submit(blocker, 1, {"format": 1}, keep=2)
-    with pytest.raises(OSError):
+    try:
+        writer.submit(blocker, 1, {"format": 1}, keep=2)
+        with pytest.raises(OSError):
+            writer.wait()
+        writer.wait()  # raised once, not again
+        writer.submit(tmp_path, 2, {"format": 1, "w": torch.ones(2)}, keep=2)  # goes on
         writer.wait()
-    writer.wait()  # raised once, not again
+        assert writer.written == [tmp_path / "ckpt-00000002.pt"]
+    finally:
+        writer.close()
 
 
-# The writer's process: one good checkpoint, then a write that stalls inside torch.save
-# (pickling an object whose reduction blocks) after saying so, until it is killed.
+# The training process: one good checkpoint, then a write whose writer process stalls inside
+# torch.save (pickling an object whose reduction blocks there, not in the training process)
+# after writing its pid down, until the test kills it; then a third write, by a new writer.
 _WRITER = """
-import sys, threading, pathlib, torch
+import os, sys, threading, pathlib, torch
 from gearshift.worker.runtime import checkpoint
-from gearshift.worker.runtime.writer import CheckpointWriter, host_copy
+from gearshift.worker.runtime.writer import CheckpointWriter
 
 folder = pathlib.Path(sys.argv[1])
 checkpoint.save(folder, 5, {"format": 1, "step": 5, "w": torch.full((3,), 5.0)})
 
 class Stall:
+    def __init__(self, owner):
+        self.owner = owner
     def __reduce__(self):
-        (folder / "mid-write").touch()
-        threading.Event().wait()
+        if os.getpid() != self.owner:  # in the writer process, inside torch.save
+            (folder / "mid-write").write_text(str(os.getpid()))
+            threading.Event().wait()
+        return (Stall, (self.owner,))
 
 writer = CheckpointWriter()
-state = host_copy({"format": 1, "step": 10, "w": torch.zeros(1 << 16)})
-writer.submit(folder, 10, state | {"stall": Stall()}, keep=2)
+writer.submit(folder, 10, {"format": 1, "step": 10, "w": torch.zeros(1 << 16),
+                           "stall": Stall(os.getpid())}, keep=2)
+try:
+    writer.wait()
+except RuntimeError as exc:
+    print("ERROR:", exc, flush=True)
+names = sorted(p.name for p in folder.iterdir())
+print("NAMES:", " ".join(names), flush=True)
+writer.submit(folder, 15, {"format": 1, "step": 15, "w": torch.full((3,), 15.0)}, keep=3)
 writer.wait()
 """
 
 
+def _wait_for(path: Path, proc: subprocess.Popen[Any]) -> int:
+    deadline = time.monotonic() + 60
+    while not path.exists() or not path.read_text():
+        assert proc.poll() is None, "the training process exited before the writer stalled"
+        assert time.monotonic() < deadline, "the writer never reached the stall"
+        time.sleep(0.01)
+    return int(path.read_text())
+
+
 def test_a_writer_killed_mid_write_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "mid-write").exists():
-            assert proc.poll() is None, "the writer exited before it stalled"
-            assert time.monotonic() < deadline, "the writer never reached the stall"
-            time.sleep(0.01)
-        os.kill(proc.pid, signal.SIGKILL)
+        writer_pid = _wait_for(tmp_path / "mid-write", proc)
+        assert writer_pid != proc.pid
+        os.kill(writer_pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()
         proc.wait(timeout=30)
-    names = sorted(p.name for p in tmp_path.iterdir())
-    assert f".ckpt-00000010.pt.tmp-{proc.pid}" in names  # killed mid-write
-    assert "ckpt-00000010.pt" not in names
-    latest = checkpoint.latest(tmp_path)
-    assert latest == tmp_path / "ckpt-00000005.pt"
-    assert checkpoint.load(latest)["step"] == 5
-    assert checkpoint.recorded(tmp_path) == (5, latest)
+    assert proc.returncode == 0, out
+    assert "ERROR: the checkpoint writer process died mid-write" in out
+    # Right after the kill: the temporary file is left, the step-10 file never landed.
+    names = out.split("NAMES:")[1].split()
+    assert f".ckpt-00000010.pt.tmp-{writer_pid}" in names and "ckpt-00000010.pt" not in names
+    assert checkpoint.recorded(tmp_path) == (15, tmp_path / "ckpt-00000015.pt")
+    assert [s for s, _ in checkpoint.checkpoints(tmp_path)] == [5, 15]
+    assert checkpoint.load(tmp_path / "ckpt-00000005.pt")["step"] == 5
+
+
+_TRAINER_KILLED = """
+import os, sys, threading, pathlib, torch
+from gearshift.worker.runtime import checkpoint
+from gearshift.worker.runtime.writer import CheckpointWriter
+
+folder = pathlib.Path(sys.argv[1])
+checkpoint.save(folder, 5, {"format": 1, "step": 5, "w": torch.full((3,), 5.0)})
+
+class Slow:
+    def __init__(self, owner):
+        self.owner = owner
+    def __reduce__(self):
+        if os.getpid() == self.owner:
+            return (Slow, (self.owner,))
+        # In the writer: say so, then go on once the trainer is gone.
+        (folder / "mid-write").write_text(str(os.getpid()))
+        while os.getppid() == self.owner:
+            threading.Event().wait(0.01)
+        return (int, (0,))
+
+writer = CheckpointWriter()
+writer.submit(folder, 10, {"format": 1, "step": 10, "slow": Slow(os.getpid())}, keep=2)
+threading.Event().wait()
+"""
+
+
+def test_a_trainer_killed_mid_write_takes_its_writer_with_it(tmp_path: Path) -> None:
+    """No checkpoint lands after its training process is gone (a newer placement may own
+    the folder by then): the writer dies with it instead of finishing the write."""
+    proc = subprocess.Popen([sys.executable, "-c", _TRAINER_KILLED, str(tmp_path)])
+    try:
+        writer_pid = _wait_for(tmp_path / "mid-write", proc)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _alive(writer_pid):
+            assert time.monotonic() < deadline, "the writer outlived its training process"
+            time.sleep(0.01)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert not (tmp_path / "ckpt-00000010.pt").exists()
+    assert checkpoint.recorded(tmp_path) == (5, tmp_path / "ckpt-00000005.pt")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False

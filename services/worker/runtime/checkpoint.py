@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 _FINAL = re.compile(r"^ckpt-(\d{8,})\.pt$")
@@ -64,8 +65,26 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def as_tensors(state: Any) -> Any:
+    """The state with its NumPy arrays as tensors: RNG states travel as arrays (rng.to_plain)
+    and are written as tensors, which weights_only loading accepts."""
+    if isinstance(state, np.ndarray):
+        return torch.from_numpy(state.copy())
+    if isinstance(state, dict):
+        items = {key: as_tensors(value) for key, value in state.items()}
+        # A dict without arrays is kept as it is (a state dict's class and metadata).
+        return state if all(items[key] is value for key, value in state.items()) else items
+    if isinstance(state, (list, tuple)):
+        values = [as_tensors(value) for value in state]
+        if all(new is old for new, old in zip(values, state, strict=True)):
+            return state
+        return values if isinstance(state, list) else tuple(values)
+    return state
+
+
 def save(directory: Path, step: int, payload: dict[str, Any], keep: int = 2) -> Path:
-    """Write the checkpoint of `step`; returns its path once it is durable."""
+    """Write the checkpoint of `step` (its arrays as tensors); returns its path once it is
+    durable."""
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob(".ckpt-*.tmp-*"):
         stale.unlink(missing_ok=True)
@@ -73,7 +92,7 @@ def save(directory: Path, step: int, payload: dict[str, Any], keep: int = 2) -> 
     tmp = directory / f".{final.name}.tmp-{os.getpid()}"
     try:
         with tmp.open("wb") as out:
-            torch.save(payload, out)
+            torch.save(as_tensors(payload), out)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, final)

@@ -9,7 +9,8 @@ step boundaries, so a restart with any placement continues the same run.
 A background task's loop also passes a pause gate before each global step
 (pause.py); paused time does not count in the reported samples per second.
 Checkpoints are written off the critical path by default (writer.py): the step waits only
-for a host-memory copy of the state, and `run()` returns once the file is durable.
+for a copy of the state into shared memory, a forked writer process writes the file, and
+`run()` returns once the file is durable.
 A membership change (membership.py) is applied in place at a step boundary: the processes
 that stay re-form the group with those that join and go on training, the ones that leave
 hand their ESTs' contexts over and exit; any failure on the way falls back to the
@@ -18,6 +19,7 @@ checkpoint taken at that step.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import resource
@@ -310,7 +312,7 @@ class Trainer:
     def save_checkpoint(self, *, wait: bool = True) -> Path | None:
         """All processes call this at the same step boundary; rank 0 writes.
 
-        With `wait=False` rank 0 copies the state into host memory and a background thread
+        With `wait=False` rank 0 copies the state into shared memory and a writer process
         writes the file (writer.py): the path is returned before it is durable, and `run()`
         (or `writer.wait()`) waits for it. A CheckpointAware source's reads for the steps it
         holds travel to rank 0 with the ESTs' contexts; rank 0 hands them back to it as soon
@@ -328,10 +330,7 @@ class Trainer:
             payload = self._payload(ests)
             keep = self.settings.keep_checkpoints
             if background:
-                # The live state only: the contexts and RNG states are fresh copies already.
-                live = ("model", "optimizer", "lr_scheduler")
-                snapshot = payload | {key: host_copy(payload[key]) for key in live}
-                path = self.writer.submit(self.checkpoint_dir, self.step, snapshot, keep)
+                path = self.writer.submit(self.checkpoint_dir, self.step, payload, keep)
                 self.comm.barrier()
                 return path
             self.writer.wait()  # a write in flight lands first: files in step order
@@ -348,9 +347,10 @@ class Trainer:
             aware.checkpoint_durable(self.step, None)
         return path
 
-    @property
+    @functools.cached_property
     def aware(self) -> CheckpointAware | None:
-        """The source, when it must hear of checkpoints (the dynamic feed)."""
+        """The source, when it must hear of checkpoints (the dynamic feed). Cached: a protocol
+        isinstance check costs tens of microseconds, on every checkpoint's pause."""
         return self.source if isinstance(self.source, CheckpointAware) else None
 
     # -- the loop ----------------------------------------------------------------------
@@ -402,9 +402,14 @@ class Trainer:
         began = time.perf_counter()
         try:
             if self.step < settings.total_steps:
+                if self.async_checkpoint and self.rank == 0:
+                    self.writer.start()  # forked before the loop, off every step's pause
                 result.outcome = self._train(result)
         finally:
-            self.writer.wait()  # the last checkpoint is durable before the run returns
+            try:
+                self.writer.wait()  # the last checkpoint is durable before the run returns
+            finally:
+                self.writer.close()
         result.step = self.step
         result.steps_run = self.step - start_step
         result.wall_s = time.perf_counter() - began
