@@ -87,7 +87,13 @@ def test_the_book_keeps_per_job_means_and_the_model_prior_after_the_job_ends() -
     assert costs.of_model("cnn") == RescaleCost(2, 3.0, 2.0)
     costs.decided("j1", 400.0)  # a new decision is a restart until it goes in place
     assert costs.first_step("j1", "cnn", 401.0) == (1.0, RescaleCost(3, 1.0, 5 / 3), False)
+    # In place, given up (the job requeued, resumed from the checkpoint): a restart's cost.
+    costs.decided("j1", 500.0)
+    costs.in_place("j1")
+    costs.fell_back("j1")
+    assert costs.first_step("j1", "cnn", 503.0) == (3.0, RescaleCost(4, 3.0, 2.0), False)
+    assert costs.of_job("j1") == RescaleCost(4, 3.0, 2.0)
     costs.forget("j1")
     assert costs.of_job("j1") is None
-    assert costs.of_model("cnn") == RescaleCost(3, 1.0, 5 / 3)
-    assert costs.seconds("j2", "cnn") == 5 / 3
+    assert costs.of_model("cnn") == RescaleCost(4, 3.0, 2.0)
+    assert costs.seconds("j2", "cnn") == 2.0

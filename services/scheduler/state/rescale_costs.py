@@ -36,6 +36,12 @@ class RescaleCosts:
         if job_id in self._open:
             self._open_in_place.add(job_id)
 
+    def fell_back(self, job_id: str) -> None:
+        """The job's processes are gone (requeued) while its decision was open: an in-place
+        change they gave up resumes from that step's checkpoint, so the resumed placement's
+        first step closes the decision as a restart."""
+        self._open_in_place.discard(job_id)
+
     def first_step(
         self, job_id: str, model_type: str, at: float
     ) -> tuple[float, RescaleCost, bool] | None:

@@ -254,6 +254,7 @@ class SchedulerState:
         """Back to the queue (its processes are gone or going): no placement."""
         job.state = C.JOB_STATE_QUEUED
         job.placement = C.Placement()
+        self.rescale_costs.fell_back(job.job_id)  # an open in-place change did not happen
         self.record(job, kind, message)
 
     def release_holders(self, job: JobRecord, reason: str, generation: int) -> None:
