@@ -89,10 +89,13 @@ def in_a_run(folder: Path, steps: int, every: int, *, big: bool = False) -> dict
         num_ests=2 if big else 4, global_batch_size=32 if big else 16, total_steps=steps,
         seed=7, shard_size=64 if big else 16, checkpoint_every=every,
     )  # fmt: skip
-    model = {"module": MLP, "config": BIG} if big else {}
+    module, config = (MLP, BIG) if big else (CNN, CONFIG)
     results: dict[str, RunResult] = {}
     for mode in ("sync", "async"):
-        it = trainer(folder / mode, settings, async_checkpoint=mode == "async", **model)
+        async_checkpoint = mode == "async"
+        it = trainer(
+            folder / mode, settings, async_checkpoint=async_checkpoint, module=module, config=config
+        )
         results[mode] = it.run()
     sync, snap = results["sync"], results["async"]
     return {
