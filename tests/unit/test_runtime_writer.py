@@ -236,3 +236,19 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ")[1][0] != "Z"  # a zombie has exited
     except FileNotFoundError:
         return False
+
+
+def test_the_writer_leaves_stop_signals_to_its_training_process(tmp_path: Path) -> None:
+    """A SIGTERM or Ctrl-C sent to the whole process group must not cut a write short: the
+    training process handles the stop and waits for the write."""
+    writer = CheckpointWriter()
+    try:
+        writer.start()
+        assert writer._process is not None and writer._process.pid is not None
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            os.kill(writer._process.pid, sig)
+        writer.submit(tmp_path, 3, {"format": 1, "w": torch.ones(2)}, keep=2)
+        writer.wait()
+        assert writer.written == [tmp_path / "ckpt-00000003.pt"]
+    finally:
+        writer.close()

@@ -176,11 +176,20 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
+_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
 def _serve(conn: Connection, theirs: Connection, fd: int, parent: int) -> None:
     """The writer process: a message per snapshot, an answer once its file is durable; None
     (or the training process gone) ends it."""
     theirs.close()  # the training process's end, inherited by the fork
     _die_with_parent(parent)
+    # A stop is the training process's to handle (it waits for this write, then closes the
+    # pipe): a Ctrl-C or SIGTERM to the process group must not cut a write short. Blocked
+    # across the fork (`start`), so none arrives before it is ignored.
+    for sig in _STOPS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
     # Background work that still needs its full share of CPU: SCHED_BATCH keeps a woken writer
     # from preempting the training process (2-3 ms after every snapshot on the busy 2-core CI
     # host), where a nice level would also starve it (a 63 MB write then stalls the next one).
@@ -237,7 +246,11 @@ class CheckpointWriter:
             name="checkpoint-writer",
             daemon=True,
         )
-        process.start()
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         theirs.close()
         self._conn, self._process, self._arena = ours, process, _Arena(fd)
 
