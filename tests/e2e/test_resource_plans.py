@@ -29,6 +29,7 @@ from gearshift.client.devcluster import DevCluster
 from gearshift.client.sdk import Client
 from gearshift.common.channel import connect
 from gearshift.v1 import brain_pb2, brain_pb2_grpc, common_pb2, scheduler_pb2
+from gearshift.worker.runtime.writer import WRITER_NAME
 from tests.e2e.worker_cluster import (
     client_of,
     e2e_cluster,
@@ -122,12 +123,15 @@ def running_process(cluster: DevCluster, job_id: str) -> tuple[int, str]:
 
 
 def children(pid: int) -> int:
-    """Child processes of every thread of `pid` (a thread that ends while it is read counts
-    none)."""
+    """Loader processes: child processes of every thread of `pid` but its checkpoint writer
+    (a thread or a child that ends while it is read counts none)."""
     count = 0
     for thread in os.listdir(f"/proc/{pid}/task"):
         try:
-            count += len(Path(f"/proc/{pid}/task/{thread}/children").read_text().split())
+            kids = Path(f"/proc/{pid}/task/{thread}/children").read_text().split()
+            count += sum(
+                Path(f"/proc/{kid}/comm").read_text().strip() != WRITER_NAME for kid in kids
+            )
         except FileNotFoundError:
             continue
     return count

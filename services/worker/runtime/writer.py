@@ -166,10 +166,15 @@ class _Arena:
         return self.bytes
 
 
+WRITER_NAME = "gearshift-ckpt"  # the writer's process name (`ps`, /proc/PID/comm)
+
+
 def _die_with_parent(parent: int) -> None:
+    """Named, and killed with its training process (Linux's prctl)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(15, WRITER_NAME.encode())  # PR_SET_NAME
     except (OSError, AttributeError):  # not Linux: the EOF on the pipe ends it instead
         pass
     if os.getppid() != parent:  # the parent was gone before the prctl
