@@ -120,10 +120,9 @@ def test_a_failed_write_is_raised_to_the_training_process(tmp_path: Path) -> Non
         writer.close()
 
 
-# The training process: one good checkpoint, then a write whose writer process stalls inside
-# torch.save (pickling an object whose reduction blocks there, not in the training process)
-# after writing its pid down, until the test kills it; then a third write, by a new writer.
-_WRITER = """
+# Both scripts: one good checkpoint first, and an object whose pickling in the writer
+# process (inside torch.save) says so, with the writer's pid, then waits on `hold`.
+_PRELUDE = """
 import os, sys, threading, pathlib, torch
 from gearshift.worker.runtime import checkpoint
 from gearshift.worker.runtime.writer import CheckpointWriter
@@ -131,18 +130,27 @@ from gearshift.worker.runtime.writer import CheckpointWriter
 folder = pathlib.Path(sys.argv[1])
 checkpoint.save(folder, 5, {"format": 1, "step": 5, "w": torch.full((3,), 5.0)})
 
-class Stall:
+class Hold:
     def __init__(self, owner):
         self.owner = owner
     def __reduce__(self):
-        if os.getpid() != self.owner:  # in the writer process, inside torch.save
-            (folder / "mid-write").write_text(str(os.getpid()))
-            threading.Event().wait()
-        return (Stall, (self.owner,))
+        if os.getpid() == self.owner:  # pickled to the writer: nothing happens here
+            return (Hold, (self.owner,))
+        (folder / "mid-write").write_text(str(os.getpid()))
+        hold(self.owner)
+        return (int, (0,))
+"""
+
+# The writer stalls until the test kills it; then a third write, by a new writer.
+_WRITER = (
+    _PRELUDE
+    + """
+def hold(owner):
+    threading.Event().wait()
 
 writer = CheckpointWriter()
 writer.submit(folder, 10, {"format": 1, "step": 10, "w": torch.zeros(1 << 16),
-                           "stall": Stall(os.getpid())}, keep=2)
+                           "hold": Hold(os.getpid())}, keep=2)
 try:
     writer.wait()
 except RuntimeError as exc:
@@ -152,6 +160,7 @@ print("NAMES:", " ".join(names), flush=True)
 writer.submit(folder, 15, {"format": 1, "step": 15, "w": torch.full((3,), 15.0)}, keep=3)
 writer.wait()
 """
+)
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[Any]) -> int:
@@ -185,30 +194,19 @@ def test_a_writer_killed_mid_write_leaves_the_previous_checkpoint(tmp_path: Path
     assert checkpoint.load(tmp_path / "ckpt-00000005.pt")["step"] == 5
 
 
-_TRAINER_KILLED = """
-import os, sys, threading, pathlib, torch
-from gearshift.worker.runtime import checkpoint
-from gearshift.worker.runtime.writer import CheckpointWriter
-
-folder = pathlib.Path(sys.argv[1])
-checkpoint.save(folder, 5, {"format": 1, "step": 5, "w": torch.full((3,), 5.0)})
-
-class Slow:
-    def __init__(self, owner):
-        self.owner = owner
-    def __reduce__(self):
-        if os.getpid() == self.owner:
-            return (Slow, (self.owner,))
-        # In the writer: say so, then go on once the trainer is gone.
-        (folder / "mid-write").write_text(str(os.getpid()))
-        while os.getppid() == self.owner:
-            threading.Event().wait(0.01)
-        return (int, (0,))
+# The writer goes on once the test has killed the training process (if it is still alive).
+_TRAINER_KILLED = (
+    _PRELUDE
+    + """
+def hold(owner):
+    while os.getppid() == owner:
+        threading.Event().wait(0.01)
 
 writer = CheckpointWriter()
-writer.submit(folder, 10, {"format": 1, "step": 10, "slow": Slow(os.getpid())}, keep=2)
+writer.submit(folder, 10, {"format": 1, "step": 10, "hold": Hold(os.getpid())}, keep=2)
 threading.Event().wait()
 """
+)
 
 
 def test_a_trainer_killed_mid_write_takes_its_writer_with_it(tmp_path: Path) -> None:
