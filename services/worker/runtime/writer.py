@@ -1,8 +1,8 @@
 """Checkpoints off the critical path: a snapshot in shared memory now, the file from a process.
 
 As DLRover's flash checkpoint: at the step boundary the training state is copied into a
-shared-memory arena (`pack`: every tensor's bytes, so the next optimizer step cannot change
-what is written) and a writer process rebuilds it (`unpack`) and writes it with
+shared-memory arena (`layout`, then `fill`: every tensor's bytes, so the next optimizer step
+cannot change what is written) and a writer process rebuilds it (`unpack`) and writes it with
 `checkpoint.save` (temporary name, fsync, atomic rename). Training pauses only for the copy.
 
 A process, not a thread: a thread writing beside the training loop shares its interpreter,
@@ -31,9 +31,10 @@ import os
 import pickle
 import signal
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,13 +42,16 @@ import torch
 from gearshift.worker.runtime import checkpoint
 
 
-class Slot(NamedTuple):
-    """Where one tensor's bytes are in the arena."""
+class Slot:
+    """Where one tensor's bytes are in the arena. Not a tuple: `map_nested` rebuilds tuples."""
 
-    offset: int
-    nbytes: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]
+    __slots__ = ("dtype", "nbytes", "offset", "shape")
+
+    def __init__(self, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]):
+        self.offset, self.nbytes, self.dtype, self.shape = offset, nbytes, dtype, shape
+
+    def __reduce__(self) -> tuple[type[Slot], tuple[int, int, torch.dtype, tuple[int, ...]]]:
+        return (Slot, (self.offset, self.nbytes, self.dtype, self.shape))
 
 
 _ATOMS = frozenset({int, float, str, bool, bytes, type(None)})
@@ -119,26 +123,48 @@ def fill(arena: torch.Tensor, sources: list[torch.Tensor | np.ndarray]) -> None:
         offset += array.nbytes
 
 
+def map_nested(state: Any, leaf: Callable[[Any], Any]) -> Any:
+    """The state with its dicts, lists and tuples rebuilt and every other value through
+    `leaf` (an OrderedDict comes back a dict)."""
+    if isinstance(state, dict):
+        return {key: map_nested(value, leaf) for key, value in state.items()}
+    if isinstance(state, list):
+        return [map_nested(value, leaf) for value in state]
+    if isinstance(state, tuple):
+        return tuple(map_nested(value, leaf) for value in state)
+    return leaf(state)
+
+
 def unpack(skeleton: Any, arena: torch.Tensor) -> Any:
     """The state back, each slot a fresh tensor (one per slot: what was tied stays tied)."""
     memo: dict[int, torch.Tensor] = {}
 
-    def walk(value: Any) -> Any:
-        if isinstance(value, Slot):
-            found = memo.get(value.offset)
-            if found is None:
-                raw = arena[value.offset : value.offset + value.nbytes].clone()  # aligned
-                found = memo[value.offset] = raw.view(value.dtype).reshape(value.shape)
-            return found
-        if isinstance(value, dict):
-            return {key: walk(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [walk(item) for item in value]
-        if isinstance(value, tuple):
-            return tuple(walk(item) for item in value)
-        return value
+    def leaf(value: Any) -> Any:
+        if not isinstance(value, Slot):
+            return value
+        found = memo.get(value.offset)
+        if found is None:
+            raw = arena[value.offset : value.offset + value.nbytes].clone()  # aligned
+            found = memo[value.offset] = raw.view(value.dtype).reshape(value.shape)
+        return found
 
-    return walk(skeleton)
+    return map_nested(skeleton, leaf)
+
+
+def host_copy(state: Any) -> Any:
+    """A copy of a nested state (dicts, lists, tuples, tensors, scalars) whose tensors are
+    fresh CPU tensors with the same bytes; a tensor met twice is copied once (tied weights)."""
+    memo: dict[int, torch.Tensor] = {}
+
+    def leaf(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        found = memo.get(id(value))
+        if found is None:
+            found = memo[id(value)] = value.detach().to("cpu", copy=True)
+        return found
+
+    return map_nested(state, leaf)
 
 
 class _Arena:
@@ -151,10 +177,9 @@ class _Arena:
         self._map: mmap.mmap | None = None
         self.bytes = torch.empty(0, dtype=torch.uint8)
 
-    def map(self, size: int, *, grow: bool = False) -> torch.Tensor:
+    def map(self, size: int) -> torch.Tensor:
+        """The file mapped at `size` bytes (the writer: the size the message names)."""
         if size != self.size or self._map is None:
-            if grow:
-                os.ftruncate(self.fd, size)
             self.bytes = torch.empty(0, dtype=torch.uint8)  # drop the old view before unmapping
             if self._map is not None:
                 # A view still alive somewhere: the GC unmaps it.
@@ -163,6 +188,14 @@ class _Arena:
             self._map = mmap.mmap(self.fd, size)
             self.bytes = torch.frombuffer(self._map, dtype=torch.uint8)
             self.size = size
+        return self.bytes
+
+    def reserve(self, size: int) -> torch.Tensor:
+        """The training process's side: at least `size` bytes (never shrunk, never empty)."""
+        if size > self.size or self._map is None:
+            size = max(size, self.size, 1)
+            os.ftruncate(self.fd, size)
+            return self.map(size)
         return self.bytes
 
 
@@ -267,8 +300,7 @@ class CheckpointWriter:
         self.start()
         assert self._conn is not None and self._arena is not None
         skeleton, tensors, size = layout(state)
-        size = max(size, 1)
-        fill(self._arena.map(max(size, self._arena.size), grow=size > self._arena.size), tensors)
+        fill(self._arena.reserve(size), tensors)
         # pickle.dumps, not Connection.send's ForkingPickler: a class built per message.
         message = (directory, step, skeleton, keep, self._arena.size)
         self._conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
@@ -327,21 +359,3 @@ def _finish_writes() -> None:
         except Exception:
             logging.getLogger("gearshift.worker.runtime").exception("checkpoint write failed")
         writer.close()
-
-
-def host_copy(state: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
-    """A copy of a nested state (dicts, lists, tuples, tensors, scalars) whose tensors are
-    fresh CPU tensors with the same bytes; a tensor met twice is copied once (tied weights)."""
-    memo = {} if memo is None else memo
-    if isinstance(state, torch.Tensor):
-        found = memo.get(id(state))
-        if found is None:
-            found = memo[id(state)] = state.detach().to("cpu", copy=True)
-        return found
-    if isinstance(state, dict):
-        return {key: host_copy(value, memo) for key, value in state.items()}
-    if isinstance(state, list):
-        return [host_copy(value, memo) for value in state]
-    if isinstance(state, tuple):
-        return tuple(host_copy(value, memo) for value in state)
-    return state
