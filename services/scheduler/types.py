@@ -259,3 +259,23 @@ class StragglerPolicy:
             raise ValueError(f"--straggler-reports must be >= 1 (got {self.reports})")
         if not self.clear_seconds > 0:
             raise ValueError(f"--straggler-clear-seconds must be > 0 (got {self.clear_seconds})")
+
+
+Surplus = Literal["speedup", "shortest"]
+
+
+@dataclass(frozen=True)
+class LasShares:
+    """How elastic LAS divides the devices (plugins/gavel/policies/max_min_fairness.py):
+    every job keeps at least `fair_share` of the max-min level, and the rest goes by
+    `surplus`. The defaults are Gavel's LAS followed by our shortest-first spending; the
+    default profile's are in plugins.registry.LasArgs."""
+
+    fair_share: float = 1.0
+    surplus: Surplus = "shortest"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.fair_share <= 1.0:
+            raise ValueError(f"fair_share must be within [0, 1], got {self.fair_share}")
+        if self.surplus not in ("speedup", "shortest"):
+            raise ValueError(f"surplus must be speedup or shortest, got {self.surplus!r}")

@@ -26,6 +26,7 @@ from gearshift.scheduler.plugins.registry import Can, Point, names, plugins
 from gearshift.scheduler.plugins.rubick.guarantees import Guarantees
 from gearshift.scheduler.plugins.stages import allocator_for
 from gearshift.scheduler.service import SchedulerSettings
+from gearshift.scheduler.types import LasShares
 
 
 def settings(data: dict[str, Any] | None = None) -> SchedulerSettings:
@@ -51,6 +52,8 @@ def test_the_default_is_the_union() -> None:
     assert default.min_recompute_seconds == 30.0 and default.recompute_in_background
     assert default.decision_process  # every default plugin can decide in the child
     assert default.prices["v100"] == 2.48  # Gavel's public cloud prices
+    # LAS guarantees 80% of the fair level and gives the rest by Sia's normalized goodput
+    assert (default.las.fair_share, default.las.surplus) == (0.8, "speedup")
     assert validate({}).config.heartbeats.relays == 1
 
 
@@ -74,6 +77,13 @@ def test_plugin_arguments_reach_the_settings() -> None:
     assert custom.collocation == "none" and custom.plans == "none"
     cost = settings(profile(allocate={"name": "min_total_cost", "args": {"prices": {"v100": 3}}}))
     assert cost.prices["v100"] == 3.0 and cost.prices["k80"] == 0.45
+    las = settings(
+        profile(allocate={"name": "las", "args": {"fairShare": 1, "surplus": "shortest"}})
+    )
+    assert (las.las.fair_share, las.las.surplus) == (1.0, "shortest")
+    assert (
+        settings(profile(allocate={"name": "finish_time_fairness"})).las == LasShares()
+    )  # LAS's alone
     rigid = settings(profile(allocate={"name": "fifo"}))
     assert not rigid.elastic and not rigid.recompute_in_background
 
@@ -150,6 +160,14 @@ round:
         (
             "profile:\n  allocate:\n    name: las\n    args:\n      speed: 3\n",
             ["5: profile.allocate.args.speed: unknown key"],
+        ),
+        (
+            "profile:\n  allocate:\n    name: las\n    args: {fairShare: 1.5}\n",
+            ["4: profile.allocate.args.fairShare: Input should be less than or equal to 1"],
+        ),
+        (
+            "profile:\n  allocate:\n    name: las\n    args: {surplus: fastest}\n",
+            ["4: profile.allocate.args.surplus: Input should be 'speedup' or 'shortest'"],
         ),
         (
             "profile:\n  allocate:\n    name: las_packed\n",

@@ -17,7 +17,7 @@ import sys
 import textwrap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -101,7 +101,10 @@ def render_defaults() -> str:
 def _args_rows(found: Plugin) -> Iterator[tuple[str, str, str, str]]:
     defaults = found.args()
     for name, info in found.args.model_fields.items():
-        kind = getattr(info.annotation, "__name__", None) or str(info.annotation)
+        if get_origin(info.annotation) is Literal:  # the values a key takes: one of them
+            kind = " or ".join(json.dumps(v) for v in get_args(info.annotation))
+        else:
+            kind = getattr(info.annotation, "__name__", None) or str(info.annotation)
         default = json.dumps(getattr(defaults, name))
         # A Markdown cell holds no bare pipe: `bool | None` reads `bool or null`.
         kind = kind.replace("typing.", "").replace(" | None", " or null")

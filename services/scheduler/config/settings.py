@@ -16,6 +16,7 @@ from gearshift.scheduler.plugins.registry import (
     DlroverArgs,
     GuaranteesArgs,
     HierarchicalArgs,
+    LasArgs,
     ObjectiveArgs,
     Point,
     RestartArgs,
@@ -23,7 +24,7 @@ from gearshift.scheduler.plugins.registry import (
     StragglerArgs,
 )
 from gearshift.scheduler.state.state import SchedulerSettings
-from gearshift.scheduler.types import StragglerPolicy
+from gearshift.scheduler.types import LasShares, StragglerPolicy
 
 
 def settings_of(loaded: Loaded) -> SchedulerSettings:
@@ -67,6 +68,7 @@ def settings_of(loaded: Loaded) -> SchedulerSettings:
         restart_seconds=c.estimates.restart_seconds,
         in_place_seconds=c.estimates.in_place_seconds,
         restart_cost=restart,
+        las=allocate.shares() if isinstance(allocate, LasArgs) else LasShares(),
         max_queued_jobs=c.limits.max_queued_jobs,
         max_restarts=c.limits.max_restarts,
         stop_timeout_seconds=c.limits.stop_timeout_seconds,

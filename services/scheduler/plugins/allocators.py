@@ -28,12 +28,14 @@ from gearshift.scheduler.plugins.easyscale.elastic import (
 from gearshift.scheduler.plugins.gavel.elastic_rounds import ElasticRounds
 from gearshift.scheduler.plugins.gavel.mechanism import Combo, JobView, RoundScheduler
 from gearshift.scheduler.plugins.gavel.policies import elastic_refusal, make_policy, policy_names
+from gearshift.scheduler.plugins.gavel.policies.max_min_fairness import MaxMinFairness
 from gearshift.scheduler.round.ests import elastic_job, split_ests
 from gearshift.scheduler.round.restart_cost import RestartCost
 from gearshift.scheduler.types import (
     Allocator,
     EntityPolicy,
     JobSnapshot,
+    LasShares,
     Snapshot,
     Target,
     config_of,
@@ -204,15 +206,19 @@ def make_allocator(
     entity_weights: Mapping[str, float] | None = None,
     entity_policies: Mapping[str, EntityPolicy] | None = None,
     restart: RestartCost | None = None,
+    las: LasShares | None = None,
     field_name: str = "policy",
 ) -> Allocator:
     """The allocator called `name`: a greedy elastic allocator, a Gavel objective in rounds
     (rigid), or with `elastic` the objective over elastic configurations. ValidationError
     (naming `field_name`) for an unknown name or an objective without an elastic form.
-    `restart`: how moves are weighed against their restarts (None: moves are free)."""
+    `restart`: how moves are weighed against their restarts (None: moves are free). `las`:
+    how an elastic LAS objective divides the devices (None: its class defaults)."""
     if name in GREEDY:
         return Greedy(make_elastic_policy(name, restart))
     policy = make_policy(name, seed=seed, field=field_name)
+    if las is not None and isinstance(policy, MaxMinFairness):
+        policy.shares = las
     if elastic:
         why = elastic_refusal(name)
         if why is not None:

@@ -25,7 +25,7 @@ from gearshift.scheduler.round.restart_cost import RestartCost
 from gearshift.scheduler.state.records import EventRecord, JobRecord, TaskRecord, WorkerRecord
 from gearshift.scheduler.state.rescale_costs import RescaleCosts
 from gearshift.scheduler.state.store import Store
-from gearshift.scheduler.types import EntityPolicy, StragglerPolicy
+from gearshift.scheduler.types import EntityPolicy, LasShares, StragglerPolicy
 from gearshift.v1 import brain_pb2, common_pb2, scheduler_pb2
 
 M = TypeVar("M", bound=Message)
@@ -89,6 +89,8 @@ class SchedulerSettings:
     in_place_seconds: float = 1.0  # a resize in place's cost until one is measured
     # How the allocator weighs moves against restarts (None: moves are free).
     restart_cost: RestartCost | None = None
+    # How elastic LAS divides the devices (its fair floor and what the rest goes to).
+    las: LasShares = field(default_factory=LasShares)
     prices: dict[str, float] = field(default_factory=dict)
     tenant_weights: dict[str, float] = field(default_factory=dict)
     tenant_policies: dict[str, EntityPolicy] = field(default_factory=dict)

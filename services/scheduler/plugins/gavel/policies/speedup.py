@@ -1,0 +1,44 @@
+"""Sia's normalized goodput (SOSP'23, section 4.2): what a configuration is worth to its job.
+
+Sia scores each (job, configuration) by the job's speedup there: its goodput over its
+goodput on its slowest minimal allocation, so every job counts in units of its own
+baseline whatever its model. It maximizes sum_m (lambda - speedup^p) over one chosen
+configuration per job, with p = -0.5 and lambda = 1.1 (the artifact's published
+`--policy_p_val=-0.5 --mip_lambda_n=1.1`): each job gains at least lambda - 1 by running,
+and a device goes where it raises some job's speedup^p most. With p < 0 the gain of a
+device falls as a job's speedup rises, so a job that gains 2.4x from a fast type takes
+it before one that gains 1.1x: types go by comparative advantage across jobs.
+
+Here the value is per configuration row of an elastic problem (policies.configs), so it
+is linear in the time shares x and an LP objective.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gearshift.scheduler.plugins.gavel.policies.base import FloatArray
+from gearshift.scheduler.plugins.gavel.policies.configs import ConfigProblem
+
+# Sia's published exponent and the value of running at all (its p and lambda_n).
+POWER = -0.5
+ADMIT = 1.1
+
+
+def speedup_values(
+    problem: ConfigProblem, weights: FloatArray, *, power: float = POWER, admit: float = ADMIT
+) -> FloatArray:
+    """Per row of `problem`: (admit - speedup^power) x the job's weight x the jobs its group
+    counts, speedup being the row's rate over the slowest rate among its job's rows (0 for a
+    row that does not run)."""
+    if power >= 0 or admit <= 1:
+        raise ValueError(f"power must be < 0 and admit > 1, got {power} and {admit}")
+    rates = problem.rates
+    slowest = np.full(problem.num_groups, np.inf)
+    np.minimum.at(slowest, problem.row_group, np.where(rates > 0, rates, np.inf))
+    base = slowest[problem.row_group]
+    runs = (rates > 0) & np.isfinite(base)
+    speedup = np.where(runs, rates / np.where(runs, base, 1.0), 1.0)
+    value = (admit - np.power(speedup, power)) * np.where(runs, 1.0, 0.0)
+    members = weights[problem.first] * problem.counts
+    return value * members[problem.row_group]
