@@ -36,13 +36,14 @@ def one_device_jobs(
 
 def test_speedup_values_by_hand() -> None:
     """One job at 1, 2 and 4 steps/s: speedups 1, 2, 4 over its slowest row, values
-    1.1 - s^-0.5; a row that does not run is worth nothing; a weight of 2 doubles them."""
+    lambda - s^-0.5 (lambda 1.1, Sia's); a row that does not run is worth nothing; a weight
+    of 2 doubles them."""
     configs = Configurations.build(
         ["t4"],
         [[((("t4", 1),), 1.0), ((("t4", 2),), 2.0), ((("t4", 4),), 4.0), ((("t4", 3),), 0.0)]],
     )
     problem = ConfigProblem(1, np.array([4.0]), configs)
-    values = speedup_values(problem, np.array([2.0]))
+    values = speedup_values(problem, np.array([2.0]), admit=1.1)
     assert values == pytest.approx([2 * 0.1, 2 * (1.1 - 2**-0.5), 2 * 0.6, 0.0])
     with pytest.raises(ValueError, match="power must be < 0"):
         speedup_values(problem, np.array([1.0]), power=0.5)
@@ -50,8 +51,8 @@ def test_speedup_values_by_hand() -> None:
 
 def test_types_go_by_comparative_advantage() -> None:
     """a runs 2.4x faster on the A100 than on the T4, b 1.1x. Sia's values: a on the A100
-    and b on the T4 are worth (1.1 - 2.4^-0.5) + 0.1 = 0.555, the swap 0.1 +
-    (1.1 - 1.1^-0.5) = 0.247: a takes the A100, though b is nearer its end."""
+    and b on the T4 are worth (2 - 2.4^-0.5) + 1 = 2.355, the swap 1 + (2 - 1.1^-0.5) =
+    2.047: a takes the A100, though b is nearer its end."""
     inp = one_device_jobs(
         {"a": {"a100": 2.4, "t4": 1.0}, "b": {"a100": 1.1, "t4": 1.0}},
         steps={"a": 1e6, "b": 1e3},
@@ -97,3 +98,21 @@ def test_every_job_keeps_its_share_of_the_fair_level(fair_share: float) -> None:
 def test_bad_shares_are_refused(fair_share: float, surplus: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         LasShares(fair_share, surplus)  # type: ignore[arg-type]
+
+
+def test_a_newcomer_runs_before_a_running_job_grows() -> None:
+    """Two jobs of 2 ESTs on two T4s, equal speeds: each on one T4 is worth 2 x (2 - 1) =
+    2, one on both 2 - 2^-0.5 = 1.29. At Sia's lambda 1.1 the same comparison is 0.2
+    against 0.39: one job would take both devices and the other wait."""
+    types = ["t4"]
+    rows = [[((("t4", 1),), 1.0), ((("t4", 2),), 2.0)]] * 2
+    inp = PolicyInput.create(
+        ["a", "b"], types, [[1.0], [1.0]], [2], configs=Configurations.build(types, rows),
+        max_devices=[2, 2],
+    )  # fmt: skip
+    shares = MaxMinFairness(shares=LasShares(0.0, "speedup")).allocate_elastic(inp).shares
+    for job in ("a", "b"):
+        assert shares[job] == pytest.approx({(("t4", 1),): 1.0}), shares
+    problem = ConfigProblem(2, np.array([2.0]), inp.configs)  # type: ignore[arg-type]
+    sia = speedup_values(problem, np.ones(2), admit=1.1)
+    assert 2 * sia[0] < sia[1]  # Sia's: one job on both T4s is worth more
