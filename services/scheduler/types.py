@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 from gearshift.common.rubick.plans import Plan
 from gearshift.common.rubick.request import Request
@@ -277,5 +277,5 @@ class LasShares:
     def __post_init__(self) -> None:
         if not 0.0 <= self.fair_share <= 1.0:
             raise ValueError(f"fair_share must be within [0, 1], got {self.fair_share}")
-        if self.surplus not in ("speedup", "shortest"):
+        if self.surplus not in get_args(Surplus):
             raise ValueError(f"surplus must be speedup or shortest, got {self.surplus!r}")

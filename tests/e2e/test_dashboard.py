@@ -179,7 +179,7 @@ def test_dashboard_and_metrics_on_a_live_cluster(
 
     base = cluster.dashboard_url.rstrip("/")
     with Client(cluster.address("scheduler"), TOKEN) as client:
-        # Long enough that growing back pays for its restart; it is cancelled at the end.
+        # Long enough not to finish before the test cancels it at the end.
         job = client.submit(cnn_spec(60000))
         wait_until(
             lambda: client.get(job.job_id).progress.step >= 20, 120, "the CNN never ran 20 steps"

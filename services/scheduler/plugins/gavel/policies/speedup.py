@@ -42,9 +42,8 @@ def speedup_values(
     rates = problem.rates
     slowest = np.full(problem.num_groups, np.inf)
     np.minimum.at(slowest, problem.row_group, np.where(rates > 0, rates, np.inf))
-    base = slowest[problem.row_group]
-    runs = (rates > 0) & np.isfinite(base)
-    speedup = np.where(runs, rates / np.where(runs, base, 1.0), 1.0)
-    value = (admit - np.power(speedup, power)) * np.where(runs, 1.0, 0.0)
+    speedup = rates / slowest[problem.row_group]  # 0 for a row that does not run
+    runs = speedup > 0
+    value = np.where(runs, admit - np.power(np.where(runs, speedup, 1.0), power), 0.0)
     members = weights[problem.first] * problem.counts
     return value * members[problem.row_group]
