@@ -620,8 +620,9 @@ def test_gavel_rounds_time_share_one_device(
     daemons: DaemonFactory, tmp_path: Path, postgres_db: str, workers: list[FakeWorker]
 ) -> None:
     # residency 3: each turn 3 restarts long, a restart (the live prior of 10 s) counted one
-    # 1 s round at most (restart_cost.py): 3 s, not the default's 30 s
-    allocate = {"name": "las", "args": {"residency": 3}}
+    # 1 s round at most (restart_cost.py): 3 s, not the default's 30 s; shareMultiple 0.3:
+    # the devices re-shared every 3 s (0.3 x 10 s), not every 80 s
+    allocate = {"name": "las", "args": {"residency": 3, "shareMultiple": 0.3}}
     address = scheduler(
         daemons, tmp_path, postgres_db, policy="las", profile={"allocate": allocate}
     )

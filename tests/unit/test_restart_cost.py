@@ -5,6 +5,7 @@ the first start included, and reports them per job."""
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gearshift.common.gavel import ThroughputTable, load_throughputs
+from gearshift.common.gavel import JobKey, ThroughputTable, load_throughputs
 from gearshift.scheduler.plugins.allocators import make_allocator
 from gearshift.scheduler.plugins.registry import LasArgs, ObjectiveArgs, Point, plugin
 from gearshift.scheduler.round.restart_cost import Reallocated, RestartCost, work_gain
@@ -23,6 +24,7 @@ from gearshift.scheduler.types import Config, Device, JobSnapshot, Ran, Snapshot
 
 RESTART = 57.0
 RULE = RestartCost(residency_multiple=30.0, horizon_seconds=3600.0)
+RESIDENCY = replace(RULE, share_multiple=0.0)  # the residency alone: every round may re-share
 
 
 def test_a_move_is_made_only_when_its_gain_over_the_horizon_beats_its_cost() -> None:
@@ -138,8 +140,9 @@ def test_a_priority_flip_inside_the_residency_does_not_preempt(
     """Rigid LAS, one device, job a running since t=0 and job b waiting (it ran before):
     once a has run a round more than b, b's priority (X / its share of time received) is the
     higher; inside a's residency (30 x 57 s) a stays all the same. A job that never ran is
-    served as Gavel serves it, residency or not."""
-    allocator = make_allocator("las", round_seconds=60.0, restart=RULE)
+    served as Gavel serves it, residency or not. (The residency alone: every round may
+    re-share; the share period is tested below.)"""
+    allocator = make_allocator("las", round_seconds=60.0, restart=RESIDENCY)
     assert set(allocator.allocate(Snapshot(0.0, _devices(1), (_rigid("a", 0.0),)))) == {"a"}
     running = _rigid("a", 0.0, current=(("v100", 1),), placed_at=0.0)
     waiting = _rigid("b", since - 1, attained=attained)
@@ -158,8 +161,8 @@ def test_rounds_shorter_than_a_restart_still_share_a_device(
 ) -> None:
     """Rigid LAS, one device, two started jobs: the running one keeps it for 30 restarts, a
     restart counted one round at most (1 s rounds at 10 s: 30 s; 60 s rounds at 57 s: 28.5
-    minutes), then the other gets its turn."""
-    allocator = make_allocator("las", round_seconds=round_seconds, restart=RULE)
+    minutes), then the other gets its turn (the residency alone, as above)."""
+    allocator = make_allocator("las", round_seconds=round_seconds, restart=RESIDENCY)
 
     def snapshot(now: float, ran: tuple[Ran, ...] = ()) -> Snapshot:
         a = replace(
@@ -175,6 +178,74 @@ def test_rounds_shorter_than_a_restart_still_share_a_device(
         assert set(allocator.allocate(snapshot(float(now), ran))) == {"a"}, now
     ran = (Ran("a", (("v100", 1),), round_seconds),)
     assert set(allocator.allocate(snapshot(held, ran))) == {"b"}
+
+
+ON_V100 = (("v100", 1),)
+
+
+def _ran(*job_ids: str) -> tuple[Ran, ...]:
+    return tuple(Ran(j, ON_V100, 60.0) for j in job_ids)
+
+
+@pytest.mark.parametrize(("share_multiple", "turn"), [(8.0, 480.0), (0.0, 60.0)])
+def test_between_shares_a_running_job_keeps_its_devices(share_multiple: float, turn: float) -> None:
+    """Rigid LAS, one device, 60 s rounds, no residency: b's priority passes a's after a
+    round. With the share period (8 x 57 s = 456 s) a runs until the round nearest its end
+    (480 s), as a 360 s round would keep it; without it the device flips every round."""
+    rule = RestartCost(0.0, 3600.0, share_multiple=share_multiple)
+    allocator = make_allocator("las", round_seconds=60.0, restart=rule)
+
+    def snapshot(now: float) -> Snapshot:
+        a = _rigid("a", 0.0, current=ON_V100, placed_at=0.0, attained=now)
+        b = _rigid("b", 0.0, attained=1.0)
+        return Snapshot(now, _devices(1), (a, b), _ran("a") if now else ())
+
+    assert set(allocator.allocate(snapshot(0.0))) == {"a"}
+    for now in np.arange(60.0, turn, 60.0):
+        assert set(allocator.allocate(snapshot(float(now)))) == {"a"}, now
+    assert set(allocator.allocate(snapshot(turn))) == {"b"}
+
+
+@pytest.mark.parametrize("share_multiple", [8.0, 0.0])
+def test_a_newcomer_lifts_only_residencies_that_lasted_a_share_period(
+    share_multiple: float,
+) -> None:
+    """Two devices, 60 s rounds. c, n1 and n2 arrive between two shares: c, first in line,
+    starts at once on the free device (X is brought up to date without waiting for the
+    share). At the next share n1 and n2 still wait and rank first (Gavel's deficits): a,
+    placed a period ago, yields to one of them; c, placed a round ago, keeps its device for
+    a period, as a 360 s round would keep it. Without the share period every residency
+    lapses and both newcomers take the devices."""
+    rule = replace(RULE, share_multiple=share_multiple)
+    allocator = make_allocator("las", round_seconds=60.0, restart=rule)
+    assert set(allocator.allocate(Snapshot(0.0, _devices(2), (_rigid("a", 0.0),)))) == {"a"}
+    a = _rigid("a", 0.0, current=ON_V100, placed_at=0.0, attained=420.0)
+    newcomers = (_rigid("n1", 410.0), _rigid("n2", 410.0))
+    between = Snapshot(420.0, _devices(2), (a, _rigid("c", 400.0), *newcomers), _ran("a"))
+    assert set(allocator.allocate(between)) == {"a", "c"}
+    a = replace(a, attained_seconds=480.0)
+    c = _rigid("c", 400.0, current=ON_V100, placed_at=420.0, attained=60.0)
+    share = Snapshot(480.0, _devices(2), (a, c, *newcomers), _ran("a", "c"))
+    expected = {"c", "n1"} if share_multiple else {"n1", "n2"}
+    assert set(allocator.allocate(share)) == expected
+
+
+@pytest.mark.parametrize(("steps_left", "kept"), [(100.0, True), (1e6, False)])
+def test_a_job_about_to_finish_keeps_its_devices_at_a_share(steps_left: float, kept: bool) -> None:
+    """One device, a newcomer waits at a share and a's residency has lasted a period: a
+    yields to it, unless a ends before the next share (100 s left against 456 s), when the
+    flip would buy the newcomer less than a restart of a costs."""
+    allocator = make_allocator("las", round_seconds=60.0, restart=RULE)
+    assert set(allocator.allocate(Snapshot(0.0, _devices(1), (_rigid("a", 0.0),)))) == {"a"}
+    a = replace(
+        _rigid("a", 0.0, current=ON_V100, placed_at=0.0, attained=420.0),
+        steps_remaining=steps_left,
+    )
+    n = _rigid("n", 410.0)
+    assert set(allocator.allocate(Snapshot(420.0, _devices(1), (a, n), _ran("a")))) == {"a"}
+    a = replace(a, attained_seconds=480.0)
+    share = Snapshot(480.0, _devices(1), (a, n), _ran("a"))
+    assert set(allocator.allocate(share)) == ({"a"} if kept else {"n"})
 
 
 def _scaling(job_id: str, curve: dict[int, float], **kw: Any) -> JobSnapshot:
@@ -297,6 +368,67 @@ def test_the_simulator_charges_restarts_and_reports_them_per_job(
     assert charged.jobs[0].restart_seconds_lost == pytest.approx(lost)
     assert charged.average_jct == pytest.approx(alone.average_jct + lost, rel=1e-3)
     assert charged.to_json()["restart_seconds_lost"] == pytest.approx(lost)
+
+
+def test_a_restart_longer_than_a_round_holds_up_no_other_job(table: ThroughputTable) -> None:
+    """Gavel's rounds end when the last job has done its steps. A job restarting for 300 s in
+    60 s rounds does no step until its restart is over; the other job's rounds stay 60 s, so
+    it ends as it would alone (it used to wait out the restart every round)."""
+    resnet = TraceJob(
+        "ResNet-18 (batch size 32)", total_steps=20_000, scale_factor=1, arrival_time=0.0
+    )
+    transformer = TraceJob("Transformer (batch size 16)", 20_000, 1, 0.0)
+    alone = simulate_pipeline(
+        [resnet], {"v100": 2}, table, make_allocator("las"), round_seconds=60.0
+    )
+    both = simulate_pipeline(
+        [resnet, transformer],
+        {"v100": 2},
+        table,
+        make_allocator("las", round_seconds=60.0),
+        round_seconds=60.0,
+        restart_prior={"transformer": 300.0},
+        charge_first_start=True,
+    )
+    assert both.jobs[0].jct == pytest.approx(alone.jobs[0].jct, rel=1e-3)  # rounds: int(steps)
+    assert both.jobs[1].restart_seconds_lost == pytest.approx(300.0)
+
+
+def _short_jobs(table: ThroughputTable, seed: int) -> list[TraceJob]:
+    """Sia's Philly workloads in miniature: an arrival every 3 minutes, mostly 10-30 minute
+    jobs on 1-4 devices, a few of 2-4 hours."""
+    rng = random.Random(seed)
+    model, now, jobs = "ResNet-18 (batch size 32)", 0.0, []
+    for _ in range(60):
+        now += rng.expovariate(1 / 180.0)
+        devices = rng.choice([1, 1, 2, 2, 4])
+        minutes = rng.choice([10, 15, 20, 30]) if rng.random() < 0.85 else rng.choice([120, 240])
+        steps = minutes * 60 * table.throughput(JobKey(model, devices), "v100")
+        jobs.append(TraceJob(model, int(steps), devices, now))
+    return jobs
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_short_rounds_never_hurt_rigid_las(table: ThroughputTable, seed: int) -> None:
+    """Issue 49's "short rounds never hurt" on short jobs with 100 s restarts, 8 devices:
+    with the share period 60 s rounds do at least as well as 360 s rounds; with the
+    residency alone (every round re-shares) they flip jobs and lose a third or more."""
+    jobs = _short_jobs(table, seed)
+
+    def jct(rule: RestartCost, round_seconds: float) -> float:
+        allocator = make_allocator("las", round_seconds=round_seconds, restart=rule)
+        return simulate_pipeline(
+            jobs,
+            {"v100": 8},
+            table,
+            allocator,
+            round_seconds=round_seconds,
+            rescale_seconds=100.0,
+            charge_first_start=True,
+        ).average_jct
+
+    assert jct(RULE, 60.0) <= 1.0 * jct(RULE, 360.0)
+    assert jct(RESIDENCY, 60.0) > 1.25 * jct(RESIDENCY, 360.0)
 
 
 def test_sias_realloc_factor_is_the_share_of_time_restarts_leave() -> None:

@@ -52,6 +52,7 @@ class GavelRounds:
         self.restart = restart or RestartCost.off()
         self._last: dict[str, Combo] = {}
         self._capacity: dict[str, int] = {}
+        self._shared_at: float | None = None  # the last round that re-shared the devices
 
     @property
     def name(self) -> str:
@@ -78,6 +79,7 @@ class GavelRounds:
             if self._capacity:
                 mech.workers_changed()
             self._capacity = snapshot.capacity
+            self._shared_at = None
         seen: set[Combo] = set()
         for ran in snapshot.ran:  # account the last round, as Gavel: once per combination
             combo = self._last.get(ran.job_id, (ran.job_id,))
@@ -95,7 +97,11 @@ class GavelRounds:
                 mech.update_job(view, types)
             else:
                 mech.add_job(view, types)
-        chosen = mech.choose(snapshot.capacity, snapshot.now, self._pinned(snapshot))
+        period = self.restart.share_period(job.restart_seconds for job in snapshot.jobs)
+        share = self._shares(snapshot.now, period)
+        chosen = mech.choose(
+            snapshot.capacity, snapshot.now, self._pinned(snapshot, share, period), share=share
+        )
         self._last = {job: combo for combo in chosen for job in combo}
         by_id = {job.job_id: job for job in snapshot.jobs}
         out: dict[str, Target] = {}
@@ -112,19 +118,49 @@ class GavelRounds:
                 )
         return out
 
-    def _pinned(self, snapshot: Snapshot) -> dict[Combo, str]:
-        """The running combinations within their residency, on their type: Gavel's
-        priorities would otherwise swap a job out the round after it paid to start."""
+    def _shares(self, now: float, period: float) -> bool:
+        """Whether this round re-shares the devices: the first, the first after a worker
+        change, and then the round nearest the end of each share period (within half a
+        round: at 57 s restarts the period is 456 s, so 60 s rounds share every 8th and
+        360 s rounds every one)."""
+        half = self.mechanism.round_seconds / 2
+        if self._shared_at is not None and now - self._shared_at + half < period:
+            return False
+        self._shared_at = now
+        return True
+
+    def _pinned(self, snapshot: Snapshot, share: bool, period: float) -> dict[Combo, str]:
+        """The running combinations that keep their type. Between shares, all of them.
+        At a share, those within their residency: Gavel's priorities would otherwise swap
+        a job out the round after it paid to start. A waiting job that never ran is served
+        as Gavel serves it: the residencies that have lasted a share period lapse for it
+        (all of them without the rule), while a job placed since the last share keeps its
+        devices for a period, as a 360 s round keeps them for the round."""
         out: dict[Combo, str] = {}
-        if snapshot.newcomer_waits:  # a job that never ran is served as Gavel serves it
-            return out
+        lapse = snapshot.newcomer_waits
+        half = self.mechanism.round_seconds / 2
         for job in snapshot.jobs:
             combo = self._last.get(job.job_id)
             if combo is None or not job.current:
                 continue
-            if self.restart.resident(
-                job.placed_at, snapshot.now, job.restart_seconds, self.mechanism.round_seconds
-            ):
+            held = snapshot.now - job.placed_at
+            kind = job.current[0][0]
+            rate = job.throughputs.get(kind, 0.0)
+            finishing = rate > 0 and job.steps_remaining / rate < period
+            keep = (
+                not share
+                or finishing
+                or (
+                    not (lapse and held + half >= period)
+                    and self.restart.resident(
+                        job.placed_at,
+                        snapshot.now,
+                        job.restart_seconds,
+                        self.mechanism.round_seconds,
+                    )
+                )
+            )
+            if keep:
                 out[combo] = job.current[0][0]
         return out
 

@@ -143,10 +143,23 @@ class ObjectiveArgs(RestartArgs):
         "ate its time resists the next one",
     )
 
+    share_multiple: float = Field(
+        8.0,
+        ge=0,
+        description="restartAware, rigid (elastic: false): the devices are re-shared (the "
+        "allocation recomputed, jobs preempted for others) at most every this many times the "
+        "jobs' mean restart seconds, and rounds in between only start jobs on free devices: "
+        "8 x 57 s is 7.6 minutes, near Gavel's 6-minute rounds, so shorter rounds add starts, "
+        "not flips (0: every round)",
+    )
+
     def restart_cost(self) -> RestartCost | None:
-        """The rule, with Sia's re-allocation factor when asked (ElasticRounds)."""
+        """The rule, with Sia's re-allocation factor when asked (ElasticRounds) and the share
+        period (GavelRounds)."""
         rule = super().restart_cost()
-        return None if rule is None else replace(rule, realloc_factor=self.realloc_factor)
+        if rule is None:
+            return None
+        return replace(rule, realloc_factor=self.realloc_factor, share_multiple=self.share_multiple)
 
     @property
     def in_background(self) -> bool:

@@ -14,6 +14,11 @@ plain functions over plain numbers:
   its placement, so time-fraction priorities (Gavel's) do not flip it in and out every round.
   A restart is counted at most one round: the residency lengthens the rounds' time sharing
   `residency_multiple`-fold at most (rounds shorter than a restart still share devices).
+- `share_period` (rigid rounds, GavelRounds): the devices are re-shared - X recomputed with
+  the ledger folded, running jobs preempted for others - at most every `share_multiple` x the
+  jobs' mean restart seconds: a round length derived from what a restart costs (8 x 57 s is
+  7.6 minutes, near Gavel's 6). Rounds in between only start jobs on free devices, so rounds
+  shorter than that period add starts, never flips.
 - `factor` (with `realloc_factor`): Sia's re-allocation factor, the share of a job's time
   since its arrival that its restarts, one more included, leave it. Sia multiplies a job's
   goodput on every allocation but its current one by it; ElasticRounds divides the
@@ -40,16 +45,19 @@ class RestartCost:
     # its own counts `factor` times, so a job whose restarts ate its time resists the next
     # one (ElasticRounds: its priorities, growth and the shrink rule).
     realloc_factor: bool = False
+    share_multiple: float = 8.0  # rigid rounds re-share the devices every this many restarts
 
     def __post_init__(self) -> None:
-        if self.residency_multiple < 0 or math.isnan(self.residency_multiple):
-            raise ValueError(f"residency_multiple must be >= 0, not {self.residency_multiple}")
+        for name in ("residency_multiple", "share_multiple"):
+            value = getattr(self, name)
+            if value < 0 or math.isnan(value):
+                raise ValueError(f"{name} must be >= 0, not {value}")
         if not self.horizon_seconds > 0:
             raise ValueError(f"horizon_seconds must be > 0, not {self.horizon_seconds}")
 
     @classmethod
     def off(cls) -> RestartCost:
-        return cls(residency_multiple=0.0, horizon_seconds=math.inf)
+        return cls(residency_multiple=0.0, horizon_seconds=math.inf, share_multiple=0.0)
 
     def horizon(self, steps_remaining: float, rate: float) -> float:
         """The job's expected remaining seconds at `rate`, capped (the cap when it cannot run)."""
@@ -86,6 +94,13 @@ class RestartCost:
         10 s) are the operator asking for time shared that finely: the residency stretches
         them `residency_multiple`-fold, not into minutes."""
         return self.residency_multiple * min(restart_seconds, round_seconds)
+
+    def share_period(self, restart_seconds: Iterable[float]) -> float:
+        """Seconds between two re-sharings of a rigid round's devices: `share_multiple` x the
+        mean restart of the jobs it shares them among (0 without jobs: every round). A flip
+        then costs at most 1/share_multiple of the time it buys, whatever the round length."""
+        seconds = list(restart_seconds)
+        return self.share_multiple * sum(seconds) / len(seconds) if seconds else 0.0
 
     def resident(
         self,

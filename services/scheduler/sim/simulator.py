@@ -534,6 +534,14 @@ def simulate_pipeline(
             for r in running:
                 rate_now = speed[r.job.job_id]
                 charge = max(0.0, r.resume_at - now)
+                if charge >= round_seconds:
+                    # restarting through the whole round: it does no step and the round keeps
+                    # its length (the rest of the restart falls in the next), rather than
+                    # every job waiting out a restart longer than the round
+                    r.lost += round_seconds
+                    took[r.job.job_id] = round_seconds
+                    end = max(end, now + round_seconds)
+                    continue
                 r.lost += charge
                 steps = min(max(int(rate_now * (round_seconds - charge)), 1), r.remaining)
                 took[r.job.job_id] = charge + steps / rate_now

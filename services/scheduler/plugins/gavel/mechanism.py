@@ -334,6 +334,7 @@ class RoundScheduler:
         self._info: tuple[dict[Combo, int], dict[Combo, dict[str, bool]]] | None = None
         self._info_key: tuple[str, ...] = ()
         self._speed: dict[str, float] | None = None
+        self._unfolded = False  # X was recomputed since the ledger's last reset
 
     # Step 1 ------------------------------------------------------------------
     def add_job(self, job: JobView, worker_types: Iterable[str]) -> None:
@@ -435,9 +436,14 @@ class RoundScheduler:
             costs=[self._costs.get(t, 1.0) for t in types],
         )
 
-    def recompute(self, capacity: Mapping[str, int], now: float) -> None:
-        """Reset the ledger against the old X, then solve the policy for the new one."""
-        self.ledger.reset(now, self.allocation)
+    def recompute(self, capacity: Mapping[str, int], now: float, *, fold: bool = True) -> None:
+        """Reset the ledger against the old X, then solve the policy for the new one. Without
+        `fold` the ledger goes on counting from its last reset (a round between two shares,
+        `choose`); the next recomputation that folds it weighs that whole span by the X then
+        in force."""
+        if fold:
+            self.ledger.reset(now, self.allocation)
+        self._unfolded = not fold
         result = self.policy.allocate(self.policy_input(capacity, now))
         self.allocation = allocation_dict(result)
         self._last_solved = dict(self.allocation)
@@ -481,13 +487,20 @@ class RoundScheduler:
         capacity: Mapping[str, int],
         now: float,
         pinned: Mapping[Combo, str] | None = None,
+        *,
+        share: bool = True,
     ) -> dict[Combo, str]:
         """Steps 1-4 alone: the combinations that run next round and their types (the
         pipeline's place stage does step 5). `pinned` combinations (placements within their
         residency, gearshift.scheduler.round.restart_cost) keep their type before any
-        other is selected, whatever their priority."""
+        other is selected, whatever their priority. A round that does not `share` (between
+        two re-sharings, RestartCost.share_period) brings X up to date for newcomers but
+        leaves the ledger unfolded: folded at every event, the time fractions of rounds
+        shorter than the period would rank the share by the last minute alone."""
+        if share and self._unfolded:
+            self.stale = True  # fold what the rounds since the last share counted
         if self.allocation_due(now):
-            self.recompute(capacity, now)
+            self.recompute(capacity, now, fold=share)
         chosen = self._select(capacity, pinned or {})
         return {c: k for k, combos in chosen.items() for c in combos}
 
