@@ -130,12 +130,13 @@ class GavelRounds:
         return True
 
     def _pinned(self, snapshot: Snapshot, share: bool, period: float) -> dict[Combo, str]:
-        """The running combinations that keep their type. Between shares, all of them.
-        At a share, those within their residency: Gavel's priorities would otherwise swap
-        a job out the round after it paid to start. A waiting job that never ran is served
-        as Gavel serves it: the residencies that have lasted a share period lapse for it
-        (all of them without the rule), while a job placed since the last share keeps its
-        devices for a period, as a 360 s round keeps them for the round."""
+        """The running combinations that keep their type. Between shares, all of them; at a
+        share, a job that ends before the next one (its flip would buy less than a restart)
+        and those within their residency: Gavel's priorities would otherwise swap a job out
+        the round after it paid to start. A waiting job that never ran is served as Gavel
+        serves it: the residencies that have lasted a share period lapse for it (all of them
+        without the rule), while a job placed since the last share keeps its devices for a
+        period, as a 360 s round keeps them for the round."""
         out: dict[Combo, str] = {}
         lapse = snapshot.newcomer_waits
         half = self.mechanism.round_seconds / 2
@@ -143,25 +144,18 @@ class GavelRounds:
             combo = self._last.get(job.job_id)
             if combo is None or not job.current:
                 continue
-            held = snapshot.now - job.placed_at
             kind = job.current[0][0]
             rate = job.throughputs.get(kind, 0.0)
-            finishing = rate > 0 and job.steps_remaining / rate < period
-            keep = (
-                not share
-                or finishing
-                or (
-                    not (lapse and held + half >= period)
-                    and self.restart.resident(
-                        job.placed_at,
-                        snapshot.now,
-                        job.restart_seconds,
-                        self.mechanism.round_seconds,
-                    )
+            if not share or (rate > 0 and job.steps_remaining / rate < period):
+                keep = True
+            elif lapse and snapshot.now - job.placed_at + half >= period:
+                keep = False
+            else:
+                keep = self.restart.resident(
+                    job.placed_at, snapshot.now, job.restart_seconds, self.mechanism.round_seconds
                 )
-            )
             if keep:
-                out[combo] = job.current[0][0]
+                out[combo] = kind
         return out
 
     def _view(self, job: JobSnapshot, snapshot: Snapshot) -> JobView:
