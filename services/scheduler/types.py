@@ -78,6 +78,7 @@ class JobSnapshot:
     idle_fraction: float = 0.0
     # Measured: how much slower it ran with a background job beside it (0: not measured).
     collocated_slowdown: float = 0.0
+    partners: tuple[str, ...] = ()  # the jobs it shares its devices with now (its pairing)
     request: Request | None = None  # Rubick: model, original plan, GPUs, CPUs, guaranteed
     guaranteed: bool = False  # its service class (its tenant's quota may cover it)
 

@@ -75,6 +75,40 @@ def test_the_most_idle_lender_takes_the_first_waiting_background_job() -> None:
     assert out["busy"] == targets["busy"] and out["idler"] == targets["idler"]
 
 
+@pytest.mark.parametrize("running", [True, False])
+def test_a_background_job_keeps_its_lender_when_an_idler_one_comes(running: bool) -> None:
+    """bg1 runs beside "idle"; "idler" starts lending and bg2 waits. bg1 stays where it is
+    (another lender runs it no faster, a move costs it a restart) and bg2 takes "idler".
+    Without the pairing in the snapshot the first guest takes the idlest lender: both move."""
+    bg1 = (
+        snap("bg1", background=True, current=(("cpu", 1),), partners=("idle",))
+        if running
+        else snap("bg1", background=True)
+    )
+    jobs = (
+        snap("idle", max_devices=2, idle_fraction=0.4),
+        snap("idler", max_devices=2, idle_fraction=0.6),
+        bg1,
+        snap("bg2", background=True),
+    )
+    targets = {j: target(j, 2) for j in ("idle", "idler")}
+    out = Multiplexing().collocate(Snapshot(0.0, DEVICES, jobs), targets)
+    first, second = ("idle", "idler") if running else ("idler", "idle")
+    assert out["bg1"].partners == (first,) and out[first].partners == ("bg1",)
+    assert out["bg2"].partners == (second,) and out[second].partners == ("bg2",)
+
+
+def test_a_background_job_moves_when_its_lender_stops_lending() -> None:
+    jobs = (
+        snap("slowed", max_devices=2, idle_fraction=0.4, collocated_slowdown=0.5),
+        snap("idle", max_devices=2, idle_fraction=0.3),
+        snap("bg", background=True, current=(("cpu", 1),), partners=("slowed",)),
+    )
+    targets = {j: target(j, 2) for j in ("slowed", "idle")}
+    out = Multiplexing().collocate(Snapshot(0.0, DEVICES, jobs), targets)
+    assert out["bg"].partners == ("idle",)
+
+
 def test_a_background_job_the_allocator_placed_is_not_lent_to() -> None:
     jobs = (snap("fg", max_devices=2, idle_fraction=0.5), snap("bg", background=True))
     targets = {"fg": target("fg", 2), "bg": target("bg", 1)}
@@ -191,6 +225,9 @@ def test_the_daemon_starts_a_background_job_on_a_lent_device_and_records_its_pau
 
         scheduler.run_round()  # the same pair again: nothing restarts
         assert len(agents.started) == 2 and not agents.stopped
+        # what the collocate stage saw: the pairing the first round made (it keeps it)
+        seen = scheduler.rounds._snapshots[bg.job_id][1]
+        assert seen.partners == (fg.job_id,) and seen.current == (("cpu", 1),)
     finally:
         scheduler.stop()
 

@@ -501,6 +501,7 @@ class Rounds:
             marks,  # the Brain's estimates' version, the restart time
             self._plan_devices(job.job_id),
             resizes_in_place(self.state, job),  # a job's collocation role may change
+            job.collocation.partner_job_id,
         )
         attained = self._attained.get(job.job_id, 0.0)
         cached = self._snapshots.get(job.job_id)
@@ -608,6 +609,9 @@ class Rounds:
             guaranteed=spec.service_class == C.SERVICE_CLASS_GUARANTEED,
             idle_fraction=burst.idle_fraction if burst is not None else 0.0,
             collocated_slowdown=self.estimates.collocated_slowdown(job.job_id),
+            partners=(job.collocation.partner_job_id,)
+            if held and job.collocation.partner_job_id
+            else (),
         )
 
     def _collocations(

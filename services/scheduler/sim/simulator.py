@@ -368,6 +368,7 @@ def _snapshot(
         colocated=colocated,
         background=multiplexed is not None and job.max_devices == 1,
         idle_fraction=multiplexed.idle_fraction if multiplexed is not None else 0.0,
+        partners=run.partners if run.held else (),
         guaranteed=job.trace.guaranteed,
     )
 

@@ -28,7 +28,8 @@ DEFAULT_MAX_SLOWDOWN = 0.2
 
 @dataclass(frozen=True)
 class Multiplexing:
-    """Pairs each waiting background job with the foreground that idles most (one each).
+    """Pairs each waiting background job with the foreground that idles most (one each); a
+    background job already beside a lender that still lends keeps it.
 
     `min_idle`: the least idle share for a job to lend a device; `max_slowdown`: a job
     measured slower than this with a background beside it lends no more.
@@ -51,23 +52,41 @@ class Multiplexing:
             ),
             key=lambda t: (-jobs[t.job_id].idle_fraction, t.job_id),
         )
-        for guest in snapshot.jobs:  # arrival order
-            if not guest.background or guest.job_id in targets or not lenders:
+        guests = [
+            g
+            for g in snapshot.jobs
+            if g.background and g.job_id not in targets  # arrival order
+        ]
+        # A guest beside a lender that still lends stays there: another lender runs it no
+        # faster (it takes what the foreground leaves), so a move would only cost a restart.
+        for guest in guests:
+            lender = next((t for t in lenders if t.job_id in guest.partners), None)
+            if lender is not None and guest.current:
+                kind = guest.current[0][0]
+                if any(k == kind for k, _ in lender.devices):
+                    self._pair(out, lenders, lender, guest, kind)
+        for guest in guests:
+            if guest.job_id in out:
                 continue
             for lender in lenders:
                 kinds = [k for k, _ in lender.devices if k in guest.types]
-                if not kinds:
-                    continue
-                lenders.remove(lender)
-                out[lender.job_id] = dataclasses.replace(
-                    lender, partners=(guest.job_id,), role="foreground"
-                )
-                out[guest.job_id] = Target(
-                    guest.job_id,
-                    ((kinds[0], 1),),
-                    {kinds[0]: (guest.num_ests,)},
-                    (lender.job_id,),
-                    "background",
-                )
-                break
+                if kinds:
+                    self._pair(out, lenders, lender, guest, kinds[0])
+                    break
         return out
+
+    @staticmethod
+    def _pair(
+        out: dict[str, Target], lenders: list[Target], lender: Target, guest: JobSnapshot, kind: str
+    ) -> None:
+        lenders.remove(lender)
+        out[lender.job_id] = dataclasses.replace(
+            lender, partners=(guest.job_id,), role="foreground"
+        )
+        out[guest.job_id] = Target(
+            guest.job_id,
+            ((kind, 1),),
+            {kind: (guest.num_ests,)},
+            (lender.job_id,),
+            "background",
+        )
