@@ -118,13 +118,16 @@ class GavelRounds:
                 )
         return out
 
+    def _lasted(self, since: float, now: float, period: float) -> bool:
+        """Whether the span from `since` to `now` has lasted `period`, to the nearest round
+        (within half a round: at 57 s restarts the period is 456 s, so 60 s rounds reach it
+        every 8th round and 360 s rounds every one)."""
+        return now - since + self.mechanism.round_seconds / 2 >= period
+
     def _shares(self, now: float, period: float) -> bool:
         """Whether this round re-shares the devices: the first, the first after a worker
-        change, and then the round nearest the end of each share period (within half a
-        round: at 57 s restarts the period is 456 s, so 60 s rounds share every 8th and
-        360 s rounds every one)."""
-        half = self.mechanism.round_seconds / 2
-        if self._shared_at is not None and now - self._shared_at + half < period:
+        change, and then the round nearest the end of each share period."""
+        if self._shared_at is not None and not self._lasted(self._shared_at, now, period):
             return False
         self._shared_at = now
         return True
@@ -139,7 +142,6 @@ class GavelRounds:
         period, as a 360 s round keeps them for the round."""
         out: dict[Combo, str] = {}
         lapse = snapshot.newcomer_waits
-        half = self.mechanism.round_seconds / 2
         for job in snapshot.jobs:
             combo = self._last.get(job.job_id)
             if combo is None or not job.current:
@@ -148,7 +150,7 @@ class GavelRounds:
             rate = job.throughputs.get(kind, 0.0)
             if not share or (rate > 0 and job.steps_remaining / rate < period):
                 keep = True
-            elif lapse and snapshot.now - job.placed_at + half >= period:
+            elif lapse and self._lasted(job.placed_at, snapshot.now, period):
                 keep = False
             else:
                 keep = self.restart.resident(
