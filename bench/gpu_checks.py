@@ -14,7 +14,7 @@ Parts (all by default, in this order; `--parts` picks some):
   8 ESTs vs 8-micro-batch accumulation, a ResNet-18 among the jobs).
 - memory: `bench/est_overhead.py --device cuda --only 3` (GPU memory of 1, 2, 4, 8, 16
   ESTs in one process vs as many plain processes).
-- inplace: `bench/rescale_inplace.py --device cuda --repeats 3` (issue 47: grow, shrink and
+- inplace: `bench/rescale_inplace.py --device cuda --repeats 10` (issue 47: grow, shrink and
   move in place against checkpoint-and-restart on the GPU; the digests of the rescaled runs
   and the fixed one must be equal).
 - multiplex: `bench/multiplex.py --cuda` (DeepPool's foreground/background pair on GPU 0 -
@@ -629,15 +629,16 @@ def part_multiplex(ctx: Context) -> dict[str, Any]:
 
 
 def part_inplace(ctx: Context) -> dict[str, Any]:
-    argv = ["rescale_inplace.py", "--device", "cuda", "--repeats", "3"]
-    result = run_bench(ctx, "inplace", argv, 300.0)
+    argv = ["rescale_inplace.py", "--device", "cuda", "--repeats", "10"]
+    result = run_bench(ctx, "inplace", argv, 420.0)
     result["ok"] = result["ok"] and bool(result["data"].get("digests_equal"))
     return result
 
 
 def inplace_lines(data: Mapping[str, Any]) -> list[str]:
+    keys = ("median_s", "max_s", "pause_median_s", "pause_max_s")
     rows = [
-        [kind, path, f"{row['median_s']:.3f}", f"{row['max_s']:.3f}", str(row["n"])]
+        [kind, path, *(f"{row[key]:.3f}" if key in row else "-" for key in keys), str(row["n"])]
         for kind in ("grow", "shrink", "move")
         for path, row in data.get(kind, {}).items()
     ]
@@ -647,7 +648,8 @@ def inplace_lines(data: Mapping[str, Any]) -> list[str]:
         f"throughput against the fixed run: {ratio}",
         f"digests equal: {data.get('digests_equal')}",
     ]
-    return [*table(("kind", "path", "median s", "max s", "n"), rows), *tail] if rows else ["(none)"]
+    headers = ("kind", "path", "first step: median s", "max s", "pause: median s", "max s", "n")
+    return [*table(headers, rows), *tail] if rows else ["(none)"]
 
 
 def multiplex_lines(data: Mapping[str, Any]) -> list[str]:

@@ -287,7 +287,7 @@ def start_rank(
     steps: int,
     name: str,
     mapping: str,
-    *,
+    *extra: str,
     rank: int,
     at: str,
     join: int = 0,
@@ -296,7 +296,7 @@ def start_rank(
     daemon would, its output in files."""
     cmd = [*command(directory, job, 4, len(mapping.split(",")), steps), "--mapping", mapping]
     cmd += ["--rank", str(rank), "--master-addr", at, "--membership-file"]
-    cmd += [str(directory / "membership.json"), "--join-generation", str(join)]
+    cmd += [str(directory / "membership.json"), "--join-generation", str(join), *extra]
     return subprocess.Popen(
         cmd,
         cwd=REPO,
@@ -363,6 +363,39 @@ def test_in_place_grow_mixed_move_and_shrink_end_with_the_fixed_runs_bits(
         assert f"outcome left at step {left_at}" in output(run, name)
     assert "outcome completed at step 50" in output(run, "E")
     assert_same(reference, Run(run, output(run, "E")))
+
+
+def last_step(directory: Path) -> int:
+    path = directory / "losses.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return int(json.loads(lines[-1])["step"]) if lines else 0
+
+
+@pytest.mark.slow
+def test_the_job_trains_on_while_a_joiner_starts(tmp_path: Path) -> None:
+    """A change at step 0 waits for its joiner: the two running processes keep training
+    while it is not there (it is started only once they passed step 15), old rank 0 asks
+    for the change once the joiner said it is ready, and the run keeps the fixed run's bits.
+    Applied at the first boundary instead, the change would have held the job at step 1."""
+    steps, delay = 60, ("--step-delay", "0.05")  # 3 s at least: the joiner comes in time
+    reference = launch(tmp_path / "ref", CNN, 4, 1, steps)
+    run = tmp_path / "waits"
+    run.mkdir()
+    address = f"127.0.0.1:{free_port()}"
+    membership.write(
+        run / "membership.json", [membership.Change(1, (2, 1, 1), (0, 1, None), address)]
+    )
+    procs = {
+        name: start_rank(run, CNN, steps, name, "2,2", *delay, rank=rank, at=address)
+        for rank, name in enumerate("AB")
+    }
+    wait_until(lambda: last_step(run) >= 15, 120, "the job to pass step 15")
+    procs["C"] = start_rank(run, CNN, steps, "C", "2,1,1", *delay, rank=2, at=address, join=1)
+    assert finish(run, procs) == dict.fromkeys(procs, 0)
+    changed = re.search(r"^step (\d+): generation 1, 3 processes$", output(run, "A"), re.MULTILINE)
+    assert changed is not None, output(run, "A")
+    assert int(changed.group(1)) >= 15
+    assert_same(reference, Run(run, output(run, "A")))
 
 
 @pytest.mark.slow

@@ -155,7 +155,13 @@ def report() -> dict[str, Any]:
                 "error": "",
                 "data": {
                     "grow": {
-                        "in_place": {"median_s": 0.21, "max_s": 0.3, "n": 3},
+                        "in_place": {
+                            "median_s": 0.21,
+                            "max_s": 0.3,
+                            "pause_median_s": 0.05,
+                            "pause_max_s": 0.07,
+                            "n": 3,
+                        },
                         "restart": {"median_s": 2.5, "max_s": 3.0, "n": 3},
                     },
                     "throughput_ratio": {"in_place": 0.99, "restart": 0.7},
@@ -223,8 +229,8 @@ def test_the_summary_has_a_table_per_part() -> None:
     assert "| 1 EST vs plain loop | ResNet-18 | 128 | 10.20 | 10.00 | 1.0200x time |" in text
     assert "| 8 ESTs vs 8-micro-batch accumulation | ResNet-18 | 128 | 80.00 | 79.00 |" in text
     assert "| 16 | ResNet-18 | 128 | 4.90 | 32.50 | 0.151 | 3.10 / 22.00 | 900 / 14000 |" in text
-    assert "| grow | in_place | 0.210 | 0.300 | 3 |" in text
-    assert "| grow | restart | 2.500 | 3.000 | 3 |" in text
+    assert "| grow | in_place | 0.210 | 0.300 | 0.050 | 0.070 | 3 |" in text
+    assert "| grow | restart | 2.500 | 3.000 | - | - | 3 |" in text
     assert "digests equal: True" in text
     assert text.rstrip().endswith("not run (deadline): d2")
 

@@ -32,6 +32,20 @@ def test_a_change_names_who_stays_leaves_joins_and_sends() -> None:
     assert change.sender == 1  # the first process that stays
 
 
+def test_only_a_change_at_step_0_that_keeps_rank_0_and_adds_processes_waits_for_joiners() -> None:
+    grow = Change(1, (2, 1, 1), (0, 1, None), "h:1")
+    assert grow.waits_for_joiners
+    assert not Change(1, (2, 1, 1), (0, 1, None), "h:1", at_step=5).waits_for_joiners
+    assert not Change(1, (2, 2), (0, 1), "h:1").waits_for_joiners  # nobody joins
+    assert not Change(1, (2, 2), (None, 1), "h:2").waits_for_joiners  # rank 0 joins: its store
+    cpu = torch.device("cpu")
+    groups = ProcessGroups("job", "gloo", cpu, cpu, 60.0)
+    assert groups.waits(grow, procs=1)  # a lone process serves the store at the new address
+    assert not groups.waits(grow, procs=2)  # the old group's store is elsewhere
+    groups.address = "h:1"
+    assert groups.waits(grow, procs=2)
+
+
 @pytest.mark.parametrize(
     ("change", "words"),
     [

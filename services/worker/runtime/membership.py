@@ -9,12 +9,17 @@ process group under its own store prefix. A `Change` says what that generation i
   joins (started for this generation, with `--join-generation`);
 - `master_addr`: where the new generation's rank 0 serves the rendezvous store (the old
   rank 0 keeps serving its own store when it stays rank 0 at the same address);
-- `at_step`: the earliest step boundary to apply it at (0: the first one that sees it);
+- `at_step`: the earliest step boundary to apply it at (0: as soon as it can, see below);
 - `timeout_s`: how long the change may wait for its processes before it is given up;
 - `backend`: the new group's backend when it changes (on GPUs: NCCL needs a GPU per
   process), empty to keep the old one.
 
 Old ranks that are in no `sources` leave: they hand their ESTs' contexts over and exit.
+A change at step 0 that adds processes while old rank 0 stays rank 0 waits for its joiners
+(`waits_for_joiners`): the job trains on while they start, rehearse their first step
+(rehearsal.py) and say so in the store old rank 0 serves; old rank 0 then asks for the
+change at the next boundary, so the survivors pause only to regroup. A change at a given
+step is applied at that step, its joiners ready or not.
 Changes are written, as a JSON list (or one object), to a file every process of the job
 reads (`--membership-file`); the per-step control exchange makes all of them apply a
 change at the same step. Plain data and checks, free of torch.
@@ -57,6 +62,11 @@ class Change:
     @property
     def joiners(self) -> tuple[int, ...]:
         return tuple(rank for rank, source in enumerate(self.sources) if source is None)
+
+    @property
+    def waits_for_joiners(self) -> bool:
+        """Whether the survivors train on until the joiners are ready (module docstring)."""
+        return self.at_step == 0 and bool(self.joiners) and self.sources[0] == 0
 
     @property
     def sender(self) -> int:

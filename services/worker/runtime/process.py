@@ -26,6 +26,7 @@ from gearshift.worker.runtime.membership import MembershipFile
 from gearshift.worker.runtime.pause import PauseGate
 from gearshift.worker.runtime.priority import device_stream
 from gearshift.worker.runtime.regroup import ProcessGroups
+from gearshift.worker.runtime.rehearsal import rehearse
 from gearshift.worker.runtime.rng import derive_seed
 from gearshift.worker.runtime.settings import RunSettings, placement
 from gearshift.worker.runtime.stop import StopFlag
@@ -130,6 +131,10 @@ def run_process(
     join_timeout = joining.timeout_s if joining is not None else spec.timeout_s
     generation = spec.join_generation
     try:
+        if joining is not None and joining.waits_for_joiners:
+            if device.type == "cuda":  # on a CPU a first step costs what the others do
+                rehearse(job, device, settings.per_est_batch)
+            groups.announce(joining, spec.rank)
         comm = groups.form(
             generation, spec.rank, procs, spec.master_addr, join_timeout_s=join_timeout
         )

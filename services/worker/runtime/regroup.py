@@ -19,6 +19,7 @@ from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from gearshift.worker.runtime.comm import Comm
 from gearshift.worker.runtime.interface import set_interface
+from gearshift.worker.runtime.membership import Change
 
 
 def prefix(group: str, generation: int) -> str:
@@ -52,6 +53,9 @@ class ProcessGroups:
     timeout_s: float  # the collectives' timeout
     _served: TCPStore | None = None
     _served_at: str = ""
+    address: str = ""  # where the current generation's store is ("": no group)
+    _announced: TCPStore | None = None  # a joiner's connection, kept for its group
+    _announced_at: str = ""
 
     def form(
         self,
@@ -66,6 +70,7 @@ class ProcessGroups:
         """Leave the current group (if any) and join generation `generation`'s; waits up to
         `join_timeout_s` for its other processes. `backend`: a new one (empty: the same)."""
         self.close()
+        self.address = master_addr if world > 1 else ""
         if backend and backend != self.backend:
             self.backend = backend
             self.transport = self.device if backend == "nccl" else torch.device("cpu")
@@ -89,13 +94,41 @@ class ProcessGroups:
         if rank == 0 and self._served is not None and self._served_at == master_addr:
             self._served.set_timeout(timedelta(seconds=timeout_s))
             return self._served
+        if rank != 0 and self._announced is not None and self._announced_at == master_addr:
+            store, self._announced = self._announced, None
+            store.set_timeout(timedelta(seconds=timeout_s))
+            return store
         store = tcp_store(master_addr, rank == 0, world, timeout_s)
         self._served, self._served_at = (store, master_addr) if rank == 0 else (None, "")
         return store
 
+    # -- joiners that say they are ready (membership.py, Change.waits_for_joiners) ------
+
+    def waits(self, change: Change, procs: int) -> bool:
+        """Whether this generation's processes (`procs` of them) wait for `change`'s joiners:
+        old rank 0 must serve the store they announce themselves in, so the change keeps
+        its address (a lone process has no store yet and serves one at the new address)."""
+        return change.waits_for_joiners and (procs == 1 or change.master_addr == self.address)
+
+    def joiners_ready(self, change: Change) -> bool:
+        """Old rank 0: whether every joiner of `change` has announced itself (it serves the
+        store from now on, if it did not already)."""
+        store = self._store(change.master_addr, 0, change.procs, change.timeout_s)
+        return bool(store.check([_ready_key(self.group, change, rank) for rank in change.joiners]))
+
+    def announce(self, change: Change, rank: int) -> None:
+        """A joiner: say in old rank 0's store that rank `rank` is ready to join."""
+        store = tcp_store(change.master_addr, False, change.procs, change.timeout_s)
+        store.set(_ready_key(self.group, change, rank), "1")
+        self._announced, self._announced_at = store, change.master_addr  # one connection
+
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _ready_key(group: str, change: Change, rank: int) -> str:
+    return f"{prefix(group, change.generation)}/ready/{rank}"
 
 
 def _set_timeout(timeout: timedelta) -> None:

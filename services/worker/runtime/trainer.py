@@ -147,6 +147,7 @@ class Trainer:
         self.membership = membership
         self.groups = groups  # None: membership changes restart the job instead
         self._pending: Change | None = None  # the change this process was asked for
+        self._waiting: dict[int, float] = {}  # generation -> since when it waits for joiners
         self.stop = stop or StopFlag()
         self.on_progress = on_progress
         self.loss_log = loss_log
@@ -544,8 +545,21 @@ class Trainer:
             if change is not None:
                 self.membership.reject(change)
             return False
+        if change is not None and not self._joiners_ready(change):
+            return False
         self._pending = change
         return change is not None
+
+    def _joiners_ready(self, change: Change) -> bool:
+        """False while the job trains on waiting for `change`'s joiners: only old rank 0 asks
+        for such a change, once they said they are ready or its timeout has passed (the
+        change is then tried, and fails over to the restart path if they never come)."""
+        if self.groups is None or not self.groups.waits(change, self.procs):
+            return True
+        if self.rank != 0:
+            return False
+        since = self._waiting.setdefault(change.generation, time.monotonic())
+        return self.groups.joiners_ready(change) or time.monotonic() - since > change.timeout_s
 
     def _change(self, asker: int) -> Outcome | None:
         """Apply the change rank `asker` was asked for, at this step boundary: None when this
