@@ -3,9 +3,11 @@ named and ignored; in one process's Trainer, a change applied, ignored, or a sto
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from gearshift.worker.runtime.job import load_job
 from gearshift.worker.runtime.membership import Change, MembershipFile
 from gearshift.worker.runtime.process import seed_globals
 from gearshift.worker.runtime.regroup import ProcessGroups
+from gearshift.worker.runtime.rehearsal import rehearse
 from gearshift.worker.runtime.rng import restore, snapshot
 from gearshift.worker.runtime.settings import RunSettings
 from gearshift.worker.runtime.stop import Outcome
@@ -162,3 +165,21 @@ def test_a_change_is_applied_in_place_ignored_when_bad_or_a_stop_without_groups(
     stopped = train(tmp_path / "stopped", [Change(1, (2,), (0,), at_step=3)], groups=False)
     assert (stopped.outcome, stopped.step) == (Outcome.STOPPED, 3)
     assert checkpoint.latest(tmp_path / "stopped") == tmp_path / "stopped" / "ckpt-00000003.pt"
+
+
+def test_a_rehearsal_leaves_the_generators_the_gradients_and_the_parameters_as_they_were(
+    keep_global_state: None,
+) -> None:
+    """What a joiner rehearses is thrown away: the digits CNN's augmentation and dropout draw
+    from the global generators, yet each continues where it was."""
+    seed_globals(7)
+    job = load_job("gearshift.examples.digits_cnn", {})
+    params = {name: p.detach().clone() for name, p in job.model.named_parameters()}
+    before = snapshot()
+    rehearse(job, torch.device("cpu"), samples=4)
+    drawn = torch.rand(3), random.random(), np.random.random()
+    restore(before)
+    assert torch.equal(drawn[0], torch.rand(3))
+    assert drawn[1:] == (random.random(), np.random.random())
+    assert all(p.grad is None for p in job.model.parameters())
+    assert all(torch.equal(p, params[name]) for name, p in job.model.named_parameters())
