@@ -18,12 +18,14 @@ against checkpoint-and-restart, CPU only; every figure measured in this run.
      (whose mark has cleared after --clear-seconds), and back, until the job ends: one
      process stays on the fast worker, one changes worker. The joiner's first step
      includes its step delay.
-   A rescale's cost is the scheduler's own measure, from its decision (the RESCALING event)
-   to the new placement's first step, as its PROGRESS event says it ("rescale cost [in
-   place] X s"); its kind is read from the placements before and after the RESCALED event,
-   its path from that message (the RESCALED event of an in-place one says "in place
-   (generation N: ...)"): a rescale that the round sent down the restart path counts as a
-   restart, one whose processes gave the change up (exit 75, then restarted) as in place.
+   A rescale's cost is the scheduler's own measure, from its decision (the RESCALING event;
+   in place, the later of it and the moment the job paused for the change: it trains on
+   while its joiners start) to the new placement's first step, as its PROGRESS event says it
+   ("rescale cost [in place] X s"); its kind is read from the placements before and after
+   the RESCALED event, its path from that message (the RESCALED event of an in-place one
+   says "in place (generation N: ...)"): a rescale that the round sent down the restart path
+   counts as a restart, one whose processes gave the change up (exit 75, then restarted) as
+   in place.
    Median and max per kind and path.
 3. Throughput: the grow-and-shrink job (2 x --cycles rescales) against the same job on 4
    devices never rescaled (steps per second from STARTED to SUCCEEDED, on the same
@@ -346,7 +348,10 @@ def figures(runs: Mapping[str, dict[str, Any]], moving_fixed: str) -> dict[str, 
 
 
 def report(doc: Mapping[str, Any], steps: int) -> None:
-    print("\nrescale cost, decision -> first step on the new placement (the scheduler's figure):")
+    print(
+        "\nrescale cost, decision (in place: the later of it and the pause) -> first step on "
+        "the new placement (the scheduler's figure):"
+    )
     print(f"  {'kind':<8}{'path':<10}{'median s':>10}{'max s':>10}{'n':>4}")
     for kind in KINDS:
         for path, row in doc[kind].items():

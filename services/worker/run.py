@@ -186,6 +186,7 @@ def run_one(p: ProcessSettings) -> int:
                 progress.loss,
                 progress.samples_per_s,
                 first_step_at=progress.first_step_at,
+                paused_from=progress.paused_from,
             )
 
     spec = ProcessSpec(

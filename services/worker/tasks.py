@@ -516,6 +516,7 @@ class Task:
             progress.samples_per_second = max(float(data.get("samples_per_s", 0.0)), 0.0)
             progress.started_fresh = bool(data.get("started_fresh", False))
             progress.first_step_at = max(float(data.get("first_step_at", 0.0)), 0.0)
+            progress.paused_from = max(float(data.get("paused_from", 0.0)), 0.0)
         size = self.plan.spec.dataset.size
         if size > 0:
             progress.epoch = progress.step * self.plan.spec.global_batch_size // size

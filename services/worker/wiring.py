@@ -150,9 +150,11 @@ class Wiring:
         samples_per_s: float,
         *,
         first_step_at: float = 0.0,
+        paused_from: float = 0.0,
     ) -> None:
         """Rank 0's progress callback: a sample for the Brain, the file for the daemon (with
-        the time of this run's first step: the scheduler times rescales by it)."""
+        the time of this run's first step and, after an in-place change, when the job paused
+        for it: the scheduler times rescales by them)."""
         if self.reporter is not None:
             self.reporter.record(step, samples_per_s)
         if self.progress_file is not None:
@@ -166,6 +168,7 @@ class Wiring:
                         "samples_per_s": samples_per_s,
                         "started_fresh": self.started_fresh,
                         "first_step_at": first_step_at,
+                        "paused_from": paused_from,
                     },
                 )
             except OSError as exc:  # the daemon's view is a convenience, never a reason to stop

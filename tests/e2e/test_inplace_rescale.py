@@ -2,7 +2,7 @@
 shrink a running job when a newcomer arrives and grow it back when the newcomer leaves, each
 time without restarting the processes it keeps. The job ends with the digest and the per-step
 loss bits of the same job on a fixed 4 processes, its RESCALED events say in place, and the
-scheduler reports what the in-place rescales cost (decision to first step).
+scheduler reports what the in-place rescales cost (from the pause to the first step).
 """
 
 from __future__ import annotations
@@ -84,6 +84,9 @@ def test_a_job_shrunk_and_grown_in_place_ends_with_the_fixed_bits(
     cost = running.in_place_rescale_cost
     assert cost.count >= 1 and not running.HasField("rescale_cost")
     assert 0 < cost.last_seconds < 30, cost
+    # Counted from when the job paused for the change (it trains on while joiners start).
+    said = [e.message for e in history if e.message.startswith("rescale cost in place")]
+    assert said and all("s from the pause to the first step" in m for m in said), said
     print("events:", [(S.JobEventType.Name(e.type), e.message) for e in history])
     print("in-place cost:", cost)
     assert job.final_digest == ref.digest

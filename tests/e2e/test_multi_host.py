@@ -50,6 +50,7 @@ C = common_pb2
 S = scheduler_pb2
 STEPS = 40
 WAIT = 120.0
+SLOW = ("--step-delay", "0.1")  # the daemon's test-only flag: seconds added to a step
 PS_STEPS = 100  # global batches of 128 samples: about a second of training
 PS_STORE_PORT = 29555  # in host 1's own namespace: no other program can hold it
 
@@ -76,10 +77,15 @@ def hosts_cluster(
     *,
     slots: str = "cpu:2",
     scheduler: dict[str, Any] | None = None,
+    worker_flags: tuple[str, ...] = (),
 ) -> DevCluster:
-    """Services on the bridge address; worker `w<i>` (`slots`) in host i's namespace."""
+    """Services on the bridge address; worker `w<i>` (`slots`, `worker_flags`) in host i's
+    namespace."""
     workers = tuple((f"w{i}", slots) for i in range(1, len(net.hosts) + 1))
-    cluster = e2e_cluster(root, database, redis_url, workers=workers, scheduler=scheduler)
+    flags = {name: list(worker_flags) for name, _ in workers}
+    cluster = e2e_cluster(
+        root, database, redis_url, workers=workers, flags=flags, scheduler=scheduler
+    )
     cluster.config.host = net.bridge_address
     cluster.config.listen_hosts = {
         name: h.address for (name, _), h in zip(workers, net.hosts, strict=True)
@@ -107,7 +113,9 @@ def three_hosts(
     hosts_possible: None, tmp_path: Path, postgres_db: str, redis_url: str
 ) -> Iterator[tuple[DevCluster, netns.Network]]:
     with netns.network(3) as net:
-        cluster = hosts_cluster(tmp_path, postgres_db, redis_url, net)
+        # A step of 0.1 s: the job's 40 steps last long enough for its host to be killed
+        # mid-run (a few ms a step, it sometimes ended before the kill mattered).
+        cluster = hosts_cluster(tmp_path, postgres_db, redis_url, net, worker_flags=SLOW)
         try:
             yield started(cluster), net
         finally:

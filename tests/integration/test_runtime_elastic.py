@@ -377,7 +377,8 @@ def test_the_job_trains_on_while_a_joiner_starts(tmp_path: Path) -> None:
     while it is not there (it is started only once they passed step 15), old rank 0 asks
     for the change once the joiner said it is ready, and the run keeps the fixed run's bits.
     Applied at the first boundary instead, the change would have held the job at step 1."""
-    steps, delay = 60, ("--step-delay", "0.05")  # 3 s at least: the joiner comes in time
+    # 10 s at least: the joiner (a fresh interpreter, torch imported) comes in time
+    steps, delay = 200, ("--step-delay", "0.05")
     reference = launch(tmp_path / "ref", CNN, 4, 1, steps)
     run = tmp_path / "waits"
     run.mkdir()
@@ -396,6 +397,31 @@ def test_the_job_trains_on_while_a_joiner_starts(tmp_path: Path) -> None:
     assert changed is not None, output(run, "A")
     assert int(changed.group(1)) >= 15
     assert_same(reference, Run(run, output(run, "A")))
+
+
+@pytest.mark.slow
+def test_a_joiner_that_comes_after_the_job_ended_leaves(tmp_path: Path) -> None:
+    """The job trained on while its joiner started, and ended first: the joiner finds the
+    final checkpoint and leaves (exit 0, outcome left) instead of failing on a store that
+    is gone; the job's two processes completed with the fixed run's bits."""
+    steps = 20
+    reference = launch(tmp_path / "ref", CNN, 4, 1, steps)
+    run = tmp_path / "late"
+    run.mkdir()
+    address = f"127.0.0.1:{free_port()}"
+    late = membership.Change(1, (2, 1, 1), (0, 1, None), address, timeout_s=120)
+    membership.write(run / "membership.json", [late])
+    procs = {
+        name: start_rank(run, CNN, steps, name, "2,2", rank=rank, at=address)
+        for rank, name in enumerate("AB")
+    }
+    assert finish(run, procs) == {"A": 0, "B": 0}
+    assert_same(reference, Run(run, output(run, "A")))
+    joiner = {"C": start_rank(run, CNN, steps, "C", "2,1,1", rank=2, at=address, join=1)}
+    assert finish(run, joiner) == {"C": 0}
+    said = output(run, "C")
+    assert f"the job ended at step {steps} before generation 1 formed" in said, said
+    assert f"outcome left at step {steps}" in said
 
 
 @pytest.mark.slow

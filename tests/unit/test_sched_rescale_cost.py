@@ -3,6 +3,8 @@ model type, the prior of jobs not yet rescaled), shown in the Job message and th
 
 from __future__ import annotations
 
+import pytest
+
 from gearshift.client.render import job_details
 from gearshift.scheduler.api.servicer import job_message
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
@@ -97,3 +99,22 @@ def test_the_book_keeps_per_job_means_and_the_model_prior_after_the_job_ends() -
     assert costs.of_job("j1") is None
     assert costs.of_model("cnn") == RescaleCost(4, 3.0, 2.0)
     assert costs.seconds("j2", "cnn") == 2.0
+
+
+def test_in_place_the_cost_runs_from_when_the_job_paused_for_the_change() -> None:
+    """The job trained on while its joiners started: only the pause counts. A pause from
+    before the decision (an earlier change's) counts from the decision."""
+    costs = RescaleCosts()
+    costs.decided("j1", 100.0)
+    costs.in_place("j1")
+    measured = costs.first_step("j1", "cnn", 100.9, paused_from=100.8)
+    assert measured is not None
+    seconds, cost, in_place = measured
+    assert in_place
+    assert seconds == pytest.approx(0.1)
+    assert cost.mean_s == pytest.approx(0.1)
+    costs.decided("j1", 200.0)
+    costs.in_place("j1")
+    assert costs.first_step("j1", "cnn", 200.5, paused_from=100.8)[0] == 0.5  # type: ignore[index]
+    costs.decided("j1", 300.0)  # a restart: the pause says nothing about it
+    assert costs.first_step("j1", "cnn", 302.0, paused_from=301.5)[0] == 2.0  # type: ignore[index]

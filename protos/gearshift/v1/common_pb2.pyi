@@ -888,6 +888,7 @@ class JobProgress(_message.Message):
     SAMPLES_PER_SECOND_FIELD_NUMBER: _builtins.int
     STARTED_FRESH_FIELD_NUMBER: _builtins.int
     FIRST_STEP_AT_FIELD_NUMBER: _builtins.int
+    PAUSED_FROM_FIELD_NUMBER: _builtins.int
     step: _builtins.int
     """Global steps completed."""
     total_steps: _builtins.int
@@ -907,6 +908,12 @@ class JobProgress(_message.Message):
     since the Unix epoch (0: not yet). The scheduler measures each rescale's cost
     from its decision to this time.
     """
+    paused_from: _builtins.float
+    """When the running placement's processes stopped training to become it in place
+    (the previous generation's last step, seconds since the Unix epoch; 0: it did
+    not come from an in-place change). The job trained on until then, so an in-place
+    rescale's cost runs from the later of the decision and this time.
+    """
     def __init__(
         self,
         *,
@@ -917,10 +924,11 @@ class JobProgress(_message.Message):
         samples_per_second: _builtins.float = ...,
         started_fresh: _builtins.bool = ...,
         first_step_at: _builtins.float = ...,
+        paused_from: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "first_step_at", b"first_step_at", "loss", b"loss", "samples_per_second", b"samples_per_second", "started_fresh", b"started_fresh", "step", b"step", "total_steps", b"total_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "first_step_at", b"first_step_at", "loss", b"loss", "paused_from", b"paused_from", "samples_per_second", b"samples_per_second", "started_fresh", b"started_fresh", "step", b"step", "total_steps", b"total_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -474,7 +474,7 @@ class WorkerRegistry:
         if progress.started_fresh:
             self._started_fresh(job, task.generation)
         if progress.first_step_at and task.generation == job.generation:
-            self._first_step(job, progress.first_step_at)
+            self._first_step(job, progress.first_step_at, progress.paused_from)
         if not _advances(job.progress, progress):
             return
         job.progress.CopyFrom(progress)
@@ -486,11 +486,13 @@ class WorkerRegistry:
             state.last_progress_event[job.job_id] = now
             state.record(job, S.JOB_EVENT_TYPE_PROGRESS, "")
 
-    def _first_step(self, job: JobRecord, at: float) -> None:
+    def _first_step(self, job: JobRecord, at: float, paused_from: float) -> None:
         """The running placement's first step: it closes an open rescale decision, whose
         cost is kept and said in a PROGRESS event (under the lock)."""
         state = self.state
-        measured = state.rescale_costs.first_step(job.job_id, job.spec.model_type, at)
+        measured = state.rescale_costs.first_step(
+            job.job_id, job.spec.model_type, at, paused_from=paused_from
+        )
         if measured is None:
             return
         seconds, cost, in_place = measured
@@ -503,8 +505,9 @@ class WorkerRegistry:
         state.record(
             job,
             S.JOB_EVENT_TYPE_PROGRESS,
-            f"rescale cost{' in place' if in_place else ''} {seconds:.2f} s from the decision "
-            f"to the first step (mean {cost.mean_s:.2f} s over {cost.count})",
+            f"rescale cost{' in place' if in_place else ''} {seconds:.2f} s from the "
+            f"{'pause' if in_place and paused_from > 0 else 'decision'} to the first step "
+            f"(mean {cost.mean_s:.2f} s over {cost.count})",
         )
 
     def _timings(

@@ -43,12 +43,14 @@ class RescaleCosts:
         self._open_in_place.discard(job_id)
 
     def first_step(
-        self, job_id: str, model_type: str, at: float
+        self, job_id: str, model_type: str, at: float, *, paused_from: float = 0.0
     ) -> tuple[float, RescaleCost, bool] | None:
         """The job's new placement finished its first step at `at`: (its cost, the job's
         figures on that path, whether it went in place) when that closes an open decision,
-        else None. An in-place figure stays out of the model's prior: a move that cannot
-        go in place still restarts."""
+        else None. In place, the job trained on until its processes paused for the change
+        (`paused_from`, when after the decision): the cost runs from there. An in-place
+        figure stays out of the model's prior: a move that cannot go in place still
+        restarts."""
         decided = self._open.get(job_id)
         if decided is None or at < decided:
             return None
@@ -57,6 +59,7 @@ class RescaleCosts:
         none = RescaleCost(0, 0.0, 0.0)
         if job_id in self._open_in_place:
             self._open_in_place.discard(job_id)
+            seconds = at - max(decided, min(paused_from, at))
             cost = self._in_place[job_id] = self._in_place.get(job_id, none).plus(seconds)
             return seconds, cost, True
         cost = self._jobs[job_id] = self._jobs.get(job_id, none).plus(seconds)

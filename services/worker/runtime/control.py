@@ -34,6 +34,10 @@ class Progress:
     first_step_at: float = 0.0
     rank: int = 0  # the reporting process's rank (membership changes move it)
     ests_held: int = 0  # how many ESTs the reporting process holds
+    # When this generation's processes stopped training to form it in place (time.time()
+    # at the previous generation's last step; 0: no in-place change): the job trained on
+    # until then, so a rescale in place costs only from there.
+    paused_from: float = 0.0
 
 
 ProgressCallback = Callable[[Progress], None]

@@ -7,6 +7,7 @@ listens.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from dataclasses import dataclass, replace
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 
 from gearshift.common.errors import ValidationError
-from gearshift.worker.runtime import determinism
+from gearshift.worker.runtime import checkpoint, determinism
 from gearshift.worker.runtime.backend import choose_device
 from gearshift.worker.runtime.control import ProgressCallback
 from gearshift.worker.runtime.data import DataSource
@@ -29,8 +30,10 @@ from gearshift.worker.runtime.regroup import ProcessGroups
 from gearshift.worker.runtime.rehearsal import rehearse
 from gearshift.worker.runtime.rng import derive_seed
 from gearshift.worker.runtime.settings import RunSettings, placement
-from gearshift.worker.runtime.stop import StopFlag
+from gearshift.worker.runtime.stop import Outcome, StopFlag
 from gearshift.worker.runtime.trainer import RunResult, Trainer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,19 @@ def _device(spec: ProcessSpec) -> tuple[torch.device, str, torch.device]:
     return device, choice.backend, device if choice.on_gpu_transport else torch.device("cpu")
 
 
+def _ended(spec: ProcessSpec, generation: int) -> bool:
+    """Whether the job this process was to join has ended (its final checkpoint is there):
+    the job trains on while a joiner starts, and may end first. The joiner then leaves, its
+    ESTs done, instead of failing on a store that is gone."""
+    found = checkpoint.checkpoints(spec.checkpoint_dir)
+    if not found or found[-1][0] < spec.settings.total_steps:
+        return False
+    message = f"the job ended at step {found[-1][0]} before generation {generation} formed"
+    log.info(message)
+    print(message, flush=True)
+    return True
+
+
 def run_process(
     spec: ProcessSpec,
     *,
@@ -131,13 +147,20 @@ def run_process(
     join_timeout = joining.timeout_s if joining is not None else spec.timeout_s
     generation = spec.join_generation
     try:
-        if joining is not None and joining.waits_for_joiners:
-            if device.type == "cuda":  # on a CPU a first step costs what the others do
-                rehearse(job, device, settings.per_est_batch)
-            groups.announce(joining, spec.rank)
-        comm = groups.form(
-            generation, spec.rank, procs, spec.master_addr, join_timeout_s=join_timeout
-        )
+        try:
+            if joining is not None and _ended(spec, joining.generation):
+                return RunResult(Outcome.LEFT, settings.total_steps, "")
+            if joining is not None and joining.waits_for_joiners:
+                if device.type == "cuda":  # on a CPU a first step costs what the others do
+                    rehearse(job, device, settings.per_est_batch)
+                groups.announce(joining, spec.rank)
+            comm = groups.form(
+                generation, spec.rank, procs, spec.master_addr, join_timeout_s=join_timeout
+            )
+        except Exception:
+            if joining is not None and _ended(spec, joining.generation):
+                return RunResult(Outcome.LEFT, settings.total_steps, "")
+            raise
         with device_stream(device, spec.background):  # construction too: one stream
             trainer = Trainer(
                 job,

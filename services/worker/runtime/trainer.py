@@ -456,7 +456,7 @@ class Trainer:
         self.model.train()
         window_start, window_steps, window_paused = time.perf_counter(), 0, 0.0
         window_compute = 0.0
-        first_step_at = 0.0
+        first_step_at = paused_from = 0.0
         try:
             while self.step < settings.total_steps:
                 if self.pause is not None:
@@ -465,7 +465,8 @@ class Trainer:
                 local = self._local_steps(loader, grads)
                 window_compute += time.perf_counter() - computing
                 stop, losses = self._global_step(local)
-                first_step_at = first_step_at or time.time()
+                stepped = time.time()
+                first_step_at = first_step_at or stepped
                 window_steps += 1
                 if self.record_losses:
                     result.est_losses.append(losses)
@@ -494,6 +495,7 @@ class Trainer:
                             first_step_at,
                             self.rank,
                             len(self.my_ests),
+                            paused_from,
                         )
                     )
                 asked = self.control.change_asked_by()
@@ -520,6 +522,7 @@ class Trainer:
                     log_file = self._loss_file(log_file)
                     result.changes.append(time.perf_counter() - began)
                     first_step_at = 0.0  # the next step is the first on the new processes
+                    paused_from = stepped  # the old processes' last step
                     window_start, window_steps, window_paused = time.perf_counter(), 0, 0.0
                     window_compute = 0.0
             return Outcome.COMPLETED
