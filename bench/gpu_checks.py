@@ -15,8 +15,9 @@ Parts (all by default, in this order; `--parts` picks some):
 - memory: `bench/est_overhead.py --device cuda --only 3` (GPU memory of 1, 2, 4, 8, 16
   ESTs in one process vs as many plain processes).
 - inplace: `bench/rescale_inplace.py --device cuda --repeats 10` (issue 47: grow, shrink and
-  move in place against checkpoint-and-restart on the GPU; the digests of the rescaled runs
-  and the fixed one must be equal).
+  move in place - waiting for the joiner, and eager - against checkpoint-and-restart on the
+  GPU, each rescale's cost and pause; the digests of the rescaled runs and the fixed one
+  must be equal).
 - multiplex: `bench/multiplex.py --cuda` (DeepPool's foreground/background pair on GPU 0 -
   high- and low-priority streams, the pause loop - against the two one after the other;
   both keep their digests).

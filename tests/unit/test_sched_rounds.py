@@ -273,7 +273,8 @@ def test_free_devices_event_rounds_leave_a_full_cluster_to_the_boundary(event_ro
             10.0,
             "the waiting job starts once a device is free",
         )
-        assert len(rounds) > ran
+        # The round's observers hear of it after its placements are out: wait for them too.
+        wait_until(lambda: len(rounds) > ran, 10.0, "the event round that started it")
     finally:
         scheduler.stop()
 
