@@ -112,8 +112,11 @@ class ProcessGroups:
 
     def joiners_ready(self, change: Change) -> bool:
         """Old rank 0: whether every joiner of `change` has announced itself (it serves the
-        store from now on, if it did not already)."""
-        store = self._store(change.master_addr, 0, change.procs, change.timeout_s)
+        store from now on, if it did not already). Asked at every step boundary: the store
+        it serves is used as it is, its timeout the running generation's."""
+        store: Store | None = self._served if self._served_at == change.master_addr else None
+        if store is None:
+            store = self._store(change.master_addr, 0, change.procs, change.timeout_s)
         return bool(store.check([_ready_key(self.group, change, rank) for rank in change.joiners]))
 
     def announce(self, change: Change, rank: int) -> None:

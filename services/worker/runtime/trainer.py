@@ -472,7 +472,7 @@ class Trainer:
                     result.est_losses.append(losses)
                 if log_file is not None:
                     bits = [_loss_bits(v) for v in losses]
-                    line = {"step": self.step, "loss_bits": bits, "time": time.time()}
+                    line = {"step": self.step, "loss_bits": bits, "time": stepped}
                     log_file.write(json.dumps(line) + "\n")
                     log_file.flush()
                 done = self.step >= settings.total_steps
