@@ -365,6 +365,35 @@ def test_in_place_grow_mixed_move_and_shrink_end_with_the_fixed_runs_bits(
     assert_same(reference, Run(run, output(run, "E")))
 
 
+@pytest.mark.slow
+def test_a_joiner_that_becomes_rank_0_reports_when_the_job_paused(tmp_path: Path) -> None:
+    """A mixed change that drops rank 0: the joiner that takes its place learns, with the
+    state, when the job paused for the change, and reports it in its progress (from the
+    old rank 0's last step on, the scheduler charges the change's cost)."""
+    steps = 15
+    reference = launch(tmp_path / "ref", CNN, 4, 1, steps)
+    run = tmp_path / "mixed"
+    run.mkdir()
+    first, second = (f"127.0.0.1:{free_port()}" for _ in range(2))
+    change = membership.Change(1, (2, 2), (None, 1), second, at_step=5)
+    membership.write(run / "membership.json", [change])
+    procs = {
+        name: start_rank(run, CNN, steps, name, "2,2", rank=rank, at=first)
+        for rank, name in enumerate("AB")
+    }
+    progress = run / "C.progress.json"
+    procs["C"] = start_rank(
+        run, CNN, steps, "C", "2,2", "--progress-file", str(progress), rank=0, at=second, join=1
+    )
+    assert finish(run, procs) == dict.fromkeys(procs, 0)
+    assert "outcome left at step 5" in output(run, "A")
+    assert_same(reference, Run(run, output(run, "C")))
+    said = json.loads(progress.read_text())
+    times = [json.loads(line)["time"] for line in (run / "losses.jsonl").read_text().splitlines()]
+    # A's step 5 ended, then B's (the sender's) and the change; C's first step is step 6.
+    assert times[4] - 1.0 < said["paused_from"] <= said["first_step_at"] <= times[5], said
+
+
 def last_step(directory: Path) -> int:
     path = directory / "losses.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []

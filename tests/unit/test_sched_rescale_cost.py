@@ -8,7 +8,7 @@ import pytest
 from gearshift.client.render import job_details
 from gearshift.scheduler.api.servicer import job_message
 from gearshift.scheduler.service import Scheduler, SchedulerSettings
-from gearshift.scheduler.state.rescale_costs import RescaleCosts
+from gearshift.scheduler.state.rescale_costs import MeasuredRescale, RescaleCosts
 from gearshift.scheduler.types import RescaleCost
 from gearshift.v1 import common_pb2, scheduler_pb2
 from tests.sched_harness import Clock, job_spec, make_scheduler, register
@@ -77,23 +77,33 @@ def test_the_book_keeps_per_job_means_and_the_model_prior_after_the_job_ends() -
     costs = RescaleCosts()
     costs.decided("j1", 100.0)
     assert costs.first_step("j1", "cnn", 99.0) is None  # before the decision
-    assert costs.first_step("j1", "cnn", 101.0) == (1.0, RescaleCost(1, 1.0, 1.0), False)
+    assert costs.first_step("j1", "cnn", 101.0) == MeasuredRescale(
+        1.0, RescaleCost(1, 1.0, 1.0), False
+    )
     assert costs.first_step("j1", "cnn", 102.0) is None  # no decision open
     costs.decided("j1", 200.0)
     costs.decided("j1", 201.0)  # decided again before it ran: the later one counts
-    assert costs.first_step("j1", "cnn", 204.0) == (3.0, RescaleCost(2, 3.0, 2.0), False)
+    assert costs.first_step("j1", "cnn", 204.0) == MeasuredRescale(
+        3.0, RescaleCost(2, 3.0, 2.0), False
+    )
     # In place: the job's own figure on that path, out of the model's prior.
     costs.decided("j1", 300.0)
     costs.in_place("j1")
-    assert costs.first_step("j1", "cnn", 300.5) == (0.5, RescaleCost(1, 0.5, 0.5), True)
+    assert costs.first_step("j1", "cnn", 300.5) == MeasuredRescale(
+        0.5, RescaleCost(1, 0.5, 0.5), True
+    )
     assert costs.of_model("cnn") == RescaleCost(2, 3.0, 2.0)
     costs.decided("j1", 400.0)  # a new decision is a restart until it goes in place
-    assert costs.first_step("j1", "cnn", 401.0) == (1.0, RescaleCost(3, 1.0, 5 / 3), False)
+    assert costs.first_step("j1", "cnn", 401.0) == MeasuredRescale(
+        1.0, RescaleCost(3, 1.0, 5 / 3), False
+    )
     # In place, given up (the job requeued, resumed from the checkpoint): a restart's cost.
     costs.decided("j1", 500.0)
     costs.in_place("j1")
     costs.fell_back("j1")
-    assert costs.first_step("j1", "cnn", 503.0) == (3.0, RescaleCost(4, 3.0, 2.0), False)
+    assert costs.first_step("j1", "cnn", 503.0) == MeasuredRescale(
+        3.0, RescaleCost(4, 3.0, 2.0), False
+    )
     assert costs.of_job("j1") == RescaleCost(4, 3.0, 2.0)
     costs.forget("j1")
     assert costs.of_job("j1") is None
@@ -109,12 +119,13 @@ def test_in_place_the_cost_runs_from_when_the_job_paused_for_the_change() -> Non
     costs.in_place("j1")
     measured = costs.first_step("j1", "cnn", 100.9, paused_from=100.8)
     assert measured is not None
-    seconds, cost, in_place = measured
-    assert in_place
-    assert seconds == pytest.approx(0.1)
-    assert cost.mean_s == pytest.approx(0.1)
+    assert (measured.in_place, measured.from_pause) == (True, True)
+    assert measured.seconds == pytest.approx(0.1)
+    assert measured.cost.mean_s == pytest.approx(0.1)
     costs.decided("j1", 200.0)
     costs.in_place("j1")
-    assert costs.first_step("j1", "cnn", 200.5, paused_from=100.8)[0] == 0.5  # type: ignore[index]
+    earlier = costs.first_step("j1", "cnn", 200.5, paused_from=100.8)
+    assert earlier is not None and (earlier.seconds, earlier.from_pause) == (0.5, False)
     costs.decided("j1", 300.0)  # a restart: the pause says nothing about it
-    assert costs.first_step("j1", "cnn", 302.0, paused_from=301.5)[0] == 2.0  # type: ignore[index]
+    restart = costs.first_step("j1", "cnn", 302.0, paused_from=301.5)
+    assert restart is not None and (restart.seconds, restart.from_pause) == (2.0, False)

@@ -495,8 +495,8 @@ class WorkerRegistry:
         )
         if measured is None:
             return
-        seconds, cost, in_place = measured
-        if in_place:
+        seconds, cost = measured.seconds, measured.cost
+        if measured.in_place:
             job.in_place_rescale_cost = cost
             self.estimates.measured_in_place(job.job_id, seconds)  # JobSnapshot.resize_seconds
         else:
@@ -505,8 +505,8 @@ class WorkerRegistry:
         state.record(
             job,
             S.JOB_EVENT_TYPE_PROGRESS,
-            f"rescale cost{' in place' if in_place else ''} {seconds:.2f} s from the "
-            f"{'pause' if in_place and paused_from > 0 else 'decision'} to the first step "
+            f"rescale cost{' in place' if measured.in_place else ''} {seconds:.2f} s from the "
+            f"{'pause' if measured.from_pause else 'decision'} to the first step "
             f"(mean {cost.mean_s:.2f} s over {cost.count})",
         )
 

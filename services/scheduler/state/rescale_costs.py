@@ -11,7 +11,19 @@ restarted scheduler measures again. Allocators and the simulator read `seconds`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gearshift.scheduler.types import RescaleCost
+
+
+@dataclass(frozen=True)
+class MeasuredRescale:
+    """One closed decision: its cost, the job's figures on its path, and where it ran from."""
+
+    seconds: float
+    cost: RescaleCost
+    in_place: bool
+    from_pause: bool = False  # in place, the job paused after the decision: from there
 
 
 class RescaleCosts:
@@ -44,13 +56,12 @@ class RescaleCosts:
 
     def first_step(
         self, job_id: str, model_type: str, at: float, *, paused_from: float = 0.0
-    ) -> tuple[float, RescaleCost, bool] | None:
-        """The job's new placement finished its first step at `at`: (its cost, the job's
-        figures on that path, whether it went in place) when that closes an open decision,
-        else None. In place, the job trained on until its processes paused for the change
-        (`paused_from`, when after the decision): the cost runs from there. An in-place
-        figure stays out of the model's prior: a move that cannot go in place still
-        restarts."""
+    ) -> MeasuredRescale | None:
+        """The job's new placement finished its first step at `at`: what it cost when that
+        closes an open decision, else None. In place, the job trained on until its processes
+        paused for the change (`paused_from`, when after the decision): the cost runs from
+        there. An in-place figure stays out of the model's prior: a move that cannot go in
+        place still restarts."""
         decided = self._open.get(job_id)
         if decided is None or at < decided:
             return None
@@ -59,13 +70,14 @@ class RescaleCosts:
         none = RescaleCost(0, 0.0, 0.0)
         if job_id in self._open_in_place:
             self._open_in_place.discard(job_id)
-            seconds = at - max(decided, min(paused_from, at))
+            paused = min(paused_from, at)
+            seconds = at - max(decided, paused)
             cost = self._in_place[job_id] = self._in_place.get(job_id, none).plus(seconds)
-            return seconds, cost, True
+            return MeasuredRescale(seconds, cost, True, from_pause=paused > decided)
         cost = self._jobs[job_id] = self._jobs.get(job_id, none).plus(seconds)
         if model_type:
             self._models[model_type] = self._models.get(model_type, none).plus(seconds)
-        return seconds, cost, False
+        return MeasuredRescale(seconds, cost, False)
 
     def of_job(self, job_id: str) -> RescaleCost | None:
         return self._jobs.get(job_id)

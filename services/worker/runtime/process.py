@@ -20,10 +20,11 @@ import torch
 from gearshift.common.errors import ValidationError
 from gearshift.worker.runtime import checkpoint, determinism
 from gearshift.worker.runtime.backend import choose_device
+from gearshift.worker.runtime.comm import Comm
 from gearshift.worker.runtime.control import ProgressCallback
 from gearshift.worker.runtime.data import DataSource
-from gearshift.worker.runtime.job import load_job
-from gearshift.worker.runtime.membership import MembershipFile
+from gearshift.worker.runtime.job import Job, load_job
+from gearshift.worker.runtime.membership import Change, MembershipFile
 from gearshift.worker.runtime.pause import PauseGate
 from gearshift.worker.runtime.priority import device_stream
 from gearshift.worker.runtime.regroup import ProcessGroups
@@ -110,6 +111,36 @@ def _ended(spec: ProcessSpec, generation: int) -> bool:
     return True
 
 
+def _first_group(
+    spec: ProcessSpec,
+    job: Job,
+    device: torch.device,
+    groups: ProcessGroups,
+    joining: Change | None,
+) -> Comm | None:
+    """This process's first process group, or None where the job it was to join has ended
+    (before it came, or while it waited for the group: the store it waited on is then gone)."""
+    try:
+        if joining is not None and _ended(spec, joining.generation):
+            return None
+        if joining is not None and joining.waits_for_joiners:
+            if device.type == "cuda":  # on a CPU a first step costs what the others do
+                rehearse(job, device, spec.settings.per_est_batch)
+            groups.announce(joining, spec.rank)
+        timeout_s = joining.timeout_s if joining is not None else spec.timeout_s
+        return groups.form(
+            spec.join_generation,
+            spec.rank,
+            len(spec.mapping),
+            spec.master_addr,
+            join_timeout_s=timeout_s,
+        )
+    except Exception:
+        if joining is not None and _ended(spec, joining.generation):
+            return None
+        raise
+
+
 def run_process(
     spec: ProcessSpec,
     *,
@@ -144,23 +175,10 @@ def run_process(
     elif spec.join_generation:
         raise ValidationError("--join-generation", "needs --membership-file")
     groups = ProcessGroups(spec.group, backend, device, transport, spec.timeout_s)
-    join_timeout = joining.timeout_s if joining is not None else spec.timeout_s
-    generation = spec.join_generation
     try:
-        try:
-            if joining is not None and _ended(spec, joining.generation):
-                return RunResult(Outcome.LEFT, settings.total_steps, "")
-            if joining is not None and joining.waits_for_joiners:
-                if device.type == "cuda":  # on a CPU a first step costs what the others do
-                    rehearse(job, device, settings.per_est_batch)
-                groups.announce(joining, spec.rank)
-            comm = groups.form(
-                generation, spec.rank, procs, spec.master_addr, join_timeout_s=join_timeout
-            )
-        except Exception:
-            if joining is not None and _ended(spec, joining.generation):
-                return RunResult(Outcome.LEFT, settings.total_steps, "")
-            raise
+        comm = _first_group(spec, job, device, groups, joining)
+        if comm is None:
+            return RunResult(Outcome.LEFT, settings.total_steps, "")
         with device_stream(device, spec.background):  # construction too: one stream
             trainer = Trainer(
                 job,

@@ -148,6 +148,9 @@ class Trainer:
         self.groups = groups  # None: membership changes restart the job instead
         self._pending: Change | None = None  # the change this process was asked for
         self._waiting: dict[int, float] = {}  # generation -> since when it waits for joiners
+        # A joiner: when the job's processes paused for the change it joined (their last
+        # step's end, sent with the state): as new rank 0 it reports the pause's start.
+        self._joined_pause = 0.0
         self.stop = stop or StopFlag()
         self.on_progress = on_progress
         self.loss_log = loss_log
@@ -244,6 +247,7 @@ class Trainer:
         """A joining process's state: the checkpoint's content, sent by a process that stays."""
         data = self.comm.broadcast_object(None, change.sender)
         self._check_compatible(data, f"the state sent by rank {change.sender}")
+        self._joined_pause = float(data.get("paused_from", 0.0))
         if self.membership is not None:
             self.membership.generation = change.generation
         log.info("joined generation %d at step %d", change.generation, int(data["step"]))
@@ -456,7 +460,7 @@ class Trainer:
         self.model.train()
         window_start, window_steps, window_paused = time.perf_counter(), 0, 0.0
         window_compute = 0.0
-        first_step_at = paused_from = 0.0
+        first_step_at, paused_from = 0.0, self._joined_pause
         try:
             while self.step < settings.total_steps:
                 if self.pause is not None:
@@ -514,7 +518,7 @@ class Trainer:
                     return Outcome.STOPPED
                 if change:
                     began = time.perf_counter()
-                    outcome = self._change(asked[0])
+                    outcome = self._change(asked[0], paused_from=stepped)
                     if outcome is not None:
                         return outcome
                     loader.close()
@@ -564,10 +568,11 @@ class Trainer:
         since = self._waiting.setdefault(change.generation, time.monotonic())
         return self.groups.joiners_ready(change) or time.monotonic() - since > change.timeout_s
 
-    def _change(self, asker: int) -> Outcome | None:
-        """Apply the change rank `asker` was asked for, at this step boundary: None when this
-        process goes on in the new generation, LEFT when it left, STOPPED when the change
-        failed (every process then stops; the checkpoint of this step resumes the job)."""
+    def _change(self, asker: int, *, paused_from: float) -> Outcome | None:
+        """Apply the change rank `asker` was asked for, at this step boundary (the job paused
+        for it at `paused_from`): None when this process goes on in the new generation, LEFT
+        when it left, STOPPED when the change failed (every process then stops; the
+        checkpoint of this step resumes the job)."""
         assert self.membership is not None and self.groups is not None
         step = self.step
         try:
@@ -591,7 +596,9 @@ class Trainer:
                 backend=change.backend,
             )
             if change.joiners:  # on the host: a GPU tensor would unpickle onto the sender's GPU
-                sent = host_copy(self._payload(ests)) if rank == change.sender else None
+                sent: dict[str, Any] | None = None
+                if rank == change.sender:
+                    sent = host_copy(self._payload(ests)) | {"paused_from": paused_from}
                 comm.broadcast_object(sent, change.sender)
             comm.bytes_sent += self.comm.bytes_sent  # earlier generations' bytes still count
             self._bind(placement(change.mapping), rank, comm)
