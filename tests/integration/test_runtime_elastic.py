@@ -9,7 +9,9 @@ every step, and by the printed digest.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -32,6 +34,7 @@ LM = "gearshift.examples.tiny_lm"
 MLP = "gearshift.examples.mlp"
 RESNET = "gearshift.examples.resnet"
 TIMEOUT_S = 600
+LAUNCH_TIMEOUT_S = 300  # a launch here takes under a minute on a loaded 2-core host
 
 
 @dataclass
@@ -96,16 +99,36 @@ def launch(
     directory.mkdir(parents=True, exist_ok=True)
     for old in (directory / "stats").glob("rank*.json"):
         old.unlink()
-    done = subprocess.run(
-        command(directory, job, ests, procs, steps, *extra),
+    stdout, stderr, code = run_or_dump(command(directory, job, ests, procs, steps, *extra))
+    assert code == expect, f"exit {code}\n{stdout}\n{stderr}"
+    return Run(directory, stdout)
+
+
+def run_or_dump(cmd: list[str]) -> tuple[str, str, int]:
+    """Run a launch; one that hangs past LAUNCH_TIMEOUT_S fails the test with every one of
+    its processes' Python stacks (faulthandler, on SIGABRT to its session), not a bare
+    timeout: a 2-process D2 launch hung once in CI and could not be reproduced since."""
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.Popen(
+        cmd,
         cwd=REPO,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=TIMEOUT_S,
-        check=False,
+        env=env,
+        start_new_session=True,
     )
-    assert done.returncode == expect, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
-    return Run(directory, done.stdout)
+    try:
+        stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"{' '.join(cmd)} hung for {LAUNCH_TIMEOUT_S} s; its stacks:\n{stderr}")
+    return stdout, stderr, proc.returncode
 
 
 def assert_same(reference: Run, other: Run) -> None:
