@@ -1,7 +1,12 @@
 """Elastic LAS live: Gavel's max-min fairness over elastic EST jobs on a real cluster of
 processes. Two elastic jobs - one D1 (kept on the type it starts on), one D2 (free to mix
 types) - share four CPU slots labelled v100 and t4 with a third job; when the third
-finishes they grow, and each ends with the digest of its own fixed run."""
+finishes they grow, and each ends with the digest of its own fixed run.
+
+The jobs are the sleepy model (tests/e2e/plan_jobs.py: each EST's step sleeps 0.1 s), and a
+restart is estimated at 1 s until measured: growing must pay for its restart over the
+work left, and with the digits CNN (80 steps in a second or two) on a loaded host the jobs
+were nearly done when the third ended, so neither grew (CI, 2026-11-30)."""
 
 from __future__ import annotations
 
@@ -13,10 +18,10 @@ import pytest
 
 from gearshift.client.devcluster import DevCluster
 from gearshift.v1 import common_pb2, scheduler_pb2
+from tests.e2e.test_resource_plans import REPO, sleepy_spec
 from tests.e2e.worker_cluster import (
     GAVEL_TIMING,
     client_of,
-    digits_spec,
     e2e_cluster,
     reference,
     started,
@@ -24,13 +29,22 @@ from tests.e2e.worker_cluster import (
 
 C = common_pb2
 S = scheduler_pb2
-STEPS = 80
+STEPS = 120  # 24 s on one device; the third job's 40 end after about 8 s
+SHORT = 40
 WAIT = 300.0
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, postgres_db: str, redis_url: str) -> Iterator[DevCluster]:
-    las = {"profile": {"allocate": {"name": "las", "args": GAVEL_TIMING}}}
+def cluster(
+    tmp_path: Path, postgres_db: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[DevCluster]:
+    # The training processes (and the reference runs) import tests.e2e.plan_jobs.
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    monkeypatch.setenv("PYTHONPATH", path)
+    las = {
+        "profile": {"allocate": {"name": "las", "args": GAVEL_TIMING}},
+        "estimates": {"restartSeconds": 1.0},
+    }
     cluster = e2e_cluster(tmp_path, postgres_db, redis_url, scheduler=las)
     try:
         yield cluster
@@ -57,14 +71,16 @@ def test_elastic_las_shares_grows_and_keeps_the_bits(
 ) -> None:
     base = tmp_path_factory.getbasetemp()
     shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "gs-ref"
-    d1_ref = reference(shared, STEPS, ests=2)
-    d2_ref = reference(shared, STEPS, ests=4, determinism="D2")
+    d1_ref = reference(shared, STEPS, ests=2, spec=sleepy_spec("reference", STEPS, ests=2))
+    d2_ref = reference(
+        shared, STEPS, ests=4, determinism="D2", spec=sleepy_spec("reference", STEPS, ests=4)
+    )
     started(cluster, [("w1", "v100:3"), ("w2", "t4:1")])
-    d1 = digits_spec("d1", STEPS, ests=2)
+    d1 = sleepy_spec("d1", STEPS, ests=2)
     d1.accelerator_types.append("v100")
-    d2 = digits_spec("d2", STEPS, ests=4)
+    d2 = sleepy_spec("d2", STEPS, ests=4)
     d2.determinism = C.DETERMINISM_LEVEL_D2
-    third = digits_spec("third", 40, ests=2)
+    third = sleepy_spec("third", SHORT, ests=2)
     third.accelerator_types.append("v100")
     with client_of(cluster) as client:
         third_id = client.submit(third).job_id
