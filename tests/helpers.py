@@ -11,6 +11,13 @@ from typing import Any, TypeVar
 import yaml
 
 T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def repo_on_pythonpath() -> str:
+    """PYTHONPATH with the repository first (for the job modules under tests/ that training
+    processes import), then what it held."""
+    return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
 
 def wait_until(

@@ -18,7 +18,7 @@ import pytest
 
 from gearshift.client.devcluster import DevCluster
 from gearshift.v1 import common_pb2, scheduler_pb2
-from tests.e2e.test_resource_plans import REPO, sleepy_spec
+from tests.e2e.test_resource_plans import sleepy_spec
 from tests.e2e.worker_cluster import (
     GAVEL_TIMING,
     client_of,
@@ -26,6 +26,7 @@ from tests.e2e.worker_cluster import (
     reference,
     started,
 )
+from tests.helpers import repo_on_pythonpath
 
 C = common_pb2
 S = scheduler_pb2
@@ -39,8 +40,7 @@ def cluster(
     tmp_path: Path, postgres_db: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[DevCluster]:
     # The training processes (and the reference runs) import tests.e2e.plan_jobs.
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    monkeypatch.setenv("PYTHONPATH", path)
+    monkeypatch.setenv("PYTHONPATH", repo_on_pythonpath())
     las = {
         "profile": {"allocate": {"name": "las", "args": GAVEL_TIMING}},
         "estimates": {"restartSeconds": 1.0},

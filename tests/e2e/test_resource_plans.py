@@ -37,11 +37,10 @@ from tests.e2e.worker_cluster import (
     training_processes,
     worker_tasks,
 )
-from tests.helpers import wait_until
+from tests.helpers import repo_on_pythonpath, wait_until
 
 C = common_pb2
 S = scheduler_pb2
-REPO = Path(__file__).resolve().parents[2]
 WORKERS = (("w1", "cpu:1"), ("w2", "cpu:1"), ("w3", "cpu:1"))
 STEPS = 300  # at about 8 steps/s (0.1 s asleep each): long enough for a restart to pay
 WAIT = 240.0
@@ -55,8 +54,7 @@ def plan_cluster(
     plan_interval: str,
 ) -> Iterator[DevCluster]:
     # The training processes import tests.e2e.plan_jobs.
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    monkeypatch.setenv("PYTHONPATH", path)
+    monkeypatch.setenv("PYTHONPATH", repo_on_pythonpath())
     flags = {"workers": ["--cpu-cores", "2"]}
     interval = float(plan_interval)
     plans = {"profile": {"plans": {"name": "dlrover", "args": {"intervalSeconds": interval}}}}

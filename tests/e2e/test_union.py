@@ -35,14 +35,14 @@ import pytest
 from gearshift.client.devcluster import ClusterConfig, DevCluster
 from gearshift.client.sdk import Client
 from gearshift.v1 import common_pb2, scheduler_pb2
-from tests.e2e.test_resource_plans import REPO, brain_knows_it_succeeded, sleepy_spec
+from tests.e2e.test_resource_plans import brain_knows_it_succeeded, sleepy_spec
 from tests.e2e.worker_cluster import (
     READY_TIMEOUT,
     client_of,
     reference,
     rendezvous_base,
 )
-from tests.helpers import wait_until
+from tests.helpers import repo_on_pythonpath, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -58,8 +58,7 @@ def cluster(
     tmp_path: Path, postgres_db: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[DevCluster]:
     # The training processes (and the reference run) import tests.e2e.plan_jobs.
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    monkeypatch.setenv("PYTHONPATH", path)
+    monkeypatch.setenv("PYTHONPATH", repo_on_pythonpath())
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text("tenants:\n  a:\n    quota: {cpu: 1}\n  b: {}\n")
     config = ClusterConfig(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import signal
 import subprocess
@@ -30,7 +29,7 @@ from gearshift.common.channel import connect
 from gearshift.common.ports import free_port
 from gearshift.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.conftest import DaemonFactory
-from tests.helpers import live_pids, wait_until
+from tests.helpers import live_pids, repo_on_pythonpath, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT = 60.0
@@ -160,9 +159,7 @@ def start_worker(
             "30",
         ],
         # The repository first (tests.integration.worker_jobs), then what the path held.
-        env={
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-        },
+        env={"PYTHONPATH": repo_on_pythonpath()},
     )
 
 
