@@ -247,7 +247,7 @@ class Trainer:
         """A joining process's state: the checkpoint's content, sent by a process that stays."""
         data = self.comm.broadcast_object(None, change.sender)
         self._check_compatible(data, f"the state sent by rank {change.sender}")
-        self._joined_pause = float(data.get("paused_from", 0.0))
+        self._joined_pause = float(data["paused_from"])
         if self.membership is not None:
             self.membership.generation = change.generation
         log.info("joined generation %d at step %d", change.generation, int(data["step"]))
